@@ -1,0 +1,328 @@
+"""Per-token policy-gradient losses: PPO-clip, GSPO, CISPO, REINFORCE.
+
+Every loss is registered in ``POLICY_LOSSES`` with one signature: it takes a ``PolicyLossInputs`` and returns
+``(per_token_loss, metrics)``. ``per_token_loss`` is (B, T), zero wherever ``mask`` is False, and still has to be
+aggregated (token mean, sequence mean, ...) by the caller, so the loss and the aggregation mode stay independent
+config choices. ``metrics`` holds plain floats computed without grad on masked tokens only; every loss reports the
+same keys so a logger sees a stable set:
+
+- ``clipfrac_low``: fraction of masked tokens where the lower bound of the ratio clip changes the gradient
+  (for the surrogate losses: A < 0 and r < 1 - clip_low);
+- ``clipfrac_high``: the same for the upper bound (A > 0 and r > 1 + clip_high); ``clipfrac``: either;
+- ``dual_clipfrac``: fraction where the dual-clip bound -c*A is the active loss (A < 0 and r > c);
+- ``ratio_min`` / ``ratio_mean`` / ``ratio_max``: statistics of r = pi / pi_old (GSPO: of the sequence ratio s_i,
+  over rows that have at least one masked token);
+- ``approx_kl``: k3 estimate of KL(pi_old || pi), mean over masked tokens of (r - 1) - log r (unbiased because the
+  tokens were sampled from pi_old).
+
+An all-masked batch gives an all-zero loss (and zero gradient) and all-zero metrics.
+
+Numerics: the log-ratio that enters a loss is clamped to [-20, 20] before ``exp`` (veRL does the same) so that a
+stale or corrupted row cannot overflow float32 into an inf loss or a NaN gradient. Inside that range nothing
+changes; outside it the only affected case with a non-negligible effect is A < 0, no dual clip, r > e^20 ~ 4.9e8,
+where the unclamped PPO loss is unbounded anyway. The ratio metrics use the unclamped log-ratio in float64 and can
+report ``inf``, never NaN.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lit_rl.core.registry import Registry
+
+__all__ = ["POLICY_LOSSES", "PolicyLossInputs", "compute_policy_loss"]
+
+POLICY_LOSSES: Registry = Registry("policy_loss")
+
+# Bound on |log r| inside the losses; e^20 ~ 4.85e8 is far outside any useful clip range yet far from overflow.
+_LOG_RATIO_CLAMP = 20.0
+_METRIC_KEYS = (
+    "clipfrac_low", "clipfrac_high", "clipfrac", "dual_clipfrac", "ratio_min", "ratio_mean", "ratio_max", "approx_kl",
+)
+
+
+def _check_finite_where(name: str, x: Tensor, mask: Tensor) -> None:
+    # Padding may hold anything (often 0, sometimes -inf); only tokens that reach the loss must be finite.
+    if not bool(torch.isfinite(x[mask]).all()):
+        raise ValueError(f"{name} holds NaN or Inf on masked-in tokens; it would poison the loss")
+
+
+@dataclass
+class PolicyLossInputs:
+    """Everything a policy loss may need, one row per completion.
+
+    Shapes:
+        logprobs:         (B, T) log pi_theta(y_t) of the sampled tokens under the policy being trained (grad).
+        old_logprobs:     (B, T) log pi_old(y_t), the policy the PPO ratio is taken against (detached here).
+        advantages:       (B, T) per-token advantages (a per-row advantage broadcast over T is the usual case).
+        mask:             (B, T) bool, True on completion tokens that count in the loss.
+        rollout_logprobs: (B, T) or None, logprobs reported by the rollout engine (the behaviour policy); only
+                          ``reinforce`` reads it.
+        is_weights:       (B, T) or None, non-negative per-token weights (rollout-mismatch correction such as
+                          TIS/MIS from ``lit_rl.core.importance``); detached and multiplied onto the per-token loss.
+
+    ``clip_low`` / ``clip_high`` give the ratio interval [1 - clip_low, 1 + clip_high] (asymmetric "clip-higher",
+    DAPO arXiv 2503.14476). ``clip_low`` may be 1.0: the lower bound is then 0, which a ratio can never cross, so
+    1.0 is the clean way to say "no lower bound" (CISPO, arXiv 2506.13585, uses a large eps_low for the same
+    effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None.
+    """
+
+    logprobs: Tensor
+    old_logprobs: Tensor
+    advantages: Tensor
+    mask: Tensor
+    rollout_logprobs: Tensor | None = None
+    is_weights: Tensor | None = None
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError``/``TypeError`` on inconsistent shapes, a non-bool mask, bad clip settings or
+        non-finite values on masked-in tokens (run on construction).
+
+        Shapes:
+            every tensor field must be (B, T), the shape of ``logprobs``.
+        """
+        if self.logprobs.dim() != 2:
+            raise ValueError(f"logprobs must be (B, T), got shape {tuple(self.logprobs.shape)}")
+        if not isinstance(self.mask, Tensor) or self.mask.dtype != torch.bool:
+            got = self.mask.dtype if isinstance(self.mask, Tensor) else type(self.mask).__name__
+            raise TypeError(f"mask must be a torch.bool tensor, got {got}")
+        shape = self.logprobs.shape
+        for name in ("old_logprobs", "advantages", "mask", "rollout_logprobs", "is_weights"):
+            x = getattr(self, name)
+            if x is not None and x.shape != shape:
+                raise ValueError(
+                    f"{name} has shape {tuple(x.shape)} but logprobs has shape {tuple(shape)}; they must match"
+                )
+        if not 0.0 <= self.clip_low <= 1.0:
+            raise ValueError(f"clip_low must be in [0, 1] (1.0 = no lower bound), got {self.clip_low}")
+        if not (self.clip_high > 0.0 and math.isfinite(self.clip_high)):
+            raise ValueError(f"clip_high must be a finite number > 0, got {self.clip_high}")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
+        for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs", "is_weights"):
+            x = getattr(self, name)
+            if x is not None:
+                _check_finite_where(name, x.detach(), self.mask)
+        if self.is_weights is not None and bool((self.is_weights.detach()[self.mask] < 0).any()):
+            raise ValueError("is_weights must be >= 0 on masked-in tokens")
+
+
+def compute_policy_loss(name: str, inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Look ``name`` up in ``POLICY_LOSSES`` and apply it.
+
+    Shapes:
+        inputs: see ``PolicyLossInputs`` (all (B, T)).
+        returns: per_token_loss (B, T), zero where ``inputs.mask`` is False; metrics dict[str, float].
+    """
+    return POLICY_LOSSES.get(name)(inputs)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared pieces
+
+
+def _sanitized(inputs: PolicyLossInputs) -> tuple[Tensor, Tensor, Tensor]:
+    """logprobs, old_logprobs (detached) and advantages with padding replaced by 0.
+
+    Replacing rather than multiplying keeps an Inf/NaN in padding from turning into a NaN value or NaN gradient
+    (``where`` sends a zero gradient to the unselected branch).
+    """
+    m = inputs.mask
+    lp = torch.where(m, inputs.logprobs, torch.zeros_like(inputs.logprobs))
+    old = torch.where(m, inputs.old_logprobs.detach(), torch.zeros_like(inputs.old_logprobs))
+    adv = torch.where(m, inputs.advantages.detach(), torch.zeros_like(inputs.advantages))
+    return lp, old, adv
+
+
+def _finish(loss: Tensor, inputs: PolicyLossInputs) -> Tensor:
+    """Apply the caller's detached per-token weights and zero the padding."""
+    if inputs.is_weights is not None:
+        w = torch.where(inputs.mask, inputs.is_weights.detach(), torch.zeros_like(inputs.is_weights)).to(loss.dtype)
+        loss = loss * w
+    return torch.where(inputs.mask, loss, torch.zeros_like(loss))
+
+
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float, dual_clip: float | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """PPO's pessimistic clipped surrogate, negated so it is a loss.
+
+    L = -min(r*A, clip(r, 1 - clip_low, 1 + clip_high)*A); with dual clip c and A < 0: L = min(L, -c*A).
+
+    Shapes:
+        ratio, adv: (B, T). returns loss (B, T) and three bool (B, T) masks: lower clip binds, upper clip binds,
+        dual clip binds (before masking by the caller).
+    """
+    clipped_ratio = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    unclipped_obj = ratio * adv
+    clipped_obj = clipped_ratio * adv
+    loss = -torch.minimum(unclipped_obj, clipped_obj)
+    with torch.no_grad():
+        # The clip "binds" exactly when the clipped branch is the strictly smaller objective: its gradient is then 0.
+        binds = clipped_obj < unclipped_obj
+        low, high = binds & (adv < 0), binds & (adv > 0)
+    if dual_clip is None:
+        return loss, low, high, torch.zeros_like(low)
+    bound = -dual_clip * adv  # (B, T), only meaningful where A < 0
+    with torch.no_grad():
+        dual = (adv < 0) & (loss > bound)
+    loss = torch.where(adv < 0, torch.minimum(loss, bound), loss)
+    return loss, low, high, dual
+
+
+def _metrics(
+    mask: Tensor, low: Tensor, high: Tensor, dual: Tensor, tok_log_ratio: Tensor, ratio_log: Tensor,
+    ratio_mask: Tensor,
+) -> dict[str, float]:
+    """Clip fractions over masked tokens; ratio stats of exp(``ratio_log``) over ``ratio_mask`` entries; k3 KL from
+    the token log-ratio. Computed in float64 without grad; all zeros when nothing is masked in."""
+    with torch.no_grad():
+        n_tok = int(mask.sum())
+        n_ratio = int(ratio_mask.sum())
+        if n_tok == 0 or n_ratio == 0:
+            return dict.fromkeys(_METRIC_KEYS, 0.0)
+        lr = tok_log_ratio.detach().double()[mask]
+        k3 = torch.expm1(lr) - lr  # (r - 1) - log r; expm1 keeps precision for r close to 1
+        ratios = ratio_log.detach().double()[ratio_mask].exp()
+        low_n, high_n = float((low & mask).sum()), float((high & mask).sum())
+        return {
+            "clipfrac_low": low_n / n_tok,
+            "clipfrac_high": high_n / n_tok,
+            "clipfrac": (low_n + high_n) / n_tok,  # the two cases are disjoint (they need opposite signs of A)
+            "dual_clipfrac": float((dual & mask).sum()) / n_tok,
+            "ratio_min": float(ratios.min()),
+            "ratio_mean": float(ratios.mean()),
+            "ratio_max": float(ratios.max()),
+            "approx_kl": float(k3.mean()),
+        }
+
+
+def _reject_dual_clip(name: str, inputs: PolicyLossInputs) -> None:
+    # A configured setting that a loss would ignore is an error, never a silent no-op.
+    if inputs.dual_clip is not None:
+        raise ValueError(f"dual_clip={inputs.dual_clip} is not used by policy loss {name!r}; "
+                         "only 'ppo_clip' and 'gspo' apply it")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# losses
+
+
+@POLICY_LOSSES.register("ppo_clip")
+def ppo_clip_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Token-level PPO clipped surrogate with asymmetric and optional dual clipping.
+
+    r_t = exp(log pi(y_t) - log pi_old(y_t));
+    L_t = -min(r_t * A_t, clip(r_t, 1 - clip_low, 1 + clip_high) * A_t);
+    dual clip (c > 1), for A_t < 0 only: L_t = min(L_t, -c * A_t), bounding the loss by c * |A_t|.
+
+    PPO: arXiv 1707.06347; asymmetric "clip-higher": DAPO arXiv 2503.14476; dual clip: arXiv 1912.09729.
+    Departures: log r is clamped to [-20, 20] before exp (see module docstring); the paper's value and entropy
+    terms are separate loss terms in lit_rl.
+
+    Shapes:
+        inputs: (B, T) tensors (see ``PolicyLossInputs``). returns loss (B, T), metrics dict[str, float].
+    """
+    lp, old, adv = _sanitized(inputs)
+    log_ratio = lp - old  # (B, T), 0 on padding
+    ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
+    loss, low, high, dual = _clipped_surrogate(ratio, adv, inputs.clip_low, inputs.clip_high, inputs.dual_clip)
+    metrics = _metrics(inputs.mask, low, high, dual, log_ratio, log_ratio, inputs.mask)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Group Sequence Policy Optimization, token form ("GSPO-token", arXiv 2507.18071).
+
+    s_i = exp(mean_{t in y_i} (log pi(y_t) - log pi_old(y_t)))   (length-normalised sequence ratio)
+    s_{i,t} = sg[s_i] * pi(y_t) / sg[pi(y_t)]                    (value s_i, gradient s_i * grad log pi(y_t))
+    L_{i,t} = -min(s_{i,t} * A_{i,t}, clip(s_{i,t}, 1 - clip_low, 1 + clip_high) * A_{i,t})
+
+    Aggregated with a per-sequence token mean and then a mean over rows ("seq_mean_token_mean"), and with A
+    constant along a row, the gradient is exactly the paper's sequence-level GSPO gradient
+    s_i * A_i * (1/|y_i|) * sum_t grad log pi(y_t) (and 0 for a clipped sequence); per-token A keeps the
+    GSPO-token generalisation. The clip is on the sequence ratio, so the useful range is tiny: the paper uses
+    clip_low=3e-4, clip_high=4e-4, not PPO's 0.2. ``dual_clip`` is applied as in ``ppo_clip`` if set (not in the
+    paper). Departure: the sequence log-ratio is clamped to [-20, 20]. Ratio metrics describe s_i over rows with at
+    least one token; clip fractions and ``approx_kl`` are per token.
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    mask = inputs.mask
+    lp, old, adv = _sanitized(inputs)
+    tok_log_ratio = lp - old  # (B, T), 0 on padding
+    n_tok = mask.sum(dim=-1)  # (B,)
+    seq_log_ratio = tok_log_ratio.sum(dim=-1) / n_tok.clamp(min=1).to(lp.dtype)  # (B,), 0 for empty rows
+    seq_log_ratio_c = seq_log_ratio.detach().clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    # log s_{i,t} = sg[log s_i] + log pi(y_t) - sg[log pi(y_t)]: equals log s_i, differentiates like log pi(y_t).
+    log_s_tok = seq_log_ratio_c[:, None] + lp - lp.detach()  # (B, T)
+    loss, low, high, dual = _clipped_surrogate(
+        log_s_tok.exp(), adv, inputs.clip_low, inputs.clip_high, inputs.dual_clip
+    )
+    metrics = _metrics(mask, low, high, dual, tok_log_ratio, seq_log_ratio, n_tok > 0)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Clipped IS-weight Policy Optimization (MiniMax-M1, arXiv 2506.13585).
+
+    L_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * log pi(y_t),  r_t = pi(y_t) / pi_old(y_t).
+
+    Unlike PPO, a clipped token keeps its gradient; only its weight is bounded. The paper bounds the weight from
+    above only (it sets eps_low large); here ``clip_low=1.0`` gives the lower bound 0, i.e. none. A clip "binds"
+    (``clipfrac_low``/``clipfrac_high``) where the weight is actually changed and A != 0, whatever the sign of A.
+    The paper aggregates with a token mean over the batch. ``dual_clip`` is rejected (no meaning here).
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    _reject_dual_clip("cispo", inputs)
+    lp, old, adv = _sanitized(inputs)
+    log_ratio = lp - old  # (B, T)
+    with torch.no_grad():
+        ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
+        weight = ratio.clamp(1.0 - inputs.clip_low, 1.0 + inputs.clip_high)
+        active = adv != 0
+        low, high = active & (ratio < weight), active & (ratio > weight)
+    loss = -weight * adv * lp
+    metrics = _metrics(inputs.mask, low, high, torch.zeros_like(low), log_ratio, log_ratio, inputs.mask)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Plain policy gradient (REINFORCE, Williams 1992; no arXiv id), optionally importance weighted.
+
+    L_t = -A_t * log pi(y_t); if ``rollout_logprobs`` is given,
+    L_t = -sg[exp(log pi(y_t) - log mu(y_t))] * A_t * log pi(y_t) with mu the rollout (behaviour) policy, the
+    untruncated per-token IS correction. Truncating or masking that weight is the caller's job, through
+    ``is_weights`` (and then ``rollout_logprobs`` should be left None to avoid weighting twice).
+    ``old_logprobs`` and the clip settings do not enter the loss; ``ratio_*`` and ``approx_kl`` still describe
+    pi / pi_old, clip fractions are 0. ``dual_clip`` is rejected. Departure: log(pi/mu) clamped to [-20, 20].
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    _reject_dual_clip("reinforce", inputs)
+    lp, old, adv = _sanitized(inputs)
+    loss = -adv * lp
+    if inputs.rollout_logprobs is not None:
+        with torch.no_grad():
+            mu = torch.where(inputs.mask, inputs.rollout_logprobs, torch.zeros_like(inputs.rollout_logprobs))
+            weight = (lp - mu).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
+        loss = loss * weight
+    none = torch.zeros_like(inputs.mask)
+    metrics = _metrics(inputs.mask, none, none, none, lp - old, lp - old, inputs.mask)
+    return _finish(loss, inputs), metrics
