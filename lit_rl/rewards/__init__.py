@@ -1,0 +1,6 @@
+from lit_rl.rewards.base import RewardFn, RewardResult
+from lit_rl.rewards.pool import RewardBatch, RewardPool
+from lit_rl.rewards.verifiers import ExactAnswerReward, MathAnswerReward, PrefixMatchReward, RegexFormatReward
+
+__all__ = ["RewardFn", "RewardResult", "RewardPool", "RewardBatch", "ExactAnswerReward", "MathAnswerReward",
+           "PrefixMatchReward", "RegexFormatReward"]

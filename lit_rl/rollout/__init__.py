@@ -1,0 +1,3 @@
+from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
+
+__all__ = ["RolloutEngine", "HFEngine", "SamplingConfig", "Completion"]

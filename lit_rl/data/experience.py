@@ -1,0 +1,179 @@
+"""`Experience`: one RL iteration's rollouts as padded tensors, one row per completion.
+
+Layout (B rows, P prompt tokens, C completion tokens, L = P + C):
+
+    input_ids      (B, L)  left-padded prompt | completion right-padded with pad
+    attention_mask (B, L)  1 on real tokens (prompt and completion, including observations)
+    loss_mask      (B, C)  True on tokens the policy generated (multi-turn: observations are False)
+
+Every other per-token field is (B, C) and aligned with ``input_ids[:, P:]``: entry ``t`` belongs to the
+token at sequence position ``P + t`` (its log-probability is read from the logits at position
+``P + t - 1``). Per-row fields are (B,).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import torch
+from torch import Tensor
+
+# Per-token optional fields, all (B, C).
+TOKEN_FIELDS = (
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "values",
+    "teacher_logprobs",
+    "token_rewards",
+    "advantages",
+    "returns",
+    "is_weights",
+)
+# Per-row optional tensors, all (B,).
+ROW_FIELDS = ("rewards", "valid", "group_ids", "policy_version")
+
+
+@dataclass
+class Experience:
+    input_ids: Tensor  # (B, L) int64
+    attention_mask: Tensor  # (B, L) int64 / bool
+    loss_mask: Tensor  # (B, C) bool
+    prompt_len: int  # P: completion tokens start at this position
+    group_ids: Tensor  # (B,) int64, rows of one prompt share an id
+    rewards: Tensor  # (B,) float; NaN where valid is False
+    valid: Tensor  # (B,) bool; False = reward unavailable (infra error), masked out of advantages
+    policy_version: Tensor  # (B,) int64: engine weights version that generated the row
+    reward_components: dict[str, Tensor] = field(default_factory=dict)  # name -> (B,)
+    rollout_logprobs: Tensor | None = None
+    old_logprobs: Tensor | None = None
+    ref_logprobs: Tensor | None = None
+    values: Tensor | None = None
+    teacher_logprobs: Tensor | None = None
+    token_rewards: Tensor | None = None
+    advantages: Tensor | None = None
+    returns: Tensor | None = None
+    is_weights: Tensor | None = None
+    finish_reasons: list[str] = field(default_factory=list)  # "stop" | "length" per row
+    domains: list[str] = field(default_factory=list)  # task domain per row (teacher routing)
+    prompts: list[Any] = field(default_factory=list)  # the Prompt record behind each row
+    texts: list[str] = field(default_factory=list)  # decoded completions
+    # Tensors other components attach (e.g. multi-turn observation masks); sliced like token fields.
+    extras: dict[str, Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        B, L = self.input_ids.shape
+        C = L - self.prompt_len
+        if self.attention_mask.shape != (B, L):
+            raise ValueError(f"attention_mask shape {tuple(self.attention_mask.shape)} != input_ids {(B, L)}")
+        if self.loss_mask.shape != (B, C):
+            raise ValueError(f"loss_mask shape {tuple(self.loss_mask.shape)} != (B, C) = {(B, C)}")
+        if self.loss_mask.dtype != torch.bool:
+            raise TypeError(f"loss_mask must be torch.bool, got {self.loss_mask.dtype}")
+        for name in ROW_FIELDS:
+            t = getattr(self, name)
+            if t.shape != (B,):
+                raise ValueError(f"{name} shape {tuple(t.shape)} != (B,) = {(B,)}")
+        for name in TOKEN_FIELDS:
+            t = getattr(self, name)
+            if t is not None and t.shape != (B, C):
+                raise ValueError(f"{name} shape {tuple(t.shape)} != (B, C) = {(B, C)}")
+
+    # ------------------------------------------------------------------ sizes
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def completion_len(self) -> int:
+        return self.input_ids.shape[1] - self.prompt_len
+
+    @property
+    def completion_ids(self) -> Tensor:  # (B, C)
+        return self.input_ids[:, self.prompt_len :]
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    # ---------------------------------------------------------------- slicing
+    def select(self, index: Tensor | list[int] | slice) -> "Experience":
+        """Rows ``index`` as a new Experience (tensors are views/copies; lists are re-indexed)."""
+        if isinstance(index, slice):
+            rows = list(range(self.batch_size))[index]
+        else:
+            rows = index.tolist() if isinstance(index, Tensor) else list(index)
+        idx = torch.as_tensor(rows, dtype=torch.long, device=self.input_ids.device)
+        kw: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                kw[f.name] = v.index_select(0, idx)
+            elif isinstance(v, dict):
+                kw[f.name] = {k: t.index_select(0, idx.to(t.device)) for k, t in v.items()}
+            elif isinstance(v, list):
+                kw[f.name] = [v[i] for i in rows] if v else []
+            else:
+                kw[f.name] = v
+        return Experience(**kw)
+
+    def minibatches(
+        self, size: int | None, shuffle: bool = True, generator: torch.Generator | None = None
+    ) -> Iterator["Experience"]:
+        """Split into minibatches of ``size`` rows (one optimizer step each); every row exactly once.
+
+        ``size=None`` yields the whole Experience. The last minibatch may be smaller when ``size`` does
+        not divide B (PolicyModule rejects that configuration at construction; data-dependent batch sizes,
+        e.g. after dynamic sampling, still work).
+        """
+        B = self.batch_size
+        if size is None or size >= B:
+            order = torch.randperm(B, generator=generator) if shuffle else torch.arange(B)
+            yield self.select(order) if shuffle else self
+            return
+        if size <= 0:
+            raise ValueError(f"minibatch size must be positive, got {size}")
+        order = torch.randperm(B, generator=generator) if shuffle else torch.arange(B)
+        for start in range(0, B, size):
+            yield self.select(order[start : start + size])
+
+    def micro_batches(self, size: int | None) -> Iterator["Experience"]:
+        """Consecutive chunks of ``size`` rows for gradient accumulation (no shuffling)."""
+        B = self.batch_size
+        if size is None or size >= B:
+            yield self
+            return
+        if size <= 0:
+            raise ValueError(f"micro batch size must be positive, got {size}")
+        for start in range(0, B, size):
+            yield self.select(slice(start, start + size))
+
+    def to(self, device: torch.device | str) -> "Experience":
+        kw = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Tensor):
+                v = v.to(device)
+            elif isinstance(v, dict):
+                v = {k: t.to(device) for k, t in v.items()}
+            kw[f.name] = v
+        return Experience(**kw)
+
+    def trim(self) -> "Experience":
+        """Drop completion columns that are padding in every row (saves compute after row selection)."""
+        real = self.attention_mask[:, self.prompt_len :].bool().any(0)  # (C,)
+        if real.all() or not real.any():
+            return self
+        keep_c = int(real.nonzero().max()) + 1
+        L = self.prompt_len + keep_c
+        kw = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if f.name in ("input_ids", "attention_mask"):
+                v = v[:, :L]
+            elif f.name == "loss_mask" or (f.name in TOKEN_FIELDS and v is not None):
+                v = v[:, :keep_c]
+            elif f.name == "extras":
+                v = {k: t[:, :keep_c] if t.dim() == 2 else t for k, t in v.items()}
+            kw[f.name] = v
+        return Experience(**kw)

@@ -1,0 +1,80 @@
+"""Loading causal LMs and tokenizers (local path or hub id), optional LoRA through ``peft``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name!r}; valid values: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def _looks_local(path: str) -> bool:
+    return path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
+
+
+def check_model_source(path: str, field: str = "model") -> None:
+    """Fail early for a local-looking path that does not exist (hub ids are ``org/name``)."""
+    if not path:
+        raise ValueError(f"{field} is empty; pass a local model directory or a hub id")
+    p = Path(path).expanduser()
+    if _looks_local(path) and not (p / "config.json").exists():
+        raise FileNotFoundError(
+            f"{field}={path!r}: no Hugging Face model there (missing {p / 'config.json'}). Pass a saved model "
+            "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR"
+        )
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token_id is None:  # many base models ship without one; eos is the usual stand-in
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
+                   attn_implementation: str | None = "sdpa"):
+    """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it."""
+    from transformers import AutoModelForCausalLM
+
+    check_model_source(path)
+    kw = {"dtype": resolve_dtype(dtype)}
+    if attn_implementation:
+        kw["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        cfg = dict(lora)
+        cfg.setdefault("task_type", "CAUSAL_LM")
+        cfg.setdefault("target_modules", "all-linear")
+        model = get_peft_model(model, LoraConfig(**cfg))
+    return model
+
+
+def merged_state_items(model):
+    """(name, tensor) pairs of the plain (non-LoRA) model's weights, for syncing an engine.
+
+    A LoRA-wrapped model is merged on the fly (W + BA·scale) without modifying the training model, and
+    names are stripped of peft's prefixes so they match the base architecture's checkpoint names.
+    """
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        PeftModel = ()
+    if isinstance(model, PeftModel):
+        import copy
+
+        merged = copy.deepcopy(model).merge_and_unload()
+        yield from ((n, p.detach()) for n, p in merged.state_dict().items())
+        return
+    yield from ((n, p.detach()) for n, p in model.state_dict().items())

@@ -1,0 +1,293 @@
+"""`PolicyModule`: the policy-gradient learner (GRPO family, PPO-clip, GSPO, CISPO, REINFORCE).
+
+One Lightning training step = one RL iteration over the Experience that RolloutCallback attached to the
+batch (DESIGN §1). Optimisation is manual: ``ppo_epochs`` × minibatches optimizer steps per iteration,
+each accumulated over micro-batches.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from lit_rl.core.advantages import ADVANTAGES, AdvantageInputs, compute_advantages
+from lit_rl.core.aggregation import AGG_MODES, aggregate
+from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
+from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from lit_rl.data.experience import Experience
+from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
+from lit_rl.modules.protocols import loss_term_providers
+
+OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+
+
+def _default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+
+class PolicyModule(L.LightningModule):
+    """Policy-gradient RL on a causal LM.
+
+    Args:
+        model: local directory or hub id of a causal LM.
+        tiny_if_missing: if set and ``model`` is a missing local directory, build a tiny random model there
+            with ``lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing)`` (quickstart, tests).
+        dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``).
+        lora: peft ``LoraConfig`` keyword arguments (e.g. ``{r: 8, lora_alpha: 16}``); None = full fine-tune.
+        advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
+        std_normalize, gamma, lam: estimator options.
+        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
+        loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
+            (Dr. GRPO).
+        clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
+        ppo_epochs: passes over each Experience.
+        minibatch_size: rows per optimizer step (None = the whole Experience).
+        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch.
+        max_grad_norm: gradient clipping; a non-finite norm skips the step.
+        max_nonfinite_steps: this many skipped steps in a row raise.
+        rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
+            (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
+        logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
+        optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        tiny_if_missing: dict[str, Any] | None = None,
+        dtype: str = "float32",
+        lora: dict[str, Any] | None = None,
+        advantage: str = "grpo",
+        std_normalize: bool = True,
+        gamma: float = 1.0,
+        lam: float = 1.0,
+        policy_loss: str = "ppo_clip",
+        loss_agg: str = "token_mean",
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        dual_clip: float | None = None,
+        ppo_epochs: int = 1,
+        minibatch_size: int | None = None,
+        micro_batch_size: int | None = None,
+        max_grad_norm: float = 1.0,
+        max_nonfinite_steps: int = 5,
+        rollout_correction: str = "none",
+        correction_level: str = "token",
+        correction_cap: float = 2.0,
+        logprob_chunk_size: int | None = None,
+        seed: int = 0,
+        optimizer: OptimizerFactory = _default_optimizer,
+        lr_scheduler: SchedulerFactory | None = None,
+    ):
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        ADVANTAGES.check(advantage, "advantage")
+        POLICY_LOSSES.check(policy_loss, "policy_loss")
+        if loss_agg not in AGG_MODES:
+            raise ValueError(f"loss_agg={loss_agg!r}; valid values: {', '.join(AGG_MODES)}")
+        if rollout_correction not in CORRECTION_MODES:
+            raise ValueError(f"rollout_correction={rollout_correction!r}; valid values: {', '.join(CORRECTION_MODES)}")
+        if correction_level not in CORRECTION_LEVELS:
+            raise ValueError(f"correction_level={correction_level!r}; valid values: {', '.join(CORRECTION_LEVELS)}")
+        for name, v in (("ppo_epochs", ppo_epochs), ("max_nonfinite_steps", max_nonfinite_steps)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        for name, v in (("minibatch_size", minibatch_size), ("micro_batch_size", micro_batch_size)):
+            if v is not None and v < 1:
+                raise ValueError(f"{name} must be >= 1 or null, got {v}")
+        if minibatch_size and micro_batch_size and minibatch_size % micro_batch_size:
+            raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
+        if not 0 <= clip_low < 1:
+            raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+        if clip_high <= 0:
+            raise ValueError(f"clip_high must be > 0, got {clip_high}")
+        if dual_clip is not None and dual_clip <= 1:
+            raise ValueError(f"dual_clip must be > 1 or null, got {dual_clip}")
+        if max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        if correction_cap <= 0:
+            raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
+        resolve_dtype(dtype)
+        if tiny_if_missing is None:
+            check_model_source(model)
+        self.model_path = model
+        self.tiny_if_missing = tiny_if_missing
+        self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
+        self.automatic_optimization = False
+        self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
+        self.critic = None  # PPO critics attach here (CriticModule)
+        self.nonfinite_in_a_row = 0
+        self.skipped_steps = 0
+        self.iteration = 0
+        self.model = None
+        self.tokenizer = None
+        self._build()
+
+    # ----------------------------------------------------------------- model
+    def _build(self) -> None:
+        if self.tiny_if_missing is not None and not (Path(self.model_path) / "config.json").exists():
+            from lit_rl.models.tiny import ensure_tiny_model
+
+            ensure_tiny_model(self.model_path, **self.tiny_if_missing)
+        torch.manual_seed(self.hparams.seed)
+        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora)
+        self.tokenizer = load_tokenizer(self.model_path)
+
+    def configure_optimizers(self):
+        params = [p for p in self.parameters() if p.requires_grad]
+        opt = self.optimizer_factory(params)
+        if self.scheduler_factory is None:
+            return opt
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def forward_logits(self, micro: Experience) -> Tensor:
+        """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1."""
+        att = micro.attention_mask.long()
+        pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
+        out = self.model(input_ids=micro.input_ids, attention_mask=att, position_ids=pos,
+                         logits_to_keep=micro.completion_len + 1, use_cache=False)
+        return out.logits[:, :-1]  # (b, C, V)
+
+    def completion_logprobs(self, micro: Experience, logits: Tensor | None = None) -> Tensor:
+        logits = self.forward_logits(micro) if logits is None else logits
+        return token_logprobs(logits, micro.completion_ids, self.hparams.logprob_chunk_size, self.temperature)
+
+    # ------------------------------------------------------------ experience
+    @property
+    def needs_old_logprobs(self) -> bool:
+        """Several optimizer steps per Experience make later steps off-policy: the ratio's denominator
+        must then be the pre-update policy, computed once before any update."""
+        return self.hparams.ppo_epochs > 1 or self.hparams.minibatch_size is not None
+
+    @torch.no_grad()
+    def on_experience(self, trainer, module, exp: Experience) -> None:
+        """ExperienceHook of the module itself: old log-probs (when needed) and critic values."""
+        if self.needs_old_logprobs:
+            chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+            exp.old_logprobs = torch.cat(chunks).float()
+        if self.critic is not None:
+            self.critic.attach_values(self, exp)
+
+    def compute_advantages(self, exp: Experience) -> dict[str, float]:
+        h = self.hparams
+        out = compute_advantages(h.advantage, AdvantageInputs(
+            rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
+            values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize))
+        exp.advantages = out.advantages.float()
+        exp.returns = None if out.returns is None else out.returns.float()
+        return out.metrics
+
+    def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
+        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators."""
+        return aggregate(values, mask, self.hparams.loss_agg, num_tokens=forward_out["num_tokens"],
+                         num_seqs=forward_out["num_seqs"])
+
+    # -------------------------------------------------------------- training
+    def training_step(self, batch, batch_idx: int):
+        exp: Experience | None = getattr(batch, "experience", None)
+        if exp is None:
+            raise RuntimeError("PolicyModule got a batch without an Experience: add a RolloutCallback to "
+                               "trainer.callbacks (it generates the rollouts each step)")
+        exp = exp.to(self.device)
+        h, t0 = self.hparams, time.perf_counter()
+        opt = self.optimizers()
+        sched = self.lr_schedulers()
+        gen = torch.Generator().manual_seed(h.seed + self.iteration)
+        sums: dict[str, list[float]] = {}
+        for _ in range(h.ppo_epochs):
+            for mb in exp.minibatches(h.minibatch_size, shuffle=h.minibatch_size is not None, generator=gen):
+                stats = self._optimizer_step(opt, sched, mb)
+                for k, v in stats.items():
+                    sums.setdefault(k, []).append(v)
+        metrics = {k: sum(v) / len(v) for k, v in sums.items() if v}
+        metrics["actor/skipped_steps"] = float(self.skipped_steps)
+        metrics["perf/update_s"] = time.perf_counter() - t0
+        metrics.update(batch.metrics)
+        tokens = float(exp.attention_mask.sum())
+        step_s = sum(batch.metrics.get(k, 0.0) for k in ("perf/generate_s", "perf/reward_s")) + metrics["perf/update_s"]
+        metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
+        self.iteration += 1
+        bar = {"reward/mean", "eval/accuracy"}
+        for k, v in metrics.items():
+            if isinstance(v, float) and math.isnan(v):
+                continue
+            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size)
+
+    def _optimizer_step(self, opt, sched, mb: Experience) -> dict[str, float]:
+        h = self.hparams
+        mb = mb.trim()
+        fwd_common = {"num_tokens": int(mb.loss_mask.sum()), "num_seqs": int(mb.loss_mask.any(-1).sum())}
+        opt.zero_grad(set_to_none=True)
+        stats: dict[str, float] = {}
+        for micro in mb.micro_batches(h.micro_batch_size):
+            parts = self._micro_loss(micro, fwd_common)
+            loss = sum(parts.values())
+            self.manual_backward(loss)
+            for k, v in parts.items():
+                stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
+        for k, v in self._last_metrics.items():
+            stats[k] = v
+        params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm) if params else torch.tensor(0.0)
+        stats["actor/grad_norm"] = float(norm)
+        if not torch.isfinite(norm):
+            # Skip: parameters and optimizer state stay exactly as they were.
+            opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+            self.nonfinite_in_a_row += 1
+            if self.nonfinite_in_a_row >= h.max_nonfinite_steps:
+                raise RuntimeError(
+                    f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite gradient norm "
+                    f"(max_nonfinite_steps={h.max_nonfinite_steps}); training diverged. Lower the learning rate, "
+                    "use float32, or check rewards/advantages for extreme values.")
+            return stats
+        self.nonfinite_in_a_row = 0
+        opt.step()
+        if sched is not None:
+            sched.step()
+        return stats
+
+    def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
+        h = self.hparams
+        logits = self.forward_logits(micro)  # (b, C, V)
+        logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
+        mask = micro.loss_mask
+        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
+        is_w, metrics = None, {}
+        if h.rollout_correction != "none" and micro.rollout_logprobs is not None:
+            w, keep, cm = rollout_correction(old, micro.rollout_logprobs, mask, h.rollout_correction,
+                                             h.correction_level, h.correction_cap)
+            is_w = w * keep
+            metrics.update({f"is/{k}": v for k, v in cm.items()})
+        if micro.is_weights is not None:
+            is_w = micro.is_weights if is_w is None else is_w * micro.is_weights
+        per_token, pm = compute_policy_loss(h.policy_loss, PolicyLossInputs(
+            logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
+            rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
+            dual_clip=h.dual_clip))
+        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask)
+        parts = {"policy": self.aggregate(per_token, mask, fwd)}
+        if self.critic is not None:
+            parts.update(self.critic.loss_terms(self, micro, fwd))
+        for cb in loss_term_providers(self.trainer):
+            parts.update(cb.loss_terms(self, micro, fwd))
+        with torch.no_grad():
+            if mask.any():
+                ent = entropy_from_logits(logits.detach(), h.logprob_chunk_size, self.temperature)
+                metrics["actor/entropy"] = float(ent[mask].mean())
+                if micro.rollout_logprobs is not None:
+                    metrics["rollout/logprob_mismatch_kl"] = k3_mismatch_kl(logprobs.detach(),
+                                                                             micro.rollout_logprobs, mask)
+        metrics.update({f"actor/{k}": v for k, v in pm.items()})
+        self._last_metrics = metrics
+        return parts
+
+    _last_metrics: dict[str, float] = {}

@@ -1,0 +1,40 @@
+"""The reward-function protocol.
+
+A reward function is a plain callable ``fn(prompt: Prompt, completion: str) -> float | RewardResult``
+(the habit TRL users have, typed). ``prompt`` is the whole record, so verifiers read ``prompt.answer`` or
+``prompt.metadata``. Returning ``RewardResult`` lets a function report sub-scores (logged as
+``reward/<name>/<key>``) or say that it could not judge the completion (``ok=False``: an infrastructure
+failure, masked out of the advantages and counted — never scored 0).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class RewardResult:
+    score: float
+    ok: bool = True  # False: the verifier failed (sandbox crashed, service down); the row is masked
+    info: dict[str, float] = field(default_factory=dict)  # optional sub-scores, logged
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    def __call__(self, prompt: Any, completion: str) -> float | RewardResult: ...
+
+
+def as_result(value: Any) -> RewardResult:
+    """Normalise a reward function's return value; raises TypeError for non-numbers / non-finite."""
+    if isinstance(value, RewardResult):
+        res = value
+    elif isinstance(value, bool):  # bool is an int subclass; accept it as 0/1 deliberately
+        res = RewardResult(float(value))
+    elif isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
+        res = RewardResult(float(value))
+    else:
+        raise TypeError(f"reward function returned {type(value).__name__} {value!r}; expected a float or RewardResult")
+    if res.ok and not math.isfinite(res.score):
+        raise TypeError(f"reward function returned a non-finite score {res.score!r}")
+    return res

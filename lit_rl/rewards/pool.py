@@ -1,0 +1,272 @@
+"""`RewardPool`: run reward functions with per-call timeouts, weights and infra-error masking.
+
+Every (completion, reward function) pair is one call. A call that raises, returns a non-number, reports
+``ok=False`` or runs past ``timeout_s`` is an *infrastructure error*: the row's reward becomes NaN with
+``valid=False`` (masked out of advantages downstream) and is counted — never silently scored 0.
+
+Workers are daemon threads (``executor="thread"``: right for I/O-bound or GIL-releasing rewards, e.g.
+sandboxed subprocesses) or forked processes (``executor="process"``: CPU-bound pure-Python rewards run in
+parallel; a hung call is killed). A hung thread cannot be killed in Python, so it is abandoned and replaced
+(daemon threads never block interpreter exit); training waits at most ``timeout_s`` per call.
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from lit_rl.rewards.base import RewardResult, as_result
+
+EXECUTORS = ("thread", "process")
+
+
+@dataclass
+class RewardBatch:
+    total: torch.Tensor  # (B,) float64 weighted sum; NaN where invalid
+    valid: torch.Tensor  # (B,) bool
+    components: dict[str, torch.Tensor]  # name -> (B,) float64, NaN where that call failed
+    errors: list[str | None]  # per row: why it is invalid
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+class _ThreadWorkers:
+    def __init__(self, n: int):
+        self.n, self.q, self.lock, self.alive = n, queue.Queue(), threading.Lock(), 0
+        for _ in range(n):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self.lock:
+            self.alive += 1
+        threading.Thread(target=self._loop, daemon=True, name="lit_rl-reward").start()
+
+    def _loop(self) -> None:
+        while True:
+            fut, fn, args = self.q.get()
+            fut.started_at = time.monotonic()
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as e:  # noqa: BLE001 - any failure of user code is an infra error
+                fut.set_exception(e)
+            with self.lock:  # a replacement was spawned while we hung: retire to keep n workers
+                if self.alive > self.n:
+                    self.alive -= 1
+                    return
+
+    def submit(self, fn: Callable, *args) -> Future:
+        fut: Future = Future()
+        fut.started_at = None
+        self.q.put((fut, fn, args))
+        return fut
+
+    def abandon(self, fut: Future) -> None:
+        self._spawn()  # the stuck thread keeps running but no longer counts towards capacity
+
+    def close(self) -> None:
+        pass
+
+
+def _proc_loop(conn, fns) -> None:
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        idx, args = msg
+        try:
+            conn.send((True, fns[idx](*args)))
+        except BaseException as e:  # noqa: BLE001
+            conn.send((False, f"{type(e).__name__}: {e}"))
+
+
+class _ProcessWorkers:
+    """Forked workers holding copies of the reward functions; a hung call's worker is killed and replaced."""
+
+    def __init__(self, n: int, fns: list[Callable]):
+        self.fns, self.ctx = fns, mp.get_context("fork")
+        self.idle: list = [self._spawn() for _ in range(n)]
+
+    def _spawn(self):
+        parent, child = self.ctx.Pipe()
+        p = self.ctx.Process(target=_proc_loop, args=(child, self.fns), daemon=True)
+        p.start()
+        return p, parent
+
+    def run_all(self, calls: list[tuple[int, tuple]], timeout: float) -> list[tuple[bool, Any]]:
+        results: list[Any] = [None] * len(calls)
+        pending = list(range(len(calls)))
+        busy: dict[int, tuple] = {}  # call index -> (worker, started)
+        while pending or busy:
+            while pending and self.idle:
+                i = pending.pop(0)
+                w = self.idle.pop()
+                w[1].send(calls[i])
+                busy[i] = (w, time.monotonic())
+            time.sleep(0.0005)
+            for i, (w, t0) in list(busy.items()):
+                if w[1].poll():
+                    try:
+                        results[i] = w[1].recv()
+                        self.idle.append(w)
+                    except (EOFError, OSError):
+                        results[i] = (False, "reward worker died")
+                        self.idle.append(self._spawn())
+                    del busy[i]
+                elif not w[0].is_alive():
+                    results[i] = (False, "reward worker died")
+                    self.idle.append(self._spawn())
+                    del busy[i]
+                elif time.monotonic() - t0 > timeout:
+                    w[0].kill()
+                    w[0].join(1)
+                    results[i] = (False, f"timed out after {timeout}s")
+                    self.idle.append(self._spawn())
+                    del busy[i]
+        return results
+
+    def close(self) -> None:
+        for p, conn in self.idle:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            p.join(0.5)
+            if p.is_alive():
+                p.kill()
+        self.idle = []
+
+
+class RewardPool:
+    """Score completions with one or several reward functions.
+
+    Args:
+        rewards: one function, a list (named by their ``__name__``/class) or a dict name -> function.
+        weights: name -> weight of each component in the total (default 1.0 each).
+        timeout_s: per-call limit; past it the call is an infra error.
+        num_workers: parallel calls.
+        executor: ``"thread"`` or ``"process"`` (see module doc).
+    """
+
+    def __init__(
+        self,
+        rewards: Callable | list[Callable] | dict[str, Callable],
+        weights: dict[str, float] | None = None,
+        timeout_s: float = 10.0,
+        num_workers: int = 1,
+        executor: str = "thread",
+    ):
+        if callable(rewards) and not isinstance(rewards, (list, dict)):
+            rewards = [rewards]
+        if isinstance(rewards, list):
+            rewards = {_name_of(f): f for f in rewards}
+        if not rewards:
+            raise ValueError("RewardPool: rewards is empty; pass at least one reward function")
+        for name, fn in rewards.items():
+            if not callable(fn):
+                raise TypeError(f"RewardPool: reward {name!r} is not callable ({type(fn).__name__})")
+        weights = dict(weights or {})
+        unknown = set(weights) - set(rewards)
+        if unknown:
+            raise ValueError(f"RewardPool: weights name unknown rewards {sorted(unknown)}; rewards are {sorted(rewards)}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor={executor!r}; valid values: {', '.join(EXECUTORS)}")
+        self.rewards = dict(rewards)
+        self.weights = {n: float(weights.get(n, 1.0)) for n in self.rewards}
+        self.timeout_s, self.num_workers, self.executor = timeout_s, num_workers, executor
+        self._workers = None
+
+    def _pool(self):
+        if self._workers is None:
+            fns = list(self.rewards.values())
+            self._workers = _ThreadWorkers(self.num_workers) if self.executor == "thread" else _ProcessWorkers(
+                self.num_workers, fns)
+        return self._workers
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def __call__(self, prompts: list[Any], completions: list[str]) -> RewardBatch:
+        return self.score(prompts, completions)
+
+    def score(self, prompts: list[Any], completions: list[str]) -> RewardBatch:
+        if len(prompts) != len(completions):
+            raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        names = list(self.rewards)
+        calls = [(k, (p, c)) for p, c in zip(prompts, completions) for k in range(len(names))]
+        t0 = time.monotonic()
+        raw = self._run(calls, names)
+        wall = time.monotonic() - t0
+        B = len(prompts)
+        comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
+        errors: list[str | None] = [None] * B
+        latency = {n: 0.0 for n in names}
+        n_timeouts = n_errors = 0
+        for j, (ok, val, dt) in enumerate(raw):
+            row, k = divmod(j, len(names))
+            latency[names[k]] += dt
+            if ok:
+                try:
+                    res = as_result(val)
+                except TypeError as e:
+                    ok, val = False, str(e)
+                else:
+                    if res.ok:
+                        comps[names[k]][row] = res.score
+                        continue
+                    ok, val = False, "reward reported ok=False"
+            n_errors += 1
+            n_timeouts += "timed out" in str(val)
+            errors[row] = errors[row] or f"{names[k]}: {val}"
+        valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
+        total = sum(self.weights[n] * comps[n] for n in names)
+        total = torch.where(valid, total, torch.full_like(total, float("nan")))
+        metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
+                   "perf/reward_s": wall}
+        for n in names:
+            ok_mask = ~comps[n].isnan()
+            metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan
+            metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(B, 1)
+        return RewardBatch(total, valid, comps, errors, metrics)
+
+    def _run(self, calls, names) -> list[tuple[bool, Any, float]]:
+        pool = self._pool()
+        if isinstance(pool, _ProcessWorkers):
+            t0 = time.monotonic()
+            res = pool.run_all(calls, self.timeout_s)
+            dt = (time.monotonic() - t0) / max(len(calls), 1)  # processes don't report per-call time
+            return [(ok, v, dt) for ok, v in res]
+        fns = [self.rewards[n] for n in names]
+        futs = [pool.submit(fns[k], *args) for k, args in calls]
+        out: list[Any] = [None] * len(futs)
+        while any(o is None for o in out):
+            now = time.monotonic()
+            for i, f in enumerate(futs):
+                if out[i] is not None:
+                    continue
+                if f.done():
+                    dt = now - (f.started_at or now)
+                    exc = f.exception()
+                    out[i] = (exc is None, f.result() if exc is None else f"{type(exc).__name__}: {exc}", dt)
+                elif f.started_at is not None and now - f.started_at > self.timeout_s:
+                    f.cancel()
+                    pool.abandon(f)
+                    out[i] = (False, f"timed out after {self.timeout_s}s", self.timeout_s)
+            time.sleep(0.0005)
+        return out
+
+
+def _name_of(fn: Callable) -> str:
+    name = getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    return str(name)

@@ -1,0 +1,143 @@
+"""The rollout-engine protocol and `HFEngine` (generation with ``transformers.generate``).
+
+Log-probabilities returned by every engine are of the *temperature-scaled, untruncated* distribution,
+``log softmax(logits / T)[token]`` (top-p / top-k change which tokens are sampled, not the reported
+probabilities). The trainer computes its log-probabilities with the same temperature
+(``PolicyModule.temperature`` is taken from the rollout sampling config), so old/rollout/current
+log-probabilities are comparable. Greedy decoding (``temperature=0``) reports logprobs at T = 1.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterable, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class SamplingConfig:
+    """How completions are sampled. ``temperature=0`` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    max_new_tokens: int = 32
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def logprob_temperature(self) -> float:
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+@dataclass
+class Completion:
+    token_ids: list[int]  # generated tokens, including the eos token when it stopped on one
+    logprobs: list[float]  # log-prob of each generated token (see module doc), same length
+    finish_reason: str  # "stop" (eos) | "length" (max_new_tokens)
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What RolloutCallback needs from a generator.
+
+    ``generate`` returns, for each prompt, ``n`` completions. ``update_weights`` loads new policy weights;
+    ``policy_version`` counts the syncs (every row of an Experience records the version that produced it).
+    """
+
+    policy_version: int
+
+    def bind(self, module) -> None: ...
+
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]: ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
+
+
+class HFEngine:
+    """Generation with ``transformers`` ``model.generate`` (KV cache, temperature / top-p / top-k, eos stop).
+
+    Args:
+        share_weights: True (default) generates with the policy module's own model object, so weights are
+            always current and a sync costs nothing. False keeps a private copy updated by
+            ``update_weights`` (needed when generation overlaps training, e.g. asynchronous RL).
+        batch_size: maximum sequences per ``generate`` call (bounds memory); None = all at once.
+    """
+
+    def __init__(self, share_weights: bool = True, batch_size: int | None = None):
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
+        self.share_weights, self.batch_size = share_weights, batch_size
+        self.model = None
+        self.tokenizer = None
+        self.policy_version = 0
+
+    def bind(self, module) -> None:
+        """Attach to a policy module (called by RolloutCallback.setup)."""
+        self.tokenizer = module.tokenizer
+        src = module.model
+        self.model = src if self.share_weights else copy.deepcopy(src).requires_grad_(False)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        if not self.share_weights:
+            params = dict(self.model.named_parameters())
+            params.update(dict(self.model.named_buffers()))
+            with torch.no_grad():
+                for name, t in named_tensors:
+                    params[name].copy_(t)
+        self.policy_version += 1
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        if self.model is None:
+            raise RuntimeError("HFEngine.generate called before bind(module); RolloutCallback.setup binds it")
+        rows = [p for p in prompt_ids for _ in range(n)]  # prompt i's samples are rows i*n .. i*n+n-1
+        step = self.batch_size or len(rows)
+        flat: list[Completion] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for s in range(0, len(rows), step):
+                flat.extend(self._generate(rows[s : s + step], sampling))
+        finally:
+            self.model.train(was_training)
+        return [flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
+
+    def _generate(self, rows: list[list[int]], sp: SamplingConfig) -> list[Completion]:
+        tok, model = self.tokenizer, self.model
+        device = next(model.parameters()).device
+        P = max(len(r) for r in rows)
+        ids = torch.full((len(rows), P), tok.pad_token_id, dtype=torch.long)
+        att = torch.zeros((len(rows), P), dtype=torch.long)
+        for i, r in enumerate(rows):  # left padding: every prompt ends at column P-1
+            ids[i, P - len(r) :] = torch.tensor(r, dtype=torch.long)
+            att[i, P - len(r) :] = 1
+        greedy = sp.temperature == 0
+        kwargs = dict(do_sample=not greedy, max_new_tokens=sp.max_new_tokens, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_logits=True)
+        if not greedy:
+            kwargs.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
+        out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), **kwargs)
+        new = out.sequences[:, P:].cpu()  # (N, C)
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, C, V) raw (unprocessed) logits
+        lp = torch.log_softmax(logits / sp.logprob_temperature, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        result = []
+        for i in range(new.shape[0]):
+            toks = new[i].tolist()
+            if tok.eos_token_id in toks:
+                end = toks.index(tok.eos_token_id) + 1
+                result.append(Completion(toks[:end], lp[i, :end].tolist(), "stop"))
+            else:
+                result.append(Completion(toks, lp[i].tolist(), "length"))
+        return result
