@@ -31,13 +31,15 @@ def _split(items: list, heldout_frac: float, seed: int) -> tuple[list, list]:
 
 @_task("addition")
 def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, answer_width: int | None = None,
-             **_) -> tuple[list, list]:
+             max_sum: int | None = None, **_) -> tuple[list, list]:
     """``"a+b="`` → ``"<a+b>"`` for all operand pairs 0..max_operand; held-out pairs are never trained on.
 
     ``answer_width`` zero-pads answers to a fixed number of digits (``"3+5="`` → ``"08"``), so a policy can
-    answer in exactly that many tokens without having to discover the end-of-sequence token.
+    answer in exactly that many tokens without having to discover the end-of-sequence token. ``max_sum``
+    keeps only pairs whose sum is at most that (``max_sum=9``: single-digit operands *and* results).
     """
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)]
+    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
+             if max_sum is None or a + b <= max_sum]
     train, held = _split(pairs, heldout_frac, seed)
 
     def rec(a, b):

@@ -42,7 +42,7 @@ class PolicyModule(L.LightningModule):
         dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``).
         lora: peft ``LoraConfig`` keyword arguments (e.g. ``{r: 8, lora_alpha: 16}``); None = full fine-tune.
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
-        std_normalize, gamma, lam: estimator options.
+        std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline).
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
@@ -68,6 +68,7 @@ class PolicyModule(L.LightningModule):
         std_normalize: bool = True,
         gamma: float = 1.0,
         lam: float = 1.0,
+        baseline: bool = False,
         policy_loss: str = "ppo_clip",
         loss_agg: str = "token_mean",
         clip_low: float = 0.2,
@@ -104,8 +105,8 @@ class PolicyModule(L.LightningModule):
                 raise ValueError(f"{name} must be >= 1 or null, got {v}")
         if minibatch_size and micro_batch_size and minibatch_size % micro_batch_size:
             raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
-        if not 0 <= clip_low < 1:
-            raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+        if not 0 <= clip_low <= 1:
+            raise ValueError(f"clip_low must be in [0, 1] (1.0 = no lower bound), got {clip_low}")
         if clip_high <= 0:
             raise ValueError(f"clip_high must be > 0, got {clip_high}")
         if dual_clip is not None and dual_clip <= 1:
@@ -137,7 +138,7 @@ class PolicyModule(L.LightningModule):
 
             ensure_tiny_model(self.model_path, **self.tiny_if_missing)
         torch.manual_seed(self.hparams.seed)
-        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora)
+        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
         self.tokenizer = load_tokenizer(self.model_path)
 
     def configure_optimizers(self):
@@ -170,8 +171,10 @@ class PolicyModule(L.LightningModule):
     def on_experience(self, trainer, module, exp: Experience) -> None:
         """ExperienceHook of the module itself: old log-probs (when needed) and critic values."""
         if self.needs_old_logprobs:
+            t0 = time.perf_counter()
             chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
             exp.old_logprobs = torch.cat(chunks).float()
+            self._old_logprob_s = time.perf_counter() - t0
         if self.critic is not None:
             self.critic.attach_values(self, exp)
 
@@ -180,7 +183,7 @@ class PolicyModule(L.LightningModule):
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
             values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize))
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline))
         exp.advantages = out.advantages.float()
         exp.returns = None if out.returns is None else out.returns.float()
         return out.metrics
@@ -210,9 +213,11 @@ class PolicyModule(L.LightningModule):
         metrics = {k: sum(v) / len(v) for k, v in sums.items() if v}
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["perf/update_s"] = time.perf_counter() - t0
+        metrics["perf/old_logprob_s"] = self._old_logprob_s
         metrics.update(batch.metrics)
         tokens = float(exp.attention_mask.sum())
-        step_s = sum(batch.metrics.get(k, 0.0) for k in ("perf/generate_s", "perf/reward_s")) + metrics["perf/update_s"]
+        step_s = sum(metrics.get(k, 0.0) for k in ("perf/generate_s", "perf/reward_s", "perf/old_logprob_s",
+                                                    "perf/update_s"))
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
@@ -291,3 +296,4 @@ class PolicyModule(L.LightningModule):
         return parts
 
     _last_metrics: dict[str, float] = {}
+    _old_logprob_s: float = 0.0
