@@ -31,12 +31,15 @@ def _split(items: list, heldout_frac: float, seed: int) -> tuple[list, list]:
 
 @_task("addition")
 def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, answer_width: int | None = None,
-             max_sum: int | None = None, **_) -> tuple[list, list]:
+             max_sum: int | None = None, unary: bool = False, **_) -> tuple[list, list]:
     """``"a+b="`` → ``"<a+b>"`` for all operand pairs 0..max_operand; held-out pairs are never trained on.
 
     ``answer_width`` zero-pads answers to a fixed number of digits (``"3+5="`` → ``"08"``), so a policy can
     answer in exactly that many tokens without having to discover the end-of-sequence token. ``max_sum``
     keeps only pairs whose sum is at most that (``max_sum=9``: single-digit operands *and* results).
+    ``unary=True`` writes the operands as tally marks (``"|||+|||||="`` → ``"8"``): every held-out pair then
+    has a sum the model has seen written as other tallies, which is what lets a tiny model generalise to
+    unseen pairs within minutes (with decimal operands it memorises the training pairs first).
     """
     pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
              if max_sum is None or a + b <= max_sum]
@@ -44,7 +47,8 @@ def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, 
 
     def rec(a, b):
         ans = str(a + b) if answer_width is None else str(a + b).zfill(answer_width)
-        return Prompt(prompt=f"{a}+{b}=", answer=ans, domain="addition", uid=f"add-{a}-{b}")
+        text = f"{'|' * a}+{'|' * b}=" if unary else f"{a}+{b}="
+        return Prompt(prompt=text, answer=ans, domain="addition", uid=f"add-{a}-{b}")
 
     return [rec(*p) for p in train], [rec(*p) for p in held]
 
