@@ -10,10 +10,11 @@ class LitRLCLI(LightningCLI):
     pass
 
 
-def main(args: list[str] | None = None) -> None:
+def main(args: list[str] | None = None) -> LitRLCLI:
+    """Run the CLI; returns the LightningCLI object (its ``trainer`` and ``model``) for programmatic use."""
     import lightning as L
 
-    LitRLCLI(
+    return LitRLCLI(
         L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
         parser_kwargs={"parser_mode": "omegaconf"}, save_config_kwargs={"overwrite": True},
         args=sys.argv[1:] if args is None else args,
