@@ -148,13 +148,22 @@ class PolicyModule(L.LightningModule):
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
-    def forward_logits(self, micro: Experience) -> Tensor:
-        """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1."""
-        att = micro.attention_mask.long()
+    def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
+        """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.
+
+        ``model`` defaults to the policy (a reference model or a separate critic backbone may be passed, on its
+        own device). With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states at the same
+        positions, (b, C, H): a value head on the shared backbone reads them from this one forward pass.
+        """
+        model = self.model if model is None else model
+        dev = next(model.parameters()).device
+        att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
-        out = self.model(input_ids=micro.input_ids, attention_mask=att, position_ids=pos,
-                         logits_to_keep=micro.completion_len + 1, use_cache=False)
-        return out.logits[:, :-1]  # (b, C, V)
+        out = model(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos,
+                    logits_to_keep=micro.completion_len + 1, use_cache=False, output_hidden_states=return_hidden)
+        if not return_hidden:
+            return out.logits[:, :-1]  # (b, C, V)
+        return out.logits[:, :-1], out.hidden_states[-1][:, -(micro.completion_len + 1):-1]  # (b, C, H)
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None) -> Tensor:
         logits = self.forward_logits(micro) if logits is None else logits

@@ -1,0 +1,83 @@
+"""`EntropyRegularization`: an entropy bonus, fixed or kept inside a target band.
+
+RL on language models tends to collapse the policy's entropy (exploration dies, the reward curve
+plateaus) or, with a too-strong bonus, to blow it up (gibberish). A fixed bonus −α·H is the classic
+remedy (PPO, arXiv 1707.06347, eq. 9); the adaptive mode moves α once per RL iteration so the mean
+token entropy stays in [low, high] (``core.controllers.adaptive_entropy_update``).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from lit_rl.core.controllers import AdaptiveEntropyController, FixedController
+from lit_rl.core.logprobs import entropy_from_logits
+
+
+class EntropyRegularization(L.Callback):
+    """Entropy bonus as a LossTerm (DESIGN §3): adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
+
+    Args:
+        coef: α (the initial α in adaptive mode). 0 with no band logs the entropy and adds nothing.
+        band: ``[low, high]`` target range of the mean token entropy (nats); None = fixed α.
+        step: how much α moves per iteration when the entropy is outside the band.
+        coef_min, coef_max: bounds of α in adaptive mode (a negative ``coef_min`` allows an entropy penalty).
+
+    H_t is the entropy of the policy's sampling distribution (logits / the module's temperature) at each
+    completion token, aggregated with the module's ``loss_agg``. Metrics per iteration: ``entropy/mean``
+    (mean over loss-mask tokens of all micro-batches of the update) and ``entropy/coef`` (α used).
+    """
+
+    def __init__(self, coef: float = 0.001, band: tuple[float, float] | None = None, step: float = 0.0005,
+                 coef_min: float = 0.0, coef_max: float = 0.01):
+        if not math.isfinite(coef):
+            raise ValueError(f"coef must be finite, got {coef}")
+        if band is None:
+            self.controller = FixedController(coef)
+        else:
+            if len(band) != 2:
+                raise ValueError(f"band must be [low, high], got {band!r}")
+            self.controller = AdaptiveEntropyController(coef, float(band[0]), float(band[1]), step, coef_min, coef_max)
+        self.adaptive = band is not None
+        self._sum, self._count, self._rows = 0.0, 0, 0
+
+    @property
+    def coef(self) -> float:
+        return self.controller.value
+
+    def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
+        mask = fwd["mask"]
+        chunk = getattr(module.hparams, "logprob_chunk_size", None)
+        temperature = getattr(module, "temperature", 1.0)
+        if self.coef == 0.0:  # nothing to differentiate: measure only
+            with torch.no_grad():
+                ent = entropy_from_logits(fwd["logits"].detach(), chunk, temperature)  # (b, C)
+            self._accumulate(ent, mask, micro.batch_size)
+            return {"entropy": torch.zeros((), device=ent.device)}
+        ent = entropy_from_logits(fwd["logits"], chunk, temperature)  # (b, C)
+        self._accumulate(ent.detach(), mask, micro.batch_size)
+        return {"entropy": -self.coef * module.aggregate(ent, mask, fwd)}
+
+    def _accumulate(self, ent: torch.Tensor, mask: torch.Tensor, rows: int) -> None:
+        self._sum += float(ent[mask].double().sum())
+        self._count += int(mask.sum())
+        self._rows += rows
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        """Log the iteration's mean entropy and the α used, then (adaptive) move α for the next one."""
+        if self._count == 0:
+            return
+        mean = self._sum / self._count
+        pl_module.log("entropy/mean", mean, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        pl_module.log("entropy/coef", self.coef, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        self.controller.update(mean)
+        self._sum, self._count, self._rows = 0.0, 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state_dict["controller"])

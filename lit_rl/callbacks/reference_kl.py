@@ -1,0 +1,168 @@
+"""`ReferenceKL`: keep the policy close to a frozen reference model (PPO's π_ref, GRPO's KL term).
+
+PPO for language models has three policies: θ (being trained), θ_old (that sampled the rollouts) and
+π_ref (frozen, usually the initial policy). This callback owns π_ref and adds a KL(π_θ‖π_ref) term
+either to the *reward* (classic RLHF PPO, Ziegler et al. 2019 arXiv 1909.08593; Ouyang et al. 2022
+arXiv 2203.02155: r_t ← r_t − β·KL_t, so the critic and the advantages see it) or to the *loss*
+(GRPO, arXiv 2402.03300: L ← L + β·agg(KL_t), the advantages don't). β is fixed or driven toward a
+target KL by the adaptive controller of Ziegler et al. (``core.controllers``).
+"""
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import lightning as L
+import torch
+
+from lit_rl.core.controllers import AdaptiveKLController, FixedController
+from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
+from lit_rl.core.logprobs import token_logprobs
+
+KL_WHERE = ("reward", "loss")
+
+
+class ReferenceKL(L.Callback):
+    """Frozen reference model + KL penalty (an ExperienceHook and a LossTerm, DESIGN §3).
+
+    Args:
+        path: reference model directory / hub id; None = a frozen copy of the policy taken at ``setup``
+            (before any checkpoint is restored, so a resumed run still references the initial weights).
+        kind: KL estimator ``k1|k2|k3`` (``core.kl.kl_estimate``); k1 is the classic reward penalty,
+            k3 GRPO's loss term.
+        where: ``reward`` (−β·KL per token added to ``token_rewards`` before advantages) or ``loss``.
+        beta: the (initial) coefficient β.
+        target_kl: None = fixed β; otherwise β adapts toward this mean per-token KL (Ziegler et al. 2019).
+        horizon, kl_clip: controller horizon (in rows) and error clip.
+        device: where the reference lives (``cpu`` saves accelerator memory); None = the policy's device.
+        dtype: reference dtype when loading ``path`` (default: the policy's ``dtype``).
+        micro_batch_size: rows per reference forward; None = the policy's ``micro_batch_size``.
+        log_ratio_clamp: |log π_ref − log π| clamp of the estimator (None disables).
+
+    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over loss-mask tokens: at rollout
+    time for ``reward``, during the update for ``loss``), ``kl/beta`` (β used in this iteration).
+    """
+
+    def __init__(self, path: str | None = None, kind: str = "k3", where: str = "loss", beta: float = 0.05,
+                 target_kl: float | None = None, horizon: float = 10000.0, kl_clip: float = 0.2,
+                 device: str | None = None, dtype: str | None = None, micro_batch_size: int | None = None,
+                 log_ratio_clamp: float | None = DEFAULT_LOG_RATIO_CLAMP):
+        if kind not in KL_KINDS:
+            raise ValueError(f"kind={kind!r}; valid values: {', '.join(KL_KINDS)}")
+        if where not in KL_WHERE:
+            raise ValueError(f"where={where!r}; valid values: {', '.join(KL_WHERE)}")
+        if not (math.isfinite(beta) and beta >= 0):
+            raise ValueError(f"beta must be a finite number >= 0, got {beta}")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
+        if target_kl is not None and not target_kl > 0:
+            raise ValueError(f"target_kl must be > 0 or null, got {target_kl}")
+        self.path, self.kind, self.where = path, kind, where
+        self.device, self.dtype, self.micro_batch_size = device, dtype, micro_batch_size
+        self.log_ratio_clamp = log_ratio_clamp
+        self.controller = (FixedController(beta) if target_kl is None
+                           else AdaptiveKLController(beta, target_kl, horizon, kl_clip))
+        self.ref: torch.nn.Module | None = None
+        self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
+
+    @property
+    def beta(self) -> float:
+        return self.controller.value
+
+    # ------------------------------------------------------------ reference
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit" and self.ref is None:
+            self.build_reference(pl_module)
+
+    def build_reference(self, module) -> torch.nn.Module:
+        """Create the frozen reference (copy of ``module.model`` or loaded from ``path``)."""
+        if self.path is None:
+            ref = copy.deepcopy(module.model)
+        else:
+            from lit_rl.models.loading import load_causal_lm
+
+            ref = load_causal_lm(self.path, self.dtype or module.hparams.dtype)
+        ref.eval().requires_grad_(False)  # eval: no dropout, the reference is a fixed function
+        if self.device is not None:
+            ref.to(self.device)
+        self.ref = ref
+        return ref
+
+    def _place(self, module) -> None:
+        if self.ref is None:
+            self.build_reference(module)
+        target = torch.device(self.device) if self.device is not None else module.device
+        if next(self.ref.parameters()).device != target:
+            self.ref.to(target)
+
+    @torch.no_grad()
+    def reference_logprobs(self, module, exp) -> torch.Tensor:
+        """log π_ref of every completion token, (B, C) float32 on the Experience's device, at the
+        module's sampling temperature (the same distribution the policy's log-probs use)."""
+        self._place(module)
+        size = self.micro_batch_size or module.hparams.micro_batch_size
+        chunks = []
+        for micro in exp.micro_batches(size):
+            logits = module.forward_logits(micro, model=self.ref)  # (b, C, V)
+            ids = micro.completion_ids.to(logits.device)
+            lp = token_logprobs(logits, ids, module.hparams.logprob_chunk_size, module.temperature)
+            chunks.append(lp.float().to(exp.input_ids.device))
+        return torch.cat(chunks)  # (B, C)
+
+    # ---------------------------------------------------------- ExperienceHook
+    def on_experience(self, trainer, module, exp) -> None:
+        """Attach ``ref_logprobs``; with ``where="reward"`` also add −β·KL_t to ``token_rewards``.
+
+        The policy side of the reward KL is the rollout policy θ_old: ``old_logprobs`` when the module
+        computed them, else the engine's ``rollout_logprobs``, else a fresh no-grad forward.
+        """
+        exp.ref_logprobs = self.reference_logprobs(module, exp)
+        if self.where != "reward":
+            return
+        pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
+        if pol is None:
+            with torch.no_grad():
+                pol = module.completion_logprobs(exp).float()
+        # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
+        ref = exp.ref_logprobs.double()
+        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.loss_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
+        base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(exp.ref_logprobs)
+        exp.token_rewards = base - (self.beta * kl).to(base.dtype)
+        self._accumulate(kl, exp.loss_mask, exp.batch_size)
+
+    # ---------------------------------------------------------------- LossTerm
+    def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """``{"kl": β · agg(KL_t)}`` with the module's loss aggregation (``where="loss"`` only)."""
+        if self.where != "loss":
+            return {}
+        if micro.ref_logprobs is None:
+            raise RuntimeError("ReferenceKL.loss_terms: the micro-batch has no ref_logprobs; ReferenceKL must be "
+                               "in trainer.callbacks so its on_experience runs on every Experience")
+        lp, mask = fwd["logprobs"], fwd["mask"]
+        kl = kl_estimate(lp, micro.ref_logprobs.to(lp), self.kind, mask, self.log_ratio_clamp)  # (b, C)
+        self._accumulate(kl.detach(), mask, micro.batch_size)
+        return {"kl": self.beta * module.aggregate(kl, mask, fwd)}
+
+    def _accumulate(self, kl: torch.Tensor, mask: torch.Tensor, rows: int) -> None:
+        self._kl_sum += float(kl[mask].double().sum())
+        self._kl_count += int(mask.sum())
+        self._rows += rows
+
+    # --------------------------------------------------- controller + metrics
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration."""
+        if self._kl_count == 0:
+            return
+        kl_mean = self._kl_sum / self._kl_count
+        pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        exp = getattr(batch, "experience", None)
+        self.controller.update(kl_mean, n_steps=exp.batch_size if exp is not None else self._rows)
+        self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"controller": self.controller.state_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.controller.load_state_dict(state_dict["controller"])
