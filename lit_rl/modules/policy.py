@@ -22,6 +22,7 @@ from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
+from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -56,6 +57,8 @@ class PolicyModule(L.LightningModule):
             (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
         logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
+        critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
+            pair it with ``advantage: gae``.
     """
 
     def __init__(
@@ -86,9 +89,10 @@ class PolicyModule(L.LightningModule):
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
+        critic: CriticModule | None = None,
     ):
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
         ADVANTAGES.check(advantage, "advantage")
         POLICY_LOSSES.check(policy_loss, "policy_loss")
         if loss_agg not in AGG_MODES:
@@ -123,13 +127,15 @@ class PolicyModule(L.LightningModule):
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
-        self.critic = None  # PPO critics attach here (CriticModule)
+        self.critic = critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
         self.nonfinite_in_a_row = 0
         self.skipped_steps = 0
         self.iteration = 0
         self.model = None
         self.tokenizer = None
         self._build()
+        if critic is not None:
+            critic.bind(self)
 
     # ----------------------------------------------------------------- model
     def _build(self) -> None:
@@ -195,6 +201,8 @@ class PolicyModule(L.LightningModule):
             gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline))
         exp.advantages = out.advantages.float()
         exp.returns = None if out.returns is None else out.returns.float()
+        if self.critic is not None:
+            return {**out.metrics, **self.critic.advantage_metrics(exp)}
         return out.metrics
 
     def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
@@ -271,7 +279,11 @@ class PolicyModule(L.LightningModule):
 
     def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
         h = self.hparams
-        logits = self.forward_logits(micro)  # (b, C, V)
+        hidden = None
+        if self.critic is not None and self.critic.wants_hidden:  # shared value head: one forward for both
+            logits, hidden = self.forward_logits(micro, return_hidden=True)  # (b, C, V), (b, C, H)
+        else:
+            logits = self.forward_logits(micro)  # (b, C, V)
         logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
         mask = micro.loss_mask
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
@@ -287,7 +299,7 @@ class PolicyModule(L.LightningModule):
             logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
             rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
             dual_clip=h.dual_clip))
-        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask)
+        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden)
         parts = {"policy": self.aggregate(per_token, mask, fwd)}
         if self.critic is not None:
             parts.update(self.critic.loss_terms(self, micro, fwd))

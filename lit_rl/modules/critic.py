@@ -1,0 +1,203 @@
+"""`CriticModule`: PPO's value function V(s_t), by default a head on the policy's own backbone.
+
+PPO (arXiv 1707.06347) for language models needs per-token values for GAE (arXiv 1506.02438). Most
+trainers (veRL, OpenRLHF) run the critic as a second full model; sharing the policy's backbone instead
+costs one linear layer (``head="regression"``) or nothing at all (``head="token"``: the value is the
+policy's own renormalised probability of a "yes" token, P(yes) / (P(yes) + P(no))), and one forward pass
+yields both the policy logits and the values.
+
+The critic plugs into ``PolicyModule(critic=...)``: ``attach_values`` fills ``Experience.values`` before
+advantages, ``loss_terms`` adds ``vf_coef ·`` value loss to every micro-batch, ``advantage_metrics``
+reports the explained variance of the rollout values against the returns.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
+
+HEADS = ("regression", "token")
+
+
+class CriticModule(nn.Module):
+    """A value head for PPO.
+
+    Args:
+        head: ``regression`` — Linear(hidden, 1) on the last hidden state (hidden + 1 new parameters), trained
+            with the (clipped) squared error; ``token`` — V = lo + (hi − lo)·sigmoid(z_yes − z_no) from the LM
+            head's logits of ``yes_token`` / ``no_token`` at each position (no new parameters), trained with
+            binary cross-entropy toward (R − lo) / (hi − lo).
+        share_backbone: True = the policy's backbone (one forward for logits and values); False = a separate
+            causal LM loaded from ``model`` (or from the policy's path) and trained alongside it.
+        model: the separate critic's weights. With ``share_backbone=True`` it may only name a model of the
+            policy's architecture (so one interpolated path can serve both); its weights are not used.
+        vf_coef: weight of the value loss in the joint loss.
+        value_clip: PPO2 value clipping ε around the rollout values (``regression`` only; None = off).
+        detach_backbone: stop the value loss's gradient at the backbone (only the head learns from it).
+        yes_token, no_token: the two single tokens of the ``token`` head.
+        value_range: ``[lo, hi]`` the ``token`` head maps onto; returns outside it raise ValueError.
+        dtype: dtype of a separate backbone.
+    """
+
+    def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
+                 vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
+                 yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
+                 dtype: str = "float32"):
+        super().__init__()
+        if head not in HEADS:
+            raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
+        if not vf_coef >= 0:
+            raise ValueError(f"vf_coef must be >= 0, got {vf_coef}")
+        if value_clip is not None and not value_clip > 0:
+            raise ValueError(f"value_clip must be > 0 or null, got {value_clip}")
+        lo, hi = (float(x) for x in value_range)
+        if not lo < hi:
+            raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(value_range)}")
+        self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
+        self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
+        self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
+        self.head: nn.Linear | None = None
+        self.backbone: nn.Module | None = None
+        self.token_ids: tuple[int, int] | None = None
+        self._acc: dict[str, float] = {}
+        self._acc_iter = -1
+
+    # ------------------------------------------------------------------ setup
+    def bind(self, policy) -> None:
+        """Build the head against ``policy`` (called by ``PolicyModule.__init__``)."""
+        if self.share_backbone:
+            if self.model_path is not None:
+                _check_same_architecture(self.model_path, policy.model.config)
+            config, tokenizer = policy.model.config, policy.tokenizer
+        else:
+            from lit_rl.models.loading import load_causal_lm, load_tokenizer
+
+            path = self.model_path or policy.model_path
+            self.backbone = load_causal_lm(path, self.dtype).train()
+            config, tokenizer = self.backbone.config, load_tokenizer(path)
+        if self.head_type == "regression":
+            self.head = nn.Linear(config.hidden_size, 1)  # float32: values are regressed in full precision
+            nn.init.normal_(self.head.weight, std=1.0 / (config.hidden_size + 1) ** 0.5)
+            nn.init.zeros_(self.head.bias)
+        else:
+            self.token_ids = _single_token_ids(tokenizer, self.yes_token, self.no_token)
+
+    @property
+    def wants_hidden(self) -> bool:
+        """Whether the shared forward must also return hidden states (regression head, or a detached token head)."""
+        return self.share_backbone and (self.head_type == "regression" or self.detach_backbone)
+
+    # ---------------------------------------------------------------- values
+    def _forward(self, module, micro) -> tuple[Tensor, Tensor]:
+        model = None if self.share_backbone else self.backbone
+        return module.forward_logits(micro, model=model, return_hidden=True)
+
+    def predict(self, module, micro, fwd: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
+        """Per-token ``(values, raw)`` for a micro-batch, both (b, C).
+
+        ``raw`` is what the loss acts on: the value itself (regression) or the logit z = z_yes − z_no (token).
+        Reuses ``fwd["logits"]`` / ``fwd["hidden"]`` of the policy's forward when the backbone is shared.
+        """
+        if self.share_backbone and fwd is not None and "logits" in fwd and (not self.wants_hidden or
+                                                                          fwd.get("hidden") is not None):
+            logits, hidden = fwd["logits"], fwd.get("hidden")
+        else:
+            logits, hidden = self._forward(module, micro)
+        if self.head_type == "regression":
+            h = hidden.detach() if self.detach_backbone else hidden
+            v = self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # (b, C, 1) -> (b, C)
+            return v, v
+        yes, no = self.token_ids
+        if self.detach_backbone:
+            # z = h·(w_yes − w_no) (+ bias difference): the LM head rows still learn, the backbone does not
+            out = (module.model if self.share_backbone else self.backbone).get_output_embeddings()
+            w = out.weight[yes] - out.weight[no]  # (H,)
+            z = hidden.detach() @ w.to(hidden.dtype)  # (b, C)
+            if getattr(out, "bias", None) is not None:
+                z = z + (out.bias[yes] - out.bias[no])
+        else:
+            z = logits[..., yes] - logits[..., no]  # (b, C): the softmax normaliser cancels
+        z = z.to(torch.promote_types(z.dtype, torch.float32))  # bf16 logits: the value in >= fp32
+        lo, hi = self.value_range
+        return lo + (hi - lo) * yes_no_value(z, torch.zeros_like(z)), z
+
+    @torch.no_grad()
+    def attach_values(self, module, exp) -> None:
+        """``exp.values`` (B, C) float32: V at every completion token (0 off the loss mask)."""
+        chunks = []
+        for micro in exp.micro_batches(module.hparams.micro_batch_size):
+            v, _ = self.predict(module, micro)
+            chunks.append(torch.where(micro.loss_mask.to(v.device), v.float(), 0.0).to(exp.input_ids.device))
+        exp.values = torch.cat(chunks)  # (B, C)
+
+    # ------------------------------------------------------------------ loss
+    def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, Tensor]:
+        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, DESIGN §3)."""
+        if micro.returns is None or micro.values is None:
+            raise RuntimeError("CriticModule needs Experience.values and .returns: use a return-producing advantage "
+                               "estimator (advantage='gae' or 'reinforce') with PolicyModule(critic=...)")
+        mask = fwd["mask"]
+        v, raw = self.predict(module, micro, fwd)
+        returns = micro.returns.to(v.device)
+        metrics = {}
+        if self.head_type == "regression":
+            per_token, m = clipped_value_loss(v, micro.values.to(v), returns.to(v), mask, self.value_clip)
+            metrics["critic/vf_clipfrac"] = m["vf_clipfrac"]
+        else:
+            lo, hi = self.value_range
+            try:
+                per_token = bce_value_loss(raw, (returns.to(raw) - lo) / (hi - lo), mask)
+            except ValueError as e:
+                raise ValueError(f"token value head: returns must lie in value_range={[lo, hi]} ({e})") from e
+        value_loss = module.aggregate(per_token, mask, fwd)
+        metrics["critic/value_loss"] = float(value_loss.detach())
+        self._log(module, metrics, micro.batch_size)
+        return {"value": self.vf_coef * value_loss}
+
+    def _log(self, module, metrics: dict[str, float], rows: int) -> None:
+        """Log running means over the iteration's micro-batches (the last call holds the iteration mean)."""
+        it = getattr(module, "iteration", 0)
+        if it != self._acc_iter:
+            self._acc, self._acc_iter = {}, it
+        self._acc["n"] = self._acc.get("n", 0) + 1
+        for k, v in metrics.items():
+            self._acc[k] = self._acc.get(k, 0.0) + v
+            if getattr(module, "_trainer", None) is not None:
+                module.log(k, self._acc[k] / self._acc["n"], on_step=True, on_epoch=False, batch_size=rows)
+
+    def advantage_metrics(self, exp) -> dict[str, float]:
+        """Explained variance of the rollout values against the returns, over loss-mask tokens."""
+        if exp.values is None or exp.returns is None:
+            return {}
+        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, exp.loss_mask),
+                "critic/values_mean": float(exp.values[exp.loss_mask].mean()) if exp.loss_mask.any() else 0.0}
+
+
+def _single_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
+    ids, bad = [], []
+    for tok in (yes, no):
+        enc = tokenizer.encode(tok, add_special_tokens=False)
+        if len(enc) != 1:
+            bad.append(f"{tok!r} -> {len(enc)} tokens {enc}")
+        ids.append(enc[0] if enc else -1)
+    if bad:
+        raise ValueError("token value head needs yes_token and no_token to be single tokens of the tokenizer; "
+                         f"not single tokens: {'; '.join(bad)}")
+    if ids[0] == ids[1]:
+        raise ValueError(f"yes_token {yes!r} and no_token {no!r} map to the same token id {ids[0]}")
+    return ids[0], ids[1]
+
+
+def _check_same_architecture(path: str, policy_config) -> None:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(path)
+    keys = ("model_type", "hidden_size", "num_hidden_layers", "vocab_size")
+    mine = {k: getattr(cfg, k, None) for k in keys}
+    theirs = {k: getattr(policy_config, k, None) for k in keys}
+    if mine != theirs:
+        raise ValueError(f"share_backbone=True but critic model {path!r} has architecture {mine}, the policy has "
+                         f"{theirs}; use share_backbone=False for a critic of another architecture")
