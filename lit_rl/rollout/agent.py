@@ -1,0 +1,267 @@
+"""Multi-turn agents: ``AgentLoop`` runs episodes against an ``Environment`` and builds ``Experience`` rows.
+
+One row per episode. After the (left-padded) prompt -- the rendered first observation -- the completion
+interleaves the policy's actions with the environment's observations::
+
+    [prompt: task]  a_1 a_1 a_1 | o_1 o_1 | a_2 a_2 | o_2 o_2 o_2 | ... | a_K | o_K
+    loss_mask        T   T   T    F   F     T   T     F   F   F           T     F
+    obs_mask         F   F   F    T   T     F   F     T   T   T           F     T
+
+``loss_mask`` is True only on tokens the policy generated, so no observation token carries policy loss
+(the usual choice: "loss on actions only"). ``extras["obs_mask"]`` marks observation tokens for the
+optional world-model term ``ObservationLoss`` (predict the environment's response; off unless added with a
+non-zero coefficient). Turn rewards r_k go on the last token of action k: ``token_rewards`` holds
+r_1..r_{K-1} and ``rewards`` holds the reward that lands on the row's last action token (r_K), so that the
+core estimators see the episode return ``rewards + sum(token_rewards)`` (grpo, rloo, ...) or a per-turn
+reward-to-go (``reinforce``, ``gae``: gamma applies per action token, observation tokens are skipped).
+
+``AgentRolloutCallback`` plugs the loop into Lightning training: a ``RolloutCallback`` whose rollouts are
+episodes and whose rewards come from the environment.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from lit_rl.callbacks.rollout import RolloutCallback
+from lit_rl.data.experience import Experience
+from lit_rl.rewards.pool import RewardBatch
+from lit_rl.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
+from lit_rl.rollout.env import Environment
+
+
+@dataclass
+class Turn:
+    action_ids: list[int]
+    action_logprobs: list[float]
+    action_text: str
+    obs_ids: list[int]
+    obs_text: str
+    reward: float
+    info: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Episode:
+    prompt_ids: list[int]
+    turns: list[Turn] = field(default_factory=list)
+    done: bool = False  # the environment ended it (False: stopped by max_turns / max_context_tokens)
+
+    @property
+    def total_reward(self) -> float:
+        return sum(t.reward for t in self.turns)
+
+    @property
+    def infra_error(self) -> bool:
+        return any(t.info.get("infra_error", 0.0) for t in self.turns)
+
+
+class AgentLoop:
+    """Run multi-turn episodes with a rollout engine and turn them into ``Experience`` rows.
+
+    Args:
+        env_factory: builds a fresh ``Environment`` (one per episode; episodes of a batch run side by side).
+        engine: the ``RolloutEngine`` that generates each action (default ``HFEngine``); its tokenizer is used.
+        max_turns: actions per episode at most.
+        max_obs_tokens: observations are cut to this many tokens (the tail is dropped).
+        max_context_tokens: an episode stops once its context (prompt + turns) reaches this length.
+    """
+
+    def __init__(self, env_factory: Callable[[], Environment], engine: RolloutEngine | None = None,
+                 max_turns: int = 4, max_obs_tokens: int = 256, max_context_tokens: int = 2048):
+        if max_turns < 1 or max_obs_tokens < 1 or max_context_tokens < 2:
+            raise ValueError(f"max_turns, max_obs_tokens must be >= 1 and max_context_tokens >= 2; got "
+                             f"{max_turns}, {max_obs_tokens}, {max_context_tokens}")
+        if not callable(env_factory):
+            raise TypeError(f"env_factory must be callable (returning an Environment), got {type(env_factory).__name__}")
+        self.env_factory, self.engine = env_factory, engine if engine is not None else HFEngine()
+        self.max_turns, self.max_obs_tokens, self.max_context_tokens = max_turns, max_obs_tokens, max_context_tokens
+
+    # ------------------------------------------------------------------ text <-> tokens
+    def _chat(self, tok) -> bool:
+        return getattr(tok, "chat_template", None) is not None
+
+    def prompt_ids(self, tok, observation: str) -> list[int]:
+        """The first observation as a user turn (chat template) or raw text followed by ``Action:``."""
+        if self._chat(tok):
+            ids = tok.apply_chat_template([{"role": "user", "content": observation}], add_generation_prompt=True,
+                                          tokenize=True)
+            return list(ids if isinstance(ids, list) else ids["input_ids"])  # BatchEncoding in recent transformers
+        return tok(observation + "\nAction: ", add_special_tokens=False)["input_ids"]
+
+    def observation_ids(self, tok, observation: str) -> list[int]:
+        """An observation as the next user turn (its text cut to ``max_obs_tokens``), ending with the prompt
+        for the next action."""
+        body = tok(observation, add_special_tokens=False)["input_ids"]
+        if len(body) > self.max_obs_tokens:
+            observation = tok.decode(body[: self.max_obs_tokens]) + " [truncated]"
+        if self._chat(tok):  # rendered like the first turn, so every observation looks alike
+            return tok("\n", add_special_tokens=False)["input_ids"] + self.prompt_ids(tok, observation)
+        return tok(f"\nObservation: {observation}\nAction: ", add_special_tokens=False)["input_ids"]
+
+    # ------------------------------------------------------------------ episodes
+    def run(self, prompts: list[Any], n: int, sampling: SamplingConfig) -> list[list[Episode]]:
+        """``n`` episodes per prompt; episode j of prompt i is ``result[i][j]``."""
+        tok = self.engine.tokenizer
+        if tok is None:
+            raise RuntimeError("AgentLoop.run: the engine has no tokenizer; bind it to a module first")
+        envs, eps = [], []
+        for p in prompts:
+            for _ in range(n):
+                env = self.env_factory()
+                envs.append(env)
+                eps.append(Episode(self.prompt_ids(tok, env.reset(p))))
+        context = [list(e.prompt_ids) for e in eps]
+        active = list(range(len(eps)))
+        for _ in range(self.max_turns):
+            if not active:
+                break
+            comps = self.engine.generate([context[i] for i in active], 1, sampling)
+            still = []
+            for i, (c,) in zip(active, comps):
+                text = tok.decode(c.token_ids, skip_special_tokens=True)
+                obs, reward, done, info = envs[i].step(text)
+                obs_ids = self.observation_ids(tok, obs)
+                eps[i].turns.append(Turn(list(c.token_ids), list(c.logprobs), text, obs_ids, obs, float(reward),
+                                         dict(info or {})))
+                context[i] += list(c.token_ids) + obs_ids
+                eps[i].done = bool(done)
+                if not done and len(context[i]) < self.max_context_tokens:
+                    still.append(i)
+            active = still
+        return [eps[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    def to_experience(self, prompts: list[Any], episodes: list[list[Episode]], pad_id: int, first_group: int = 0,
+                      policy_version: int = 0) -> Experience:
+        """Pack episodes into an Experience (layout and reward placement in the module doc).
+
+        Shapes: B = number of episodes, P = longest prompt, C = longest interleaved completion.
+        """
+        rows = [e for group in episodes for e in group]
+        P = max(len(e.prompt_ids) for e in rows)
+        segs = [_segments(e) for e in rows]
+        C = max(1, max(len(ids) for ids, _ in segs))
+        B = len(rows)
+        input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+        att = torch.zeros((B, P + C), dtype=torch.long)
+        loss_mask = torch.zeros((B, C), dtype=torch.bool)
+        obs_mask = torch.zeros((B, C), dtype=torch.bool)
+        rlp = torch.zeros((B, C), dtype=torch.float32)
+        token_rewards = torch.zeros((B, C), dtype=torch.float32)
+        rewards = torch.zeros(B, dtype=torch.float32)
+        for i, (e, (ids, kinds)) in enumerate(zip(rows, segs)):
+            n = len(ids)
+            input_ids[i, P - len(e.prompt_ids):P] = torch.tensor(e.prompt_ids, dtype=torch.long)
+            att[i, P - len(e.prompt_ids):P + n] = 1
+            if n:
+                input_ids[i, P:P + n] = torch.tensor(ids, dtype=torch.long)
+                loss_mask[i, :n] = torch.tensor([k == "a" for k in kinds], dtype=torch.bool)
+                obs_mask[i, :n] = ~loss_mask[i, :n]
+            pos, last = 0, None
+            for t in e.turns:
+                if t.action_ids:
+                    rlp[i, pos:pos + len(t.action_ids)] = torch.tensor(t.action_logprobs, dtype=torch.float32)
+                    last = pos + len(t.action_ids) - 1
+                if last is not None:  # an empty action credits the previous action's last token
+                    token_rewards[i, last] += t.reward
+                pos += len(t.action_ids) + len(t.obs_ids)
+            if last is not None:  # the reward on the final action token is the row's sequence reward
+                rewards[i], token_rewards[i, last] = token_rewards[i, last].item(), 0.0
+        valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
+        rewards = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
+        G = len(episodes[0]) if episodes else 1
+        group_ids = torch.arange(first_group, first_group + len(episodes)).repeat_interleave(G)
+        rec = [p for p in prompts for _ in range(G)]
+        tok = self.engine.tokenizer
+        returns = torch.tensor([e.total_reward for e in rows], dtype=torch.float32)
+        return Experience(
+            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
+            rewards=rewards, valid=valid, policy_version=torch.full((B,), policy_version, dtype=torch.long),
+            reward_components={"env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))},
+            rollout_logprobs=rlp, token_rewards=token_rewards,
+            finish_reasons=["stop" if e.done else "length" for e in rows],
+            domains=[getattr(p, "domain", "default") for p in rec], prompts=rec,
+            texts=[tok.decode(ids, skip_special_tokens=True) for ids, _ in segs], extras={"obs_mask": obs_mask})
+
+
+def _segments(e: Episode) -> tuple[list[int], list[str]]:
+    """The interleaved completion of an episode and, per token, "a" (action) or "o" (observation)."""
+    ids: list[int] = []
+    kinds: list[str] = []
+    for t in e.turns:
+        ids += t.action_ids + t.obs_ids
+        kinds += ["a"] * len(t.action_ids) + ["o"] * len(t.obs_ids)
+    return ids, kinds
+
+
+class ObservationLoss(L.Callback):
+    """World-model auxiliary loss: ``coef`` x mean negative log-likelihood of observation tokens.
+
+    Trains the policy to predict the environment's responses as well (the "agents learn a world model
+    for free" idea from the seeds); off by default (``coef=0`` adds nothing). A ``LossTerm``: add it to
+    ``trainer.callbacks`` next to an ``AgentRolloutCallback``.
+    """
+
+    def __init__(self, coef: float = 0.0):
+        if coef < 0:
+            raise ValueError(f"ObservationLoss.coef must be >= 0, got {coef}")
+        self.coef = coef
+
+    def loss_terms(self, module, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
+        obs = micro.extras.get("obs_mask")
+        if self.coef == 0 or obs is None:
+            return {}
+        obs = obs.to(fwd["logprobs"].device)
+        nll = -(fwd["logprobs"] * obs).sum() / obs.sum().clamp(min=1)
+        return {"world_model": self.coef * nll}
+
+
+class _EnvRewardsOnly:
+    """Placeholder reward for the base class: an AgentRolloutCallback scores with the environment."""
+
+    name = "env"
+
+    def __call__(self, prompt, completion):
+        raise RuntimeError("AgentRolloutCallback takes rewards from the environment; this is never called")
+
+
+class AgentRolloutCallback(RolloutCallback):
+    """``RolloutCallback`` whose rollouts are ``AgentLoop`` episodes and whose rewards are the environment's.
+
+    Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync) is the base
+    callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's engine is used).
+    """
+
+    def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
+                 sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
+                 max_resample_tries: int = 3, seed: int = 0):
+        super().__init__(engine=agent.engine, rewards=_EnvRewardsOnly(), group_size=group_size, sampling=sampling,
+                         sync_every=sync_every, max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
+                         max_resample_tries=max_resample_tries, seed=seed)
+        self.agent = agent
+
+    def _rollout(self, ids, prompts):
+        t0 = time.perf_counter()
+        groups = self.agent.run(prompts, self.group_size, self.sampling)
+        gen_s = time.perf_counter() - t0
+        rows = [e for g in groups for e in g]
+        valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
+        ret = torch.tensor([e.total_reward for e in rows], dtype=torch.float64)
+        ret = torch.where(valid, ret, torch.full_like(ret, float("nan")))
+        metrics = {"reward/infra_errors": float((~valid).sum()), "reward/timeouts": 0.0,
+                   "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
+                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1)}
+        errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
+        return groups, RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics), gen_s
+
+    def _experience(self, pl_module, prompts, ids, comps, rb: RewardBatch) -> Experience:
+        first = self._next_group
+        self._next_group += len(prompts)
+        return self.agent.to_experience(prompts, comps, pl_module.tokenizer.pad_token_id, first,
+                                        self.engine.policy_version)
