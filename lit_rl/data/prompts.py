@@ -91,7 +91,7 @@ def render_prompt(prompt: Prompt, tokenizer) -> list[int]:
     """Token ids of a prompt: raw text as-is, chat messages through the tokenizer's chat template."""
     if prompt.messages is not None:
         ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict):  # some tokenizers return a BatchEncoding
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
             ids = ids["input_ids"]
         return list(ids)
     return tokenizer(prompt.prompt, add_special_tokens=False)["input_ids"]

@@ -56,3 +56,14 @@ def test_trim_drops_all_padding_columns():
     t = exp.trim()
     assert t.completion_len == 2 and t.input_ids.shape == (2, 5)
     assert torch.equal(t.rollout_logprobs, exp.rollout_logprobs[:, :2])
+
+
+def test_render_prompt_chat_and_text(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from lit_rl.data.prompts import Prompt, render_prompt
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = render_prompt(Prompt(messages=[{"role": "user", "content": "1+1"}]), tok)
+    assert tok.decode(ids) == "<|im_start|>user\n1+1<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(render_prompt(Prompt(prompt="2+2="), tok)) == "2+2="
