@@ -1,0 +1,112 @@
+"""`RewardModelModule`: a Bradley-Terry reward model (RLHF, InstructGPT arXiv 2203.02155).
+
+A causal-LM backbone with a scalar head read at the last real token of ``prompt + completion``: the
+``transformers`` ``AutoModelForSequenceClassification`` (``num_labels=1``) of the same architecture, so
+the trained model saves and loads in plain Hugging Face format and ``RewardModelReward`` can score with it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+from torch import Tensor
+
+from lit_rl.core.preference import bradley_terry_loss
+from lit_rl.data.preferences import PreferencePair
+from lit_rl.models.loading import check_model_source, load_tokenizer, resolve_dtype
+
+
+def _default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+
+
+def load_reward_model(path: str, dtype: str = "float32"):
+    """(model, tokenizer) of a scalar-head sequence classifier from a causal LM or a saved reward model."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    check_model_source(path)
+    tok = load_tokenizer(path)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a causal LM has no `score` head yet: the "newly initialized" notice is expected
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            path, num_labels=1, dtype=resolve_dtype(dtype), pad_token_id=tok.pad_token_id)
+    finally:
+        hf_logging.set_verbosity(level)
+    return model, tok
+
+
+def score_texts(model, tokenizer, texts: list[str], max_length: int | None = None) -> Tensor:
+    """Scalar reward of each text, (N,) float32: the head's output at the last non-padding token.
+
+    Right padding: the sequence classifier locates each row's last real token from the pad id.
+    """
+    dev = next(model.parameters()).device
+    enc = tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", truncation=max_length is not None,
+                    max_length=max_length, add_special_tokens=False)
+    out = model(input_ids=enc["input_ids"].to(dev), attention_mask=enc["attention_mask"].to(dev))
+    return out.logits[:, 0].float()  # (N,)
+
+
+class RewardModelModule(L.LightningModule):
+    """Bradley-Terry training on (prompt, chosen, rejected) pairs.
+
+    Args:
+        model: causal LM to start from (local dir or hub id); ``tiny_if_missing`` as in ``PolicyModule``.
+        margin: constant margin m in −log σ(r_c − r_r − m) (0 = plain Bradley-Terry).
+        max_length: truncate ``prompt + completion`` to this many tokens (None = no truncation).
+        save_dir: if set, the model and tokenizer are saved there (HF format) when training ends.
+
+    Metrics: ``rm/loss``, ``rm/accuracy`` (train pairs), ``rm/val_accuracy`` and ``rm/val_loss`` (held-out).
+    """
+
+    def __init__(self, model: str, tiny_if_missing: dict[str, Any] | None = None, dtype: str = "float32",
+                 margin: float = 0.0, max_length: int | None = None, save_dir: str | None = None, seed: int = 0,
+                 optimizer: Callable = _default_optimizer):
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer"])
+        if tiny_if_missing is not None and not (Path(model) / "config.json").exists():
+            from lit_rl.models.tiny import ensure_tiny_model
+
+            ensure_tiny_model(model, **tiny_if_missing)
+        torch.manual_seed(seed)
+        self.model, self.tokenizer = load_reward_model(model, dtype)
+        self.optimizer_factory = optimizer
+
+    def configure_optimizers(self):
+        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+
+    def rewards(self, prompts: list[str], completions: list[str]) -> Tensor:
+        return score_texts(self.model, self.tokenizer, [p + c for p, c in zip(prompts, completions)],
+                           self.hparams.max_length)
+
+    def _pair_loss(self, batch: list[PreferencePair]) -> tuple[Tensor, dict[str, float]]:
+        prompts = [p.prompt for p in batch]
+        # one forward for both sides: rows [0, P) chosen, [P, 2P) rejected
+        r = self.rewards(prompts * 2, [p.chosen for p in batch] + [p.rejected for p in batch])  # (2P,)
+        n = len(batch)
+        margin = None if not self.hparams.margin else torch.full((n,), float(self.hparams.margin), device=r.device)
+        return bradley_terry_loss(r[:n], r[n:], margin)
+
+    def training_step(self, batch: list[PreferencePair], batch_idx: int) -> Tensor:
+        loss, m = self._pair_loss(batch)
+        self.log("rm/loss", loss.detach(), on_step=True, on_epoch=False, batch_size=len(batch))
+        self.log("rm/accuracy", m["accuracy"], on_step=True, on_epoch=False, batch_size=len(batch))
+        return loss
+
+    def validation_step(self, batch: list[PreferencePair], batch_idx: int) -> None:
+        loss, m = self._pair_loss(batch)
+        self.log("rm/val_loss", loss, on_epoch=True, batch_size=len(batch))
+        self.log("rm/val_accuracy", m["accuracy"], on_epoch=True, batch_size=len(batch), prog_bar=True)
+
+    def save_hf(self, path: str) -> None:
+        """Save model + tokenizer in Hugging Face format (``AutoModelForSequenceClassification`` loads it)."""
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+    def on_train_end(self) -> None:
+        if self.hparams.save_dir and self.trainer.is_global_zero:
+            self.save_hf(self.hparams.save_dir)
