@@ -31,12 +31,13 @@ def test_window_rate_forgets_old_visits_unsolved():
 
 
 def test_ema_rate_hand_computed_and_thresholds():
-    tr = PassRateTracker(mode="ema", ema_decay=0.5, min_visits=2, solved_rate=0.8, unsolved_rate=0.2)
-    # 1.0 -> 0.5*1 + 0.5*0.5 = 0.75 (active) -> 0.5*0.75 + 0.5*1 = 0.875 (solved)
-    assert _visits(tr, "a", [(2, 2), (1, 2), (2, 2)]) == [ACTIVE, ACTIVE, SOLVED]
-    assert tr.stats["a"]["rate"] == 0.875
-    # boundary: exactly unsolved_rate counts as unsolved
-    assert _visits(tr, "b", [(0, 5), (2, 5)]) == [ACTIVE, UNSOLVED]  # 0.5*0 + 0.5*0.4 = 0.2
+    tr = PassRateTracker(mode="ema", ema_decay=0.75, min_visits=2, solved_rate=0.8, unsolved_rate=0.2)
+    assert _visits(tr, "a", [(2, 2), (0, 2)]) == [ACTIVE, ACTIVE]
+    assert tr.stats["a"]["rate"] == 0.75  # 0.75*1 + 0.25*0
+    # 0.75*0.75 + 0.25*1 = 0.8125 >= 0.8: solved
+    assert tr.update(2, "a", 2, 2) == SOLVED and tr.stats["a"]["rate"] == 0.8125
+    # boundary: exactly unsolved_rate counts as unsolved (0.75*0 + 0.25*0.8 = 0.2)
+    assert _visits(tr, "b", [(0, 5), (4, 5)]) == [ACTIVE, UNSOLVED]
 
 
 def test_all_invalid_group_is_not_a_visit():

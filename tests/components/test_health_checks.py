@@ -202,6 +202,20 @@ def test_experience_health_metrics_hand_computed():
     assert m["health/zero_adv_frac"] == pytest.approx(ref, rel=1e-12)
 
 
+def test_group_without_valid_rows_counts_as_zero_variance():
+    from lit_rl.callbacks.monitoring import experience_health_metrics
+    from lit_rl.data.experience import Experience
+
+    exp = Experience(
+        input_ids=torch.zeros(4, 3, dtype=torch.long), attention_mask=torch.ones(4, 3, dtype=torch.long),
+        loss_mask=torch.ones(4, 1, dtype=torch.bool), prompt_len=2, group_ids=torch.tensor([0, 0, 1, 1]),
+        rewards=torch.tensor([float("nan"), float("nan"), 0.0, 1.0]), valid=torch.tensor([False, False, True, True]),
+        policy_version=torch.zeros(4, dtype=torch.long))
+    m = experience_health_metrics(exp)
+    assert m["health/zero_var_group_frac"] == 0.5 and m["health/invalid_frac"] == 0.5
+    assert "health/zero_adv_frac" not in m  # no advantages yet: not reported
+
+
 def test_monitor_warns_through_rank_zero_warn_once_per_episode():
     from lit_rl.callbacks.monitoring import RLHealthMonitor, RLHealthWarning
 
