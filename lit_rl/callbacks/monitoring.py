@@ -19,14 +19,20 @@ zero, category ``RLHealthWarning``) once per episode of trouble, see ``lit_rl.ca
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from lit_rl.callbacks._health import (HealthChecks, HealthEvent, LengthBlowupCheck, RewardHackingCheck,
-                                      ThresholdCheck)
+from lit_rl.callbacks._health import (
+    HealthChecks,
+    HealthEvent,
+    LengthBlowupCheck,
+    RewardHackingCheck,
+    ThresholdCheck,
+)
 from lit_rl.data.experience import Experience
 
 
@@ -165,9 +171,7 @@ class RLHealthMonitor(L.Callback):
         """This step's readings: logged module metrics, then rollout metrics, then the Experience's own."""
         out: dict[str, float] = {}
         for k, v in dict(trainer.callback_metrics).items():
-            if isinstance(v, torch.Tensor) and v.numel() == 1:
-                out[k] = float(v)
-            elif isinstance(v, (int, float)):
+            if isinstance(v, torch.Tensor) and v.numel() == 1 or isinstance(v, (int, float)):
                 out[k] = float(v)
         out.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items() if isinstance(v, (int, float))})
         exp = getattr(batch, "experience", None)

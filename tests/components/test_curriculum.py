@@ -94,7 +94,7 @@ def test_prompt_key_uid_text_family():
 
 def test_tracker_state_round_trip_continues_exactly():
     seq = [("a", 2, 2), ("b", 0, 2), ("a", 2, 2), ("b", 1, 2), ("a", 1, 2), ("b", 0, 2), ("a", 2, 2)]
-    kw = dict(mode="window", window=2, min_visits=2, retired_weight=0.5, retire_for=4)
+    kw = {"mode": "window", "window": 2, "min_visits": 2, "retired_weight": 0.5, "retire_for": 4}
     full = PassRateTracker(**kw)
     ref = [(full.tick(i), full.update(i, k, p, n)) for i, (k, p, n) in enumerate(seq)]
     a = PassRateTracker(**kw)

@@ -6,8 +6,13 @@ import warnings
 import pytest
 import torch
 
-from lit_rl.callbacks._health import (HealthChecks, LengthBlowupCheck, Latch, RewardHackingCheck,
-                                      ThresholdCheck)
+from lit_rl.callbacks._health import (
+    HealthChecks,
+    Latch,
+    LengthBlowupCheck,
+    RewardHackingCheck,
+    ThresholdCheck,
+)
 
 
 def _fired(check, seq, key):
@@ -221,13 +226,13 @@ def test_monitor_warns_through_rank_zero_warn_once_per_episode():
 
     mon = RLHealthMonitor(entropy_min=0.1, entropy_max=5.0, max_is_weight=100.0)
 
-    class T:  # the two trainer attributes the monitor reads
-        callbacks: list = []
-        global_step = 0
+    class T:  # the trainer attributes the monitor reads
+        def __init__(self):
+            self.callbacks, self.global_step, self.callback_metrics = [], 0, {}
 
     class Mod:
-        iteration = 0
-        logged: dict = {}
+        def __init__(self):
+            self.iteration, self.logged = 0, {}
 
         def log(self, k, v, **kw):
             self.logged[k] = v
