@@ -36,3 +36,12 @@ def test_monitoring_and_curriculum_fragments_run_through_cli(tmp_path, monkeypat
 
     vocab = cli.model.model.config.vocab_size
     assert mon.checks.checks["entropy"].high == 0.9 * math.log(vocab)
+
+    # both states survive a real Lightning checkpoint under torch.load(weights_only=True) and restore exactly
+    import torch
+
+    cli.trainer.save_checkpoint(tmp_path / "last.ckpt")
+    saved = torch.load(tmp_path / "last.ckpt", weights_only=True)["callbacks"]
+    for cb, fresh in ((cur, Curriculum(seed=123)), (mon, RLHealthMonitor())):
+        fresh.load_state_dict(saved[cb.state_key])
+        assert fresh.state_dict() == cb.state_dict()
