@@ -161,3 +161,16 @@ def test_ppo_config_runs_under_the_cli(tiny_model_dir, tmp_path):
           "--model.init_args.model", str(tiny_model_dir), "--data.init_args.batch_size", "2",
           "--model.init_args.minibatch_size", "4"])
     assert "lit_rl.modules.critic.CriticModule" in (tmp_path / "config.yaml").read_text()
+
+
+def test_value_only_warmup_leaves_a_detached_policy_untouched(tiny_model_dir):
+    # weight_decay=0: AdamW's decoupled decay would move parameters even with all-zero gradients
+    mod = _module(tiny_model_dir, CriticModule(warmup_steps=1, detach_backbone=True), advantage="gae",
+                  optimizer=functools.partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0))
+    before = [p.detach().clone() for p in mod.model.parameters()]
+    head0 = mod.critic.head.weight.detach().clone()
+    _fit(mod, steps=1)
+    assert all(torch.equal(a, b) for a, b in zip(before, mod.model.parameters()))
+    assert not torch.equal(head0, mod.critic.head.weight)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        CriticModule(warmup_steps=-1)

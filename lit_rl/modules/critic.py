@@ -40,23 +40,29 @@ class CriticModule(nn.Module):
         yes_token, no_token: the two single tokens of the ``token`` head.
         value_range: ``[lo, hi]`` the ``token`` head maps onto; returns outside it raise ValueError.
         dtype: dtype of a separate backbone.
+        warmup_steps: the first this many RL iterations train the value loss only (every other loss term is
+            multiplied by 0), so the advantages the policy first learns from come from a fitted critic. With a
+            shared, non-detached backbone the value gradient still moves the backbone.
     """
 
     def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
                  vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
                  yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
-                 dtype: str = "float32"):
+                 dtype: str = "float32", warmup_steps: int = 0):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
         if not vf_coef >= 0:
             raise ValueError(f"vf_coef must be >= 0, got {vf_coef}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         if value_clip is not None and not value_clip > 0:
             raise ValueError(f"value_clip must be > 0 or null, got {value_clip}")
         lo, hi = (float(x) for x in value_range)
         if not lo < hi:
             raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(value_range)}")
         self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
+        self.warmup_steps = warmup_steps
         self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
         self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
         self.head: nn.Linear | None = None

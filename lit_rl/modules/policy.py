@@ -305,6 +305,8 @@ class PolicyModule(L.LightningModule):
             parts.update(self.critic.loss_terms(self, micro, fwd))
         for cb in loss_term_providers(self.trainer):
             parts.update(cb.loss_terms(self, micro, fwd))
+        if self.critic is not None and self.iteration < self.critic.warmup_steps:  # value-only warmup
+            parts = {k: v if k == "value" else v * 0.0 for k, v in parts.items()}
         with torch.no_grad():
             if mask.any():
                 ent = entropy_from_logits(logits.detach(), h.logprob_chunk_size, self.temperature)
