@@ -1,4 +1,9 @@
+from lit_rl.callbacks.curriculum import Curriculum
+from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot, SaveHFModel
+from lit_rl.callbacks.monitoring import RLHealthMonitor
+from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.rollout import RolloutCallback
 
-__all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel"]
+__all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel", "ReferenceKL",
+           "EntropyRegularization", "RLHealthMonitor", "Curriculum"]
