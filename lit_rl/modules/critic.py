@@ -43,12 +43,14 @@ class CriticModule(nn.Module):
         warmup_steps: the first this many RL iterations train the value loss only (every other loss term is
             multiplied by 0), so the advantages the policy first learns from come from a fitted critic. With a
             shared, non-detached backbone the value gradient still moves the backbone.
+        init_from: a directory written by ``CriticPretrainModule.save``: the head starts from its ``critic.pt``
+            (point the policy's ``model`` — or this critic's ``model`` when not shared — at the same directory).
     """
 
     def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
                  vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
                  yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
-                 dtype: str = "float32", warmup_steps: int = 0):
+                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
@@ -62,7 +64,7 @@ class CriticModule(nn.Module):
         if not lo < hi:
             raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(value_range)}")
         self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
-        self.warmup_steps = warmup_steps
+        self.warmup_steps, self.init_from = warmup_steps, init_from
         self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
         self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
         self.head: nn.Linear | None = None
@@ -90,6 +92,17 @@ class CriticModule(nn.Module):
             nn.init.zeros_(self.head.bias)
         else:
             self.token_ids = _single_token_ids(tokenizer, self.yes_token, self.no_token)
+        if self.init_from is not None:
+            from pathlib import Path
+
+            f = Path(self.init_from) / "critic.pt"
+            if not f.exists():
+                raise FileNotFoundError(f"init_from={self.init_from!r}: no {f.name} there (write it with "
+                                        "CriticPretrainModule.save)")
+            missing, unexpected = self.load_state_dict(torch.load(f, map_location="cpu"), strict=False)
+            if unexpected or any(not k.startswith("backbone.") for k in missing):
+                raise ValueError(f"init_from={self.init_from!r}: {f.name} does not fit this critic "
+                                 f"(missing {missing}, unexpected {unexpected}); same head type?")
 
     @property
     def wants_hidden(self) -> bool:
@@ -171,7 +184,7 @@ class CriticModule(nn.Module):
         self._acc["n"] = self._acc.get("n", 0) + 1
         for k, v in metrics.items():
             self._acc[k] = self._acc.get(k, 0.0) + v
-            if getattr(module, "_trainer", None) is not None:
+            if getattr(module, "_current_fx_name", None) is not None:  # inside a Lightning hook of this module
                 module.log(k, self._acc[k] / self._acc["n"], on_step=True, on_epoch=False, batch_size=rows)
 
     def advantage_metrics(self, exp) -> dict[str, float]:

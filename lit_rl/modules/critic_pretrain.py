@@ -1,0 +1,102 @@
+"""`CriticPretrainModule`: train a `CriticModule` on its own, before PPO, from (prefix, completion, target) records.
+
+A fresh value head predicts noise, so PPO's first advantages are noise too. Bootstrapping the critic on
+labelled data first — Monte-Carlo returns of sampled completions, or step-level process-reward labels — gives
+PPO a fitted V from its first iteration. Each record's ``target`` is the value of every state before a token of
+``completion``: V(prefix), V(prefix + c_0), … (as in PPO, V_t is read before token t), e.g. a terminal return
+with γ = 1, or a step's label with a one-token ``completion``; the loss is the critic's own (squared
+error for ``regression``, BCE for ``token``). ``save(dir)`` writes the backbone (HF format, it may have been
+trained too) and ``critic.pt``; ``PolicyModule(model=dir, critic=CriticModule(init_from=dir))`` resumes from it.
+"""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any, Callable
+
+import lightning as L
+import torch
+
+from lit_rl.data.experience import Experience
+from lit_rl.modules.critic import CriticModule
+
+CRITIC_FILE = "critic.pt"
+FIELDS = ("prefix", "completion", "target")
+
+
+def parse_value_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validate (prefix, completion, target) records; errors name the record index and the field."""
+    for i, r in enumerate(records):
+        for f in FIELDS:
+            if f not in r:
+                raise ValueError(f"value record {i}: missing field {f!r}; fields present: {sorted(r)}")
+        if not isinstance(r["target"], (int, float)) or r["target"] != r["target"]:
+            raise ValueError(f"value record {i}: field 'target' must be a finite number, got {r['target']!r}")
+    return records
+
+
+def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experience:
+    """Left-padded prefixes | right-padded completions, ``returns`` = each record's target on its tokens."""
+    pre = [tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records]
+    com = [tokenizer.encode(r["completion"], add_special_tokens=False) for r in records]
+    B, P, C = len(records), max(map(len, pre)), max(1, max(map(len, com)))
+    ids = torch.full((B, P + C), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((B, P + C), dtype=torch.long)
+    mask = torch.zeros((B, C), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(pre, com)):
+        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
+        att[i, P - len(p):P + len(c)] = 1
+        mask[i, :len(c)] = True
+    target = torch.tensor([float(r["target"]) for r in records])
+    exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P, group_ids=torch.arange(B),
+                     rewards=target, valid=torch.ones(B, dtype=torch.bool),
+                     policy_version=torch.zeros(B, dtype=torch.long))
+    exp.returns = torch.where(mask, target[:, None], 0.0)  # (B, C)
+    return exp
+
+
+class CriticPretrainModule(L.LightningModule):
+    """Standalone critic training (see module doc). Batches are lists of record dicts.
+
+    Args:
+        model: the causal LM the critic sits on (the policy PPO will train, for a shared backbone).
+        critic: the ``CriticModule`` to train (``value_clip`` is moot here: old values = current values).
+        tiny_if_missing: as in ``PolicyModule``.
+    """
+
+    def __init__(self, model: str, critic: CriticModule | None = None, tiny_if_missing: dict[str, Any] | None = None,
+                 optimizer: Callable = functools.partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.0)):
+        super().__init__()
+        from lit_rl.modules.policy import PolicyModule
+
+        self.policy = PolicyModule(model=model, tiny_if_missing=tiny_if_missing,
+                                   critic=critic if critic is not None else CriticModule())
+        self.critic = self.policy.critic
+        self.optimizer_factory = optimizer
+
+    def configure_optimizers(self):
+        return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
+
+    def value_loss(self, records: list[dict[str, Any]]) -> tuple[torch.Tensor, torch.Tensor, Experience]:
+        exp = records_to_experience(self.policy.tokenizer, parse_value_records(records)).to(self.device)
+        logits, hidden = self.policy.forward_logits(exp, model=self.critic.backbone, return_hidden=True)
+        n = int(exp.loss_mask.sum())
+        fwd = {"logits": logits, "hidden": hidden, "mask": exp.loss_mask, "num_tokens": n,
+               "num_seqs": int(exp.loss_mask.any(-1).sum())}
+        v, _ = self.critic.predict(self.policy, exp, fwd)
+        exp.values = v.detach().float()  # old values = current: the PPO2 clip is inactive (no old policy here)
+        return self.critic.loss_terms(self.policy, exp, fwd)["value"] / max(self.critic.vf_coef, 1e-12), v, exp
+
+    def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> torch.Tensor:
+        loss, _, _ = self.value_loss(batch)
+        self.log("critic/value_loss", loss.detach(), on_step=True, on_epoch=False, batch_size=len(batch))
+        return loss
+
+    def save(self, path: str) -> None:
+        """Backbone + tokenizer in HF format, and the critic's own weights in ``critic.pt``."""
+        Path(path).mkdir(parents=True, exist_ok=True)
+        (self.critic.backbone or self.policy.model).save_pretrained(path)
+        self.policy.tokenizer.save_pretrained(path)
+        torch.save({k: v for k, v in self.critic.state_dict().items() if not k.startswith("backbone.")},
+                   Path(path) / CRITIC_FILE)
