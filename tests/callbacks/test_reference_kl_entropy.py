@@ -207,3 +207,33 @@ def test_fragments_compose_with_grpo_config(tiny_model_dir, tmp_path):
     saved = (tmp_path / "config.yaml").read_text()
     assert "lit_rl.callbacks.reference_kl.ReferenceKL" in saved
     assert "lit_rl.callbacks.entropy.EntropyRegularization" in saved and "lit_rl.callbacks.RolloutCallback" in saved
+
+
+class AggModule:
+    temperature = 1.0
+    hparams = type("H", (), {"logprob_chunk_size": None})()
+
+    def aggregate(self, values, m, fwd):
+        return aggregate(values, m, "seq_mean_token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
+
+
+def test_kl_and_entropy_terms_are_padding_invariant():
+    g = torch.Generator().manual_seed(0)
+    lp = -torch.rand(2, 3, generator=g, dtype=torch.float64)
+    ref = -torch.rand(2, 3, generator=g, dtype=torch.float64)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64)
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    micro = type("M", (), {"batch_size": 2})()
+
+    def terms(lp, ref, logits, mask):
+        fwd = {"logprobs": lp, "logits": logits, "mask": mask, "num_tokens": int(mask.sum()), "num_seqs": 2}
+        micro.ref_logprobs = ref
+        return (float(ReferenceKL(kind="k3", beta=0.3).loss_terms(AggModule(), micro, fwd)["kl"]),
+                float(EntropyRegularization(coef=0.2).loss_terms(AggModule(), micro, fwd)["entropy"]))
+
+    base = terms(lp, ref, logits, mask)
+    pad = torch.full((2, 2), -50.0, dtype=torch.float64)  # garbage in two appended padding columns
+    padded = terms(torch.cat([lp, pad], 1), torch.cat([ref, -pad], 1),
+                   torch.cat([logits, 40 * torch.randn(2, 2, 5, generator=g, dtype=torch.float64)], 1),
+                   torch.cat([mask, torch.zeros(2, 2, dtype=torch.bool)], 1))
+    assert padded == pytest.approx(base, rel=1e-12, abs=0)
