@@ -66,7 +66,7 @@ def test_yes_no_value_hand_computed(tiny_model_dir):
 
 def test_token_head_bce_loss_hand_computed(tiny_model_dir):
     mod = _module(tiny_model_dir, CriticModule(**TOKEN, vf_coef=0.5), loss_agg="token_mean")
-    yes, no = mod.critic.token_ids
+    yes, _ = mod.critic.token_ids
     exp = _experience()
     logits = torch.zeros(2, 3, 128, dtype=torch.float64)
     logits[..., yes] = 2.0  # z = 2 everywhere

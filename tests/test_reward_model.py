@@ -30,7 +30,7 @@ def trained_rm(tiny_model_dir, tmp_path_factory):
 def test_missing_field_names_record_and_field(tmp_path):
     with pytest.raises(ValueError, match=r"preference record 1: missing field 'rejected'"):
         parse_preferences([{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "chosen": "b"}])
-    with pytest.raises(ValueError, match=r"preference record 0: field 'chosen' must be a string"):
+    with pytest.raises(TypeError, match=r"preference record 0: field 'chosen' must be a string"):
         parse_preferences([{"prompt": "a", "chosen": 3, "rejected": "c"}])
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps({"prompt": "1+1=", "chosen": "2", "rejected": "3"}) + "\n\n")

@@ -30,16 +30,16 @@ class PreferencePair:
 
 
 def parse_preferences(records: list[dict[str, Any]]) -> list[PreferencePair]:
-    """Validate raw records; a missing or non-string field raises ValueError naming the record index and field."""
+    """Validate raw records; a missing field raises ValueError, a non-string one TypeError, naming record and field."""
     out = []
     for i, r in enumerate(records):
         if not isinstance(r, dict):
-            raise ValueError(f"preference record {i}: expected an object with fields {FIELDS}, got {type(r).__name__}")
+            raise TypeError(f"preference record {i}: expected an object with fields {FIELDS}, got {type(r).__name__}")
         for f in FIELDS:
             if f not in r:
                 raise ValueError(f"preference record {i}: missing field {f!r}; fields present: {sorted(r)}")
             if not isinstance(r[f], str):
-                raise ValueError(f"preference record {i}: field {f!r} must be a string, got {type(r[f]).__name__}")
+                raise TypeError(f"preference record {i}: field {f!r} must be a string, got {type(r[f]).__name__}")
         out.append(PreferencePair(r["prompt"], r["chosen"], r["rejected"]))
     return out
 
@@ -117,7 +117,7 @@ class PreferenceDataModule(L.LightningDataModule):
         rng = random.Random(self.seed)
         pairs = pairs[:]
         rng.shuffle(pairs)
-        k = int(round(len(pairs) * self.heldout_frac))
+        k = round(len(pairs) * self.heldout_frac)
         self.heldout_pairs, self.train_pairs = pairs[:k], pairs[k:]
 
     def train_dataloader(self):

@@ -10,9 +10,9 @@ trained too) and ``critic.pt``; ``PolicyModule(model=dir, critic=CriticModule(in
 """
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -56,6 +56,10 @@ def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experienc
     return exp
 
 
+def _default_optimizer(params) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+
+
 class CriticPretrainModule(L.LightningModule):
     """Standalone critic training (see module doc). Batches are lists of record dicts.
 
@@ -66,7 +70,7 @@ class CriticPretrainModule(L.LightningModule):
     """
 
     def __init__(self, model: str, critic: CriticModule | None = None, tiny_if_missing: dict[str, Any] | None = None,
-                 optimizer: Callable = functools.partial(torch.optim.AdamW, lr=1e-4, weight_decay=0.0)):
+                 optimizer: Callable = _default_optimizer):
         super().__init__()
         from lit_rl.modules.policy import PolicyModule
 

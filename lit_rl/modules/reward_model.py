@@ -6,8 +6,9 @@ the trained model saves and loads in plain Hugging Face format and ``RewardModel
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch

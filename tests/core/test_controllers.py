@@ -11,7 +11,7 @@ from lit_rl.core.controllers import (
     adaptive_kl_update,
 )
 
-TOL = dict(rel=1e-12, abs=0.0)
+TOL = {"rel": 1e-12, "abs": 0.0}
 
 
 # ------------------------------------------------------------------ adaptive KL, one test per branch
@@ -44,7 +44,7 @@ def test_kl_on_target_keeps_beta():
     ({"target": 0.0}, "target KL must be > 0"), ({"horizon": 0.0}, "horizon must be > 0"),
     ({"clip": -0.1}, "clip must be >= 0")])
 def test_kl_update_rejects_bad_input(kwargs, match):
-    args = dict(beta=0.1, kl=0.1, target=0.1, horizon=10.0, n_steps=1, clip=0.2) | kwargs
+    args = {"beta": 0.1, "kl": 0.1, "target": 0.1, "horizon": 10.0, "n_steps": 1, "clip": 0.2} | kwargs
     with pytest.raises(ValueError, match=match):
         adaptive_kl_update(**args)
 
@@ -62,7 +62,7 @@ def test_kl_controller_state_round_trip():
 
 
 # ------------------------------------------------------------- adaptive entropy, one test per branch
-BAND = dict(low=1.0, high=2.0, step=0.01, coef_min=0.0, coef_max=0.1)
+BAND = {"low": 1.0, "high": 2.0, "step": 0.01, "coef_min": 0.0, "coef_max": 0.1}
 
 
 def test_entropy_below_band_raises_coef():
@@ -91,7 +91,7 @@ def test_negative_coef_min_turns_bonus_into_penalty():
     ({"entropy": math.inf}, "entropy must be finite"), ({"low": 3.0}, "low <= high"),
     ({"step": -1.0}, "step must be >= 0"), ({"coef_min": 0.2}, "coef_min=0.2 must be <= coef_max")])
 def test_entropy_update_rejects_bad_input(kwargs, match):
-    args = dict(coef=0.05, entropy=1.5) | BAND | kwargs
+    args = {"coef": 0.05, "entropy": 1.5} | BAND | kwargs
     with pytest.raises(ValueError, match=match):
         adaptive_entropy_update(**args)
 
