@@ -164,3 +164,11 @@ def test_overlong_prompts_truncate_drop_error(tiny_model_dir):
     rc = RolloutCallback(rewards=ExactAnswerReward(), max_prompt_len=5, overlong_prompts="error")
     with pytest.raises(ValueError, match="max_prompt_len=5"):
         rc._prepare(tok, prompts, {})
+
+
+def test_metric_reduction_keeps_extremes_across_micro_batches():
+    from lit_rl.modules.policy import _reduce
+
+    assert _reduce("is/max_weight", [1.0, 7.5, 2.0]) == 7.5  # a spike in one micro-batch stays visible
+    assert _reduce("actor/ratio_min", [0.9, 0.4]) == 0.4
+    assert _reduce("actor/entropy", [1.0, 2.0, 4.5]) == 2.5

@@ -25,6 +25,17 @@ from lit_rl.models.loading import check_model_source, load_causal_lm, load_token
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
 
+def _reduce(key: str, values: list[float]) -> float:
+    """Combine a metric over micro-batches / minibatches: extremes stay extremes (a spike in any
+    micro-batch must stay visible, e.g. ``is/max_weight``); everything else is averaged."""
+    name = key.rsplit("/", 1)[-1]
+    if "max" in name:
+        return max(values)
+    if "min" in name:
+        return min(values)
+    return sum(values) / len(values)
+
+
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -227,7 +238,7 @@ class PolicyModule(L.LightningModule):
                 stats = self._optimizer_step(opt, sched, mb)
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
-        metrics = {k: sum(v) / len(v) for k, v in sums.items() if v}
+        metrics = {k: _reduce(k, v) for k, v in sums.items() if v}
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["perf/update_s"] = time.perf_counter() - t0
         metrics["perf/old_logprob_s"] = self._old_logprob_s
@@ -249,14 +260,16 @@ class PolicyModule(L.LightningModule):
         fwd_common = {"num_tokens": int(mb.loss_mask.sum()), "num_seqs": int(mb.loss_mask.any(-1).sum())}
         opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
+        per_micro: dict[str, list[float]] = {}
         for micro in mb.micro_batches(h.micro_batch_size):
             parts = self._micro_loss(micro, fwd_common)
             loss = sum(parts.values())
             self.manual_backward(loss)
             for k, v in parts.items():
                 stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
-        for k, v in self._last_metrics.items():
-            stats[k] = v
+            for k, v in self._last_metrics.items():
+                per_micro.setdefault(k, []).append(v)
+        stats.update({k: _reduce(k, v) for k, v in per_micro.items()})
         params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
         norm = torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm) if params else torch.tensor(0.0)
         stats["actor/grad_norm"] = float(norm)
