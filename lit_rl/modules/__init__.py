@@ -1,4 +1,6 @@
+from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.policy import PolicyModule
 from lit_rl.modules.protocols import ExperienceHook, LossTerm
+from lit_rl.modules.reward_model import RewardModelModule
 
-__all__ = ["PolicyModule", "ExperienceHook", "LossTerm"]
+__all__ = ["PolicyModule", "CriticModule", "RewardModelModule", "ExperienceHook", "LossTerm"]
