@@ -4,7 +4,8 @@
   (reference log-probs, teacher log-probs, values, token rewards) *before* advantages are computed.
 - ``LossTerm.loss_terms(module, micro_batch, forward_out) -> dict[name, scalar]``: extra loss terms added to
   the policy loss of every micro-batch. ``forward_out`` holds ``logits`` (b, C, V), ``logprobs`` (b, C),
-  ``mask`` (b, C) and the minibatch denominators ``num_tokens`` / ``num_seqs``; a term should aggregate
+  ``mask`` (b, C), ``hidden`` (b, C, H) last hidden states when a shared-backbone critic asked for them
+  (else None), and the minibatch denominators ``num_tokens`` / ``num_seqs``; a term should aggregate
   with ``module.aggregate(values, mask, forward_out)`` so micro-batch contributions sum to the minibatch
   value (gradient accumulation then equals one big batch). Each term is logged as ``loss/<name>``.
 """
