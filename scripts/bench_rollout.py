@@ -1,0 +1,108 @@
+"""Rollout throughput, VLLMEngine vs HFEngine, side by side in one run; and weight-sync cost.
+
+    python scripts/bench_rollout.py            # 8 layers x hidden 512 (~18M params), 64 prompts x 8 x 64 tokens
+    python scripts/bench_rollout.py --quick    # 2 layers x hidden 128, 16 prompts x 4 x 16 tokens
+
+Both engines sample from the same model in float32 with the same SamplingConfig (temperature 1, no top-p /
+top-k); tokens/s counts the completion tokens each engine actually produced (either may stop early on eos),
+best of ``--repeats`` timed runs after one untimed warm-up. The weight sync is ``VLLMEngine.update_weights``
+of the full state (as RolloutCallback does after an optimizer step) against a plain ``state_dict()`` copy
+(every tensor cloned) of the same model, interleaved ``--sync-repeats`` times (min and median).
+Targets: vLLM >= 2x HF tokens/s; sync <= 3x the state_dict copy.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import types
+
+
+def _timed(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _throughput(engine, prompts, n, sampling, repeats):
+    engine.generate(prompts[:2], 2, sampling)  # warm-up: first-call allocations, lazy inits
+    best = None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        groups = engine.generate(prompts, n, sampling)
+        dt = time.perf_counter() - t0
+        toks = sum(len(c.token_ids) for g in groups for c in g)
+        if best is None or toks / dt > best[0] / best[1]:
+            best = (toks, dt)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="small model and batch (a smoke run)")
+    p.add_argument("--repeats", type=int, default=2, help="timed generate calls per engine (best counts)")
+    p.add_argument("--sync-repeats", type=int, default=7)
+    p.add_argument("--model-dir", default=None, help="where to build the model (default: a temp dir)")
+    a = p.parse_args(argv)
+
+    import torch
+
+    from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
+    from lit_rl.models.tiny import build_tiny_model
+    from lit_rl.rollout.engine import HFEngine, SamplingConfig
+    from lit_rl.rollout.vllm import VLLMEngine
+
+    if a.quick:
+        size, (n_prompts, n, new_tokens) = {"layers": 2, "hidden": 128, "heads": 4, "intermediate": 512}, (16, 4, 16)
+    else:  # intermediate 768: 8 x (4 * 512^2 + 3 * 512 * 768) + embeddings ~ 17.8M parameters
+        size, (n_prompts, n, new_tokens) = {"layers": 8, "hidden": 512, "heads": 8, "intermediate": 768}, (64, 8, 64)
+    root = a.model_dir or tempfile.mkdtemp(prefix="bench_rollout_")
+    path = str(build_tiny_model(f"{root}/model", tokenizer="char", overwrite=True, **size))
+    model, tok = load_causal_lm(path), load_tokenizer(path)
+    module = types.SimpleNamespace(model=model, tokenizer=tok, model_path=path)
+    n_params = sum(q.numel() for q in model.parameters())
+    # Prompts of varied length, like a real batch: "a+b=" questions padded with a varying prefix.
+    prompts = [tok.encode(("# " * (i % 5)) + f"{i % 97}+{(7 * i) % 89}=") for i in range(n_prompts)]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=new_tokens)
+
+    hf = HFEngine()
+    hf.bind(module)
+    hf_toks, hf_s = _throughput(hf, prompts, n, sampling, a.repeats)
+
+    max_len = max(len(q) for q in prompts) + new_tokens + 8
+    kv_bytes = max(64 << 20, 2 * n_prompts * n * max_len * size["layers"] * 2 * size["hidden"] * 4)
+    vl = VLLMEngine(max_model_len=max_len, kv_cache_memory_bytes=kv_bytes,
+                    llm_kwargs={"max_num_seqs": n_prompts * n})
+    t0 = time.perf_counter()
+    vl.bind(module)
+    start_s = time.perf_counter() - t0
+    vl_toks, vl_s = _throughput(vl, prompts, n, sampling, a.repeats)
+
+    # Interleaved, so load from other processes on a shared machine hits both alike; min and median reported.
+    copies, syncs = [], []
+    for _ in range(a.sync_repeats):
+        copies += _timed(lambda: {k: v.clone() for k, v in model.state_dict().items()}, 1)
+        syncs += _timed(lambda: vl.update_weights(merged_state_items(model)), 1)
+    vl.close()
+
+    hf_rate, vl_rate = hf_toks / hf_s, vl_toks / vl_s
+    print(f"\nmodel: {size['layers']} layers, hidden {size['hidden']}, {n_params / 1e6:.1f}M params, float32; "
+          f"{n_prompts} prompts x {n} samples x {new_tokens} new tokens; torch threads {torch.get_num_threads()}; "
+          f"vLLM start {start_s:.1f}s")
+    print(f"{'engine':<12}{'tokens':>10}{'seconds':>10}{'tok/s':>10}")
+    print(f"{'HFEngine':<12}{hf_toks:>10d}{hf_s:>10.2f}{hf_rate:>10.0f}")
+    print(f"{'VLLMEngine':<12}{vl_toks:>10d}{vl_s:>10.2f}{vl_rate:>10.0f}")
+    print(f"vLLM / HF tok/s: {vl_rate / hf_rate:.2f}x (target >= 2x)")
+    print(f"{'weight sync':<24}{'min s':>10}{'median s':>10}")
+    for name, ts in (("state_dict() copy", copies), ("VLLMEngine.update", syncs)):
+        print(f"{name:<24}{min(ts):>10.4f}{statistics.median(ts):>10.4f}")
+    print(f"sync / copy: {min(syncs) / min(copies):.2f}x (min), "
+          f"{statistics.median(syncs) / statistics.median(copies):.2f}x (median) (target <= 3x)")
+
+
+if __name__ == "__main__":  # vLLM's worker start-up may spawn processes; keep the guard
+    main()
