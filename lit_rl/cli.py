@@ -21,5 +21,10 @@ def main(args: list[str] | None = None) -> LitRLCLI:
     )
 
 
-if __name__ == "__main__":
+def console_main() -> None:
+    """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1)."""
     main()
+
+
+if __name__ == "__main__":
+    console_main()
