@@ -314,6 +314,7 @@ class PolicyModule(L.LightningModule):
             dual_clip=h.dual_clip))
         fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden)
         parts = {"policy": self.aggregate(per_token, mask, fwd)}
+        parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         if self.critic is not None:
             parts.update(self.critic.loss_terms(self, micro, fwd))
         for cb in loss_term_providers(self.trainer):
@@ -330,6 +331,11 @@ class PolicyModule(L.LightningModule):
         metrics.update({f"actor/{k}": v for k, v in pm.items()})
         self._last_metrics = metrics
         return parts
+
+    def extra_loss_terms(self, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
+        """Subclass hook: more loss terms from this micro-batch's forward (``fwd`` as a LossTerm sees it),
+        each added to the loss and logged as ``loss/<name>``. The base module adds none."""
+        return {}
 
     _last_metrics: dict[str, float] = {}
     _old_logprob_s: float = 0.0
