@@ -6,7 +6,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl
 from lit_rl.data.tasks import get_task
@@ -23,26 +23,48 @@ class _ListDataset(Dataset):
         return self.items[i]
 
 
-class _InfiniteShuffle(torch.utils.data.Sampler):
+class _InfiniteShuffle(DistributedSampler):
     """Endless reshuffled passes over the dataset; RL runs are bounded by ``max_steps``, not epochs.
 
-    Its position is part of the checkpoint (``state_dict``), so a resumed run sees the same prompts.
+    One *global* stream (a fresh permutation per pass, seeded by ``seed + pass``) is cut into global
+    batches of ``batch_size × world_size`` prompts; rank r takes slice ``[r·batch_size, (r+1)·batch_size)``
+    of each. So 2 ranks × 8 prompts see exactly the prompts of 1 rank × 16, in the same order — the
+    data side of the DDP/FSDP equivalence. ``pos`` counts this rank's yielded items (equal on every rank)
+    and is part of the checkpoint, so a resumed run sees the same prompts.
+
+    Subclassing ``DistributedSampler`` tells Lightning the sampler is already rank-aware; it would
+    otherwise wrap it in a ``DistributedSamplerWrapper``, which materialises the (endless) sampler.
     """
 
-    def __init__(self, n: int, seed: int):
+    def __init__(self, n: int, seed: int, batch_size: int = 1, rank: int = 0, world_size: int = 1):
+        # No super().__init__: it needs an initialised process group; we only want the type.
         self.n, self.seed, self.pos = n, seed, 0
+        self.batch, self.rank, self.world = batch_size, rank, world_size
+        self._perm: tuple[int, list[int]] = (-1, [])
+
+    def global_index(self, i: int) -> int:
+        """Position in the global stream of this rank's i-th item."""
+        b, within = divmod(i, self.batch)
+        return b * self.batch * self.world + self.rank * self.batch + within
+
+    def _at(self, k: int) -> int:
+        epoch, offset = divmod(k, self.n)
+        if self._perm[0] != epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = (epoch, torch.randperm(self.n, generator=g).tolist())
+        return self._perm[1][offset]
 
     def __iter__(self):
         while True:
-            epoch, offset = divmod(self.pos, self.n)
-            g = torch.Generator().manual_seed(self.seed + epoch)
-            order = torch.randperm(self.n, generator=g).tolist()
-            for i in order[offset:]:
-                self.pos += 1
-                yield i
+            i = self._at(self.global_index(self.pos))
+            self.pos += 1
+            yield i
 
-    def __len__(self) -> int:  # Lightning asks; an "epoch" is one pass
-        return self.n
+    def __len__(self) -> int:  # Lightning asks; an "epoch" is one pass of this rank's share
+        return max(1, self.n // self.world)
+
+    def set_epoch(self, epoch: int) -> None:  # the stream position, not Lightning's epoch, drives shuffling
+        pass
 
 
 class PromptDataModule(L.LightningDataModule):
@@ -53,7 +75,8 @@ class PromptDataModule(L.LightningDataModule):
         task_args: keyword arguments of the task (e.g. ``{max_operand: 9}``).
         train_files / heldout_files: JSONL files of prompt records (``prompt`` or ``messages``, ``answer``, ...).
         dataset: a Hugging Face ``datasets`` name or local path, loaded with ``datasets.load_dataset``.
-        batch_size: prompts per RL iteration (each is sampled ``group_size`` times by the RolloutCallback).
+        batch_size: prompts per RL iteration *per rank* (Lightning convention; the global batch is
+            batch_size × world_size). Each is sampled ``group_size`` times by the RolloutCallback.
         seed: shuffling seed.
     """
 
@@ -101,11 +124,14 @@ class PromptDataModule(L.LightningDataModule):
             self.train_prompts = [Prompt.from_dict(dict(r), index=i) for i, r in enumerate(ds)]
         if not self.train_prompts:
             raise ValueError("PromptDataModule: the training prompt set is empty")
-        self._sampler = _InfiniteShuffle(len(self.train_prompts), self.seed)
+        self._sampler = _InfiniteShuffle(len(self.train_prompts), self.seed, self.batch_size)
         self._loaded = True
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:  # this rank's share of each global batch (batch_size is per rank)
+            self._sampler.rank, self._sampler.world = trainer.global_rank, trainer.world_size
         return DataLoader(
             _ListDataset(self.train_prompts),
             batch_size=self.batch_size,
