@@ -4,6 +4,8 @@ from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot, SaveHFModel
 from lit_rl.callbacks.monitoring import RLHealthMonitor
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.rollout import RolloutCallback
+from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 
 __all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel", "ReferenceKL",
-           "EntropyRegularization", "RLHealthMonitor", "Curriculum"]
+           "EntropyRegularization", "RLHealthMonitor", "Curriculum",
+           "Teacher", "TeacherRouter"]

@@ -1,0 +1,463 @@
+"""Teachers for on-policy distillation: `Teacher` (one frozen scorer) and `TeacherRouter` (one per domain).
+
+A teacher scores the *student's* tokens with a teacher-forced forward over prompt + student completion
+(on-policy distillation, GKD arXiv 2306.13649; MiniLLM arXiv 2306.08543). Three kinds:
+
+* a model directory / hub id (loaded lazily, on the first row of its domain), or an in-memory model;
+* ``source="self"``: the student's current weights under ``no_grad`` (on-policy self-distillation, OPSD);
+* ``source="self_frozen"``: a frozen copy of the student taken at ``setup`` (before any update).
+
+With ``template`` the teacher's prompt is rebuilt from the prompt record with privileged context, e.g.
+``"{prompt}(answer: {answer})"``; the student's completion tokens are appended unchanged, so teacher and
+student log-probs stay aligned token for token (Experience layout: entry t of every (B, C) field).
+"""
+from __future__ import annotations
+
+import copy
+import string
+from types import SimpleNamespace
+from typing import Any
+
+import lightning as L
+import torch
+
+from lit_rl.core.distill import teacher_topk
+from lit_rl.core.logprobs import token_logprobs
+from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import Prompt, render_prompt
+
+SELF_SOURCES = ("self", "self_frozen")
+
+
+def privileged_prompt(template: str, record: Prompt) -> Prompt:
+    """The record with its prompt text replaced by ``template`` filled from the record's fields.
+
+    Fields: ``prompt`` (the text, or the last user message of a chat record), ``answer``, ``domain``, ``uid``
+    and every ``metadata`` key. A field the template names but the record lacks (or has as None) is an
+    error naming the field and the record.
+    """
+    if record.messages is not None:
+        users = [i for i, m in enumerate(record.messages) if m.get("role") == "user"]
+        if not users:
+            raise ValueError(f"privileged template: chat record {record.uid!r} has no user message to extend")
+        text = record.messages[users[-1]]["content"]
+    else:
+        text = record.prompt
+    fields = {**record.metadata, "prompt": text, "answer": record.answer, "domain": record.domain, "uid": record.uid}
+    for _, name, _, _ in string.Formatter().parse(template):
+        if name is None:
+            continue
+        key = name.split(".")[0].split("[")[0]
+        if fields.get(key) is None:
+            have = sorted(k for k, v in fields.items() if v is not None)
+            raise ValueError(f"privileged template {template!r} uses field {key!r}, missing from prompt record "
+                             f"uid={record.uid!r} (prompt={text!r}); fields present: {have}")
+    filled = template.format(**fields)
+    if record.messages is None:
+        return Prompt(prompt=filled, answer=record.answer, domain=record.domain, metadata=record.metadata,
+                      uid=record.uid)
+    msgs = [dict(m) for m in record.messages]
+    msgs[users[-1]]["content"] = filled
+    return Prompt(messages=msgs, answer=record.answer, domain=record.domain, metadata=record.metadata, uid=record.uid)
+
+
+def same_tokenizer(a, b) -> bool:
+    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())
+
+
+class Teacher:
+    """One frozen teacher.
+
+    Args:
+        source: model directory / hub id, ``"self"`` (student's current weights, no_grad) or ``"self_frozen"``
+            (copy of the student at setup). Ignored when ``model`` is given.
+        template: privileged-context prompt template (``str.format`` fields from the prompt record); None keeps
+            the student's prompt tokens.
+        dtype: dtype when loading ``source`` (default: the student's).
+        model, tokenizer: an in-memory teacher (Python API); ``tokenizer`` defaults to the student's.
+    """
+
+    def __init__(self, source: str = "self", template: str | None = None, dtype: str | None = None,
+                 model: Any = None, tokenizer: Any = None):
+        if model is None and not source:
+            raise ValueError("Teacher: pass source (a model path / hub id, 'self' or 'self_frozen') or model")
+        if model is None and source not in SELF_SOURCES:
+            from lit_rl.models.loading import check_model_source
+
+            check_model_source(source, "Teacher.source")
+        self.source, self.template, self.dtype = source, template, dtype
+        self.model, self.tokenizer = model, tokenizer
+
+    @property
+    def is_self(self) -> bool:
+        return self.model is None and self.source in SELF_SOURCES
+
+    def snapshot(self, module) -> None:
+        """``self_frozen``: copy the student's weights now (called at setup, before any optimizer step)."""
+        if self.model is None and self.source == "self_frozen":
+            self.model = copy.deepcopy(module.model).eval().requires_grad_(False)
+            self.tokenizer = module.tokenizer
+
+    def get(self, module) -> tuple[torch.nn.Module, Any]:
+        """(model, tokenizer), loading a path-based teacher on first use."""
+        if self.model is None:
+            if self.source == "self":
+                return module.model, module.tokenizer
+            if self.source == "self_frozen":
+                self.snapshot(module)
+            else:
+                from lit_rl.models.loading import load_causal_lm, load_tokenizer
+
+                self.model = load_causal_lm(self.source, self.dtype or module.hparams.dtype)
+                self.model.eval().requires_grad_(False)
+                self.tokenizer = load_tokenizer(self.source)
+        return self.model, self.tokenizer or module.tokenizer
+
+    @property
+    def loaded(self) -> bool:
+        return self.model is not None
+
+    def __repr__(self) -> str:
+        src = type(self.model).__name__ if self.model is not None and self.source not in SELF_SOURCES else self.source
+        return f"Teacher({src!r}{', template' if self.template else ''})"
+
+
+def teacher_view(module, teacher: Teacher, rows: Experience, tokenizer) -> Experience:
+    """The Experience the teacher reads: same completion tokens, prompt rebuilt with the privileged template.
+
+    Without a template the rows are returned unchanged. Completion columns stay (b, C) and aligned, so the
+    teacher's logits at entry t predict the student's token t.
+    """
+    if teacher.template is None:
+        return rows
+    ids = [render_prompt(privileged_prompt(teacher.template, p), tokenizer) for p in rows.prompts]
+    b, C, P = rows.batch_size, rows.completion_len, max(len(i) for i in ids)
+    input_ids = torch.full((b, P + C), tokenizer.pad_token_id, dtype=torch.long)
+    att = torch.zeros((b, P + C), dtype=torch.long)
+    for i, t in enumerate(ids):
+        input_ids[i, P - len(t):P] = torch.tensor(t, dtype=torch.long)
+        att[i, P - len(t):P] = 1
+    input_ids[:, P:] = rows.completion_ids.cpu()
+    att[:, P:] = rows.attention_mask[:, rows.prompt_len:].long().cpu()
+    dev = rows.input_ids.device
+    return Experience(input_ids=input_ids.to(dev), attention_mask=att.to(dev), loss_mask=rows.loss_mask,
+                      prompt_len=P, group_ids=rows.group_ids, rewards=rows.rewards, valid=rows.valid,
+                      policy_version=rows.policy_version, prompts=rows.prompts, domains=rows.domains)
+
+
+
+def _cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tuple[Experience, torch.Tensor]:
+    """Re-tokenise each row's prompt (+ template) and completion *text* with the teacher's tokenizer.
+
+    Returns the teacher's Experience and ``owner`` (b, Ct): for each teacher completion token, the index of the
+    student token it is credited to — the student token whose characters contain the teacher token's last
+    character (-1 = padding). Summing teacher log-probs per owner gives log π_T of each student token's span
+    (exact when token boundaries agree; otherwise a span's log-prob lands on the token where it ends).
+    The student's eos maps to the teacher's eos.
+    """
+    import bisect
+
+    stok = module.tokenizer
+    seqs, owners, prompt_ids = [], [], []
+    cols = rows.attention_mask[:, rows.prompt_len:].bool().cpu()
+    for i, rec in enumerate(rows.prompts):
+        p = privileged_prompt(teacher.template, rec) if teacher.template else rec
+        prompt_ids.append(render_prompt(p, tok))
+        comp = rows.completion_ids[i].cpu()[cols[i]].tolist()
+        text, ends, eos_at = "", [], None
+        for j, t in enumerate(comp):
+            if t == stok.eos_token_id:
+                eos_at = j
+                break
+            text += stok.decode([t])
+            ends.append(len(text))
+        enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        own = [min(bisect.bisect_left(ends, e), max(len(ends) - 1, 0)) for _, e in enc["offset_mapping"]]
+        if eos_at is not None:
+            ids.append(tok.eos_token_id)
+            own.append(eos_at)
+        seqs.append(ids)
+        owners.append(own)
+    b, P, Ct = rows.batch_size, max(map(len, prompt_ids)), max(1, max(map(len, seqs)))
+    input_ids = torch.full((b, P + Ct), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros((b, P + Ct), dtype=torch.long)
+    owner = torch.full((b, Ct), -1, dtype=torch.long)
+    for i, (p, s, o) in enumerate(zip(prompt_ids, seqs, owners)):
+        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        att[i, P - len(p):P + len(s)] = 1
+        if s:
+            input_ids[i, P:P + len(s)] = torch.tensor(s, dtype=torch.long)
+            owner[i, :len(s)] = torch.tensor(o, dtype=torch.long)
+    view = Experience(input_ids=input_ids, attention_mask=att, loss_mask=owner >= 0, prompt_len=P,
+                      group_ids=rows.group_ids.cpu(), rewards=rows.rewards.cpu(), valid=rows.valid.cpu(),
+                      policy_version=rows.policy_version.cpu())
+    return view, owner
+
+
+class TeacherRouter(L.Callback):
+    """Score every Experience row with the teacher of its ``domain`` (an ExperienceHook, DESIGN §3).
+
+    Args:
+        teachers: domain → teacher: a model directory / hub id, ``"self"`` / ``"self_frozen"`` (OPSD), or a
+            ``Teacher`` (with a privileged ``template``); in Python also an in-memory model.
+        fallback: teacher for domains not in ``teachers``: a domain name of ``teachers`` or a teacher spec;
+            None = an unknown domain is an error naming it and the known ones.
+        device: where loaded teachers live (``cpu`` keeps them off the accelerator); None = the student's device.
+        offload: keep loaded teachers on CPU between uses, moving each to the student's device only to score.
+        micro_batch_size: rows per teacher forward; None = the student's ``micro_batch_size``.
+        teacher_samples: teacher rollouts per prompt for ``sft_on_success`` (DistillModule asks for them).
+        success_threshold: a teacher rollout survives when its reward is valid and >= this.
+
+    Attaches ``teacher_logprobs`` (B, C) (log π_T of the student's tokens at the student's sampling
+    temperature) and, when the module asks for ``topk_reverse_kl``, ``extras["teacher_topk_logprobs"|
+    "teacher_topk_ids"]`` (B, C, k) and ``extras["teacher_tail_logprob"]`` (B, C). Metrics per iteration:
+    ``distill/<domain>/reverse_kl`` (mean over the domain's completion tokens of the sampled estimate
+    log π_rollout − log π_T, i.e. an unbiased per-token reverse KL) and ``distill/<domain>/rows``.
+    """
+
+    def __init__(self, teachers: dict[str, str | Teacher], fallback: str | Teacher | None = None,
+                 device: str | None = None, offload: bool = False, micro_batch_size: int | None = None,
+                 teacher_samples: int = 4, success_threshold: float = 1.0):
+        if not isinstance(teachers, dict) or not teachers:
+            raise ValueError("TeacherRouter.teachers must be a non-empty mapping domain -> teacher")
+        if micro_batch_size is not None and micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
+        if teacher_samples < 1:
+            raise ValueError(f"teacher_samples must be >= 1, got {teacher_samples}")
+        self.teachers = {str(d): self._as_teacher(t, f"teachers.{d}") for d, t in teachers.items()}
+        if isinstance(fallback, str) and fallback in self.teachers:
+            self.fallback: Teacher | None = self.teachers[fallback]
+        else:
+            self.fallback = None if fallback is None else self._as_teacher(fallback, "fallback")
+        self.device, self.offload, self.micro_batch_size = device, offload, micro_batch_size
+        self.teacher_samples, self.success_threshold = teacher_samples, success_threshold
+        self.rows_total: dict[str, int] = {}  # domain -> rows scored over the run
+        self._kl: dict[str, list[float]] = {}  # domain -> [sum, count, rows] of the current iteration
+
+    @staticmethod
+    def _as_teacher(t, field: str) -> Teacher:
+        if isinstance(t, Teacher):
+            return t
+        if isinstance(t, str):
+            return Teacher(source=t)
+        if isinstance(t, torch.nn.Module):
+            return Teacher(model=t.eval().requires_grad_(False))
+        raise TypeError(f"TeacherRouter.{field}: expected a model path, 'self', 'self_frozen', a Teacher or a "
+                        f"torch.nn.Module, got {type(t).__name__}")
+
+    @property
+    def domains(self) -> list[str]:
+        return sorted(self.teachers)
+
+    def route(self, domain: str) -> tuple[str, Teacher]:
+        if domain in self.teachers:
+            return domain, self.teachers[domain]
+        if self.fallback is not None:
+            return "fallback", self.fallback
+        raise ValueError(f"TeacherRouter: no teacher for domain {domain!r}; known domains: {self.domains}. "
+                         "Add it to `teachers` or set `fallback`.")
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
+                t.snapshot(pl_module)  # self_frozen: the initial student, before any checkpoint restore/update
+
+    # ---------------------------------------------------------------- placement
+    def _acquire(self, module, teacher: Teacher):
+        model, tok = teacher.get(module)
+        if teacher.is_self:
+            return model, tok
+        target = torch.device(self.device) if self.device and not self.offload else module.device
+        if next(model.parameters()).device != target:
+            model.to(target)
+        return model, tok
+
+    def _release(self, teacher: Teacher) -> None:
+        if self.offload and not teacher.is_self and teacher.model is not None:
+            teacher.model.to("cpu")
+
+    def _groups(self, exp: Experience) -> dict[str, tuple[Teacher, list[int]]]:
+        domains = exp.domains or ["default"] * exp.batch_size
+        out: dict[str, tuple[Teacher, list[int]]] = {}
+        for i, d in enumerate(domains):
+            key, t = self.route(d)
+            out.setdefault(key, (t, []))[1].append(i)
+        return out
+
+    def check_full_vocab(self, module, teacher: Teacher, tok, loss: str) -> None:
+        if not same_tokenizer(tok, module.tokenizer):
+            raise ValueError(
+                f"loss {loss!r} compares full next-token distributions, so teacher {teacher!r} must share the "
+                f"student's tokenizer, but their vocabularies differ ({len(tok)} vs {len(module.tokenizer)} tokens). "
+                "Use losses: {reverse_kl_sampled: 1.0} instead: it only needs the teacher's log-probs of the "
+                "student's sampled text, which is re-tokenised for the teacher.")
+
+    # ------------------------------------------------------------------ scoring
+    @torch.no_grad()
+    def teacher_logits(self, module, micro: Experience, loss: str = "reverse_kl_full") -> torch.Tensor:
+        """Teacher logits over the student's completion positions, (b, C, V) on the micro-batch's device,
+        each row from its own domain's teacher (full-vocabulary losses; the tokenizers must be identical)."""
+        out = None
+        for key, (teacher, idx) in self._groups(micro).items():
+            model, tok = self._acquire(module, teacher)
+            self.check_full_vocab(module, teacher, tok, loss)
+            rows = micro.select(idx)
+            with _eval(model):
+                lg = module.forward_logits(teacher_view(module, teacher, rows, tok), model=model)  # (b', C, V)
+            self._release(teacher)
+            if out is None:
+                out = lg.new_zeros((micro.batch_size, *lg.shape[1:])).to(micro.input_ids.device)
+            if lg.shape[-1] != out.shape[-1]:
+                raise ValueError(f"teacher {teacher!r} has {lg.shape[-1]} logits per position, the student "
+                                 f"{out.shape[-1]}: full-vocabulary losses need identical vocabularies")
+            out[torch.as_tensor(idx, device=out.device)] = lg.to(out)
+        return out
+
+    @torch.no_grad()
+    def on_experience(self, trainer, module, exp: Experience) -> None:
+        k = getattr(module, "teacher_topk_k", None)
+        B, C = exp.batch_size, exp.completion_len
+        dev = exp.input_ids.device
+        tlp = torch.zeros((B, C), dtype=torch.float32, device=dev)
+        if k:
+            tk_lp = torch.zeros((B, C, k), dtype=torch.float32, device=dev)
+            tk_id = torch.zeros((B, C, k), dtype=torch.long, device=dev)
+            tail = torch.zeros((B, C), dtype=torch.float32, device=dev)
+        size = self.micro_batch_size or module.hparams.micro_batch_size
+        for key, (teacher, idx) in self._groups(exp).items():
+            model, tok = self._acquire(module, teacher)
+            same = same_tokenizer(tok, module.tokenizer)
+            if k:
+                self.check_full_vocab(module, teacher, tok, "topk_reverse_kl")
+            rows = exp.select(idx)
+            chunks = []
+            for start in range(0, len(idx), size or len(idx)):
+                part = idx[start:start + (size or len(idx))]
+                micro = rows.select(list(range(start, start + len(part))))
+                with _eval(model):
+                    if same:
+                        lg = module.forward_logits(teacher_view(module, teacher, micro, tok), model=model)  # (b, C, V)
+                        lp = token_logprobs(lg, micro.completion_ids.to(lg.device), module.hparams.logprob_chunk_size,
+                                            module.temperature)  # (b, C)
+                    else:
+                        lp = self._cross_logprobs(module, teacher, micro, model, tok)
+                if k:
+                    v, i_, t_ = teacher_topk(lg, k, module.temperature)
+                    ii = torch.as_tensor(part, device=dev)
+                    tk_lp[ii], tk_id[ii], tail[ii] = v.float().to(dev), i_.to(dev), t_.float().to(dev)
+                chunks.append(lp.float().to(dev))
+            self._release(teacher)
+            tlp[torch.as_tensor(idx, device=dev)] = torch.cat(chunks)
+        exp.teacher_logprobs = tlp.masked_fill(~exp.loss_mask, 0.0)
+        if k:
+            exp.extras.update(teacher_topk_logprobs=tk_lp, teacher_topk_ids=tk_id, teacher_tail_logprob=tail)
+        self._accumulate(exp)
+
+    def _cross_logprobs(self, module, teacher, micro, model, tok) -> torch.Tensor:
+        view, owner = _cross_tokenizer_view(module, teacher, micro, tok)
+        view = view.to(next(model.parameters()).device)
+        lg = module.forward_logits(view, model=model)  # (b, Ct, V_teacher)
+        lp = token_logprobs(lg, view.completion_ids, module.hparams.logprob_chunk_size, module.temperature)
+        out = torch.zeros((micro.batch_size, micro.completion_len), dtype=torch.float32)
+        own = owner.clamp(min=0)
+        out.scatter_add_(1, own, lp.float().cpu().masked_fill(owner < 0, 0.0))  # sum teacher tokens per owner
+        return out
+
+    def _accumulate(self, exp: Experience) -> None:
+        pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
+        domains = exp.domains or ["default"] * exp.batch_size
+        for i, d in enumerate(domains):
+            acc = self._kl.setdefault(d, [0.0, 0, 0])
+            m = exp.loss_mask[i]
+            if pol is not None and m.any():
+                acc[0] += float((pol[i][m].double() - exp.teacher_logprobs[i][m].double()).sum())
+                acc[1] += int(m.sum())
+            acc[2] += 1
+            self.rows_total[d] = self.rows_total.get(d, 0) + 1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        for d, (s, n, rows) in self._kl.items():
+            if n:
+                pl_module.log(f"distill/{d}/reverse_kl", s / n, on_step=True, on_epoch=False, batch_size=rows)
+            pl_module.log(f"distill/{d}/rows", float(rows), on_step=True, on_epoch=False, batch_size=1)
+        self._kl = {}
+
+    # -------------------------------------------------------- teacher rollouts
+    @torch.no_grad()
+    def teacher_rollouts(self, module, prompts: list[Prompt], sampling, rewards) -> tuple[Experience | None, dict]:
+        """Rejection sampling: ``teacher_samples`` rollouts per prompt from its domain's teacher (from the
+        privileged prompt when the teacher has a template), scored by ``rewards`` (a RewardPool); returns the
+        survivors (valid reward >= ``success_threshold``) as an Experience in the *student's* tokens over the
+        original prompts (teacher text re-tokenised, so the tokenizers may differ), plus metrics."""
+        from lit_rl.rollout.engine import HFEngine
+
+        n, stok = self.teacher_samples, module.tokenizer
+        recs, texts, stops = [], [], []
+        by_teacher: dict[str, tuple[Teacher, list[Prompt]]] = {}
+        for p in prompts:
+            key, t = self.route(p.domain)
+            by_teacher.setdefault(key, (t, []))[1].append(p)
+        for key, (teacher, ps) in by_teacher.items():
+            model, tok = self._acquire(module, teacher)
+            eng = HFEngine()
+            eng.bind(SimpleNamespace(model=model, tokenizer=tok))
+            ids = [render_prompt(privileged_prompt(teacher.template, p) if teacher.template else p, tok) for p in ps]
+            for p, group in zip(ps, eng.generate(ids, n, sampling)):
+                for c in group:
+                    recs.append(p)
+                    texts.append(tok.decode(c.token_ids, skip_special_tokens=True))
+                    stops.append(c.finish_reason == "stop")
+            self._release(teacher)
+        rb = rewards.score(recs, texts)
+        keep = [i for i in range(len(recs)) if bool(rb.valid[i]) and float(rb.total[i]) >= self.success_threshold]
+        metrics = {"distill/teacher_success_rate": len(keep) / max(len(recs), 1),
+                   "distill/sft_rows": float(len(keep))}
+        if not keep:
+            return None, metrics
+        p_ids = [render_prompt(recs[i], stok) for i in keep]
+        c_ids = [stok(texts[i], add_special_tokens=False)["input_ids"] + ([stok.eos_token_id] if stops[i] else [])
+                 for i in keep]
+        return _pack(stok, p_ids, c_ids, [recs[i] for i in keep], rb.total[keep].float()), metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"rows_total": dict(self.rows_total)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.rows_total = dict(state.get("rows_total", {}))
+
+
+def _pack(tok, p_ids: list[list[int]], c_ids: list[list[int]], recs: list[Prompt], rewards) -> Experience:
+    """Left-padded prompts | right-padded completions as an Experience (loss mask = completion tokens)."""
+    B, P, C = len(p_ids), max(map(len, p_ids)), max(1, max(map(len, c_ids)))
+    input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
+    att = torch.zeros((B, P + C), dtype=torch.long)
+    mask = torch.zeros((B, C), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(p_ids, c_ids)):
+        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        att[i, P - len(p):P + len(c)] = 1
+        if c:
+            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, :len(c)] = True
+    return Experience(input_ids=input_ids, attention_mask=att, loss_mask=mask, prompt_len=P,
+                      group_ids=torch.arange(B), rewards=rewards, valid=torch.ones(B, dtype=torch.bool),
+                      policy_version=torch.zeros(B, dtype=torch.long), prompts=list(recs),
+                      domains=[r.domain for r in recs])
+
+
+class _eval:
+    """Run a (possibly training-mode) model in eval mode for a teacher forward, then restore its mode."""
+
+    def __init__(self, model):
+        self.model, self.was = model, model.training
+
+    def __enter__(self):
+        self.model.eval()
+        return self.model
+
+    def __exit__(self, *exc):
+        self.model.train(self.was)
+        return False
+
+
+__all__ = ["Teacher", "TeacherRouter", "privileged_prompt", "same_tokenizer", "teacher_view"]

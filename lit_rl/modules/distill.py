@@ -1,0 +1,211 @@
+"""`DistillModule`: on-policy distillation (and its mix with RL) on top of PolicyModule's update loop.
+
+The student samples on-policy through the usual RolloutCallback; a ``TeacherRouter`` (ExperienceHook) scores
+the student's tokens with each row's domain teacher. The module then optimises a weighted sum of terms, each
+logged as ``loss/<name>`` (already multiplied by its coefficient):
+
+=====================  =====================================================================================
+``reverse_kl_sampled``  policy-gradient loss (the module's ``policy_loss``) with the per-token advantage
+                        A_t = −(log π_θ(y_t) − log π_T(y_t)) (``core.advantages`` "opd"); its expected
+                        gradient is ∇ KL(π_θ‖π_T) (GKD arXiv 2306.13649; MiniLLM arXiv 2306.08543).
+``reverse_kl_full``     exact Σ_v p_v (log p_v − log q_v) per position (``core.kl.kl_from_logits``), chunked.
+``topk_reverse_kl``     the same over the teacher's top-k tokens + a tail bucket (``core.distill``).
+``forward_kl``          Σ_v q_v (log q_v − log p_v) per position (classic KD, mode-covering).
+``jsd``                 generalised JSD_β of GKD (``core.kl.generalized_jsd``), β = ``jsd_beta``.
+``sft_on_success``      rejection-sampled distillation: teacher rollouts that pass the reward are trained on
+                        with cross-entropy, as one extra optimizer step per RL iteration (see below).
+=====================  =====================================================================================
+
+RL mixing: ``rl_coef`` > 0 keeps the reward policy-gradient term (the PolicyModule's ``advantage`` estimator,
+e.g. GRPO) with its advantages multiplied by ``rl_coef`` — for the PPO-clip / GSPO / CISPO / REINFORCE losses
+that scales the term by exactly ``rl_coef`` (they are positively homogeneous in the advantage); ``rl_coef=0``
+is pure distillation (the rewards are then only monitored).
+
+``kd_on`` picks which rollouts the full-distribution terms (forward_kl, jsd) read: ``student`` (on-policy,
+GKD λ=1), ``teacher`` (the teacher's own samples, i.e. supervised KD; done in the teacher-data step), or both.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from lit_rl.core.advantages import AdvantageInputs, compute_advantages
+from lit_rl.core.aggregation import aggregate
+from lit_rl.core.distill import FULL_VOCAB_LOSSES, check_losses, masked_cross_entropy, topk_reverse_kl
+from lit_rl.core.kl import generalized_jsd, kl_from_logits
+from lit_rl.core.logprobs import token_logprobs
+from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss
+from lit_rl.data.experience import Experience
+from lit_rl.modules.policy import PolicyModule
+
+KD_ON = ("student", "teacher", "both")
+
+
+class DistillModule(PolicyModule):
+    """On-policy distillation from one or many teachers (``TeacherRouter``), optionally mixed with RL.
+
+    Args (in addition to every ``PolicyModule`` argument, which keeps its meaning):
+        losses: ``{name: coefficient}`` over reverse_kl_sampled, reverse_kl_full, topk_reverse_kl, forward_kl,
+            jsd, sft_on_success (e.g. ``{reverse_kl_sampled: 1.0}``).
+        rl_coef: weight of the reward policy-gradient term (0 = distillation only).
+        jsd_beta: β of ``jsd`` in (0, 1) (weight of the teacher in the mixture).
+        topk: k of ``topk_reverse_kl``.
+        kd_on: ``student`` | ``teacher`` | ``both``: rollouts the forward_kl / jsd terms read.
+    """
+
+    def __init__(self, *args, losses: dict[str, float] | None = None, rl_coef: float = 0.0,
+                 jsd_beta: float = 0.5, topk: int = 16, kd_on: str = "student", **kwargs):
+        losses = check_losses(losses if losses is not None else {"reverse_kl_sampled": 1.0})
+        if not (rl_coef >= 0 and rl_coef < float("inf")):
+            raise ValueError(f"rl_coef must be a finite number >= 0, got {rl_coef}")
+        if not 0.0 < jsd_beta < 1.0:
+            raise ValueError(f"jsd_beta must lie strictly in (0, 1), got {jsd_beta}")
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1, got {topk}")
+        if kd_on not in KD_ON:
+            raise ValueError(f"kd_on={kd_on!r}; valid values: {', '.join(KD_ON)}")
+        if kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
+            raise ValueError(f"kd_on={kd_on!r} only affects forward_kl / jsd, which are not in losses {sorted(losses)}")
+        super().__init__(*args, **kwargs)
+        self.losses, self.rl_coef, self.jsd_beta, self.topk, self.kd_on = losses, rl_coef, jsd_beta, topk, kd_on
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
+
+    # ------------------------------------------------------------ teachers
+    @property
+    def teacher_topk_k(self) -> int | None:
+        """Asked by the TeacherRouter: store the teacher's top-k (only when topk_reverse_kl is used)."""
+        return self.topk if "topk_reverse_kl" in self.losses else None
+
+    def router(self):
+        from lit_rl.callbacks.teachers import TeacherRouter
+
+        for cb in self.trainer.callbacks:
+            if isinstance(cb, TeacherRouter):
+                return cb
+        raise RuntimeError("DistillModule needs a TeacherRouter in trainer.callbacks (it scores the student's "
+                           "rollouts with the teachers); e.g. -c callbacks/teachers.yaml")
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.router()  # fail before the first rollout, not in the middle of it
+
+    # ---------------------------------------------------------- advantages
+    def compute_advantages(self, exp: Experience) -> dict[str, float]:
+        metrics = super().compute_advantages(exp)
+        exp.advantages = exp.advantages * self.rl_coef  # scales the reward PG term by rl_coef (0 = off)
+        if "reverse_kl_sampled" in self.losses:
+            if exp.teacher_logprobs is None:
+                raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
+            pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
+            if pol is None:
+                with torch.no_grad():
+                    pol = self.completion_logprobs(exp).float()
+            out = compute_advantages("opd", AdvantageInputs(
+                rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
+                teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid)))
+            exp.extras["opd_advantages"] = out.advantages.float()  # (B, C)
+            metrics.update({f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")})
+        return metrics
+
+    # ---------------------------------------------------------------- loss
+    def extra_loss_terms(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
+        """Student-rollout distillation terms of one micro-batch, each coefficient-weighted and aggregated with
+        the module's ``loss_agg`` over the minibatch's denominators (accumulation-exact)."""
+        h, c = self.hparams, self.losses
+        logits, lp, mask = fwd["logits"], fwd["logprobs"], fwd["mask"]  # (b, C, V), (b, C), (b, C)
+        out: dict[str, Tensor] = {}
+        if "reverse_kl_sampled" in c:
+            old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
+            per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
+                logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
+                rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
+                dual_clip=h.dual_clip))
+            out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * self.aggregate(per_tok, mask, fwd)
+        if "topk_reverse_kl" in c:
+            C = mask.shape[1]
+            ex = micro.extras
+            kl = topk_reverse_kl(logits, ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
+                                 ex["teacher_tail_logprob"][:, :C], mask, self.temperature, h.micro_batch_size)
+            out["topk_reverse_kl"] = c["topk_reverse_kl"] * self.aggregate(kl, mask, fwd)
+        full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
+                and (n == "reverse_kl_full" or self.kd_on != "teacher")]
+        if full:
+            t_logits = self.router().teacher_logits(self, micro, full[0])  # (b, C, V), no grad
+            out.update(self._full_vocab_terms(full, logits, t_logits, mask, fwd))
+        return out
+
+    def _full_vocab_terms(self, names, logits, t_logits, mask, fwd) -> dict[str, Tensor]:
+        h, c, out = self.hparams, self.losses, {}
+        for n in names:
+            if n == "jsd":
+                d = generalized_jsd(logits, t_logits, self.jsd_beta, mask, h.logprob_chunk_size, self.temperature)
+            else:
+                d = kl_from_logits(logits, t_logits, mask, "reverse" if n == "reverse_kl_full" else "forward",
+                                   h.logprob_chunk_size, self.temperature)
+            out[n] = c[n] * self.aggregate(d, mask, fwd)
+        return out
+
+    # ------------------------------------------------------ teacher-data step
+    def training_step(self, batch, batch_idx: int):
+        student_terms = self.rl_coef > 0 or set(self.losses) - {"sft_on_success"} - (
+            {"forward_kl", "jsd"} if self.kd_on == "teacher" else set())
+        if student_terms:
+            super().training_step(batch, batch_idx)
+        else:  # nothing reads the student's rollouts: skip a zero-gradient optimizer step, still log them
+            self.iteration += 1
+            for k, v in batch.metrics.items():
+                self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
+        if "sft_on_success" in self.losses or self.kd_on != "student":
+            self._teacher_data_step(batch)
+
+    def _teacher_data_step(self, batch) -> None:
+        """One optimizer step on the teacher's own rollouts for this iteration's prompts: cross-entropy on the
+        survivors of the reward filter (``sft_on_success``) + forward_kl / jsd on them (``kd_on`` teacher/both)."""
+        from lit_rl.callbacks.rollout import RolloutCallback
+
+        rc = next(cb for cb in self.trainer.callbacks if isinstance(cb, RolloutCallback))
+        exp = batch.experience
+        seen, prompts = set(), []
+        for g, p in zip(exp.group_ids.tolist(), exp.prompts):
+            if g not in seen:
+                seen.add(g)
+                prompts.append(p)
+        texp, metrics = self.router().teacher_rollouts(self, prompts, rc.sampling, rc.rewards)
+        if texp is not None:
+            metrics.update(self._teacher_update(texp.to(self.device)))
+        for k, v in metrics.items():
+            self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
+
+    def _teacher_update(self, texp: Experience) -> dict[str, float]:
+        h, c = self.hparams, self.losses
+        opt = self.optimizers()
+        opt.zero_grad(set_to_none=True)
+        texp = texp.trim()
+        fwd = {"num_tokens": int(texp.loss_mask.sum()), "num_seqs": int(texp.loss_mask.any(-1).sum())}
+        kd = [n for n in ("forward_kl", "jsd") if n in c and self.kd_on != "student"]
+        stats: dict[str, float] = {}
+        for micro in texp.micro_batches(h.micro_batch_size):
+            logits = self.forward_logits(micro)  # (b, C, V)
+            lp = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
+            parts = {}
+            if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
+                ce = masked_cross_entropy(lp, micro.loss_mask)
+                parts["sft_on_success"] = c["sft_on_success"] * aggregate(
+                    ce, micro.loss_mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
+            if kd:
+                t_logits = self.router().teacher_logits(self, micro, kd[0])
+                f = dict(fwd, logits=logits)
+                parts.update({f"{k}_teacher_rollouts": v for k, v in
+                              self._full_vocab_terms(kd, logits, t_logits, micro.loss_mask, f).items()})
+            self.manual_backward(sum(parts.values()))
+            for k, v in parts.items():
+                stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
+        params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm) if params else torch.tensor(0.0)
+        if torch.isfinite(norm):
+            opt.step()
+        else:
+            opt.zero_grad(set_to_none=True)
+            self.skipped_steps += 1
+        stats["distill/teacher_step_grad_norm"] = float(norm)
+        return stats

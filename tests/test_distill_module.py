@@ -1,0 +1,140 @@
+"""DistillModule loss terms against hand-computed float64 values (one per loss branch), RL mixing, and config
+errors. The teacher is a stub returning fixed logits, so each term is checked in isolation."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from lit_rl.core.distill import teacher_topk
+from lit_rl.data.experience import Experience
+from lit_rl.modules.distill import DistillModule
+
+D = torch.float64
+P1, Q1 = [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]  # position 0: student, teacher
+P2, Q2 = [0.25, 0.25, 0.25, 0.25], [0.7, 0.1, 0.1, 0.1]  # position 1
+TOK = [2, 0]  # sampled tokens
+
+
+def _kl(a, b):
+    return sum(x * math.log(x / y) for x, y in zip(a, b))
+
+
+def _micro(mask=(True, True)):
+    return Experience(input_ids=torch.tensor([[7, *TOK]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
+                      loss_mask=torch.tensor([list(mask)]), prompt_len=1, group_ids=torch.zeros(1, dtype=torch.long),
+                      rewards=torch.zeros(1), valid=torch.ones(1, dtype=torch.bool),
+                      policy_version=torch.zeros(1, dtype=torch.long), domains=["d"])
+
+
+def _fwd(micro):
+    logits = torch.tensor([[P1, P2]], dtype=D).log().requires_grad_(True)  # (1, 2, V)
+    lp = torch.log_softmax(logits, -1).gather(-1, micro.completion_ids.unsqueeze(-1)).squeeze(-1)
+    m = micro.loss_mask
+    return {"logits": logits, "logprobs": lp, "mask": m, "num_tokens": int(m.sum()), "num_seqs": 1, "hidden": None}
+
+
+class _StubRouter:
+    def teacher_logits(self, module, micro, loss):
+        return torch.tensor([[Q1, Q2]], dtype=D).log()
+
+
+def _module(tiny_model_dir, **kw):
+    m = DistillModule(model=str(tiny_model_dir), **kw)
+    m.router = lambda: _StubRouter()  # instance attribute: no trainer needed
+    return m
+
+
+@pytest.mark.parametrize("coef", [1.0, 0.5])
+def test_reverse_kl_sampled_term(tiny_model_dir, coef):
+    m = _module(tiny_model_dir, losses={"reverse_kl_sampled": coef})
+    micro = _micro()
+    lq = [math.log(Q1[TOK[0]]), math.log(Q2[TOK[1]])]
+    lp = [math.log(P1[TOK[0]]), math.log(P2[TOK[1]])]
+    micro.extras["opd_advantages"] = torch.tensor([[-(lp[0] - lq[0]), -(lp[1] - lq[1])]], dtype=D)
+    out = m.extra_loss_terms(micro, _fwd(micro))
+    # ratio = 1 on-policy: ppo_clip per-token loss is −A; token_mean over 2 tokens
+    want = coef * ((lp[0] - lq[0]) + (lp[1] - lq[1])) / 2
+    assert out["reverse_kl_sampled"].item() == pytest.approx(want, rel=1e-12)
+
+
+def test_reverse_kl_full_term_and_masking(tiny_model_dir):
+    m = _module(tiny_model_dir, losses={"reverse_kl_full": 2.0})
+    micro = _micro()
+    assert m.extra_loss_terms(micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
+        2.0 * (_kl(P1, Q1) + _kl(P2, Q2)) / 2, rel=1e-12)
+    micro = _micro(mask=(True, False))  # a masked position contributes nothing
+    assert m.extra_loss_terms(micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
+        2.0 * _kl(P1, Q1), rel=1e-12)
+
+
+def test_forward_kl_term(tiny_model_dir):
+    m = _module(tiny_model_dir, losses={"forward_kl": 1.0})
+    micro = _micro()
+    got = m.extra_loss_terms(micro, _fwd(micro))["forward_kl"].item()
+    assert got == pytest.approx((_kl(Q1, P1) + _kl(Q2, P2)) / 2, rel=1e-12)
+
+
+def test_jsd_term(tiny_model_dir):
+    beta = 0.3
+    m = _module(tiny_model_dir, losses={"jsd": 1.0}, jsd_beta=beta)
+    micro = _micro()
+
+    def jsd(p, q):
+        mix = [beta * b + (1 - beta) * a for a, b in zip(p, q)]
+        return beta * _kl(q, mix) + (1 - beta) * _kl(p, mix)
+
+    got = m.extra_loss_terms(micro, _fwd(micro))["jsd"].item()
+    assert got == pytest.approx((jsd(P1, Q1) + jsd(P2, Q2)) / 2, rel=1e-12)
+
+
+def test_topk_reverse_kl_term(tiny_model_dir):
+    m = _module(tiny_model_dir, losses={"topk_reverse_kl": 1.0}, topk=1)
+    assert m.teacher_topk_k == 1
+    micro = _micro()
+    v, i, t = teacher_topk(torch.tensor([[Q1, Q2]], dtype=D).log(), 1)
+    micro.extras.update(teacher_topk_logprobs=v, teacher_topk_ids=i, teacher_tail_logprob=t)
+    # position 0: teacher top-1 = token 0 (0.4); position 1: token 0 (0.7)
+    k0 = 0.1 * math.log(0.1 / 0.4) + 0.9 * math.log(0.9 / 0.6)
+    k1 = 0.25 * math.log(0.25 / 0.7) + 0.75 * math.log(0.75 / 0.3)
+    got = m.extra_loss_terms(micro, _fwd(micro))["topk_reverse_kl"].item()
+    assert got == pytest.approx((k0 + k1) / 2, rel=1e-12)
+
+
+def test_combined_terms_each_present(tiny_model_dir):
+    m = _module(tiny_model_dir, losses={"reverse_kl_full": 1.0, "forward_kl": 0.5, "jsd": 0.25})
+    micro = _micro()
+    out = m.extra_loss_terms(micro, _fwd(micro))
+    assert set(out) == {"reverse_kl_full", "forward_kl", "jsd"}
+    assert out["forward_kl"].item() == pytest.approx(0.5 * (_kl(Q1, P1) + _kl(Q2, P2)) / 2, rel=1e-12)
+
+
+def test_rl_mixing_scales_reward_advantages_and_adds_opd(tiny_model_dir):
+    m = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, rl_coef=0.5, advantage="grpo",
+                std_normalize=False)
+    exp = Experience(input_ids=torch.tensor([[7, 2], [7, 0]]), attention_mask=torch.ones(2, 2, dtype=torch.long),
+                     loss_mask=torch.ones(2, 1, dtype=torch.bool), prompt_len=1,
+                     group_ids=torch.zeros(2, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]),
+                     valid=torch.ones(2, dtype=torch.bool), policy_version=torch.zeros(2, dtype=torch.long),
+                     rollout_logprobs=torch.tensor([[-1.0], [-2.0]]), teacher_logprobs=torch.tensor([[-0.5], [-3.0]]))
+    metrics = m.compute_advantages(exp)
+    torch.testing.assert_close(exp.advantages, torch.tensor([[0.25], [-0.25]]))  # 0.5 · (r − mean)
+    torch.testing.assert_close(exp.extras["opd_advantages"], torch.tensor([[0.5], [-1.0]]))  # −(log π − log π_T)
+    assert metrics["distill/reverse_kl"] == pytest.approx((-0.5 + 1.0) / 2)
+    m0 = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0})  # rl_coef 0: reward term off
+    m0.compute_advantages(exp)
+    assert torch.all(exp.advantages == 0)
+
+
+def test_config_errors(tiny_model_dir):
+    with pytest.raises(ValueError, match="unknown loss 'rkl'"):
+        DistillModule(model=str(tiny_model_dir), losses={"rkl": 1.0})
+    with pytest.raises(ValueError, match="jsd_beta"):
+        DistillModule(model=str(tiny_model_dir), losses={"jsd": 1.0}, jsd_beta=1.0)
+    with pytest.raises(ValueError, match="kd_on"):
+        DistillModule(model=str(tiny_model_dir), losses={"jsd": 1.0}, kd_on="both_ways")
+    with pytest.raises(ValueError, match="rl_coef"):
+        DistillModule(model=str(tiny_model_dir), rl_coef=-1.0)
+    m = DistillModule(model=str(tiny_model_dir), losses={"forward_kl": 1.0})
+    assert m.hparams.losses == {"forward_kl": 1.0} and m.hparams.model == str(tiny_model_dir)
