@@ -17,6 +17,7 @@ prompts and are not filtered.
 """
 from __future__ import annotations
 
+import math
 import random
 from collections import deque
 from collections.abc import Mapping
@@ -155,6 +156,8 @@ class Curriculum(L.Callback):
                  retired_weight: float = 0.0, retire_for: int | None = None, seed: int = 0):
         if key not in KEYS:
             raise ValueError(f"key={key!r}; valid values: {', '.join(KEYS)}")
+        if not math.isfinite(pass_threshold):
+            raise ValueError(f"pass_threshold must be a finite reward value, got {pass_threshold}")
         self.key, self.pass_threshold = key, pass_threshold
         self.tracker = PassRateTracker(mode, window, ema_decay, min_visits, solved_rate, unsolved_rate,
                                        retired_weight, retire_for)

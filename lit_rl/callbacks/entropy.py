@@ -38,8 +38,12 @@ class EntropyRegularization(L.Callback):
         if band is None:
             self.controller = FixedController(coef)
         else:
-            if len(band) != 2:
-                raise ValueError(f"band must be [low, high], got {band!r}")
+            if len(band) != 2 or not all(math.isfinite(b) for b in band) or band[0] > band[1]:
+                raise ValueError(f"band must be [low, high] with finite low <= high, got {band!r}")
+            if not (math.isfinite(step) and step >= 0):
+                raise ValueError(f"step must be a finite number >= 0, got {step}")
+            if not coef_min <= coef <= coef_max:  # also rejects NaN bounds
+                raise ValueError(f"coef={coef} must lie in [coef_min, coef_max] = [{coef_min}, {coef_max}]")
             self.controller = AdaptiveEntropyController(coef, float(band[0]), float(band[1]), step, coef_min, coef_max)
         self.adaptive = band is not None
         self._sum, self._count, self._rows = 0.0, 0, 0

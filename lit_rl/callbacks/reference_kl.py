@@ -19,6 +19,7 @@ import torch
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.core.logprobs import token_logprobs
+from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
 
@@ -58,6 +59,14 @@ class ReferenceKL(L.Callback):
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         if target_kl is not None and not target_kl > 0:
             raise ValueError(f"target_kl must be > 0 or null, got {target_kl}")
+        if not (math.isfinite(horizon) and horizon > 0):
+            raise ValueError(f"horizon must be a finite number > 0 (steps), got {horizon}")
+        if not (math.isfinite(kl_clip) and kl_clip >= 0):
+            raise ValueError(f"kl_clip must be a finite number >= 0, got {kl_clip}")
+        if log_ratio_clamp is not None and not log_ratio_clamp > 0:
+            raise ValueError(f"log_ratio_clamp must be > 0 or null, got {log_ratio_clamp}")
+        if dtype is not None:
+            resolve_dtype(dtype)
         self.path, self.kind, self.where = path, kind, where
         self.device, self.dtype, self.micro_batch_size = device, dtype, micro_batch_size
         self.log_ratio_clamp = log_ratio_clamp

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
+from lit_rl.models.loading import resolve_dtype
 
 HEADS = ("regression", "token")
 
@@ -63,6 +64,7 @@ class CriticModule(nn.Module):
         lo, hi = (float(x) for x in value_range)
         if not lo < hi:
             raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(value_range)}")
+        resolve_dtype(dtype)
         self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
         self.warmup_steps, self.init_from = warmup_steps, init_from
         self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone

@@ -174,7 +174,7 @@ class RewardPool:
         unknown = set(weights) - set(rewards)
         if unknown:
             raise ValueError(f"RewardPool: weights name unknown rewards {sorted(unknown)}; rewards are {sorted(rewards)}")
-        if timeout_s <= 0:
+        if not timeout_s > 0:  # `not >` also rejects NaN, which would disable the timeout
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
