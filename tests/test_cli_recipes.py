@@ -6,7 +6,7 @@ import pytest
 from lit_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce"]
+RECIPES = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce", "async"]
 
 
 def _run(tmp_path, monkeypatch, model_dir, *configs, steps=2, extra=()):

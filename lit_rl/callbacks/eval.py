@@ -44,7 +44,7 @@ class HeldoutEval(L.Callback):
             raise ValueError("HeldoutEval: the datamodule has no held-out prompts (heldout_prompts is empty)")
         ids = [render_prompt(p, pl_module.tokenizer) for p in prompts]
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
-        comps = rc.engine.generate(ids, 1, sp)
+        comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         correct = [float(self.scorer(p, t)) >= 1.0 for p, t in zip(prompts, texts)]
         rb = rc.rewards.score(prompts, texts)

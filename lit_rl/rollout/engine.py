@@ -91,8 +91,9 @@ class HFEngine:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         if not self.share_weights:
-            params = dict(self.model.named_parameters())
-            params.update(dict(self.model.named_buffers()))
+            # remove_duplicate=False: tied weights (lm_head = embeddings) appear under every name a state_dict uses
+            params = dict(self.model.named_parameters(remove_duplicate=False))
+            params.update(dict(self.model.named_buffers(remove_duplicate=False)))
             with torch.no_grad():
                 for name, t in named_tensors:
                     params[name].copy_(t)
