@@ -169,6 +169,7 @@ def test_checkpoint_carries_resume_state(reference):
 def test_sigkill_mid_rollout_then_resume_is_exact(reference, tmp_path, tiny_model_dir):
     kill_at = random.Random().randint(2, ITERATIONS)  # the iteration whose rollout is killed
     call = (kill_at - 1) * ROWS + random.Random().randint(1, ROWS)  # a reward call inside that rollout
+    print(f"killing iteration {kill_at} at reward call {call}")  # shown when the test fails
     cfg = _config(tmp_path, tiny_model_dir)
     killed = _fit(cfg, env={"LIT_RL_TEST_KILL_AT_CALL": str(call)})
     assert killed.returncode == -signal.SIGKILL, f"kill_at={kill_at}: {killed.stderr[-3000:]}"
@@ -190,6 +191,10 @@ def test_sigkill_during_checkpoint_write_keeps_previous_checkpoint(reference, tm
     assert last["lit_rl_policy"]["iteration"] == 3 and last["global_step"] == 3 * STEPS_PER_ITER
     names = sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt"))
     assert names == ["epoch=0-step=6.ckpt", "last.ckpt"], f"a torn checkpoint is visible under its name: {names}"
-    # The resumed run (in this process) continues from iteration 3 exactly.
+    (torn,) = (tmp_path / "ckpt").glob(".*.tmp")  # the half-written bytes reached the disk, under a temp name
+    with pytest.raises(Exception):
+        torch.load(torn, map_location="cpu", weights_only=True)
+    # The resumed run (in this process) continues from iteration 3 exactly; rewriting that file clears the debris.
     main(["fit", "--config", str(cfg), "--ckpt_path", "last"])
     _check_resumed(reference, tmp_path, resumed_from=3)
+    assert not list((tmp_path / "ckpt").glob(".*.tmp"))
