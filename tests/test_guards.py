@@ -24,8 +24,11 @@ def _fit(model_dir, callbacks, max_steps, **module_kw):
     module = PolicyModule(model=str(model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
                           **module_kw)
     rollout = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=1))
+    # no implicit ModelCheckpoint (it would write into the working directory): only the tests' own
+    enable_ckpt = any(isinstance(cb, ModelCheckpoint) for cb in callbacks)
     trainer = L.Trainer(max_steps=max_steps, max_epochs=-1, accelerator="cpu", logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[rollout, *callbacks])
+                        enable_checkpointing=enable_ckpt, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[rollout, *callbacks])
     return module, trainer, lambda: trainer.fit(module, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
 
 
