@@ -7,7 +7,29 @@ from lightning.pytorch.cli import LightningCLI
 
 
 class LitRLCLI(LightningCLI):
-    pass
+    def instantiate_trainer(self, **kwargs):
+        from lit_rl.checkpoint import use_atomic_checkpoint_io
+
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except Exception as e:  # Lightning's own refusal, plus the alternative that runs here
+            hint = _strategy_hint(str(e))
+            if hint is None:
+                raise
+            raise type(e)(f"{e}\n{hint}") from e
+        use_atomic_checkpoint_io(trainer)  # a kill mid-save must leave the previous checkpoint loadable
+        return trainer
+
+
+def _strategy_hint(message: str) -> str | None:
+    low = message.lower()
+    if "fsdp" in low and ("gpu" in low or "cuda" in low):
+        return ("lit_rl: on CPU use FSDP2 through ModelParallelStrategy instead: "
+                "-c configs/strategies/fsdp.yaml (or configs/strategies/ddp.yaml for plain data parallel).")
+    if "deepspeed" in low:
+        return ("lit_rl: DeepSpeed runs on GPU machines with `pip install deepspeed`; on CPU use "
+                "-c configs/strategies/fsdp.yaml (FSDP2 via ModelParallelStrategy) or configs/strategies/ddp.yaml.")
+    return None
 
 
 def main(args: list[str] | None = None) -> LitRLCLI:

@@ -6,6 +6,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
+import torch
+
+from lit_rl.core.value import explained_variance
 
 from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
@@ -27,13 +30,18 @@ class HeldoutEval(L.Callback):
     Accuracy is the fraction of prompts whose greedy completion scores ``>= 1`` with ``scorer`` (exact
     answer match by default); ``eval/reward_mean`` uses the RolloutCallback's reward pool. Prompts come
     from ``trainer.datamodule.heldout_prompts`` (first ``max_prompts``).
+
+    With a critic on the policy (PPO) and ``critic_eval=True``, it also samples ``group_size`` rollouts per
+    held-out prompt with the training sampling config and logs ``eval/critic_explained_variance``: the
+    critic's values against the returns on prompts it never trained on (a memorising critic scores ~0).
     """
 
     def __init__(self, every_n_steps: int = 10, max_prompts: int | None = None, max_new_tokens: int | None = None,
-                 scorer: Callable | None = None):
+                 scorer: Callable | None = None, critic_eval: bool = True):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         self.every_n_steps, self.max_prompts, self.max_new_tokens = every_n_steps, max_prompts, max_new_tokens
+        self.critic_eval = critic_eval
         self.scorer = scorer or ExactAnswerReward()
         self.history: list[dict[str, float]] = []
 
@@ -51,8 +59,20 @@ class HeldoutEval(L.Callback):
         ok = rb.total[rb.valid]
         out = {"eval/accuracy": sum(correct) / len(correct),
                "eval/reward_mean": float(ok.mean()) if len(ok) else math.nan}
+        if self.critic_eval and getattr(pl_module, "critic", None) is not None:
+            out["eval/critic_explained_variance"] = self._critic_ev(rc, pl_module, prompts, ids)
         self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
         return out
+
+    @torch.no_grad()
+    def _critic_ev(self, rc, pl_module, prompts, ids) -> float:
+        comps, rb, _ = rc._rollout(ids, prompts)  # sampled, as in training: returns vary within a prompt
+        exp = rc._experience(pl_module, prompts, ids, comps, rb)
+        pl_module.critic.attach_values(pl_module, exp)
+        pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
+        if exp.returns is None:
+            return math.nan
+        return explained_variance(exp.values, exp.returns, exp.loss_mask & exp.valid[:, None])
 
     def _log(self, pl_module, metrics):
         for k, v in metrics.items():

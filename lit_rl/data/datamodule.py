@@ -132,12 +132,19 @@ class PromptDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         if trainer is not None:  # this rank's share of each global batch (batch_size is per rank)
             self._sampler.rank, self._sampler.world = trainer.global_rank, trainer.world_size
+            if len(self.train_prompts) < self.batch_size * trainer.world_size:
+                raise ValueError(
+                    f"PromptDataModule: {len(self.train_prompts)} training prompts cannot fill one global batch of "
+                    f"batch_size={self.batch_size} × world_size={trainer.world_size}; lower batch_size or devices")
         return DataLoader(
             _ListDataset(self.train_prompts),
             batch_size=self.batch_size,
             sampler=self._sampler,
             collate_fn=collate_prompts,
             num_workers=0,  # prompt records are tiny; workers would only copy the sampler state away
+            # Its own generator: every new iterator (each epoch, and on resume) otherwise draws a seed from the
+            # global torch RNG that rollouts sample with, so a resumed run would sample differently.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def state_dict(self) -> dict[str, Any]:

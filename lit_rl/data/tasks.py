@@ -5,6 +5,7 @@ Splits are fixed by a seed so the held-out prompts are never trained on.
 """
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Callable
 
@@ -31,7 +32,8 @@ def _split(items: list, heldout_frac: float, seed: int) -> tuple[list, list]:
 
 @_task("addition")
 def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, answer_width: int | None = None,
-             max_sum: int | None = None, unary: bool = False, **_) -> tuple[list, list]:
+             max_sum: int | None = None, unary: bool = False, num_operands: int = 2, balance: bool = False,
+             **_) -> tuple[list, list]:
     """``"a+b="`` → ``"<a+b>"`` for all operand pairs 0..max_operand; held-out pairs are never trained on.
 
     ``answer_width`` zero-pads answers to a fixed number of digits (``"3+5="`` → ``"08"``), so a policy can
@@ -40,17 +42,45 @@ def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, 
     ``unary=True`` writes the operands as tally marks (``"|||+|||||="`` → ``"8"``): every held-out pair then
     has a sum the model has seen written as other tallies, which is what lets a tiny model generalise to
     unseen pairs within minutes (with decimal operands it memorises the training pairs first).
+    ``num_operands`` adds more terms (``"|+||+|||="`` → ``"6"``: 220 prompts with sums <= 9 instead of 55, so
+    every sum has several training prompts). ``balance=True`` repeats training prompts so every answer is
+    equally frequent (see ``_balance_by_answer``); held-out prompts are never repeated.
     """
-    pairs = [(a, b) for a in range(max_operand + 1) for b in range(max_operand + 1)
-             if max_sum is None or a + b <= max_sum]
+    if num_operands < 2:
+        raise ValueError(f"num_operands={num_operands!r} must be >= 2")
+    pairs = [t for t in itertools.product(range(max_operand + 1), repeat=num_operands)
+             if max_sum is None or sum(t) <= max_sum]
     train, held = _split(pairs, heldout_frac, seed)
 
-    def rec(a, b):
-        ans = str(a + b) if answer_width is None else str(a + b).zfill(answer_width)
-        text = f"{'|' * a}+{'|' * b}=" if unary else f"{a}+{b}="
-        return Prompt(prompt=text, answer=ans, domain="addition", uid=f"add-{a}-{b}")
+    def rec(*ops):
+        s = sum(ops)
+        ans = str(s) if answer_width is None else str(s).zfill(answer_width)
+        text = "+".join(("|" * a) if unary else str(a) for a in ops) + "="
+        return Prompt(prompt=text, answer=ans, domain="addition", uid="add-" + "-".join(map(str, ops)))
 
-    return [rec(*p) for p in train], [rec(*p) for p in held]
+    train_recs = [rec(*p) for p in train]
+    if balance:
+        train_recs = _balance_by_answer(train_recs)
+    return train_recs, [rec(*p) for p in held]
+
+
+def _balance_by_answer(recs: list[Prompt]) -> list[Prompt]:
+    """Repeat records so every answer has as many training entries as the most frequent one.
+
+    With several operands the sums are far from uniform (3 operands <= 9: 41 prompts sum to 9, 3 to 1); a
+    uniform draw then rarely shows small sums, and early RL drives them all to the answer of their more
+    common neighbours with probability ~1 — a group of identical wrong answers has zero reward variance,
+    so GRPO never corrects it. Equal answer frequencies keep every answer in play from the start.
+    """
+    by: dict[str, list[Prompt]] = {}
+    for r in recs:
+        by.setdefault(r.answer, []).append(r)
+    target = max(len(v) for v in by.values())
+    out = []
+    for ans in sorted(by):
+        group = by[ans]
+        out.extend(group[i % len(group)] for i in range(target))
+    return out
 
 
 @_task("reverse")

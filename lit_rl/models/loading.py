@@ -77,4 +77,7 @@ def merged_state_items(model):
         merged = copy.deepcopy(model).merge_and_unload()
         yield from ((n, p.detach()) for n, p in merged.state_dict().items())
         return
-    yield from ((n, p.detach()) for n, p in model.state_dict().items())
+    for n, p in model.state_dict().items():
+        # FSDP2 shards are DTensors: gather one full tensor at a time (a collective every rank runs in the
+        # same state_dict order), so the peak is one parameter, not the whole model.
+        yield n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()

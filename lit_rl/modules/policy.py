@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from torch import Tensor
 
+from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
 from lit_rl.core.advantages import ADVANTAGES, AdvantageInputs, compute_advantages
 from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
@@ -34,6 +35,11 @@ def _reduce(key: str, values: list[float]) -> float:
     if "min" in name:
         return min(values)
     return sum(values) / len(values)
+
+
+def _reduce_fx(key: str) -> str:
+    name = key.rsplit("/", 1)[-1]
+    return "max" if "max" in name else "min" if "min" in name else "mean"
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -122,14 +128,19 @@ class PolicyModule(L.LightningModule):
             raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
         if not 0 <= clip_low <= 1:
             raise ValueError(f"clip_low must be in [0, 1] (1.0 = no lower bound), got {clip_low}")
-        if clip_high <= 0:
+        if not clip_high > 0:  # `not >` also rejects NaN
             raise ValueError(f"clip_high must be > 0, got {clip_high}")
-        if dual_clip is not None and dual_clip <= 1:
+        if dual_clip is not None and not dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 or null, got {dual_clip}")
-        if max_grad_norm <= 0:
+        if not max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        if correction_cap <= 0:
+        if not correction_cap > 0:
             raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
+        for name, v in (("gamma", gamma), ("lam", lam)):
+            if not 0 <= v <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if logprob_chunk_size is not None and logprob_chunk_size < 1:
+            raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
         resolve_dtype(dtype)
         if tiny_if_missing is None:
             check_model_source(model)
@@ -157,6 +168,28 @@ class PolicyModule(L.LightningModule):
         torch.manual_seed(self.hparams.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
         self.tokenizer = load_tokenizer(self.model_path)
+
+    def configure_model(self) -> None:
+        """FSDP2 under Lightning's ``ModelParallelStrategy`` (which sets ``self.device_mesh``; a no-op otherwise).
+
+        Each decoder layer is its own ``fully_shard`` unit (all-gathered just for its forward/backward, so
+        peak memory stays near one layer's full weights), then the LM root (embeddings, tied head, norm)
+        and a critic's own parameters: every parameter must belong to some FSDP unit, or its gradient
+        would never be averaged across ranks.
+        """
+        mesh = getattr(self, "device_mesh", None)
+        if mesh is None or getattr(self, "_sharded", False):
+            return
+        from torch.distributed.fsdp import fully_shard
+
+        dp = mesh["data_parallel"] if mesh.mesh_dim_names and "data_parallel" in mesh.mesh_dim_names else mesh
+        for m in self.model.modules():
+            if type(m).__name__.endswith("DecoderLayer"):
+                fully_shard(m, mesh=dp)
+        fully_shard(self.model, mesh=dp)
+        if self.critic is not None and any(True for _ in self.critic.parameters()):
+            fully_shard(self.critic, mesh=dp)
+        self._sharded = True
 
     def configure_optimizers(self):
         params = [p for p in self.parameters() if p.requires_grad]
@@ -249,15 +282,18 @@ class PolicyModule(L.LightningModule):
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
+        # Across ranks: means are averaged (equal rows per rank), extremes stay extremes (as _reduce does)
+        distributed = self._trainer is not None and self._trainer.world_size > 1
         for k, v in metrics.items():
             if isinstance(v, float) and math.isnan(v):
                 continue
-            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size)
+            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
+                     sync_dist=distributed, reduce_fx=_reduce_fx(k))
 
     def _optimizer_step(self, opt, sched, mb: Experience) -> dict[str, float]:
         h = self.hparams
         mb = mb.trim()
-        fwd_common = {"num_tokens": int(mb.loss_mask.sum()), "num_seqs": int(mb.loss_mask.any(-1).sum())}
+        fwd_common = self._denominators(mb)
         opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
@@ -289,6 +325,20 @@ class PolicyModule(L.LightningModule):
         if sched is not None:
             sched.step()
         return stats
+
+    def _denominators(self, mb: Experience) -> dict[str, float]:
+        """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks.
+
+        DDP and FSDP average gradients over the W ranks, so rank r's loss must be Σ_r ℓ / (N_global / W)
+        for the average to be Σ ℓ / N_global: the loss a single process would compute on the global batch
+        (token_mean over *all* ranks' tokens, not the mean of per-rank means).
+        """
+        counts = torch.tensor([float(mb.loss_mask.sum()), float(mb.loss_mask.any(-1).sum())], dtype=torch.float64)
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1:
+            dev = self.device if self.device.type != "cpu" else torch.device("cpu")
+            counts = trainer.strategy.reduce(counts.to(dev), reduce_op="sum").cpu() / trainer.world_size
+        return {"num_tokens": float(counts[0]), "num_seqs": float(counts[1])}
 
     def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
         h = self.hparams
@@ -337,5 +387,28 @@ class PolicyModule(L.LightningModule):
         each added to the loss and logged as ``loss/<name>``. The base module adds none."""
         return {}
 
+    # ------------------------------------------------------------ checkpoint
+    # Exact resume (lit_rl/checkpoint.py): ``iteration`` seeds the minibatch shuffles and the critic warmup,
+    # the non-finite counters keep max_nonfinite_steps honest, and every rank's RNG states drive sampling.
+    _RESUME_ATTRS = ("iteration", "skipped_steps", "nonfinite_in_a_row")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["lit_rl_policy"] = {k: getattr(self, k) for k in self._RESUME_ATTRS}
+        checkpoint[RNG_KEY] = rng_checkpoint_state(self.trainer)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        for k, v in checkpoint.get("lit_rl_policy", {}).items():
+            setattr(self, k, v)
+        if self._trainer is not None:  # resuming fit (not load_from_checkpoint): RNG applied at the next batch
+            self._pending_rng = PendingRNG()
+            self._pending_rng.load(checkpoint, self._trainer.global_rank, self._trainer.world_size)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        if self._pending_rng is not None:
+            self._pending_rng.apply()
+            self._pending_rng = None
+        return batch
+
+    _pending_rng: PendingRNG | None = None
     _last_metrics: dict[str, float] = {}
     _old_logprob_s: float = 0.0

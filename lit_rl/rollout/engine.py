@@ -24,11 +24,14 @@ class SamplingConfig:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 32
+    # Seeded sampling: each prompt's n samples come from a generator seeded by (seed, engine call, prompt
+    # tokens), so they do not depend on which other prompts share the batch or the rank (DDP equivalence,
+    # reproducible rollouts). None = the global RNG (faster: one batched generate call).
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"sampling.temperature must be >= 0, got {self.temperature}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):  # also rejects NaN
+            raise ValueError(f"sampling.temperature must be a finite number >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
@@ -82,11 +85,18 @@ class HFEngine:
         self.model = None
         self.tokenizer = None
         self.policy_version = 0
+        self._calls = 0  # generate() calls so far: part of the seeded-sampling key
 
     def bind(self, module) -> None:
         """Attach to a policy module (called by RolloutCallback.setup)."""
         self.tokenizer = module.tokenizer
         src = module.model
+        trainer = getattr(module, "_trainer", None)
+        if self.share_weights and trainer is not None and _is_model_parallel(trainer.strategy):
+            # FSDP-sharded weights are all-gathered inside every forward: ranks would have to run the same
+            # number of generation steps in lock-step. A private full copy, synced by gathering each
+            # parameter once per sync, avoids that.
+            self.share_weights = False
         self.model = src if self.share_weights else copy.deepcopy(src).requires_grad_(False)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
@@ -108,9 +118,17 @@ class HFEngine:
         flat: list[Completion] = []
         was_training = self.model.training
         self.model.eval()
+        self._calls += 1
         try:
-            for s in range(0, len(rows), step):
-                flat.extend(self._generate(rows[s : s + step], sampling))
+            if sampling.seed is not None and sampling.temperature > 0:
+                for p in prompt_ids:  # one generate per prompt, under its own seed (see SamplingConfig.seed)
+                    key = _stable_seed(sampling.seed, self._calls, p)
+                    with torch.random.fork_rng(devices=[] if not torch.cuda.is_available() else None):
+                        torch.manual_seed(key)
+                        flat.extend(self._generate([p] * n, sampling))
+            else:
+                for s in range(0, len(rows), step):
+                    flat.extend(self._generate(rows[s : s + step], sampling))
         finally:
             self.model.train(was_training)
         return [flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
@@ -142,3 +160,19 @@ class HFEngine:
             else:
                 result.append(Completion(toks, lp[i].tolist(), "length"))
         return result
+
+
+def _stable_seed(seed: int, call: int, tokens: list[int]) -> int:
+    """A 63-bit seed from (seed, call, prompt tokens), stable across processes (unlike ``hash``)."""
+    import hashlib
+
+    h = hashlib.blake2b(repr((seed, call, tuple(tokens))).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & (2**63 - 1)
+
+
+def _is_model_parallel(strategy) -> bool:
+    try:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+    except ImportError:  # pragma: no cover - lightning is a core dependency
+        return False
+    return isinstance(strategy, ModelParallelStrategy)
