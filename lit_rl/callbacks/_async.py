@@ -215,18 +215,20 @@ class AsyncProducer:
 class PromptStream:
     """The prompt batches ``PromptDataModule``'s training loader yields, drawn independently of it.
 
-    The producer runs ahead of Lightning's loop, so it draws its own batches: the same endless shuffled
-    passes (same seed, same batch size) as the loader, hence the same prompts in the same order as a
-    synchronous run. ``pos`` (prompts drawn so far) is what a checkpoint stores.
+    The producer runs ahead of Lightning's loop, so it draws its own batches: a copy of the loader's sampler
+    (``template``: same seed, batch size, rank and world size), hence the same prompts in the same order as a
+    synchronous run. ``pos`` (this rank's prompts drawn so far) is what a checkpoint stores.
     """
 
-    def __init__(self, prompts: list, batch_size: int, seed: int, pos: int = 0):
+    def __init__(self, prompts: list, batch_size: int, seed: int, pos: int = 0, template=None):
+        import copy
+
         from lit_rl.data.datamodule import _InfiniteShuffle  # the loader's own sampler: identical order
 
         if not prompts:
             raise ValueError("async rollouts need a non-empty training prompt set (datamodule.train_prompts)")
         self.prompts, self.batch_size = prompts, batch_size
-        self._sampler = _InfiniteShuffle(len(prompts), seed)
+        self._sampler = copy.copy(template) if template is not None else _InfiniteShuffle(len(prompts), seed)
         self._sampler.pos = pos
         self._it = iter(self._sampler)
 

@@ -298,7 +298,8 @@ class RolloutCallback(L.Callback):
         # The engine may hold weights from before a checkpoint restore: load the learner's, keep the version.
         with self.engine_lock:
             self._load_weights(dict(merged_state_items(pl_module.model)), st["version"])
-        self._stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"])
+        self._stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
+                                    template=getattr(dm, "_sampler", None))
         rows = dm.batch_size * self.group_size
         capacity = (self.queue_size // rows) if self.queue_size is not None else self.max_staleness + 1
 

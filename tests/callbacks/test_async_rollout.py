@@ -333,3 +333,22 @@ def test_async_staleness_2_with_tis_learns_the_quickstart_task(tiny_model_dir):
     assert sum(reward[-20:]) / 20 >= sum(reward[:20]) / 20 + 0.3, reward
     assert max(int(s.max()) for s in rec.staleness) == 2
     assert "is/max_weight" in rec.metrics[-1] and "is/clipped_frac" in rec.metrics[-1]
+
+
+def test_prompt_stream_matches_the_training_loader_and_resumes_mid_stream():
+    from lit_rl.callbacks._async import PromptStream
+
+    def dm():
+        d = PromptDataModule(task="addition", task_args=TASK, batch_size=8)
+        d.setup()
+        return d, d.train_dataloader()
+
+    d1, loader = dm()
+    it = iter(loader)
+    want = [[p.uid for p in next(it).prompts] for _ in range(12)]  # spans several passes over 44 prompts
+    d2, _ = dm()
+    ps = PromptStream(d2.train_prompts, 8, d2.seed, template=d2._sampler)
+    assert [[p.uid for p in ps.next_batch()] for _ in range(12)] == want
+    assert ps.pos == 96 and d2._sampler.pos == 0  # its own copy: the loader's sampler is untouched
+    resumed = PromptStream(d2.train_prompts, 8, d2.seed, pos=40, template=d2._sampler)
+    assert [p.uid for p in resumed.next_batch()] == want[5]
