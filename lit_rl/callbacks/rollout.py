@@ -292,6 +292,12 @@ class RolloutCallback(L.Callback):
     # ----------------------------------------------------------------- async
     def on_train_start(self, trainer, pl_module) -> None:
         if self.mode != "async":
+            if trainer.global_step > 0 and not getattr(self.engine, "share_weights", False):
+                # Resumed: an engine with its own weights was bound in setup, before the checkpoint restored
+                # the learner; give it the restored weights under the checkpointed version.
+                version = self.engine.policy_version
+                self.engine.update_weights(merged_state_items(pl_module.model))
+                self.engine.policy_version = version
             return
         self._stop_producer()
         st, dm = self._async_state, trainer.datamodule
@@ -358,7 +364,8 @@ class RolloutCallback(L.Callback):
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
         return {"last_sync_step": self.last_sync_step, "counters": dict(self.counters), "rng": self.rng.getstate(),
                 "next_group": self._next_group, "policy_version": self.engine.policy_version,
-                "async": dict(self._async_state)}
+                "async": dict(self._async_state),
+                "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
@@ -367,6 +374,8 @@ class RolloutCallback(L.Callback):
         self._next_group = state["next_group"]
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
+        if state.get("engine") and hasattr(self.engine, "load_state_dict"):
+            self.engine.load_state_dict(state["engine"])
 
 
 def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine) -> None:

@@ -99,6 +99,14 @@ class HFEngine:
             self.share_weights = False
         self.model = src if self.share_weights else copy.deepcopy(src).requires_grad_(False)
 
+    def state_dict(self) -> dict:
+        """Checkpointed by RolloutCallback: the call count keys seeded sampling, so a resumed run samples
+        exactly what the uninterrupted one would."""
+        return {"calls": self._calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._calls = int(state.get("calls", 0))
+
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
         if not self.share_weights:
             # remove_duplicate=False: tied weights (lm_head = embeddings) appear under every name a state_dict uses

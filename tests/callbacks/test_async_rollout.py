@@ -42,14 +42,14 @@ def _lr(p):
 
 
 def _fit(model_dir, steps, mode="sync", k=1, engine=None, group_size=8, batch_size=8, extra=(), rc_kw=None,
-         **policy_kw):
+         task=TASK, **policy_kw):
     L.seed_everything(0)
     module = PolicyModule(model=str(model_dir), optimizer=_lr, **policy_kw)
     rc = RolloutCallback(engine=engine, rewards={"exact": ExactAnswerReward()}, group_size=group_size,
                          sampling=SamplingConfig(temperature=1.0, max_new_tokens=1), mode=mode, max_staleness=k,
                          **(rc_kw or {}))
     rec = Recorder()
-    dm = PromptDataModule(task="addition", task_args=TASK, batch_size=batch_size)
+    dm = PromptDataModule(task="addition", task_args=task, batch_size=batch_size)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[rc, rec, *extra])
@@ -318,13 +318,14 @@ def test_async_with_vllm_engine(tiny_model_dir):
 
 
 def test_async_staleness_2_with_tis_learns_the_quickstart_task(tiny_model_dir):
-    """The quickstart task (tally-mark addition, GRPO, 16 prompts x 16 samples, lr 1e-3) in async mode with
+    """The quickstart task (three tally-mark operands, GRPO, 16 prompts x 16 samples, lr 1e-3) in async mode with
     max_staleness=2 and token-level TIS (cap 2): held-out greedy accuracy rises by >= 30 points and the
     training reward clearly rises, while rows really are up to 2 versions old. (Async runs are not bit-
     reproducible for k > 0: which snapshot generates which batch depends on thread timing; observed peaks
     0.36-0.82 held-out accuracy at 200 steps.)"""
     ev = HeldoutEval(every_n_steps=25)
     _, _, rec = _fit(tiny_model_dir, steps=200, mode="async", k=2, group_size=16, batch_size=16, extra=[ev],
+                     task={**TASK, "num_operands": 3},
                      rollout_correction="tis", correction_level="token", correction_cap=2.0)
     acc = [h["eval/accuracy"] for h in ev.history]
     assert acc[0] <= 0.15, acc  # a random-init model cannot do the task
