@@ -125,3 +125,15 @@ def test_two_nodes_one_process_each_equals_one(single, tmp_path):
     _wait(procs)
     assert torch.load(out)["world_size"] == 2
     assert _max_diff(ref, out) <= 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stage", ["deepspeed_zero2", "deepspeed_zero3"])
+def test_deepspeed_fragments_train_on_gpu(tmp_path, tiny_model_dir, stage):
+    """GPU only (Lightning's DeepSpeed strategy refuses CPU): never run on this project's CPU CI, unverified."""
+    pytest.importorskip("deepspeed")
+    cfg = _config(tmp_path, tiny_model_dir, steps=2)
+    out = tmp_path / f"{stage}.pt"
+    _wait([_run(out, cfg, "-c", str(ROOT / f"configs/strategies/{stage}.yaml"), "--trainer.devices", "1",
+                "--trainer.accelerator", "gpu")])
+    assert torch.load(out)["world_size"] == 1
