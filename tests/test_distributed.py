@@ -96,19 +96,12 @@ def test_training_moved_the_parameters(single, tiny_model_dir):
     assert moved > 1e-3, moved
 
 
-def test_ddp_two_processes_equals_one(single, tmp_path):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_equal_one(single, tmp_path, strategy):
+    """DDP and FSDP2 (FSDP2Strategy): 2 ranks × 8 prompts train exactly like 1 rank × 16."""
     cfg, ref, _ = single
-    out = tmp_path / "ddp.pt"
-    _wait([_run(out, cfg, "-c", str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2",
-                "--data.init_args.batch_size", "8")])
-    assert torch.load(out)["world_size"] == 2
-    assert _max_diff(ref, out) <= 1e-5
-
-
-def test_fsdp2_two_processes_equals_one(single, tmp_path):
-    cfg, ref, _ = single
-    out = tmp_path / "fsdp.pt"
-    _wait([_run(out, cfg, "-c", str(ROOT / "configs/strategies/fsdp.yaml"), "--trainer.devices", "2",
+    out = tmp_path / f"{strategy}.pt"
+    _wait([_run(out, cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"), "--trainer.devices", "2",
                 "--data.init_args.batch_size", "8")])
     assert torch.load(out)["world_size"] == 2
     assert _max_diff(ref, out) <= 1e-5
