@@ -109,12 +109,23 @@ def test_attach_values_masks_padding_and_matches_predict(tiny_model_dir):
 def test_detach_backbone_stops_value_gradient_at_the_backbone(tiny_model_dir):
     for detach, expect_backbone_grad in ((True, False), (False, True)):
         mod = _module(tiny_model_dir, CriticModule(detach_backbone=detach, value_clip=None))
+        with torch.no_grad():  # the head starts at zero, which alone would block the backbone gradient
+            mod.critic.head.weight.fill_(0.1)
         exp = _experience()
         exp.values, exp.returns = torch.zeros(2, 3), torch.ones(2, 3)
         mod.critic.loss_terms(mod, exp, _fwd(mod, exp))["value"].backward()
         grads = [p.grad for p in mod.model.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
         assert bool(grads) is expect_backbone_grad
         assert mod.critic.head.weight.grad.abs().sum() > 0
+
+
+def test_regression_head_starts_at_zero_value(tiny_model_dir):
+    """V ≡ 0 before training: first advantages are the rewards, and no value-loss gradient reaches a shared
+    backbone until the head has moved (a random head gave |V| ~ 1 and collapsed PPO's entropy)."""
+    mod = _module(tiny_model_dir, CriticModule())
+    exp = _experience()
+    mod.critic.attach_values(mod, exp)
+    assert bool((exp.values == 0).all())
 
 
 def test_bad_input_errors(tiny_model_dir, tiny_llama_dir):
@@ -143,6 +154,9 @@ def _fit(mod, steps):
 def test_ppo_with_critic_runs_through_lightning(tiny_model_dir, critic_kw):
     mod = _module(tiny_model_dir, CriticModule(**critic_kw), advantage="gae", lam=0.95, ppo_epochs=2,
                   minibatch_size=4)
+    with torch.no_grad():  # non-zero values, so the value loss has a gradient even if every reward is 0
+        torch.manual_seed(0)
+        mod.critic.head.weight.normal_(std=0.1)
     head0 = mod.critic.head.weight.detach().clone()
     trainer = _fit(mod, steps=2)
     m = trainer.callback_metrics
@@ -168,6 +182,9 @@ def test_value_only_warmup_leaves_a_detached_policy_untouched(tiny_model_dir):
     mod = _module(tiny_model_dir, CriticModule(warmup_steps=1, detach_backbone=True), advantage="gae",
                   optimizer=functools.partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0))
     before = [p.detach().clone() for p in mod.model.parameters()]
+    with torch.no_grad():  # non-zero values: the value loss has a gradient even if every reward is 0
+        torch.manual_seed(0)
+        mod.critic.head.weight.normal_(std=0.1)
     head0 = mod.critic.head.weight.detach().clone()
     _fit(mod, steps=1)
     assert all(torch.equal(a, b) for a, b in zip(before, mod.model.parameters()))

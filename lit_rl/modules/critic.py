@@ -90,7 +90,11 @@ class CriticModule(nn.Module):
             config, tokenizer = self.backbone.config, load_tokenizer(path)
         if self.head_type == "regression":
             self.head = nn.Linear(config.hidden_size, 1)  # float32: values are regressed in full precision
-            nn.init.normal_(self.head.weight, std=1.0 / (config.hidden_size + 1) ** 0.5)
+            # Zero init: V ≡ 0 at the start, so the first advantages are the rewards themselves and the value
+            # loss sends no gradient into a shared backbone until the head has learned something. A random head
+            # gives |V| ~ 1 on normalised hidden states: wrong answers then get positive advantages wherever
+            # V < 0, which drove PPO's entropy to collapse within 40 iterations on the quickstart task.
+            nn.init.zeros_(self.head.weight)
             nn.init.zeros_(self.head.bias)
         else:
             self.token_ids = _single_token_ids(tokenizer, self.yes_token, self.no_token)
