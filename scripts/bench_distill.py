@@ -97,7 +97,7 @@ def main(argv=None) -> None:
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--student-layers", type=int, default=2)
     ap.add_argument("--student-hidden", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--runs", default="grpo,reverse_kl_sampled,reverse_kl_full")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
