@@ -11,7 +11,29 @@ import torch
 
 from lit_rl.cli import main
 
+def _break_engine_on_rank(spec: str) -> None:
+    """``KILL_ENGINE=rank:call``: that rank's HFEngine dies (raises) on its call-th generate — a rollout engine
+    crash on one rank only; the others are left waiting in the next collective."""
+    import os
+
+    from lit_rl.rollout.engine import HFEngine
+
+    rank, call = (int(x) for x in spec.split(":"))
+    original = HFEngine.generate
+
+    def generate(self, *a, **kw):
+        if int(os.environ.get("LOCAL_RANK", "0")) == rank and self._calls + 1 >= call:
+            raise RuntimeError(f"test: rollout engine on rank {rank} died")
+        return original(self, *a, **kw)
+
+    HFEngine.generate = generate
+
+
 if __name__ == "__main__":
+    import os
+
+    if os.environ.get("KILL_ENGINE"):
+        _break_engine_on_rank(os.environ["KILL_ENGINE"])
     out, args = sys.argv[1], sys.argv[2:]
     cli = main(args)
     state = {}

@@ -130,3 +130,24 @@ def test_deepspeed_fragments_train_on_gpu(tmp_path, tiny_model_dir, stage):
     _wait([_run(out, cfg, "-c", str(ROOT / f"configs/strategies/{stage}.yaml"), "--trainer.devices", "1",
                 "--trainer.accelerator", "gpu")])
     assert torch.load(out)["world_size"] == 1
+
+
+def test_a_dead_engine_on_one_rank_fails_the_job_within_a_bound(tmp_path, tiny_model_dir):
+    """Rank 1's engine raises on its 2nd rollout while rank 0 goes on into the next collective: the whole job
+    must exit non-zero, and quickly (the peer's closed connection fails rank 0's collective), never hang."""
+    import time
+
+    cfg = _config(tmp_path, tiny_model_dir, steps=4)
+    t0 = time.monotonic()
+    proc, _ = _run(tmp_path / "never.pt", cfg, "-c", str(ROOT / "configs/strategies/ddp.yaml"),
+                   "--trainer.devices", "2", "--data.init_args.batch_size", "8", env={"KILL_ENGINE": "1:2"})
+    try:
+        log = proc.communicate(timeout=300)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("a rank's dead engine left the job hanging for 300 s")
+    assert proc.returncode != 0
+    assert "rollout engine on rank 1 died" in log
+    assert time.monotonic() - t0 < 300
+    assert not (tmp_path / "never.pt").exists()
+
