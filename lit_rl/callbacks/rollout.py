@@ -25,7 +25,7 @@ import lightning as L
 import torch
 
 from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, split_fresh, staleness
-from lit_rl.data.experience import Experience
+from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import merged_state_items
 from lit_rl.modules.protocols import experience_hooks
@@ -240,20 +240,13 @@ class RolloutCallback(L.Callback):
         G = self.group_size
         rows_p = [p for p in ids for _ in range(G)]
         rows_c = [c for group in comps for c in group]
-        B, P = len(rows_c), max(len(p) for p in ids)
-        C = max(1, max(len(c.token_ids) for c in rows_c))
-        input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
-        att = torch.zeros((B, P + C), dtype=torch.long)
-        loss_mask = torch.zeros((B, C), dtype=torch.bool)
+        input_ids, att, loss_mask, P = pad_prompts_completions(tok.pad_token_id, rows_p,
+                                                               [c.token_ids for c in rows_c])
+        B, C = loss_mask.shape
         rlp = torch.zeros((B, C), dtype=torch.float32)
-        for i, (p, c) in enumerate(zip(rows_p, rows_c)):
-            n = len(c.token_ids)
-            input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-            att[i, P - len(p):P + n] = 1
-            if n:
-                input_ids[i, P:P + n] = torch.tensor(c.token_ids, dtype=torch.long)
-                loss_mask[i, :n] = True
-                rlp[i, :n] = torch.tensor(c.logprobs, dtype=torch.float32)
+        for i, c in enumerate(rows_c):
+            if c.token_ids:
+                rlp[i, :len(c.token_ids)] = torch.tensor(c.logprobs, dtype=torch.float32)
         first = self._next_group
         self._next_group += len(ids)
         group_ids = torch.arange(first, first + len(ids)).repeat_interleave(G)

@@ -23,7 +23,7 @@ import torch
 
 from lit_rl.core.distill import teacher_topk
 from lit_rl.core.logprobs import token_logprobs
-from lit_rl.data.experience import Experience
+from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
 
 SELF_SOURCES = ("self", "self_frozen")
@@ -429,16 +429,8 @@ class TeacherRouter(L.Callback):
 
 def _pack(tok, p_ids: list[list[int]], c_ids: list[list[int]], recs: list[Prompt], rewards) -> Experience:
     """Left-padded prompts | right-padded completions as an Experience (loss mask = completion tokens)."""
-    B, P, C = len(p_ids), max(map(len, p_ids)), max(1, max(map(len, c_ids)))
-    input_ids = torch.full((B, P + C), tok.pad_token_id, dtype=torch.long)
-    att = torch.zeros((B, P + C), dtype=torch.long)
-    mask = torch.zeros((B, C), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(p_ids, c_ids)):
-        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        att[i, P - len(p):P + len(c)] = 1
-        if c:
-            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[i, :len(c)] = True
+    input_ids, att, mask, P = pad_prompts_completions(tok.pad_token_id, p_ids, c_ids)
+    B = len(p_ids)
     return Experience(input_ids=input_ids, attention_mask=att, loss_mask=mask, prompt_len=P,
                       group_ids=torch.arange(B), rewards=rewards, valid=torch.ones(B, dtype=torch.bool),
                       policy_version=torch.zeros(B, dtype=torch.long), prompts=list(recs),

@@ -177,3 +177,23 @@ class Experience:
                 v = {k: t[:, :keep_c] if t.dim() == 2 else t for k, t in v.items()}
             kw[f.name] = v
         return Experience(**kw)
+
+
+def pad_prompts_completions(pad_id: int, prompts: list[list[int]], completions: list[list[int]]
+                            ) -> tuple[Tensor, Tensor, Tensor, int]:
+    """The Experience layout from token lists: prompts left-padded to P, completions right-padded to C.
+
+    Returns ``input_ids`` (B, P+C), ``attention_mask`` (B, P+C), ``loss_mask`` (B, C) (True on completion
+    tokens) and P. C is at least 1 so an all-empty batch still has a completion column.
+    """
+    B, P, C = len(prompts), max(map(len, prompts)), max(1, max(map(len, completions)))
+    input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
+    att = torch.zeros((B, P + C), dtype=torch.long)
+    mask = torch.zeros((B, C), dtype=torch.bool)
+    for i, (p, c) in enumerate(zip(prompts, completions)):
+        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
+        att[i, P - len(p):P + len(c)] = 1
+        if c:
+            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, :len(c)] = True
+    return input_ids, att, mask, P

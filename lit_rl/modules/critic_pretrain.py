@@ -17,7 +17,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_rl.data.experience import Experience
+from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.modules.critic import CriticModule
 
 CRITIC_FILE = "critic.pt"
@@ -39,15 +39,8 @@ def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experienc
     """Left-padded prefixes | right-padded completions, ``returns`` = each record's target on its tokens."""
     pre = [tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records]
     com = [tokenizer.encode(r["completion"], add_special_tokens=False) for r in records]
-    B, P, C = len(records), max(map(len, pre)), max(1, max(map(len, com)))
-    ids = torch.full((B, P + C), tokenizer.pad_token_id, dtype=torch.long)
-    att = torch.zeros((B, P + C), dtype=torch.long)
-    mask = torch.zeros((B, C), dtype=torch.bool)
-    for i, (p, c) in enumerate(zip(pre, com)):
-        ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-        att[i, P - len(p):P + len(c)] = 1
-        mask[i, :len(c)] = True
+    ids, att, mask, P = pad_prompts_completions(tokenizer.pad_token_id, pre, com)
+    B = len(records)
     target = torch.tensor([float(r["target"]) for r in records])
     exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P, group_ids=torch.arange(B),
                      rewards=target, valid=torch.ones(B, dtype=torch.bool),
