@@ -18,6 +18,18 @@ from lit_rl.models.tiny import build_tiny_model
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char"}
 
 
+class Spy(torch.nn.Module):
+    """Wraps a real teacher model and records every batch of input ids it is asked to score."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.seen = inner, []
+
+    def forward(self, input_ids=None, **kw):
+        self.seen.append(input_ids.detach().cpu().clone())
+        return self.inner(input_ids=input_ids, **kw)
+
+
 def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int = 0, lr: float = 3e-3,
               base: str | None = None, **tiny) -> Path:
     """A tiny model trained with CE on ``pairs`` (prompt text, completion text; eos appended), saved to out_dir."""
@@ -52,8 +64,11 @@ def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int
 
 
 @torch.no_grad()
-def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, tokenizer=None) -> float:
-    """Fraction of prompts whose greedy completion (special tokens dropped, stripped) equals the answer."""
+def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, tokenizer=None,
+                    per_char: bool = False) -> float:
+    """Fraction of prompts whose greedy completion (special tokens dropped, stripped) equals the answer; with
+    ``per_char``, the fraction of answer characters the completion gets right at their position (partial
+    credit, so progress shows before whole answers are right)."""
     if isinstance(model_or_path, (str, Path)):
         model, tokenizer = load_causal_lm(str(model_or_path)), load_tokenizer(str(model_or_path))
     else:
@@ -72,8 +87,11 @@ def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, t
                          max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
                          pad_token_id=tokenizer.pad_token_id)
     model.train(was)
-    texts = tokenizer.batch_decode(out[:, P:], skip_special_tokens=True)
-    return sum(t.strip() == str(p.answer) for t, p in zip(texts, prompts)) / len(prompts)
+    texts = [t.strip() for t in tokenizer.batch_decode(out[:, P:], skip_special_tokens=True)]
+    if per_char:
+        hits = sum(sum(a == b for a, b in zip(t, str(p.answer))) for t, p in zip(texts, prompts))
+        return hits / sum(len(str(p.answer)) for p in prompts)
+    return sum(t == str(p.answer) for t, p in zip(texts, prompts)) / len(prompts)
 
 
 def write_jsonl(path, prompts: list[Prompt]) -> str:

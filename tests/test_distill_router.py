@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _distill_helpers import Spy
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack, privileged_prompt, teacher_view
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.prompts import Prompt, render_prompt
@@ -13,18 +14,6 @@ from lit_rl.models.tiny import build_tiny_model
 from lit_rl.modules.policy import PolicyModule
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char"}
-
-
-class Spy(torch.nn.Module):
-    """Wraps a real teacher model and records every batch of input ids it is asked to score."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.seen = inner, []
-
-    def forward(self, input_ids=None, **kw):
-        self.seen.append(input_ids.clone())
-        return self.inner(input_ids=input_ids, **kw)
 
 
 @pytest.fixture(scope="module")
