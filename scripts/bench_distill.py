@@ -7,11 +7,12 @@
    GRPO alone at the quickstart's learning rate (1e-3; 3e-3 stalls at 0.32), with the quickstart's 16 prompts x 16
    samples and with 64 x 4; on-policy distillation from the teacher at lr 3e-3 (``reverse_kl_full``: exact
    reverse KL over the vocabulary, 16 x 16 and 64 x 4; ``reverse_kl_sampled``: the per-token reverse-KL
-   advantage). Distillation needs no group baseline, so more distinct prompts per step is its natural shape.
-   ``--runs`` takes ``name[@lr][:PxG]``. Held-out greedy accuracy every ``--eval-every`` steps.
+   advantage, without and with the leave-one-out baseline). The full-vocabulary loss needs no group, so
+   more distinct prompts per step is its natural shape. ``--runs`` takes ``name[+baseline][@lr][:PxG]``.
+   Held-out greedy accuracy every ``--eval-every`` steps.
 4. Prints both curves side by side and the optimizer steps to reach 50% and 80% of the teacher's accuracy.
 
-    python scripts/bench_distill.py                    # ~7 min on 2 quiet CPU cores (3 of them training the teacher)
+    python scripts/bench_distill.py                    # ~8 min on 2 quiet CPU cores (3 of them training the teacher)
     python scripts/bench_distill.py --teacher runs/quickstart/final_model
 """
 from __future__ import annotations
@@ -104,9 +105,10 @@ def main(argv=None) -> None:
     ap.add_argument("--student-hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3, help="default lr of every run without its own @lr")
     ap.add_argument("--runs", default="grpo@recipe,grpo@recipe:64x4,reverse_kl_full,reverse_kl_full:64x4,"
-                    "reverse_kl_sampled:64x4",
-                    help="comma list of grpo | <distill loss>, each optionally @<lr> (@recipe = the quickstart's "
-                    "lr) and :<prompts>x<samples> per step (default: the quickstart's 16x16)")
+                    "reverse_kl_sampled:64x4,reverse_kl_sampled+baseline:64x4",
+                    help="comma list of grpo | <distill loss>[+baseline], each optionally @<lr> (@recipe = the "
+                    "quickstart's lr) and :<prompts>x<samples> per step (default: the quickstart's 16x16); "
+                    "+baseline = opd_baseline (leave-one-out) for reverse_kl_sampled")
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     qs = quickstart()
@@ -133,7 +135,9 @@ def main(argv=None) -> None:
                 curves[label] = run(f"GRPO alone, {label}", PolicyModule(**common), None, qs, a.steps, a.eval_every,
                                     shape)
             else:
-                curves[label] = run(f"OPD {label}", DistillModule(**common, losses={name: 1.0}), teacher, qs,
+                loss, _, extra = name.partition("+")
+                mod = DistillModule(**common, losses={loss: 1.0}, opd_baseline=extra == "baseline")
+                curves[label] = run(f"OPD {label}", mod, teacher, qs,
                                     a.steps, a.eval_every, shape)
             if t_acc is None:  # teacher given: measure it with the same evaluation (greedy, held-out)
                 t_acc = _teacher_acc(teacher, qs)

@@ -125,6 +125,9 @@ def test_rl_mixing_scales_reward_advantages_and_adds_opd(tiny_model_dir):
     m0 = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0})  # rl_coef 0: reward term off
     m0.compute_advantages(exp)
     assert torch.all(exp.advantages == 0)
+    mb = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, opd_baseline=True)  # leave-one-out, same group
+    mb.compute_advantages(exp)
+    torch.testing.assert_close(exp.extras["opd_advantages"], torch.tensor([[0.5 - (-1.0)], [-1.0 - 0.5]]))
 
 
 def test_config_errors(tiny_model_dir):
@@ -136,5 +139,9 @@ def test_config_errors(tiny_model_dir):
         DistillModule(model=str(tiny_model_dir), losses={"jsd": 1.0}, kd_on="both_ways")
     with pytest.raises(ValueError, match="rl_coef"):
         DistillModule(model=str(tiny_model_dir), rl_coef=-1.0)
+    with pytest.raises(ValueError, match="opd_baseline only affects reverse_kl_sampled"):
+        DistillModule(model=str(tiny_model_dir), losses={"forward_kl": 1.0}, opd_baseline=True)
+    with pytest.raises(TypeError, match="opd_baseline must be true or false"):
+        DistillModule(model=str(tiny_model_dir), opd_baseline="yes")
     m = DistillModule(model=str(tiny_model_dir), losses={"forward_kl": 1.0})
     assert m.hparams.losses == {"forward_kl": 1.0} and m.hparams.model == str(tiny_model_dir)

@@ -444,6 +444,21 @@ def gae(inp: AdvantageInputs) -> AdvantageOutputs:
     return AdvantageOutputs(adv, ret, _to_floats(metrics))
 
 
+def _loo_position_mean(x: Tensor, sel: Tensor, group_ids: Tensor | None) -> Tensor:
+    """(B, T): for each row i and position t, the mean of x[j, t] over the other rows j of i's group with
+    sel[j, t] (0 where there is none, and on unselected entries). ``group_ids=None`` = one group."""
+    B = x.shape[0]
+    inv = (torch.zeros(B, dtype=torch.long, device=x.device) if group_ids is None
+           else torch.unique(group_ids, return_inverse=True)[1])
+    w = sel.to(x.dtype)
+    n_groups = int(inv.max()) + 1 if B else 0
+    tot = x.new_zeros((n_groups, x.shape[1])).index_add_(0, inv, x * w)  # (G, T)
+    cnt = x.new_zeros((n_groups, x.shape[1])).index_add_(0, inv, w)  # (G, T)
+    others = cnt[inv] - w
+    mean = (tot[inv] - x * w) / others.clamp_min(1)
+    return torch.where(sel & (others > 0), mean, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 @ADVANTAGES.register("opd")
 def opd(inp: AdvantageInputs) -> AdvantageOutputs:
     """On-policy distillation with a per-token reverse-KL reward (GKD, arXiv 2306.13649; Thinking
@@ -455,6 +470,13 @@ def opd(inp: AdvantageInputs) -> AdvantageOutputs:
     lower variance than summing future log-ratios. ``rewards`` are not read (pass zeros);
     ``valid=False`` rows still get 0.
 
+    ``baseline=True`` subtracts, at each position t, the mean advantage of the *other* valid rows of the
+    row's group that have an action token at t (leave-one-out, as RLOO does for rewards; 0 when there is no
+    other). The other rows are independent samples of the same prompt, so the baseline does not depend on
+    row i's tokens and the gradient stays unbiased; it removes the −KL offset every sample of a prompt shares,
+    which otherwise makes the update push down almost every sampled token (a confident teacher gives wrong
+    tokens log π_T ≈ −15 but right ones only ≈ 0).
+
     Shapes:
         logprobs, teacher_logprobs: (B, T); mask: (B, T); returns advantages (B, T), returns None.
     """
@@ -465,6 +487,8 @@ def opd(inp: AdvantageInputs) -> AdvantageOutputs:
     sel = _action_mask(inp)
     log_ratio = _token_field(inp, "logprobs", dt) - _token_field(inp, "teacher_logprobs", dt)  # (B, T)
     adv = -log_ratio
+    if inp.baseline:
+        adv = adv - _loo_position_mean(adv, sel, inp.group_ids)
     metrics = _token_metrics(adv, sel, int((~inp.valid_rows()).sum()))
     metrics["opd/reverse_kl"] = masked_mean(log_ratio, sel)
     return AdvantageOutputs(adv, None, _to_floats(metrics))

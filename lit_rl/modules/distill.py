@@ -51,10 +51,13 @@ class DistillModule(PolicyModule):
         jsd_beta: β of ``jsd`` in (0, 1) (weight of the teacher in the mixture).
         topk: k of ``topk_reverse_kl``.
         kd_on: ``student`` | ``teacher`` | ``both``: rollouts the forward_kl / jsd terms read.
+        opd_baseline: ``reverse_kl_sampled`` subtracts the leave-one-out group mean of the per-token
+            advantage at each position (``core.advantages`` "opd" with ``baseline``; unbiased, lower variance).
     """
 
     def __init__(self, *args, losses: dict[str, float] | None = None, rl_coef: float = 0.0,
-                 jsd_beta: float = 0.5, topk: int = 16, kd_on: str = "student", **kwargs):
+                 jsd_beta: float = 0.5, topk: int = 16, kd_on: str = "student", opd_baseline: bool = False,
+                 **kwargs):
         losses = check_losses(losses if losses is not None else {"reverse_kl_sampled": 1.0})
         if not (rl_coef >= 0 and rl_coef < float("inf")):
             raise ValueError(f"rl_coef must be a finite number >= 0, got {rl_coef}")
@@ -67,7 +70,12 @@ class DistillModule(PolicyModule):
         if kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
             raise ValueError(f"kd_on={kd_on!r} only affects forward_kl / jsd, which are not in losses {sorted(losses)}")
         super().__init__(*args, **kwargs)
+        if not isinstance(opd_baseline, bool):
+            raise TypeError(f"opd_baseline must be true or false, got {opd_baseline!r}")
+        if opd_baseline and "reverse_kl_sampled" not in losses:
+            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses {sorted(losses)}")
         self.losses, self.rl_coef, self.jsd_beta, self.topk, self.kd_on = losses, rl_coef, jsd_beta, topk, kd_on
+        self.opd_baseline = opd_baseline
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
 
     # ------------------------------------------------------------ teachers
@@ -102,7 +110,8 @@ class DistillModule(PolicyModule):
                     pol = self.completion_logprobs(exp).float()
             out = compute_advantages("opd", AdvantageInputs(
                 rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
-                teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid)))
+                teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),
+                group_ids=exp.group_ids, baseline=self.opd_baseline))
             exp.extras["opd_advantages"] = out.advantages.float()  # (B, C)
             metrics.update({f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")})
         return metrics

@@ -60,7 +60,8 @@ class PolicyModule(L.LightningModule):
         dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``).
         lora: peft ``LoraConfig`` keyword arguments (e.g. ``{r: 8, lora_alpha: 16}``); None = full fine-tune.
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
-        std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline).
+        std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
+            opd's leave-one-out per-position group baseline).
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).

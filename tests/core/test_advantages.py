@@ -210,6 +210,52 @@ def test_opd_negative_log_ratio_on_action_tokens():
     assert out.metrics["opd/reverse_kl"] == pytest.approx(-0.25, rel=1e-12)
 
 
+def test_opd_leave_one_out_baseline_per_position():
+    # a = teacher − student log-prob; rows 0-2 and the invalid row 4 share group 0, row 3 is alone in group 1
+    a = t64([[1.0, 2.0], [3.0, -1.0], [-2.0, 4.0], [5.0, 0.5], [7.0, 7.0]])
+    mask = torch.tensor([[T_, T_], [T_, F_], [T_, T_], [T_, T_], [T_, T_]])
+    inp = AdvantageInputs(torch.zeros(5, dtype=F64), mask, group_ids=torch.tensor([0, 0, 0, 1, 0]),
+                          valid=torch.tensor([T_, T_, T_, T_, F_]), logprobs=torch.full((5, 2), -1.0, dtype=F64),
+                          teacher_logprobs=a - 1.0, baseline=True)
+    out = compute_advantages("opd", inp)
+    # t=0: others of row 0 are {3, -2} -> 1 - 0.5; row 1: {1, -2} -> 3 + 0.5; row 2: {1, 3} -> -2 - 2.
+    # t=1: row 1 is masked, so row 0's only other is row 2 (4) and vice versa. Row 3 has no other: unchanged.
+    close(out.advantages, t64([[0.5, -2.0], [3.5, 0.0], [-4.0, 2.0], [5.0, 0.5], [0.0, 0.0]]))
+    one_group = AdvantageInputs(torch.zeros(2, dtype=F64), torch.ones(2, 1, dtype=torch.bool),
+                                logprobs=torch.zeros(2, 1, dtype=F64), teacher_logprobs=t64([[1.0], [3.0]]),
+                                baseline=True)
+    close(compute_advantages("opd", one_group).advantages, t64([[-2.0], [2.0]]))  # group_ids=None: one group
+
+
+def test_opd_baseline_keeps_the_expected_gradient():
+    """Exact enumeration over every group of G=3 one-token samples from a V=3 student: the policy gradient
+    Σ_i A_i ∇log p(y_i) has the same expectation with and without the leave-one-out baseline, and it equals
+    −G ∇KL(p ‖ q) (the reverse-KL gradient the sampled loss targets)."""
+    import itertools
+
+    z = torch.tensor([0.3, -0.8, 1.1], dtype=F64, requires_grad=True)
+    q = torch.log_softmax(t64([1.5, 0.2, -1.0]), -1)
+    G = 3
+
+    def expected_grad(baseline: bool) -> torch.Tensor:
+        lp = torch.log_softmax(z, -1)
+        total = torch.zeros((), dtype=F64)
+        for ys in itertools.product(range(3), repeat=G):
+            y = torch.tensor(ys)
+            inp = AdvantageInputs(torch.zeros(G, dtype=F64), torch.ones(G, 1, dtype=torch.bool),
+                                  group_ids=torch.zeros(G, dtype=torch.long), logprobs=lp.detach()[y][:, None],
+                                  teacher_logprobs=q[y][:, None], baseline=baseline)
+            adv = compute_advantages("opd", inp).advantages[:, 0]
+            total = total + lp.detach()[y].sum().exp() * (adv * lp[y]).sum()
+        return torch.autograd.grad(total, z)[0]
+
+    lp = torch.log_softmax(z, -1)
+    kl_grad = torch.autograd.grad((lp.exp() * (lp - q)).sum(), z)[0]
+    close(expected_grad(False), -G * kl_grad)
+    close(expected_grad(True), -G * kl_grad)
+    assert not torch.allclose(expected_grad(True), torch.zeros(3, dtype=F64))
+
+
 def test_opd_requires_both_logprobs():
     inp = AdvantageInputs(t64([0.0]), torch.ones(1, 2, dtype=torch.bool), logprobs=torch.zeros(1, 2, dtype=F64))
     with pytest.raises(ValueError, match="teacher_logprobs"):
