@@ -69,11 +69,11 @@ class DistillModule(PolicyModule):
             raise ValueError(f"kd_on={kd_on!r}; valid values: {', '.join(KD_ON)}")
         if kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
             raise ValueError(f"kd_on={kd_on!r} only affects forward_kl / jsd, which are not in losses {sorted(losses)}")
-        super().__init__(*args, **kwargs)
         if not isinstance(opd_baseline, bool):
             raise TypeError(f"opd_baseline must be true or false, got {opd_baseline!r}")
         if opd_baseline and "reverse_kl_sampled" not in losses:
             raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses {sorted(losses)}")
+        super().__init__(*args, **kwargs)
         self.losses, self.rl_coef, self.jsd_beta, self.topk, self.kd_on = losses, rl_coef, jsd_beta, topk, kd_on
         self.opd_baseline = opd_baseline
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
