@@ -44,6 +44,8 @@ class CriticModule(nn.Module):
         warmup_steps: the first this many RL iterations train the value loss only (every other loss term is
             multiplied by 0), so the advantages the policy first learns from come from a fitted critic. With a
             shared, non-detached backbone the value gradient still moves the backbone.
+        bootstrap_truncated: GAE on a completion cut off by the generation budget (finish reason ``length``)
+            continues from the value of its last state instead of treating the cut as the episode's end (V = 0).
         init_from: a directory written by ``CriticPretrainModule.save``: the head starts from its ``critic.pt``
             (point the policy's ``model`` — or this critic's ``model`` when not shared — at the same directory).
     """
@@ -51,7 +53,8 @@ class CriticModule(nn.Module):
     def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
                  vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
                  yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
-                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None):
+                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None,
+                 bootstrap_truncated: bool = False):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
@@ -67,6 +70,7 @@ class CriticModule(nn.Module):
         resolve_dtype(dtype)
         self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
         self.warmup_steps, self.init_from = warmup_steps, init_from
+        self.bootstrap_truncated = bool(bootstrap_truncated)
         self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
         self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
         self.head: nn.Linear | None = None
@@ -87,6 +91,10 @@ class CriticModule(nn.Module):
 
             path = self.model_path or policy.model_path
             self.backbone = load_causal_lm(path, self.dtype).train()
+            if getattr(policy.hparams, "disable_dropout", True):
+                from lit_rl.models.dropout import disable_dropout
+
+                disable_dropout(self.backbone)
             config, tokenizer = self.backbone.config, load_tokenizer(path)
         if self.head_type == "regression":
             self.head = nn.Linear(config.hidden_size, 1)  # float32: values are regressed in full precision
@@ -194,11 +202,13 @@ class CriticModule(nn.Module):
                 module.log(k, self._acc[k] / self._acc["n"], on_step=True, on_epoch=False, batch_size=rows)
 
     def advantage_metrics(self, exp) -> dict[str, float]:
-        """Explained variance of the rollout values against the returns, over loss-mask tokens."""
+        """Explained variance of the rollout values against the returns, over the trainable tokens (invalid rows
+        have no return: they are no value target)."""
         if exp.values is None or exp.returns is None:
             return {}
-        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, exp.loss_mask),
-                "critic/values_mean": float(exp.values[exp.loss_mask].mean()) if exp.loss_mask.any() else 0.0}
+        m = exp.train_mask
+        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, m),
+                "critic/values_mean": float(exp.values[m].mean()) if m.any() else 0.0}
 
 
 def _single_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:

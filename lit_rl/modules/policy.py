@@ -22,6 +22,7 @@ from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_misma
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
+from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
@@ -65,6 +66,14 @@ class PolicyModule(L.LightningModule):
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
+        loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
+            the Experience's ``horizon`` (RolloutCallback sets it to ``sampling.max_new_tokens``); with neither,
+            that mode raises instead of dividing by the padded width (which changes between minibatches).
+        whiten_advantages: standardise the advantages over the batch's trainable tokens (all ranks' tokens;
+            mean 0, variance 1). None = on for ``gae`` (PPO, as TRL / veRL / OpenRLHF do), off otherwise.
+        disable_dropout: zero every dropout probability of the policy (and a separate critic backbone), so the
+            rollout, old-log-prob, reference, value and training passes evaluate the same function (TRL does
+            the same); False keeps the checkpoint's dropout.
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
@@ -92,6 +101,9 @@ class PolicyModule(L.LightningModule):
         baseline: bool = False,
         policy_loss: str = "ppo_clip",
         loss_agg: str = "token_mean",
+        loss_horizon: int | None = None,
+        whiten_advantages: bool | None = None,
+        disable_dropout: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
@@ -140,6 +152,8 @@ class PolicyModule(L.LightningModule):
         for name, v in (("gamma", gamma), ("lam", lam)):
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if loss_horizon is not None and (isinstance(loss_horizon, bool) or not loss_horizon >= 1):
+            raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {loss_horizon!r}")
         if logprob_chunk_size is not None and logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
         resolve_dtype(dtype)
@@ -168,6 +182,8 @@ class PolicyModule(L.LightningModule):
             ensure_tiny_model(self.model_path, **self.tiny_if_missing)
         torch.manual_seed(self.hparams.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
+        if self.hparams.disable_dropout:
+            disable_dropout(self.model)
         self.tokenizer = load_tokenizer(self.model_path)
 
     def configure_model(self) -> None:
@@ -239,21 +255,81 @@ class PolicyModule(L.LightningModule):
             self.critic.attach_values(self, exp)
 
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
+        """Advantages (and returns) of every row, zero off ``exp.train_mask``.
+
+        Group statistics use every ``valid`` row (a row filtered by ``trainable`` still tells its group what
+        the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
+        """
         h = self.hparams
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
             values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline))
-        exp.advantages = out.advantages.float()
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
+            bootstrap=self._bootstrap_rows(exp)))
+        train = exp.train_mask
+        adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
+        metrics = dict(out.metrics)
+        if self.whitens:
+            adv, wm = self._whiten(adv, train)
+            metrics.update(wm)
+        exp.advantages = adv.float()
         exp.returns = None if out.returns is None else out.returns.float()
         if self.critic is not None:
-            return {**out.metrics, **self.critic.advantage_metrics(exp)}
-        return out.metrics
+            return {**metrics, **self.critic.advantage_metrics(exp)}
+        return metrics
+
+    def _bootstrap_rows(self, exp: Experience) -> Tensor | None:
+        """Rows whose last value is bootstrapped (GAE on a truncated completion); None = none. Hook of the
+        critic option ``bootstrap_truncated``."""
+        if self.critic is None or not getattr(self.critic, "bootstrap_truncated", False) or not exp.finish_reasons:
+            return None
+        return torch.tensor([f == "length" for f in exp.finish_reasons], dtype=torch.bool)
+
+    @property
+    def whitens(self) -> bool:
+        w = self.hparams.whiten_advantages
+        return self.hparams.advantage == "gae" if w is None else bool(w)
+
+    def _whiten(self, adv: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """(A − μ) / sqrt(σ² + 1e-8) over the trainable tokens of every rank (population variance, float64),
+        so each rank applies the same μ, σ (the single-process result on the global batch)."""
+        a = adv.double()
+        stats = torch.stack([a[mask].sum(), (a[mask] ** 2).sum(), mask.sum().double()])  # (3,)
+        stats = self._all_reduce_sum(stats)
+        n = float(stats[2])
+        if n == 0:
+            return adv, {}
+        mean = stats[0] / n
+        var = (stats[1] / n - mean ** 2).clamp_min(0.0)
+        out = torch.where(mask, (a - mean) * torch.rsqrt(var + 1e-8), torch.zeros((), dtype=a.dtype))
+        return out.to(adv.dtype), {"adv/raw_mean": float(mean), "adv/raw_std": float(var.sqrt())}
+
+    def _all_reduce_sum(self, t: Tensor) -> Tensor:
+        """Sum a small CPU tensor over ranks (identity in one process)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return t
+        dev = self.device if self.device.type != "cpu" else torch.device("cpu")
+        return trainer.strategy.reduce(t.to(dev), reduce_op="sum").cpu()
+
+    def horizon_for(self, exp: Experience) -> int | None:
+        """H of ``seq_mean_token_sum_norm``: ``loss_horizon``, else the Experience's; an error without either."""
+        h = self.hparams
+        if h.loss_agg != "seq_mean_token_sum_norm":
+            return None
+        H = h.loss_horizon if h.loss_horizon is not None else exp.horizon
+        if H is None:
+            raise ValueError(
+                "loss_agg='seq_mean_token_sum_norm' divides by a constant horizon, but neither "
+                "PolicyModule.loss_horizon nor the Experience's horizon is set (RolloutCallback sets it to "
+                "sampling.max_new_tokens; an Experience built by hand needs horizon=...)")
+        return int(H)
 
     def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
-        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators."""
-        return aggregate(values, mask, self.hparams.loss_agg, num_tokens=forward_out["num_tokens"],
-                         num_seqs=forward_out["num_seqs"])
+        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators
+        (``num_tokens`` / ``num_seqs`` of the trainable tokens of all ranks) and the run's constant horizon."""
+        return aggregate(values, mask, self.hparams.loss_agg, forward_out.get("horizon"),
+                         num_tokens=forward_out["num_tokens"], num_seqs=forward_out["num_seqs"])
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):
@@ -291,15 +367,21 @@ class PolicyModule(L.LightningModule):
             self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
                      sync_dist=distributed, reduce_fx=_reduce_fx(k))
 
-    def _optimizer_step(self, opt, sched, mb: Experience) -> dict[str, float]:
+    def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
+        """One optimizer step on minibatch ``mb``: accumulate ``micro_loss`` (default: the RL loss) over its
+        micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step the
+        scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
+        """
         h = self.hparams
+        micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
         fwd_common = self._denominators(mb)
         opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
+        self._last_metrics = {}
         for micro in mb.micro_batches(h.micro_batch_size):
-            parts = self._micro_loss(micro, fwd_common)
+            parts = micro_loss(micro, fwd_common)
             loss = sum(parts.values())
             self.manual_backward(loss)
             for k, v in parts.items():
@@ -327,19 +409,24 @@ class PolicyModule(L.LightningModule):
             sched.step()
         return stats
 
-    def _denominators(self, mb: Experience) -> dict[str, float]:
-        """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks.
+    def _denominators(self, mb: Experience) -> dict[str, Any]:
+        """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks, and the
+        constant horizon of ``seq_mean_token_sum_norm``.
 
-        DDP and FSDP average gradients over the W ranks, so rank r's loss must be Σ_r ℓ / (N_global / W)
-        for the average to be Σ ℓ / N_global: the loss a single process would compute on the global batch
-        (token_mean over *all* ranks' tokens, not the mean of per-rank means).
+        Counts are of ``train_mask`` (trainable tokens of valid rows): an invalid or filtered row is in no
+        denominator. DDP and FSDP average gradients over the W ranks, so rank r's loss must be
+        Σ_r ℓ / (N_global / W) for the average to be Σ ℓ / N_global: the loss a single process would compute
+        on the global batch (token_mean over *all* ranks' tokens, not the mean of per-rank means).
+        A minibatch with no trainable token anywhere divides by 1 (its loss is 0 with zero gradients).
         """
-        counts = torch.tensor([float(mb.loss_mask.sum()), float(mb.loss_mask.any(-1).sum())], dtype=torch.float64)
+        tm = mb.train_mask
+        counts = torch.tensor([float(tm.sum()), float(tm.any(-1).sum())], dtype=torch.float64)
         trainer = self._trainer
-        if trainer is not None and trainer.world_size > 1:
-            dev = self.device if self.device.type != "cpu" else torch.device("cpu")
-            counts = trainer.strategy.reduce(counts.to(dev), reduce_op="sum").cpu() / trainer.world_size
-        return {"num_tokens": float(counts[0]), "num_seqs": float(counts[1])}
+        world = trainer.world_size if trainer is not None else 1
+        counts = self._all_reduce_sum(counts) / world
+        floor = 1.0 / world  # all ranks empty: Σ 0 / anything = 0; keeps the positive-count contract
+        return {"num_tokens": max(float(counts[0]), floor), "num_seqs": max(float(counts[1]), floor),
+                "horizon": self.horizon_for(mb)}
 
     def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
         h = self.hparams
@@ -349,7 +436,7 @@ class PolicyModule(L.LightningModule):
         else:
             logits = self.forward_logits(micro)  # (b, C, V)
         logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
-        mask = micro.loss_mask
+        mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
         is_w, metrics = None, {}
         if h.rollout_correction != "none" and micro.rollout_logprobs is not None:

@@ -263,5 +263,8 @@ class AgentRolloutCallback(RolloutCallback):
     def _experience(self, pl_module, prompts, ids, comps, rb: RewardBatch) -> Experience:
         first = self._next_group
         self._next_group += len(prompts)
-        return self.agent.to_experience(prompts, comps, pl_module.tokenizer.pad_token_id, first,
-                                        self.engine.policy_version)
+        exp = self.agent.to_experience(prompts, comps, pl_module.tokenizer.pad_token_id, first,
+                                       self.engine.policy_version)
+        # Dr. GRPO's constant horizon for an episode: the action-token budget of all its turns.
+        exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
+        return exp
