@@ -116,7 +116,7 @@ class ReferenceKL(L.Callback):
             logits = module.forward_logits(micro, model=self.ref)  # (b, C, V)
             ids = micro.completion_ids.to(logits.device)
             lp = token_logprobs(logits, ids, module.hparams.logprob_chunk_size, module.temperature)
-            chunks.append(lp.float().to(exp.input_ids.device))
+            chunks.append((lp.double() if lp.dtype == torch.float64 else lp.float()).to(exp.input_ids.device))
         return torch.cat(chunks)  # (B, C)
 
     # ---------------------------------------------------------- ExperienceHook

@@ -163,7 +163,8 @@ class CriticModule(nn.Module):
         chunks = []
         for micro in exp.micro_batches(module.hparams.micro_batch_size):
             v, _ = self.predict(module, micro)
-            chunks.append(torch.where(micro.loss_mask.to(v.device), v.float(), 0.0).to(exp.input_ids.device))
+            v = v.double() if v.dtype == torch.float64 else v.float()
+            chunks.append(torch.where(micro.loss_mask.to(v.device), v, 0.0).to(exp.input_ids.device))
         exp.values = torch.cat(chunks)  # (B, C)
 
     # ------------------------------------------------------------------ loss

@@ -27,6 +27,13 @@ from lit_rl.models.loading import check_model_source, load_causal_lm, load_token
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
 
+def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
+    """Per-token annotations are stored in float32, or float64 when the model / the Experience's rewards are
+    float64 (exact float64 checks of the whole step, tests/conformance)."""
+    wide = t.dtype == torch.float64 or (like is not None and like.dtype == torch.float64)
+    return t.double() if wide else t.float()
+
+
 def _reduce(key: str, values: list[float]) -> float:
     """Combine a metric over micro-batches / minibatches: extremes stay extremes (a spike in any
     micro-batch must stay visible, e.g. ``is/max_weight``); everything else is averaged."""
@@ -249,7 +256,7 @@ class PolicyModule(L.LightningModule):
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
             chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
-            exp.old_logprobs = torch.cat(chunks).float()
+            exp.old_logprobs = store_dtype(torch.cat(chunks))
             self._old_logprob_s = time.perf_counter() - t0
         if self.critic is not None:
             self.critic.attach_values(self, exp)
@@ -272,8 +279,8 @@ class PolicyModule(L.LightningModule):
         if self.whitens:
             adv, wm = self._whiten(adv, train)
             metrics.update(wm)
-        exp.advantages = adv.float()
-        exp.returns = None if out.returns is None else out.returns.float()
+        exp.advantages = store_dtype(adv, exp.rewards)
+        exp.returns = None if out.returns is None else store_dtype(out.returns, exp.rewards)
         if self.critic is not None:
             return {**metrics, **self.critic.advantage_metrics(exp)}
         return metrics
