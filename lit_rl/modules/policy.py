@@ -229,15 +229,24 @@ class PolicyModule(L.LightningModule):
         own device). With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states at the same
         positions, (b, C, H): a value head on the shared backbone reads them from this one forward pass.
         """
+        out = self.forward_outputs(micro, model, hidden=return_hidden)
+        return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
+
+    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False
+                        ) -> dict[str, Any]:
+        """One forward over the micro-batch: ``logits`` (b, C, V) as ``forward_logits``; ``hidden`` (b, C, H) or
+        None; ``cache`` — the key/value cache of the whole sequence (a yes/no value head asks its question
+        after each prefix from it, ``CriticModule``) or None."""
         model = self.model if model is None else model
         dev = next(model.parameters()).device
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
         out = model(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos,
-                    logits_to_keep=micro.completion_len + 1, use_cache=False, output_hidden_states=return_hidden)
-        if not return_hidden:
-            return out.logits[:, :-1]  # (b, C, V)
-        return out.logits[:, :-1], out.hidden_states[-1][:, -(micro.completion_len + 1):-1]  # (b, C, H)
+                    logits_to_keep=micro.completion_len + 1, use_cache=cache, output_hidden_states=hidden)
+        C = micro.completion_len
+        return {"logits": out.logits[:, :-1],  # (b, C, V)
+                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
+                "cache": out.past_key_values if cache else None}
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None) -> Tensor:
         logits = self.forward_logits(micro) if logits is None else logits
@@ -437,11 +446,11 @@ class PolicyModule(L.LightningModule):
 
     def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
         h = self.hparams
-        hidden = None
-        if self.critic is not None and self.critic.wants_hidden:  # shared value head: one forward for both
-            logits, hidden = self.forward_logits(micro, return_hidden=True)  # (b, C, V), (b, C, H)
-        else:
-            logits = self.forward_logits(micro)  # (b, C, V)
+        critic = self.critic
+        # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
+        out = self.forward_outputs(micro, hidden=critic is not None and critic.wants_hidden,
+                                   cache=critic is not None and critic.wants_cache)
+        logits, hidden = out["logits"], out["hidden"]  # (b, C, V), (b, C, H) | None
         logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
@@ -457,7 +466,7 @@ class PolicyModule(L.LightningModule):
             logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
             rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
             dual_clip=h.dual_clip))
-        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden)
+        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden, cache=out["cache"])
         parts = {"policy": self.aggregate(per_token, mask, fwd)}
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         if self.critic is not None:
