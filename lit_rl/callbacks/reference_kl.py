@@ -18,7 +18,6 @@ import torch
 
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
-from lit_rl.core.logprobs import token_logprobs
 from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
@@ -113,9 +112,7 @@ class ReferenceKL(L.Callback):
         size = self.micro_batch_size or module.hparams.micro_batch_size
         chunks = []
         for micro in exp.micro_batches(size):
-            logits = module.forward_logits(micro, model=self.ref)  # (b, C, V)
-            ids = micro.completion_ids.to(logits.device)
-            lp = token_logprobs(logits, ids, module.hparams.logprob_chunk_size, module.temperature)
+            lp = module.completion_logprobs(micro, model=self.ref)  # (b, C), chunked through the ref's LM head
             chunks.append((lp.double() if lp.dtype == torch.float64 else lp.float()).to(exp.input_ids.device))
         return torch.cat(chunks)  # (B, C)
 
