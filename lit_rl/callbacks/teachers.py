@@ -364,7 +364,7 @@ class TeacherRouter(L.Callback):
                         if fo["head"] is not None:
                             ids = micro.completion_ids.to(lg.hidden.device)
                             lp = linear_logprobs(lg.hidden, lg.weight, ids, lg.bias, module.temperature,
-                                                 module.hparams.logprob_chunk_size)[0]
+                                                 module.hparams.logprob_chunk_size, entropy=False)[0]
                         else:
                             lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
                                                 module.hparams.logprob_chunk_size, module.temperature)  # (b, C)

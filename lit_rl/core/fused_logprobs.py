@@ -38,7 +38,7 @@ __all__ = ["LINEAR_CHUNK_BYTES", "Projection", "linear_chunk_rows", "linear_dive
 
 # Bytes of one fp32 (rows, V) logits chunk. Larger than core.logprobs' CPU budget on purpose: each chunk
 # reads the whole (V, H) weight once, so small chunks make the matmul memory-bound on the weight.
-LINEAR_CHUNK_BYTES = 64 * 2**20
+LINEAR_CHUNK_BYTES = 128 * 2**20
 
 
 def linear_chunk_rows(vocab_size: int, chunk_size: int | None = None) -> int:
@@ -128,61 +128,67 @@ def _finish(grads, h_shape, weight, bias):
 # token log-probs + entropy in one pass
 # --------------------------------------------------------------------------------------------
 class _LinearLogprobs(torch.autograd.Function):
-    """Outputs (log p(y), H) per row. Per chunk, with z = (h Wᵀ + b)/τ and log p = z − lse:
+    """Outputs (log p(y), H) per row. Per chunk, with z = (h Wᵀ + b)/τ and log p = log_softmax(z):
     d log p(y)/dz = onehot(y) − p,   dH/dz = −p (log p + H),   both divided by τ for the raw logits."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, token_ids, rows, temperature):
+    def forward(ctx, hidden, weight, bias, token_ids, rows, temperature, with_entropy):
         hf, ids = _flat(hidden), token_ids.reshape(-1)
         N = hf.shape[0]
         cdt = _compute_dtype(weight.dtype)
         lp = torch.empty(N, dtype=cdt, device=hidden.device)
-        ent, lse = torch.empty_like(lp), torch.empty_like(lp)
+        ent = torch.zeros_like(lp)
+        # h Wᵀ is finite for finite inputs; only a −inf bias entry (masked vocabulary) needs 0·log 0 = 0 care
+        clamp = bias is not None and not bool(torch.isfinite(bias).all())
         for s in range(0, N, rows):
             i = slice(s, s + rows)
-            z = F.linear(hf[i], weight, bias).to(cdt)  # (r, V)
-            if temperature != 1.0:
-                z = z.div_(temperature)  # z is a fresh tensor (F.linear's output or its upcast copy)
-            lse[i] = torch.logsumexp(z, dim=-1)
-            lp[i] = z.gather(-1, ids[i].unsqueeze(-1)).squeeze(-1) - lse[i]
-            logp = z.sub_(lse[i].unsqueeze(-1)).clamp_min_(torch.finfo(cdt).min)  # in place: z is ours now
-            ent[i] = -(logp.exp() * logp).sum(-1)  # 0·log 0 = 0 (clamped) for −inf logits
-        ctx.save_for_backward(hidden, weight, bias, ids, lse, ent)
-        ctx.rows, ctx.temperature = rows, temperature
+            logp = _chunk_logp(hf[i], weight, bias, cdt, temperature, clamp)  # (r, V)
+            lp[i] = logp.gather(-1, ids[i].unsqueeze(-1)).squeeze(-1)
+            if with_entropy:
+                ent[i] = -torch.linalg.vecdot(logp.exp(), logp)  # −Σ p log p, no (r, V) product temporary
+        ctx.save_for_backward(hidden, weight, bias, ids, ent)
+        ctx.rows, ctx.temperature, ctx.clamp, ctx.with_entropy = rows, temperature, clamp, with_entropy
         B, T = token_ids.shape
         return lp.view(B, T), ent.view(B, T)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, g_lp, g_ent):
-        hidden, weight, bias, ids, lse, ent = ctx.saved_tensors
+        hidden, weight, bias, ids, ent = ctx.saved_tensors
         hf, cdt, t = _flat(hidden), _compute_dtype(weight.dtype), ctx.temperature
         grads = _new_grads(ctx, hidden, weight, bias)
         g_lp = None if g_lp is None else g_lp.reshape(-1).to(cdt)
-        g_ent = None if g_ent is None else g_ent.reshape(-1).to(cdt)
+        g_ent = None if g_ent is None or not ctx.with_entropy else g_ent.reshape(-1).to(cdt)
         for s in range(0, hf.shape[0], ctx.rows):
             i = slice(s, s + ctx.rows)
-            z = F.linear(hf[i], weight, bias).to(cdt)
-            if t != 1.0:
-                z = z.div_(t)
-            logp = z.sub_(lse[i].unsqueeze(-1)).clamp_min_(torch.finfo(cdt).min)  # (r, V)
-            p = logp.exp()
-            coef = torch.zeros_like(lse[i]) if g_lp is None else g_lp[i].clone()  # (r,)
-            if g_ent is not None:  # −g_H·p(log p + H) = −p·(g_H log p + g_H H)
+            coef = torch.zeros(hf[i].shape[0], dtype=cdt, device=hf.device) if g_lp is None else g_lp[i]  # (r,)
+            if g_ent is not None:  # g_lp(onehot − p) − g_H p (log p + H) = −p (g_H log p + g_H H + g_lp) + g_lp onehot
+                logp = _chunk_logp(hf[i], weight, bias, cdt, t, ctx.clamp)  # (r, V)
+                p = logp.exp()
                 gz = logp.mul_(g_ent[i].unsqueeze(-1)).add_((g_ent[i] * ent[i] + coef).unsqueeze(-1)).mul_(p).neg_()
             else:
-                gz = p.mul_(-coef.unsqueeze(-1))
+                z = F.linear(hf[i], weight, bias).to(cdt)
+                gz = torch.softmax(z.div_(t) if t != 1.0 else z, dim=-1).mul_(-coef.unsqueeze(-1))
             if g_lp is not None:
                 gz.scatter_add_(-1, ids[i].unsqueeze(-1), g_lp[i].unsqueeze(-1))
             if t != 1.0:
-                gz.div_(t)
+                gz.div_(t)  # chain rule through z = logits / τ
             _backprop_chunk(gz, hf[i], weight, grads, i)
-        return (*_finish(grads, hidden.shape, weight, bias), None, None, None)
+        return (*_finish(grads, hidden.shape, weight, bias), None, None, None, None)
+
+
+def _chunk_logp(h, weight, bias, cdt, temperature, clamp):
+    """log_softmax((h Wᵀ + b) / τ) of one chunk, (r, V) in ``cdt`` (one fused kernel after the matmul)."""
+    z = F.linear(h, weight, bias).to(cdt)  # a fresh tensor: scaled in place
+    if temperature != 1.0:
+        z = z.div_(temperature)
+    logp = torch.log_softmax(z, dim=-1)
+    return logp.clamp_min_(torch.finfo(cdt).min) if clamp else logp
 
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
-                    bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int | None = None,
+                    entropy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each token and the entropy at each position under softmax((h Wᵀ + b) / τ).
 
     Equal (values and gradients w.r.t. hidden, weight, bias) to ``token_logprobs`` / ``entropy_from_logits``
@@ -194,7 +200,8 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch
         hidden: (B, T, H) last-layer states whose logits predict ``token_ids`` (already aligned).
         weight: (V, H) output projection (e.g. ``lm_head.weight``, possibly tied); bias (V,) or None.
         token_ids: (B, T) integer in [0, V) (padding must carry a valid id; mask downstream).
-        returns: logprobs (B, T), entropy (B, T), float32 (float64 for float64 weights).
+        returns: logprobs (B, T), entropy (B, T), float32 (float64 for float64 weights); with
+            ``entropy=False`` the second output is zeros (saves two passes over each chunk).
     Raises ValueError for bad shapes, ids out of range, temperature <= 0, and non-finite log-probs.
     """
     proj = Projection(hidden, weight, bias)  # validates shapes
@@ -208,7 +215,7 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch
         raise ValueError(f"token_ids must lie in [0, {V}); got min {int(token_ids.min())}, max {int(token_ids.max())}")
     t = _check_temperature(temperature)
     rows = linear_chunk_rows(V, chunk_size)
-    lp, ent = _LinearLogprobs.apply(hidden, weight, bias, token_ids.long().to(hidden.device), rows, t)
+    lp, ent = _LinearLogprobs.apply(hidden, weight, bias, token_ids.long().to(hidden.device), rows, t, entropy)
     _raise_if_nonfinite(lp.detach(), "linear_logprobs")
     return lp, ent
 

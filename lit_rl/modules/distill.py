@@ -244,7 +244,7 @@ class DistillModule(PolicyModule):
         if out["head"] is not None:
             hd = out["head"]
             lp = linear_logprobs(hd.hidden, hd.weight, micro.completion_ids.to(hd.hidden.device), hd.bias,
-                                 self.temperature, h.logprob_chunk_size)[0]
+                                 self.temperature, h.logprob_chunk_size, entropy=False)[0]
         else:
             fwd["logits"] = out["logits"]
             lp = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)

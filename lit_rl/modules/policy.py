@@ -282,7 +282,7 @@ class PolicyModule(L.LightningModule):
                 head = out["head"]
                 ids = micro.completion_ids.to(head.hidden.device)
                 return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                                       self.hparams.logprob_chunk_size)[0]
+                                       self.hparams.logprob_chunk_size, entropy=False)[0]
             logits = out["logits"]
         return token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
                               self.temperature)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from lit_rl.core.distill import teacher_topk, topk_reverse_kl, topk_reverse_kl_linear
-from lit_rl.core.fused_logprobs import Projection, linear_chunk_rows, linear_divergence, linear_logprobs
+from lit_rl.core.fused_logprobs import LINEAR_CHUNK_BYTES, Projection, linear_chunk_rows, linear_divergence, linear_logprobs
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 
@@ -132,6 +132,33 @@ def test_backward_saves_no_vocabulary_sized_tensor():
     (lp.sum() + ent.sum()).backward()
 
 
+def test_entropy_off_gives_same_logprobs_and_gradient():
+    h, W, b, ids = _inputs()
+    lp, ent = linear_logprobs(h, W, ids, b, 0.7, 4, entropy=False)
+    assert bool((ent == 0).all())
+    got = torch.autograd.grad(lp.sum(), [h, W, b])
+    lp0, _ = linear_logprobs(h, W, ids, b, 0.7, 4)
+    _close(lp, lp0)
+    for a, r in zip(got, torch.autograd.grad(lp0.sum(), [h, W, b])):
+        _close(a, r)
+
+
+def test_minus_inf_bias_entries_are_masked_vocabulary():
+    """A −inf bias (a banned token) has p = 0: entropy and gradients stay finite and equal the materialised path."""
+    h, W, b, ids = _inputs()
+    bias = b.detach().clone()
+    bias[3] = float("-inf")
+    ids = torch.where(ids == 3, torch.zeros_like(ids), ids)
+    lp, ent = linear_logprobs(h, W, ids, bias, 1.0, 4)
+    got = torch.autograd.grad(lp.sum() + ent.sum(), [h, W])
+    z = F.linear(h, W, bias)
+    ref = torch.autograd.grad(token_logprobs(z, ids).sum() + entropy_from_logits(z).sum(), [h, W])
+    _close(ent, entropy_from_logits(F.linear(h, W, bias)))
+    for a, r in zip(got, ref):
+        assert bool(torch.isfinite(a).all())
+        _close(a, r)
+
+
 def test_frozen_weight_gets_no_gradient_computed():
     h, W, b, ids = _inputs()
     W = W.detach()
@@ -214,7 +241,7 @@ def test_errors_name_the_problem():
 
 
 def test_default_chunk_rows_fits_the_budget():
-    assert linear_chunk_rows(151936) == 64 * 2**20 // (4 * 151936)
+    assert linear_chunk_rows(151936) == LINEAR_CHUNK_BYTES // (4 * 151936) == 220
     assert linear_chunk_rows(10**12) == 1
     assert linear_chunk_rows(100, 7) == 7
 
