@@ -13,6 +13,7 @@ from lit_rl.core.value import explained_variance
 from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
+from lit_rl.runs import run_path
 
 
 def _rollout_cb(trainer):
@@ -99,7 +100,9 @@ class HeldoutEval(L.Callback):
 
 
 class RewardCurvePlot(L.Callback):
-    """Writes ``path`` (PNG): training reward per iteration and held-out accuracy vs iteration."""
+    """Writes ``path`` (PNG): training reward per iteration and held-out accuracy vs iteration.
+
+    A relative ``path`` is under the run directory (``trainer.default_root_dir``)."""
 
     def __init__(self, path: str = "reward_curve.png"):
         self.path = path
@@ -129,13 +132,15 @@ class RewardCurvePlot(L.Callback):
         ax.set_ylim(-0.02, max(1.02, max((r for _, r in self.reward), default=1) + 0.02))
         ax.grid(alpha=0.3)
         ax.legend()
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(self.path, dpi=100, bbox_inches="tight")
+        out = run_path(trainer, self.path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, bbox_inches="tight")
         plt.close(fig)
 
 
 class SaveHFModel(L.Callback):
-    """Saves the final policy (merged if LoRA) and tokenizer in Hugging Face format to ``dirpath``."""
+    """Saves the final policy (merged if LoRA) and tokenizer in Hugging Face format to ``dirpath``
+    (a relative one is under the run directory, ``trainer.default_root_dir``)."""
 
     def __init__(self, dirpath: str = "final_model"):
         self.dirpath = dirpath
@@ -148,5 +153,6 @@ class SaveHFModel(L.Callback):
             import copy
 
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(self.dirpath, safe_serialization=True)
-        pl_module.tokenizer.save_pretrained(self.dirpath)
+        out = run_path(trainer, self.dirpath)
+        model.save_pretrained(out, safe_serialization=True)
+        pl_module.tokenizer.save_pretrained(out)
