@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +58,6 @@ def _patch_jsonargparse_serialization() -> None:
 
 
 _patch_jsonargparse_serialization()
-# main(args=[...]) is the programmatic entry point; the caller's own sys.argv (pytest's, a notebook's) is unrelated.
-warnings.filterwarnings("ignore", message=r"LightningCLI's args parameter is intended to run from within Python")
 # omegaconf+ resolves ${...} interpolations on the final, merged config (after every -c file and flag), so
 # ``model: ${trainer.default_root_dir}/model`` follows --trainer.default_root_dir. Recipes write absolute
 # interpolation paths; this setting makes them work inside a subcommand's config.
@@ -91,6 +88,14 @@ class LitRLCLI(LightningCLI):
                                    sub_configs=True)
         parser.add_class_arguments(IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False,
                                    sub_configs=True)
+
+    def parse_arguments(self, parser, args) -> None:
+        """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
+        programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
+        if isinstance(args, (dict, Namespace)):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
 
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
@@ -166,7 +171,9 @@ class LitRLCLI(LightningCLI):
         has_ckpt = any(type(c).__name__.endswith("Checkpoint") or hasattr(c, "last_model_path") for c in cbs)
         if config.get("enable_checkpointing", True) is not False and not has_ckpt:
             cbs.append(IterationCheckpoint(**_plain(sub.checkpoint)))
-        if config.get("enable_progress_bar", True) is not False and not any(_is_progress_bar(c) for c in cbs):
+        if config.get("enable_progress_bar", True) is False:  # the flag wins over a recipe's bar
+            cbs = [c for c in cbs if not _is_progress_bar(c)]
+        elif not any(_is_progress_bar(c) for c in cbs):
             from lit_rl.callbacks.progress import IterationProgressBar
 
             cbs.append(IterationProgressBar())

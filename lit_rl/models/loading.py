@@ -56,7 +56,7 @@ def _from_pretrained(loader, path: str, field: str = "model", **kw):
         raise OSError(
             f"{field}={path!r} is not a local directory, so it was loaded as a Hugging Face hub id, which failed "
             f"(no network access, or no such repository?): {first} Download the model where there is network "
-            "access and pass its local directory instead.") from e
+            "access and pass its local directory instead.") from None  # the cause's text is in the message
 
 
 def load_tokenizer(path: str):
