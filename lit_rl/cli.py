@@ -12,6 +12,7 @@ What it adds to LightningCLI (see README "Runs"):
 """
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -144,11 +145,26 @@ class LitRLCLI(LightningCLI):
     # ------------------------------------------------------------ instantiation
     def instantiate_classes(self) -> None:
         try:
+            self._check_data_first()
             super().instantiate_classes()
         except ConfigError:
             raise
         except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
             raise ConfigError(_one_line(e)) from e
+
+    def _check_data_first(self) -> None:
+        """jsonargparse builds the model (loading its weights) before the datamodule; a PromptDataModule reads
+        and checks every record when built, so build one here first: a bad record fails in seconds."""
+        from lit_rl.data.datamodule import PromptDataModule
+
+        cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        data = cfg.get("data")
+        if not isinstance(data, Namespace) or not data.get("class_path"):
+            return
+        module, _, name = data.class_path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, PromptDataModule):
+            cls(**_plain(data.get("init_args")))
 
     def instantiate_trainer(self, **kwargs):
         from lit_rl.checkpoint import use_atomic_checkpoint_io
