@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from jsonargparse import Namespace, set_parsing_settings
-from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
 from lit_rl.runs import (
     CHECKPOINT_SUBDIR,
@@ -79,9 +80,36 @@ class RunConfig(SaveConfigCallback):
             self.already_saved = True
 
 
+class LitRLParser(LightningArgumentParser):
+    """Parse errors on one line (``lit-rl: error: Parser key "model.init_args.loss_agg": Expected ...``)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LIT_RL_TRACEBACK"):
+            return super().error(message, ex)
+        print(f"lit-rl: error: {_condense_parse_error(message)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _condense_parse_error(message: str) -> str:
+    """jsonargparse nests a subclass field's error in its union's ("Does not validate against any of the Union
+    subtypes ... Problem with given class_path ...: Parser key "loss_agg": ..."): keep the innermost error and
+    name the field by the full key path (``model.loss_agg``)."""
+    flat = " ".join(message.split())
+    keys = re.findall(r'Parser key "([^"]+)"', flat)
+    found = list(re.finditer(r'Parser key "[^"]+": ', flat))
+    if len(found) < 2:
+        return flat
+    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end():])[0]
+    return f"{'.'.join(dict.fromkeys(keys))}: {body.strip()}"
+
+
 class LitRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         from lit_rl.callbacks.rollout import RolloutCallback
+
+        parser.add_argument("--imports", type=list[str], default=[],
+                            help="Modules to import before the config is checked, e.g. the one registering your "
+                                 "own advantage or policy loss (@ADVANTAGES.register('mine')): --imports '[my_pkg.rl]'")
 
         # Not instantiated by jsonargparse: instantiate_trainer builds it (or drops it when a RolloutCallback
         # subclass is configured under trainer.callbacks instead).
@@ -101,6 +129,11 @@ class LitRLCLI(LightningCLI):
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        for module in cfg.get("imports") or []:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ConfigError(f"imports: cannot import {module!r}: {e}") from e
         self._move_rollout_callback(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
@@ -282,7 +315,7 @@ def main(args: list[str] | None = None) -> LitRLCLI:
 
     return LitRLCLI(
         L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-        parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,
+        parser_class=LitRLParser, parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True}, args=args,
     )
 

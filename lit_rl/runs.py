@@ -192,6 +192,3 @@ def log_rows(path: Path) -> list[dict[str, float]]:
         return [{k: float(v) for k, v in r.items() if v not in ("", None) and not math.isnan(float(v))}
                 for r in csv.DictReader(f)]
 
-
-__all__ = ["IterationCheckpoint", "NothingToResume", "resolve_ckpt_path", "checkpoint_log_step",
-           "truncate_csv_metrics", "default_loggers", "run_path", "log_rows"]

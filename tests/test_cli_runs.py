@@ -100,7 +100,7 @@ def test_checkpointing_can_be_switched_off(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ console script
 def _console(*args: str, cwd: Path, env: dict | None = None, timeout: float = 240):
     full = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    return subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", *args],
+    return subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", *args], check=False,
                           cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
 
 

@@ -113,7 +113,7 @@ def test_hf_hub_dataset_name_without_network_says_so(tmp_path):
     pytest.importorskip("datasets")
     code = ("from lit_rl.data import PromptDataModule\n"
             "PromptDataModule(dataset='some-org/some-dataset', batch_size=1)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]

@@ -2,14 +2,12 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
 import torch
 
 from lit_rl.core.value import explained_variance
-
 from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig

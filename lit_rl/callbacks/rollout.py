@@ -25,6 +25,7 @@ import lightning as L
 import torch
 
 from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, split_fresh, staleness
+from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import merged_state_items
@@ -69,14 +70,14 @@ class RolloutCallback(L.Callback):
         sampling: SamplingConfig | None = None,
         sync_every: int = 1,
         max_prompt_len: int = 512,
-        overlong_prompts: str = "truncate",
+        overlong_prompts: OverlongPrompts = "truncate",
         dynamic_sampling: bool = False,
         max_resample_tries: int = 3,
         seed: int = 0,
-        mode: str = "sync",
+        mode: RolloutMode = "sync",
         max_staleness: int = 1,
         queue_size: int | None = None,
-        stale_policy: str = "drop",
+        stale_policy: StalePolicy = "drop",
     ):
         if rewards is None:
             raise ValueError("RolloutCallback.rewards is required: a RewardPool or reward function(s)")

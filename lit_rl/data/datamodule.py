@@ -9,6 +9,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from lit_rl.core.names import TaskName
 from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl, records_from_rows
 from lit_rl.data.tasks import get_task
 
@@ -93,7 +94,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        task: str | None = "addition",
+        task: TaskName | str | None = "addition",
         task_args: dict[str, Any] | None = None,
         train_files: list[str] | None = None,
         heldout_files: list[str] | None = None,

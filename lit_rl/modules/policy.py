@@ -20,6 +20,7 @@ from lit_rl.core.advantages import ADVANTAGES, AdvantageInputs, compute_advantag
 from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
@@ -85,13 +86,13 @@ class PolicyModule(L.LightningModule):
         tiny_if_missing: dict[str, Any] | None = None,
         dtype: str = "float32",
         lora: dict[str, Any] | None = None,
-        advantage: str = "grpo",
+        advantage: AdvantageName | str = "grpo",
         std_normalize: bool = True,
         gamma: float = 1.0,
         lam: float = 1.0,
         baseline: bool = False,
-        policy_loss: str = "ppo_clip",
-        loss_agg: str = "token_mean",
+        policy_loss: PolicyLossName | str = "ppo_clip",
+        loss_agg: LossAgg = "token_mean",
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
@@ -100,8 +101,8 @@ class PolicyModule(L.LightningModule):
         micro_batch_size: int | None = None,
         max_grad_norm: float = 1.0,
         max_nonfinite_steps: int = 5,
-        rollout_correction: str = "none",
-        correction_level: str = "token",
+        rollout_correction: CorrectionMode = "none",
+        correction_level: CorrectionLevel = "token",
         correction_cap: float = 2.0,
         logprob_chunk_size: int | None = None,
         seed: int = 0,
