@@ -67,13 +67,16 @@ set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
 
 
 class RunConfig(SaveConfigCallback):
-    """Writes the parsed config to ``<run dir>/config.yaml`` (not into a logger's version folder)."""
+    """Writes the parsed config to ``<run dir>/config.yaml`` (not into a logger's version folder); other
+    subcommands write ``<run dir>/<subcommand>/config.yaml``."""
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.already_saved:
             return
         if trainer.is_global_zero:
             root = Path(trainer.default_root_dir)
+            if stage != "fit":  # `lit-rl validate` on a run directory keeps the run's own config.yaml
+                root = root / stage
             root.mkdir(parents=True, exist_ok=True)
             self.parser.save(self.config, str(root / self.config_filename), skip_none=False, overwrite=True,
                              multifile=self.multifile)
@@ -226,7 +229,7 @@ class LitRLCLI(LightningCLI):
             from lit_rl.callbacks.progress import IterationProgressBar
 
             cbs.append(IterationProgressBar())
-        config["callbacks"] = cbs
+        config["callbacks"] = _later_wins(cbs)
         if config.get("logger") in (None, True):
             root = config["default_root_dir"]
             if self.subcommand == "fit":
@@ -282,6 +285,21 @@ def _build_rollout(ns):
         return RolloutCallback(**kw)
     except (ValueError, TypeError) as e:
         raise ConfigError(f"rollout: {_one_line(e)}") from e
+
+
+def _later_wins(cbs: list) -> list:
+    """Of callbacks with the same Lightning ``state_key`` (two ``HeldoutEval`` from a recipe and a fragment),
+    keep the later one, at the earlier one's position: Lightning refuses duplicates, and a fragment added
+    with ``-c`` is meant to override the recipe."""
+    out: list = []
+    for cb in cbs:
+        key = getattr(cb, "state_key", None)
+        same = next((i for i, c in enumerate(out) if key is not None and getattr(c, "state_key", None) == key), None)
+        if same is None:
+            out.append(cb)
+        else:
+            out[same] = cb
+    return out
 
 
 def _is_progress_bar(cb) -> bool:

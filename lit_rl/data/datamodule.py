@@ -177,6 +177,19 @@ class PromptDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),
         )
 
+    def val_dataloader(self):
+        """The held-out prompts, for the policy's ``validation_step`` (``HeldoutEval``). Empty (no validation)
+        while fitting without a ``HeldoutEval`` callback, so recipes without evaluation never generate for it;
+        ``lit-rl validate`` always gets them."""
+        from lit_rl.callbacks.eval import HeldoutEval
+
+        trainer = getattr(self, "trainer", None)
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        if not self.heldout_prompts or (fitting and not any(isinstance(c, HeldoutEval) for c in trainer.callbacks)):
+            return []
+        return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
+                          collate_fn=collate_prompts, num_workers=0)
+
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self._sampler.pos if self._sampler else 0}
 

@@ -26,6 +26,7 @@ from lit_rl.data.experience import Experience
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
+from lit_rl.modules.validation import HeldoutValidation
 
 def _reduce(key: str, values: list[float]) -> float:
     """Combine a metric over micro-batches / minibatches: extremes stay extremes (a spike in any
@@ -51,7 +52,7 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
-class PolicyModule(L.LightningModule):
+class PolicyModule(HeldoutValidation, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
     Args:
