@@ -340,7 +340,10 @@ def main(args: list[str] | None = None) -> LitRLCLI:
 
 def console_main() -> None:
     """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
-    a configuration error exits 2 with one line on stderr."""
+    a configuration error exits 2 with one line on stderr. The working directory is importable (as with
+    ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         main()
     except ConfigError as e:
