@@ -146,9 +146,10 @@ def test_progress_bar_counts_iterations_and_no_args_warning(tmp_path, monkeypatc
     monkeypatch.chdir(tmp_path)
     main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
           "--trainer.max_steps", "2", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-          "--trainer.callbacks", "[]"])  # drops the recipe's rich bar: the default (tqdm) bar
+          "--trainer.callbacks", "[]", "-c", str(ROOT / "callbacks/eval.yaml"),  # the default (tqdm) bar
+          "--trainer.val_check_interval", "1"])
     out = capsys.readouterr()
     bar = out.out + out.err  # Lightning's tqdm writes to stdout
-    assert "Iteration" in bar and "2/2" in bar
+    assert "Iteration" in bar and "2/2" in bar and "eval/accuracy" in bar
     assert "Epoch" not in bar
     assert not [w for w in recwarn if "args parameter" in str(w.message)]
