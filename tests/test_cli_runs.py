@@ -23,8 +23,9 @@ def _quickstart(run: Path, *extra: str, steps: int = 2):
                  "--trainer.max_steps", str(steps), *SMALL, *extra])
 
 
-def _steps(run: Path) -> list[int]:
-    return [int(r["step"]) for r in log_rows(run / "logs" / "metrics.csv")]
+def _steps(run: Path, key: str = "reward/mean") -> list[int]:
+    """The steps of the CSV rows holding ``key`` (training rows; eval rows are their own rows)."""
+    return [int(r["step"]) for r in log_rows(run / "logs" / "metrics.csv") if key in r]
 
 
 def test_default_root_dir_moves_every_output(tmp_path, monkeypatch):
@@ -64,6 +65,7 @@ def test_resume_last_continues_the_same_logs(tmp_path, monkeypatch):
     cli = _quickstart(run, "--ckpt_path", "last", steps=5)
     assert cli.model.iteration == 5
     assert _steps(run) == [0, 1, 2, 3, 4]  # step 2 of the killed process replaced, none missing
+    assert _steps(run, "eval/accuracy") == [0]  # the baseline, once (no second one on resume)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 2  # same directory, second file
     assert not list(tmp_path.glob("run/logs/version_*"))
 
