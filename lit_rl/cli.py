@@ -309,9 +309,13 @@ def _is_progress_bar(cb) -> bool:
 
 
 def _one_line(e: BaseException) -> str:
-    """The innermost message of a (chained) exception, on one line."""
+    """The innermost message of a (chained) exception, on one line (bad data records: one line each)."""
+    from lit_rl.data.prompts import DataError
+
     while e.__cause__ is not None and str(e.__cause__):
         e = e.__cause__
+    if isinstance(e, DataError):  # one line per bad record, each starting with file:line
+        return str(e)
     msg = " ".join(str(e).split())
     return msg or type(e).__name__
 
