@@ -128,7 +128,7 @@ def truncate_csv_metrics(path: Path, from_step: int) -> int:
         fields, rows = reader.fieldnames or [], list(reader)
     keep = [r for r in rows if not r.get("step") or int(float(r["step"])) < from_step]
     if len(keep) != len(rows):
-        tmp = path.with_suffix(".csv.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with tmp.open("w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
@@ -164,8 +164,10 @@ def run_csv_logger(root: str, resume_step: int | None):
                 self._experiment = (_Writer if resume_step is not None else ExperimentWriter)(log_dir=self.log_dir)
             return self._experiment
 
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     logger = _RunCSVLogger(root, name="logs", version="")
-    if resume_step is not None:
+    if resume_step is not None and rank_zero_only.rank == 0:  # only rank 0 writes the CSV
         truncate_csv_metrics(Path(logger.log_dir) / "metrics.csv", resume_step)
     return logger
 
