@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_rl.callbacks._sync import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.core.logprobs import token_logprobs
@@ -160,15 +161,23 @@ class ReferenceKL(L.Callback):
 
     # --------------------------------------------------- controller + metrics
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration."""
-        if self._kl_count == 0:
-            return
-        kl_mean = self._kl_sum / self._kl_count
-        pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
-        pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration.
+
+        The KL sum, token count and rows are summed over ranks first (``_sync.global_sums``), so ``kl/mean``
+        is the global per-token mean and every rank moves β identically (the checkpoint holds that β). Every
+        rank takes part in the reduce, also one whose iteration had no trainable token.
+        """
         exp = getattr(batch, "experience", None)
-        self.controller.update(kl_mean, n_steps=exp.batch_size if exp is not None else self._rows)
+        local_rows = self._rows
+        rows = exp.batch_size if exp is not None else self._rows
+        kl_sum, count, rows = global_sums(trainer, pl_module, [self._kl_sum, self._kl_count, rows])
         self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
+        if count == 0:  # the same decision on every rank: the counts are global
+            return
+        kl_mean = kl_sum / count
+        pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        self.controller.update(kl_mean, n_steps=int(round(rows)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"controller": self.controller.state_dict()}
