@@ -7,6 +7,7 @@ Both ranks see different statistics; each must end with the coefficient a single
 """
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -31,11 +32,12 @@ def ranks(tiny_model_dir, tmp_path_factory):
     ref = build_tiny_model(d / "ref", layers=2, hidden=64, heads=2, tokenizer="char", seed=1)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
     proc = subprocess.Popen([sys.executable, str(HERE / "controllers_ddp_runner.py"), str(d), str(tiny_model_dir),
-                             str(ref)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(ref)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # own process group: rank 1 (Lightning's child) dies with it
     try:
         log = proc.communicate(timeout=300)[0]
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)
         raise AssertionError("2-rank controller run did not finish in 300 s (a rank skipped the all-reduce?)")
     assert proc.returncode == 0, log[-4000:]
     return [json.loads((d / f"rank{r}.json").read_text()) for r in (0, 1)]
