@@ -89,6 +89,7 @@ class PolicyModule(L.LightningModule):
         max_nonfinite_steps: this many skipped steps in a row raise.
         rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
             (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
+        correction_low: lower bound of the ``mis`` band [low, cap] (IcePop, arXiv 2510.18855); None = 1/cap.
         logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
@@ -122,6 +123,7 @@ class PolicyModule(L.LightningModule):
         rollout_correction: str = "none",
         correction_level: str = "token",
         correction_cap: float = 2.0,
+        correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
@@ -156,6 +158,12 @@ class PolicyModule(L.LightningModule):
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if not correction_cap > 0:
             raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
+        if correction_low is not None and not (rollout_correction == "mis" and 0 < correction_low < 1):
+            raise ValueError(f"correction_low={correction_low} needs rollout_correction='mis' and 0 < correction_low "
+                             f"< 1 (null = 1/correction_cap); got rollout_correction={rollout_correction!r}")
+        if rollout_correction == "mis" and not correction_cap > 1:
+            raise ValueError(f"correction_cap={correction_cap} with rollout_correction='mis' must be > 1 (the kept "
+                             "band [correction_low, correction_cap] must contain ratio 1)")
         for name, v in (("gamma", gamma), ("lam", lam)):
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
@@ -457,7 +465,7 @@ class PolicyModule(L.LightningModule):
         is_w, metrics = None, {}
         if h.rollout_correction != "none" and micro.rollout_logprobs is not None:
             w, keep, cm = rollout_correction(old, micro.rollout_logprobs, mask, h.rollout_correction,
-                                             h.correction_level, h.correction_cap)
+                                             h.correction_level, h.correction_cap, h.get("correction_low"))
             is_w = w * keep
             metrics.update({f"is/{k}": v for k, v in cm.items()})
         if micro.is_weights is not None:
