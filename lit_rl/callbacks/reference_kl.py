@@ -156,10 +156,10 @@ class ReferenceKL(L.Callback):
                 pol = module.completion_logprobs(exp).float()
         # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
         ref = exp.ref_logprobs.double()
-        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.loss_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
+        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.train_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
         base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(exp.ref_logprobs)
         exp.token_rewards = base - (self.beta * kl).to(base.dtype)
-        self._accumulate(kl, exp.loss_mask, exp.batch_size)
+        self._accumulate(kl, exp.train_mask, exp.batch_size)
 
     # ---------------------------------------------------------------- LossTerm
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
