@@ -256,7 +256,7 @@ class RolloutCallback(L.Callback):
             rewards=rb.total.float(), valid=rb.valid, policy_version=torch.full((B,), self.engine.policy_version),
             reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
             finish_reasons=[c.finish_reason for c in rows_c], domains=[p.domain for p in rec], prompts=rec,
-            texts=[self._decode(c) for c in rows_c])
+            texts=[self._decode(c) for c in rows_c], reward_errors=list(rb.errors))
 
     @property
     def _tokenizer(self):
