@@ -416,6 +416,8 @@ def _rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
         "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
+        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
+        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
         "rollout/rows": float(len(exp)),
     }
     m.update(rb.metrics)
