@@ -201,8 +201,14 @@ def test_report_written_at_train_end_and_by_the_cli(short_run, tmp_path):
     assert "<script src" not in html and "http://" not in html and "https://" not in html  # self-contained
     data = load_run(d / "rollouts")
     assert data["steps"] == [1, 2, 3, 4] and sum(len(v) for v in data["rows"].values()) == 32
-    bad = subprocess.run(["lit-rl", "inspect", str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "no rollouts found" in bad.stderr and "callbacks/inspect.yaml" in bad.stderr
+
+
+def test_inspect_without_rollouts_exits_2_with_the_fix(tmp_path, capsys):
+    from lit_rl.report import main
+
+    assert main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert "no rollouts found" in err and "callbacks/inspect.yaml" in err
 
 
 def test_a_reward_that_always_fails_stops_a_real_run_within_the_window(tiny_model_dir, tmp_path):
