@@ -269,3 +269,29 @@ def test_report_in_chromium_rows_filters_curves(short_run, tmp_path):
     shot_dir = Path(os.environ.get("LIT_RL_SCREENSHOT_DIR", tmp_path))
     png = screenshot(url + "#step=1", shot_dir / "report_screenshot.png")
     assert png.stat().st_size > 10_000
+
+
+# ------------------------------------------------------------------ recipes
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_recipe_has_the_inspector_on():
+    import yaml
+
+    for cfg in sorted((ROOT / "configs").glob("*.yaml")):
+        cbs = yaml.safe_load(cfg.read_text())["trainer"]["callbacks"]
+        assert any(c["class_path"] == "lit_rl.callbacks.RolloutInspector" for c in cbs), cfg.name
+
+
+def test_recipe_through_the_cli_writes_rollouts_under_default_root_dir(tmp_path, monkeypatch, tiny_model_dir):
+    from lit_rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    cli = main(["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--trainer.max_steps", "2", "--trainer.logger", "false",
+                "--trainer.enable_progress_bar", "false", "--model.init_args.model", str(tiny_model_dir),
+                "--data.init_args.batch_size", "2", "--trainer.default_root_dir", "out"])
+    insp = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutInspector))
+    assert insp.dir == Path("out/rollouts")  # resolved from trainer.default_root_dir at setup
+    rows = [json.loads(x) for x in (tmp_path / "out/rollouts/step_000002.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * 8 and {r["step"] for r in rows} == {2}  # 2 prompts x group_size 8 <= 64 rows
+    assert (tmp_path / "out/report.html").exists()
