@@ -211,6 +211,20 @@ def test_inspect_without_rollouts_exits_2_with_the_fix(tmp_path, capsys):
     assert "no rollouts found" in err and "callbacks/inspect.yaml" in err
 
 
+def test_inspect_default_output_is_run_dir_report(short_run, tmp_path, capsys):
+    import shutil
+
+    from lit_rl.report import main
+
+    d, _, _ = short_run
+    run = tmp_path / "copy"
+    shutil.copytree(d / "rollouts", run / "rollouts")
+    assert main([str(run)]) == 0  # `lit-rl inspect runs/quickstart` -> runs/quickstart/report.html
+    assert (run / "report.html").read_text().count('"steps":[1,2,3,4]') == 1
+    assert capsys.readouterr().out.startswith(f"wrote {run / 'report.html'}")
+    assert main([str(run / "rollouts")]) == 0  # the rollouts folder itself works too
+
+
 def test_a_reward_that_always_fails_stops_a_real_run_within_the_window(tiny_model_dir, tmp_path):
     def always(prompt, completion):
         raise RuntimeError("judge is down")
@@ -283,15 +297,21 @@ def test_every_recipe_has_the_inspector_on():
         assert any(c["class_path"] == "lit_rl.callbacks.RolloutInspector" for c in cbs), cfg.name
 
 
-def test_recipe_through_the_cli_writes_rollouts_under_default_root_dir(tmp_path, monkeypatch, tiny_model_dir):
+def test_fragment_on_a_config_of_your_own_writes_under_default_root_dir(tmp_path, monkeypatch, tiny_model_dir):
+    """README: `lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml` (my_config: grpo.yaml minus its inspector)."""
+    import yaml
+
     from lit_rl.cli import main
 
+    cfg = yaml.safe_load((ROOT / "configs/grpo.yaml").read_text())
+    cfg["trainer"]["callbacks"] = [c for c in cfg["trainer"]["callbacks"] if "RolloutInspector" not in c["class_path"]]
+    (tmp_path / "my_config.yaml").write_text(yaml.safe_dump(cfg))
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--trainer.max_steps", "2", "--trainer.logger", "false",
-                "--trainer.enable_progress_bar", "false", "--model.init_args.model", str(tiny_model_dir),
-                "--data.init_args.batch_size", "2", "--trainer.default_root_dir", "out"])
-    insp = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutInspector))
-    assert insp.dir == Path("out/rollouts")  # resolved from trainer.default_root_dir at setup
+    cli = main(["fit", "-c", "my_config.yaml", "-c", str(ROOT / "callbacks/inspect.yaml"), "--trainer.max_steps", "2",
+                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--model.init_args.model",
+                str(tiny_model_dir), "--data.init_args.batch_size", "2", "--trainer.default_root_dir", "out"])
+    insp = [cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutInspector)]
+    assert len(insp) == 1 and insp[0].dir == Path("out/rollouts")  # resolved from trainer.default_root_dir
     rows = [json.loads(x) for x in (tmp_path / "out/rollouts/step_000002.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * 8 and {r["step"] for r in rows} == {2}  # 2 prompts x group_size 8 <= 64 rows
     assert (tmp_path / "out/report.html").exists()
