@@ -167,11 +167,13 @@ function groupHead(g) {
    <pre>${esc(p[0])}</pre>${p[1] != null ? `<div>answer: <code>${esc(p[1])}</code></div>` : ""}
    <div>rewards ${chips}</div><div>advantages ${advs}</div></td></tr>`;
 }
+// empty or whitespace-only completions are shown as a quoted string, so they are never an invisible cell
+const showText = t => String(t ?? "").trim() ? `<pre class="txt">${esc(t)}</pre>` : `<span class="muted">${esc(JSON.stringify(t ?? ""))} (blank)</span>`;
 function rowHtml(r, step) {
   const comps = D.components.map((k, i) => r[F.components] && r[F.components][i] != null ? `${esc(k)}=${fmt(r[F.components][i])}` : "").filter(Boolean).join("<br>");
   const err = r[F.error];
   return `<tr class="row" data-step="${step}" data-row="${r[F.row]}" data-err="${err ? 1 : 0}" data-finish="${esc(r[F.finish])}">
-   <td class="num">${r[F.row]}</td><td><pre class="txt">${esc(r[F.completion])}</pre></td>
+   <td class="num">${r[F.row]}</td><td>${showText(r[F.completion])}</td>
    <td><span class="chip ${rewardClass(r[F.reward], err)}">${err ? "none" : fmt(r[F.reward])}</span></td><td>${comps}</td>
    <td class="num">${fmt(r[F.advantage])}</td><td class="${r[F.finish] === "length" ? "trunc" : ""}">${esc(r[F.finish])}</td>
    <td class="num">${r[F.length]}</td><td class="num">${r[F.policy_version]} / ${r[F.staleness] ?? "–"}</td>
@@ -220,7 +222,7 @@ function renderDiff() {
   const steps = stepsOf(S.diff);
   const a = steps.includes(S.a) ? S.a : steps[0], b = steps.includes(S.b) ? S.b : steps[steps.length - 1];
   const rowsAt = s => (D.rows[String(s)] || []).filter(r => r[F.prompt] === S.diff).sort((u, v) => (v[F.reward] ?? -1e9) - (u[F.reward] ?? -1e9));
-  const col = s => `<div><h4>step ${s}</h4>` + rowsAt(s).map(r => `<div class="crow"><span class="chip ${rewardClass(r[F.reward], r[F.error])}">${r[F.error] ? "err" : fmt(r[F.reward], 2)}</span><span class="muted">adv ${fmt(r[F.advantage], 2)}</span><pre class="txt">${esc(r[F.completion])}</pre></div>`).join("") + "</div>";
+  const col = s => `<div><h4>step ${s}</h4>` + rowsAt(s).map(r => `<div class="crow"><span class="chip ${rewardClass(r[F.reward], r[F.error])}">${r[F.error] ? "err" : fmt(r[F.reward], 2)}</span><span class="muted">adv ${fmt(r[F.advantage], 2)}</span>${showText(r[F.completion])}</div>`).join("") + "</div>";
   const opts = sel => steps.map(s => `<option value="${s}" ${s === sel ? "selected" : ""}>${s}</option>`).join("");
   const ra = rowsAt(a), rb = rowsAt(b);
   box.className = "";
