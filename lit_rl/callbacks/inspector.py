@@ -32,7 +32,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lit_rl.data.experience import Experience
 
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
-METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/")
+METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/", "async/")
 TABLE_COLUMNS = ("step", "group", "pick", "prompt", "completion", "reward", "advantage", "finish", "length",
                  "staleness", "logprob", "error")
 
@@ -187,7 +187,10 @@ class RolloutInspector(L.Callback):
         exp = getattr(batch, "experience", None)
         if exp is None or step % self.every_n_steps:
             return
-        rows = select_groups(row_records(exp, self._learner_version, self.max_text_chars), self.max_rows_per_step,
+        # async: the learner's version is the producer's push count (the engine's own version lags behind it)
+        learner = metrics.get("async/policy_version")
+        learner = int(learner) if learner is not None else self._learner_version
+        rows = select_groups(row_records(exp, learner, self.max_text_chars), self.max_rows_per_step,
                              random.Random(f"{self.seed}:{step}"))
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
             for r in rows:
