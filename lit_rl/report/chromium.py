@@ -32,7 +32,7 @@ def _run(args: list[str], timeout_s: float) -> subprocess.CompletedProcess:
         raise FileNotFoundError("chromium not found (Debian: apt-get install -y chromium; or set LIT_RL_CHROMIUM)")
     with tempfile.TemporaryDirectory(prefix="lit_rl_chromium_") as profile:
         cmd = [exe, *FLAGS, f"--user-data-dir={profile}", *args]
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     if res.returncode != 0:
         raise RuntimeError(f"chromium exited {res.returncode}: {res.stderr[-2000:]}")
     return res

@@ -107,8 +107,8 @@ def _proc_loop(conn, fns) -> None:
         try:
             conn.send(out)
         except Exception as e:  # noqa: BLE001 - e.g. an unpicklable return value
-            conn.send((False, f"reward result could not be sent back from the worker process: "
-                              f"{type(e).__name__}: {e}"))
+            msg = f"reward result could not be sent back from the worker process: {type(e).__name__}: {e}"
+            conn.send((False, msg))
 
 
 class _ProcessWorkers:
@@ -178,8 +178,10 @@ class RewardPool:
         weights: name -> weight of each component in the total (default 1.0 each).
         timeout_s: per-call limit; past it the call is an infra error.
         num_workers: parallel calls.
-        executor: ``"auto"`` (default: processes if a reward declares ``executor = "process"``, else threads),
-            ``"thread"`` or ``"process"`` (see module doc).
+        executor: ``"auto"`` (default: processes if a reward declares ``executor = "process"``, else threads;
+            the choice is made for the whole pool, so a reward model sharing a pool with ``MathAnswerReward``
+            gets a copy per worker process -- give it its own pool or set ``executor``), ``"thread"`` or
+            ``"process"`` (see module doc).
         max_invalid_frac: stop (``RewardFailureError``) when more than this fraction of the rows scored by
             the last ``window`` calls had no reward; ``None`` never stops. In [0, 1).
         window: number of scoring calls (one per training step) the fraction is measured over; the check

@@ -242,3 +242,15 @@ def test_a_per_row_function_returning_a_list_points_at_the_trl_signature():
     with pytest.warns(RewardErrorWarning):
         rb = pool.score([P("1")], ["x"])
     assert "TRL-style batched function must name its parameters (prompts, completions" in rb.errors[0]
+
+
+def test_a_process_reward_returning_an_unpicklable_value_is_an_error_not_a_dead_worker():
+    def returns_a_lambda(prompt, completion):
+        return (lambda: 1.0) if completion == "odd" else 1.0
+
+    pool = RewardPool({"lam": returns_a_lambda}, executor="process", max_invalid_frac=None)
+    with pytest.warns(RewardErrorWarning):
+        rb = pool.score([P("a")] * 3, ["ok", "odd", "ok"])
+    pool.close()
+    assert rb.valid.tolist() == [True, False, True]
+    assert rb.errors[1].startswith("lam: reward result could not be sent back from the worker process: ")
