@@ -202,11 +202,23 @@ class RolloutInspector(L.Callback):
         if not trainer.is_global_zero or self.dir is None:
             return
         self._flush_heldout(trainer)  # HeldoutEval's final point is added in its on_train_end
-        if self.report:
-            from lit_rl.report import write_report
+        self._write_report()
 
-            out = write_report(self.dir, self.report_path)
-            rank_zero_info(f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)")
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # A run stopped by an error (e.g. RewardFailureError) is the one whose samples matter most.
+        if trainer.is_global_zero and self.dir is not None:
+            try:
+                self._write_report()
+            except Exception as e:  # noqa: BLE001 - never hide the exception that stopped the run
+                rank_zero_info(f"RolloutInspector: could not write the report after the error: {e}")
+
+    def _write_report(self) -> None:
+        if not self.report or not any(self.dir.glob("*.jsonl")):
+            return
+        from lit_rl.report import write_report
+
+        out = write_report(self.dir, self.report_path)
+        rank_zero_info(f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)")
 
     # --------------------------------------------------------------- outputs
     def _append_metrics(self, rec: dict) -> None:

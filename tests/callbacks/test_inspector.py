@@ -247,10 +247,15 @@ def test_a_reward_that_always_fails_stops_a_real_run_within_the_window(tiny_mode
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RewardErrorWarning)
         with pytest.raises(RewardFailureError) as e:
-            _fit({"model": tiny_model_dir, "dir": tmp_path}, always, [spy], steps=20, window=3)
+            _fit({"model": tiny_model_dir, "dir": tmp_path}, always, [spy, RolloutInspector()], steps=20, window=3)
     assert spy.steps == 2  # steps 1 and 2 trained (nothing to learn from), step 3's scoring stopped the run
     assert "24/24 rows (100%) of the last 3 scoring calls" in str(e.value)
     assert "Most frequent error (24x): picky: RuntimeError: judge is down" in str(e.value)
+    # the report is written on the way out, with the failing rows of the steps that ran
+    data = load_run(tmp_path / "rollouts")
+    assert (tmp_path / "report.html").exists() and data["steps"] == [1, 2]
+    errs = [r[data["fields"].index("error")] for rows in data["rows"].values() for r in rows]
+    assert len(errs) == 16 and set(errs) == {"picky: RuntimeError: judge is down"}
 
 
 # ------------------------------------------------------------------ the report in a real browser
