@@ -3,7 +3,8 @@
 The rollout files are synthesised in the RolloutInspector format with the quickstart's shapes (three tally-mark
 operands, one-token answers, groups of 16, 64 rows kept per step, a reward error in ~1 % of rows), not taken
 from a real 800-step run. Load time = the page's own ``performance.now()`` after its first render (navigation
-start -> HTML parsed, JSON parsed, first page of rows and the curves drawn), read back from the DOM.
+start -> HTML parsed, JSON parsed, first page of rows and the curves drawn), read back from the DOM; the
+same number for an empty page is printed first, as the machine's baseline (it grows with CPU contention).
 
     python scripts/bench_report.py            # 200 and 800 steps x 64 rows
     python scripts/bench_report.py 50 200     # other step counts
@@ -53,22 +54,32 @@ def synth_run(root: Path, steps: int, rows: int = 64, group: int = 16, seed: int
     return root
 
 
+BASELINE = ('<!DOCTYPE html><html><body><script>document.body.dataset.loadMs = performance.now().toFixed(1);'
+            '</script></body></html>')
+
+
+def load_ms(url: str) -> float:
+    return float(re.search(r'data-load-ms="([0-9.]+)"', dump_dom(url)).group(1))
+
+
 def measure(steps: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         run = synth_run(Path(tmp) / f"run{steps}", steps)
         t0 = time.perf_counter()
         out = write_report(run)
         build_s = time.perf_counter() - t0
-        loads = []
-        for _ in range(3):
-            dom = dump_dom(out.as_uri())
-            loads.append(float(re.search(r'data-load-ms="([0-9.]+)"', dom).group(1)))
+        loads = [load_ms(out.as_uri()) for _ in range(3)]
         return {"steps": steps, "rows": steps * 64, "size_mb": out.stat().st_size / 1e6, "build_s": build_s,
                 "load_ms_median": sorted(loads)[1], "load_ms_all": loads}
 
 
 def main(argv: list[str]) -> None:
     counts = [int(a) for a in argv] or [200, 800]
+    with tempfile.TemporaryDirectory() as tmp:  # an empty page: Chromium's own start-up on this machine, now
+        empty = Path(tmp) / "empty.html"
+        empty.write_text(BASELINE)
+        base = sorted(load_ms(empty.as_uri()) for _ in range(3))
+    print(f"empty page (machine baseline): median {base[1]:.0f} ms of {', '.join(f'{x:.0f}' for x in base)}")
     print(f"{'steps':>6} {'rows':>7} {'size MB':>8} {'build s':>8} {'load ms (median of 3)':>22}  all loads")
     for n in counts:
         r = measure(n)

@@ -59,7 +59,9 @@ del{background:#f6d2d2;text-decoration:line-through}ins{background:#c8ecd0;text-
 <script id="data" type="application/json">%%DATA%%</script>
 <script>
 "use strict";
+const T0 = performance.now();  // the HTML (with the data) is parsed by now
 const D = JSON.parse(document.getElementById("data").textContent);
+const T1 = performance.now();
 const F = {}; D.fields.forEach((f, i) => F[f] = i);
 const $ = id => document.getElementById(id);
 const esc = s => String(s == null ? "" : s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
@@ -268,5 +270,7 @@ function update() { syncControls(); renderRows(); renderDiff(); renderCurves(); 
 readHash(); initControls(); update();
 const ms = performance.now();
 document.body.dataset.loadMs = ms.toFixed(1); $("load-ms").textContent = ms.toFixed(0) + " ms";
+// where the time went: HTML parse (until this script ran), JSON.parse, first render
+document.body.dataset.phases = [T0, T1 - T0, ms - T1].map(x => x.toFixed(1)).join(",");
 </script></body></html>
 """
