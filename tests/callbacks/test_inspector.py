@@ -8,7 +8,6 @@ import math
 import os
 import random
 import re
-import subprocess
 import threading
 import warnings
 from pathlib import Path
@@ -203,14 +202,19 @@ def test_wandb_table_call_matches_lightnings_signature():
     assert {"key", "columns", "data"} <= set(params)
 
 
-def test_report_written_at_train_end_and_by_the_cli(short_run, tmp_path):
+def test_report_written_at_train_end_and_by_the_cli(short_run, tmp_path, monkeypatch, capsys):
+    """`lit-rl inspect RUN -o r.html` through the console script's entry function (in-process: a fresh `lit-rl`
+    process spends ~15 s importing Lightning for LightningCLI before it reaches the dispatch)."""
+    from lit_rl.cli import console_main
+
     d, _, _ = short_run
     assert (d / "report.html").stat().st_size > 1000
     out = tmp_path / "r.html"
-    res = subprocess.run(["lit-rl", "inspect", str(d), "-o", str(out)], capture_output=True, text=True, timeout=120,
-                         check=False)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith(f"wrote {out}")
+    monkeypatch.setattr("sys.argv", ["lit-rl", "inspect", str(d), "-o", str(out)])
+    with pytest.raises(SystemExit) as e:
+        console_main()
+    assert e.value.code == 0
+    assert capsys.readouterr().out.startswith(f"wrote {out}")
     html = out.read_text()
     assert "<script src" not in html and "http://" not in html and "https://" not in html  # self-contained
     data = load_run(d / "rollouts")
