@@ -98,11 +98,12 @@ function chart(title, keys, w = 440, h = 160) {
   let y0 = Math.min(...pts.map(p => p[1])), y1 = Math.max(...pts.map(p => p[1]));
   if (y0 >= 0 && y1 <= 1) { y0 = 0; y1 = 1; } if (y1 === y0) { y1 += 1; y0 -= 1; } if (x1 === x0) x1 = x0 + 1;
   const L = 40, R = 8, T = 8, B = 20, X = x => L + (x - x0) / (x1 - x0) * (w - L - R), Y = y => T + (1 - (y - y0) / (y1 - y0)) * (h - T - B);
-  let g = "";
+  let g = "", lastX = null;
   for (let i = 0; i <= 4; i++) {
-    const yv = y0 + (y1 - y0) * i / 4, xv = x0 + (x1 - x0) * i / 4;
+    const yv = y0 + (y1 - y0) * i / 4, xv = Math.round(x0 + (x1 - x0) * i / 4);
     g += `<line x1="${L}" x2="${w - R}" y1="${Y(yv)}" y2="${Y(yv)}" stroke="#eceff3"/><text x="2" y="${Y(yv) + 3}">${+yv.toPrecision(3)}</text>`;
-    g += `<text x="${X(xv) - 8}" y="${h - 5}">${Math.round(xv)}</text>`;
+    if (xv !== lastX) g += `<text x="${X(xv) - 8}" y="${h - 5}">${xv}</text>`;  // few steps: no repeated labels
+    lastX = xv;
   }
   series.forEach(([k, s], i) => {
     const c = COLORS[i % COLORS.length];

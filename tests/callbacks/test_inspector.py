@@ -304,7 +304,7 @@ def test_report_in_chromium_rows_filters_curves(short_run, tmp_path):
     assert {(s, r) for s, r, _, _ in _dom_rows(dump_dom(url + "#all=1&reward=1&pagesize=1000"))} == ones
     assert "Same prompt at two steps" in dump_dom(url + "#step=1&diff=0")
     shot_dir = Path(os.environ.get("LIT_RL_SCREENSHOT_DIR", tmp_path))
-    png = screenshot(url + "#step=1", shot_dir / "report_screenshot.png")
+    png = screenshot(url + "#all=1&errors=1", shot_dir / "report_screenshot.png")  # the failing rows
     assert png.stat().st_size > 10_000
 
 
