@@ -310,7 +310,8 @@ class RolloutCallback(L.Callback):
             rewards=rb.total.float(), valid=rb.valid, policy_version=torch.full((B,), self.engine.policy_version),
             reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
             finish_reasons=finish, domains=[p.domain for p in rec], prompts=rec,
-            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens)
+            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens,
+            reward_errors=list(rb.errors))
 
     @property
     def _tokenizer(self):
@@ -469,6 +470,8 @@ def _rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
         "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
+        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
+        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
         "rollout/rows": float(len(exp)),
         # rows out of every loss term: failed rewards (valid False) and filtered rows (trainable False)
         "rollout/untrained_rows": float((~exp.train_rows).sum()),

@@ -272,4 +272,5 @@ class AgentRolloutCallback(RolloutCallback):
                                        self.engine.policy_version)
         # Dr. GRPO's constant horizon for an episode: the action-token budget of all its turns.
         exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
+        exp.reward_errors = list(rb.errors)  # the inspector shows why a row has no reward
         return exp
