@@ -346,6 +346,10 @@ def console_main() -> None:
     """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
     a configuration error exits 2 with one line on stderr. The working directory is importable (as with
     ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``."""
+    if sys.argv[1:2] == ["inspect"]:  # `lit-rl inspect RUN_DIR`: the rollout report, not a LightningCLI subcommand
+        from lit_rl.report import main as inspect_main
+
+        sys.exit(inspect_main(sys.argv[2:]))
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
