@@ -39,10 +39,13 @@ RUN = {
     "lit-rl fit --config configs/quickstart.yaml --ckpt_path last_or_new": ["--trainer.max_steps", "5"],
     "python -m lit_rl.models.tiny runs/distill/student --hidden 64 --heads 2 --seed 1": [],
     "lit-rl fit --config configs/distill.yaml": ["--trainer.max_steps", "1"],
+    "lit-rl inspect runs/quickstart": [],
+    "lit-rl inspect runs/quickstart -o report.html": [],
 }
 # Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
 ELSEWHERE = {
     "make install": "scripts/install.sh, run by the environment setup",
+    "lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml": "tests/callbacks/test_inspector.py (a config of your own)",
     "make test": "the test suite itself",
     "python scripts/bench_distill.py": "a benchmark script (minutes); its pieces: tests/test_distill_*.py",
     "pip install torch": "GPU install (network)",
@@ -115,6 +118,10 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
         extra = RUN[cmd]
         if cmd.startswith("python -m lit_rl.models.tiny"):
             tiny_main(shlex.split(cmd)[3:])
+        elif cmd.startswith("lit-rl inspect"):  # console_main dispatches `inspect` to lit_rl.report.main
+            from lit_rl.report import main as inspect_main
+
+            assert inspect_main(shlex.split(cmd)[2:]) == 0
         elif "--print_config >" in cmd:
             first, second = cmd.split(" && ")
             capsys.readouterr()  # only what --print_config prints goes to the file
@@ -140,6 +147,7 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
     mine = next(c for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
                 if isinstance(c, RolloutCallback))
     assert list(mine.rewards.rewards) == ["mine"]
+    assert (workdir / "report.html").exists() and (runs / "quickstart/report.html").exists()
     for rel in ("quickstart/checkpoints/last.ckpt", "quickstart/final_model/config.json", "mine/logs/metrics.csv",
                 "printed/config.yaml", "distill/final_model/config.json"):
         assert (runs / rel).exists(), rel
