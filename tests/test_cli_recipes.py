@@ -37,19 +37,23 @@ def _rollout(cli):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatch, tiny_model_dir):
     """`--rollout.group_size` / `--rollout.sampling.max_new_tokens` reach the RolloutCallback of every recipe."""
+    # dapo's dynamic sampling refills groups without reward variance; from a random model its preset 16 tries do
+    # not fill the batch (main fails the same way): more tries here, the other settings as set
+    group = "8" if recipe == "dapo" else "3"
+    more = ["--rollout.max_resample_tries", "64"] if recipe == "dapo" else []
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, f"configs/{recipe}.yaml",
-               extra=["--rollout.group_size", "3", "--rollout.sampling.max_new_tokens", "2"])
+               extra=["--rollout.group_size", group, "--rollout.sampling.max_new_tokens", "2", *more])
     m = cli.trainer.callback_metrics
     assert cli.model.iteration >= 1
     assert "reward/mean" in m and "actor/grad_norm" in m
     rc = _rollout(cli)
-    assert rc.group_size == 3 and rc.sampling.max_new_tokens == 2
+    assert rc.group_size == int(group) and rc.sampling.max_new_tokens == 2
     assert cli.trainer.callbacks.index(rc) == 0  # generates before the other callbacks see the batch
     preset = yaml.safe_load((ROOT / f"configs/{recipe}.yaml").read_text())
     for field in ("advantage", "policy_loss", "loss_agg"):  # the preset's independent fields arrive as set
         assert cli.model.hparams[field] == preset["model"]["init_args"][field]
     for k, v in preset["rollout"].items():  # and the recipe's other rollout settings are kept
-        if k not in ("group_size", "sampling", "rewards", "engine"):
+        if k not in ("group_size", "sampling", "rewards", "engine", "max_resample_tries"):
             assert getattr(rc, {"overlong_prompts": "overlong"}.get(k, k)) == v, k
 
 
@@ -57,7 +61,7 @@ def test_callback_fragment_composes_with_recipe(tmp_path, monkeypatch, tiny_mode
     from lit_rl.callbacks import HeldoutEval, RolloutCallback
 
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml", "callbacks/eval.yaml",
-               "callbacks/save_hf.yaml", extra=["--rollout.group_size", "5"])
+               "callbacks/save_hf.yaml", extra=["--rollout.group_size", "5", "--trainer.val_check_interval", "1"])
     kinds = [type(cb) for cb in cli.trainer.callbacks]
     assert RolloutCallback in kinds and HeldoutEval in kinds  # appended, not replaced
     assert _rollout(cli).group_size == 5
@@ -121,8 +125,10 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/model")  # the recipes' default model
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")  # distill's teacher
     shutil.copytree(tiny_model_dir, tmp_path / "runs/distill/student")  # distill's student
+    # dapo: dynamic sampling needs its own 16 prompts x 8 samples, and more refill tries from a random model
+    small = SMALL if recipe != "dapo" else ["--rollout.max_resample_tries", "64"]
     printed = _print_config(capsys, ["fit", "-c", str(ROOT / f"configs/{recipe}.yaml"), "--trainer.max_steps", "1",
-                                     "--trainer.default_root_dir", str(tmp_path / "run"), *SMALL,
+                                     "--trainer.default_root_dir", str(tmp_path / "run"), *small,
                                      *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else [])])
     assert "Unable to serialize" not in printed
     cfg = yaml.safe_load(printed)

@@ -142,7 +142,7 @@ def test_own_conversational_data_trains_through_the_cli(tmp_path, monkeypatch, t
                 "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"),
                 "--data.init_args.train_files", f"[{train}]", "--data.init_args.heldout_files", f"[{held}]",
                 "--data.init_args.prompt_key", "question", "--data.init_args.answer_key", "solution",
-                "--data.init_args.batch_size", "4", "--rollout.group_size", "2"])
+                "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "1"])
     assert cli.model.iteration == 1
     assert cli.datamodule.train_prompts[0].messages == rows[0]["question"]
     assert "eval/accuracy" in cli.trainer.callback_metrics
