@@ -102,7 +102,7 @@ def test_expected_values_never_enter_the_sandbox(partial):
         blob = json.dumps(argv) + "".join(files.values()) + str(stdin)
         assert "987654321" not in blob and "123456789" not in blob and '"expected"' not in blob
         spec = json.loads(files["_harness/spec.json"])
-        assert spec["args"] == args and set(spec) == {"nonce", "module", "call", "args", "kwargs"}
+        assert spec["args"] == args and set(spec) == {"nonce", "kind", "module", "call", "args", "kwargs"}
 
 
 def test_code_extraction_and_no_code():
@@ -130,7 +130,7 @@ def test_json_equal(got, expected, equal):
 
 @pytest.mark.parametrize("tests, match", [
     ([], "has no tests"), ([{"call": "add", "args": [1]}], "test 0: a call test needs 'expected'"),
-    ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"), ([{"foo": 1}], "test 0: need either"),
+    ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"), ([{"foo": 1}], "test 0: need 'call'"),
     ([{"call": "f", "expected": {1, 2}}], "JSON-serialisable"),
 ])
 def test_malformed_tests_raise(partial, tests, match):
