@@ -111,6 +111,8 @@ def _build_root(libc, cfg: dict) -> None:
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")):
         os.symlink(target, f"{root}/dev/{name}")
+    # read-only: in user-namespace mode the program is uid 0 of the namespace and would own a writable /dev
+    _mount(libc, None, root + "/dev", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
     os.makedirs(root + "/etc", exist_ok=True)
     for name, text in (("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::/work:/bin/sh\n"),
                        ("group", f"root:x:0:\nsandbox:x:{uid}:\n"), ("hosts", "127.0.0.1 localhost\n")):

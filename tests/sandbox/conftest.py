@@ -20,8 +20,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 USER = "litrl_sbx"
 STDLIB_FILES = ["lit_rl/rewards/sandbox.py", "lit_rl/rewards/sandbox_launcher.py", "lit_rl/rewards/cgroups.py",
-                "lit_rl/rewards/code.py", "lit_rl/rewards/base.py", "lit_rl/rewards/extract.py",
-                "lit_rl/rewards/test_formats.py", "tests/sandbox/sbx_caller.py", "tests/sandbox/adversarial_corpus.py",
+                "lit_rl/rewards/code.py", "lit_rl/rewards/base.py", "lit_rl/rewards/extract.py", "lit_rl/rewards/code_runner.py",
+                "tests/sandbox/sbx_caller.py", "tests/sandbox/adversarial_corpus.py",
                 "tests/sandbox/corpus_runner.py"]
 
 
