@@ -170,3 +170,13 @@ def test_loader_reports_file_and_line(tmp_path):
         load_code_tasks(f)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_code_tasks(tmp_path / "missing.jsonl")
+
+
+def test_known_gap_assert_code_is_visible_from_the_candidates_frames(sandbox):
+    # Assert tests run in the candidate's process, so a candidate that reads its caller's code constants can
+    # answer them; this documents the gap (code_runner.py, docs/architecture.md). Call tests, compared in the
+    # parent with a value that never enters the sandbox, do not fall for the same program.
+    peek = ("import sys\ndef add(a, b):\n    consts = [c for c in sys._getframe(1).f_code.co_consts if type(c) is int]\n"
+            "    return consts[-1] if consts else 0\n")
+    assert _reward(sandbox)({"tests": MBPP}, peek).score == 1.0
+    assert _reward(sandbox)({"tests": CALL5}, peek).score == 0.0
