@@ -91,8 +91,8 @@ class SandboxLimits:
 
 @dataclass
 class SandboxResult:
-    """What one run produced. ``status``: exited | signaled | timeout | output_limit | too_large (files over
-    the work quota) | init_died (the program's namespace init died: the program can reach it) | lost (the
+    """What one run produced. ``status``: exited | signaled | timeout | output_limit | bad_files (over the
+    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace init died: the program can reach it) | lost (the
     launcher vanished after the program started) -- all ``fail`` unless exited 0 -- or infra_error."""
 
     status: str
@@ -214,10 +214,9 @@ class Sandbox:
             raise ValueError(f"timeout_s must be > 0, got {timeout}")
         uid = (_UID_BASE + secrets.randbelow(_UID_SPAN)) if self.root_mode else os.getuid()
         staged = _stage_files(files or {})
-        size = sum(len(c) + 4096 for c in staged.values())  # a rough tmpfs footprint: content + a page each
-        if size > self.limits.work_mb << 20 or len(staged) > 4096:  # the candidate's input: its fail
-            return SandboxResult("too_large", None, b"", b"", 0.0, uid,
-                                 f"{len(staged)} files, ~{size >> 20} MiB: over the {self.limits.work_mb} MiB /work")
+        why = _unplaceable(staged, self.limits.work_mb)
+        if why:  # the files are the candidate's input (an agent picks names too): its fail, never infra_error
+            return SandboxResult("bad_files", None, b"", b"", 0.0, uid, why)
         lim = self.limits
         groups, group_fds = [], []
         if self.cgroups.available:
@@ -374,6 +373,21 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
     return SandboxResult("lost", None, stdout, stderr, wall, uid,
                          f"the launcher vanished after the program started (unshare rc={rc}); scored as a fail "
                          "because the program cannot be ruled out as the cause")
+
+
+def _unplaceable(staged: dict[str, bytes], work_mb: int) -> str | None:
+    """Why these files cannot be written into a ``work_mb`` MiB /work, or None."""
+    size = sum(len(c) + 4096 for c in staged.values())  # a rough tmpfs footprint: content + a page each
+    if size > work_mb << 20 or len(staged) > 4096:
+        return f"{len(staged)} files, ~{size >> 20} MiB: over the {work_mb} MiB /work"
+    dirs = set()
+    for name in staged:
+        parts = name.split("/")
+        if len(name.encode()) > 1024 or len(parts) > 32 or any(len(p.encode()) > 255 for p in parts):
+            return f"file name too long or too deep: {name[:80]!r}"
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(dirs & set(staged))
+    return f"{clash[0]!r} is both a file and a directory" if clash else None
 
 
 def _stage_files(files: dict[str, str | bytes]) -> dict[str, bytes]:

@@ -241,3 +241,14 @@ def test_cgroup_fallback_is_logged_once(monkeypatch, tmp_path, caplog):
     assert a is b and not a.available and a.reason
     assert [r.getMessage() for r in caplog.records].count(caplog.records[0].getMessage()) == 1
     assert "no per-run cgroup" in caplog.records[0].getMessage() and len(caplog.records) == 1
+
+
+@pytest.mark.parametrize("files, why", [
+    ({"x.py": "1", "x.py/y.py": "2"}, "both a file and a directory"),
+    ({"a" * 300 + ".py": "1"}, "too long"), ({"/".join(["d"] * 40) + "/f.py": "1"}, "too deep"),
+    ({"big.bin": b"\0" * (9 << 20)}, "over the 8 MiB /work"),
+])
+def test_files_the_sandbox_cannot_place_are_a_fail_not_infra(files, why):
+    # an agent chooses file names (RetryRepoEnv passes its .py files on): a bad choice is its fail, not a mask
+    res = Sandbox(SandboxLimits(work_mb=8), timeout_s=2.0).run_python("print(1)", files=files)
+    assert (res.status, res.outcome) == ("bad_files", "fail") and why in res.error
