@@ -102,16 +102,16 @@ def main():
             if spec["kind"] == "asserts":
                 codes = [_compile(spec["setup"], "<setup>")] + [_compile(a, f"<assert {i}>")
                                                                  for i, a in enumerate(spec["asserts"])]
-                exec(compile(f"from {spec['module']} import *", "<import>", "exec"), ns)
-                exec(codes[0], ns)
+                exec(compile(f"from {spec['module']} import *", "<import>", "exec"), ns)  # noqa: S102
+                exec(codes[0], ns)  # noqa: S102 - running the tests is the point
                 for code in codes[1:]:
-                    exec(code, ns)
+                    exec(code, ns)  # noqa: S102
                     ran += 1
             else:
-                exec(_compile(spec["check"], "<check>"), ns)
+                exec(_compile(spec["check"], "<check>"), ns)  # noqa: S102
                 ns["check"](getattr(importlib.import_module(spec["module"]), spec["entry_point"]))
                 ran = 1
-            payload = '{"ran": %d}' % ran
+            payload = '{"ran": ' + str(int(ran)) + '}'
     except BaseException as e:  # noqa: BLE001 - SystemExit from the solution is a failure like any other
         try:
             payload = dumps({"error": (type(e).__name__ + ": " + str(e))[:300]})

@@ -30,7 +30,7 @@ FORMATS = ("native", "check", "asserts", "stdio")
 def record_to_prompt(rec: dict[str, Any], where: str = "record") -> Prompt:
     """One JSONL record (any shape above) -> ``Prompt`` with ``metadata = {"tests", "format"[, "solution"]}``."""
     if not isinstance(rec, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        raise TypeError(f"{where}: expected a JSON object, got {type(rec).__name__}")
 
     def text(*keys: str) -> str:
         for k in keys:
@@ -96,5 +96,5 @@ def _json_field(rec: dict, key: str, where: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: {key!r} is not valid JSON ({e})") from e
     if not isinstance(val, dict):
-        raise ValueError(f"{where}: {key!r} must hold an object with 'inputs' and 'outputs'")
+        raise ValueError(f"{where}: {key!r} must hold an object with 'inputs' and 'outputs'")  # noqa: TRY004
     return val

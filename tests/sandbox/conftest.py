@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 USER = "litrl_sbx"
 STDLIB_FILES = ["lit_rl/rewards/sandbox.py", "lit_rl/rewards/sandbox_launcher.py", "lit_rl/rewards/cgroups.py",
                 "lit_rl/rewards/code.py", "lit_rl/rewards/base.py", "lit_rl/rewards/extract.py", "lit_rl/rewards/code_runner.py",
-                "tests/sandbox/sbx_caller.py", "tests/sandbox/adversarial_corpus.py",
+                "tests/sandbox/sbx_caller.py", "tests/sandbox/adversarial_corpus.py", "tests/sandbox/corpus_integrity.py",
                 "tests/sandbox/corpus_runner.py"]
 
 
@@ -34,7 +34,7 @@ class Unprivileged:
     def run(self, script: str, args: list[str], stdin: str = "", timeout: float = 120.0) -> subprocess.CompletedProcess:
         cmd = [*self.prefix, self.python, "-I", str(self.root / script), *args]
         # own session: whatever the sandboxed program does to its caller's group, pytest is not in it
-        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, cwd="/",
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout, cwd="/", check=False,
                               env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                                    "SBX_PYTHON": self.python}, start_new_session=True)
 
@@ -51,7 +51,7 @@ def unprivileged():
         pw = pwd.getpwnam(USER)
     except KeyError:
         done = subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", USER],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if done.returncode != 0:
             pytest.skip(f"could not create the unprivileged test user {USER!r}: {done.stderr.strip()}")
         pw = pwd.getpwnam(USER)
@@ -67,7 +67,7 @@ def unprivileged():
                 os.chmod(os.path.join(d, f), 0o644)
         prefix = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
         probe = subprocess.run([*prefix, python, "-I", "-c", "import os; print(os.getuid())"], capture_output=True,
-                               text=True, cwd="/")
+                               text=True, cwd="/", check=False)
         if probe.returncode != 0 or probe.stdout.strip() != str(pw.pw_uid):
             pytest.skip(f"cannot run {python} as {USER}: {probe.stderr.strip()[-300:]}")
         yield Unprivileged(prefix, python, tmp, pw.pw_uid)

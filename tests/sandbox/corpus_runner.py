@@ -31,13 +31,13 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from sbx_caller import REPO, import_rewards_stdlib_only  # noqa: E402
+from sbx_caller import REPO, import_rewards_stdlib_only
 
 import_rewards_stdlib_only()
-from adversarial_corpus import CASES  # noqa: E402
+from adversarial_corpus import CASES
 
-from lit_rl.rewards.code import CodeTestsReward  # noqa: E402
-from lit_rl.rewards.sandbox import _UID_BASE, _UID_SPAN, Sandbox, SandboxLimits  # noqa: E402
+from lit_rl.rewards.code import CodeTestsReward
+from lit_rl.rewards.sandbox import _UID_BASE, _UID_SPAN, Sandbox, SandboxLimits
 
 TIMEOUT = 1.0
 TOTAL_MEMORY_MB = 192  # whole-run cap (cgroup) for the corpus: the multi-process bomb must stay under it
@@ -210,8 +210,8 @@ def main() -> None:
     for name, r in out["cases"].items():
         if r["bad"]:
             print(f"VIOLATION {name}: {r['bad']}")
-    print(f"| caller | cgroup | cases | escapes | false passes | candidate-caused infra_errors | "
-          f"max hang wall (program / reward program time / reward wall) | timeout + 1 s |")
+    print("| caller | cgroup | cases | escapes | false passes | candidate-caused infra_errors | "
+          "max hang wall (program / reward program time / reward wall) | timeout + 1 s |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| {s['mode']} | {s['cgroup']} | {s['cases']} | {s['escapes']} | {s['false_passes']} | "
           f"{s['infra_errors']} | {s['max_hang_wall_s']:.2f} / {s['max_hang_reward_program_s']:.2f} / "

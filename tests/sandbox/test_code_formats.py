@@ -168,6 +168,9 @@ def test_loader_reports_file_and_line(tmp_path):
     f.write_text(json.dumps({"prompt": "p", "tests": [{"call": "f", "expected": 1}]}) + "\n\n{nope\n")
     with pytest.raises(ValueError, match=r"t.jsonl:3: not valid JSON"):
         load_code_tasks(f)
+    f.write_text("[1, 2]\n")
+    with pytest.raises(TypeError, match=r"t.jsonl:1: expected a JSON object, got list"):
+        load_code_tasks(f)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_code_tasks(tmp_path / "missing.jsonl")
 
