@@ -23,10 +23,11 @@ Three test kinds, mixable in one list (``prompt.metadata["tests"]``; ``code_task
   reports, nonce-framed, that every assert ran; comparisons refuse non-builtin operands (AlwaysEqual).
 
 **One wall budget per program.** ``timeout_s`` is the budget for the whole evaluation: each test runs with
-``min(test_timeout_s, budget left)`` and the budget shrinks by the sandbox's own measure of the program's
-run time; once it is spent, the remaining tests fail unrun (``budget_exhausted``). A hanging program thus
-costs at most ``timeout_s`` of program time (plus ~0.2-0.4 s of sandbox start per test that ran), whatever
-the number of tests. ``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for
+``min(test_timeout_s, budget left) + start_allowance_s`` and the budget shrinks by the sandbox's own measure
+of the test's run time less ``start_allowance_s`` (the interpreter's start, which is the harness's cost, not
+the program's: under load it alone could eat a small budget); once spent, the remaining tests fail unrun
+(``budget_exhausted``). A hanging program thus costs at most ``timeout_s + start_allowance_s`` of program
+time (plus ~0.1-0.4 s of sandbox set-up per test that ran), whatever the number of tests. ``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for
 comparisons (``scripts/bench_rewards.py``).
 
 **Extraction** (``extract.py``): the last fenced block tagged python, else the whole text; unclosed or
@@ -114,6 +115,7 @@ class CodeTestsReward:
         timeout_s: wall budget for the whole program (all its tests together); CPU time is capped at
             ``ceil(timeout_s)`` per process too.
         test_timeout_s: limit for one test inside the budget (default: ``timeout_s``).
+        start_allowance_s: the first seconds of each test (interpreter start) not charged to the budget.
         budget: ``"program"`` (the above) or ``"per_test"`` (every test gets ``timeout_s``: the old behaviour,
             kept for benchmarks; a hang then costs ``len(tests) * timeout_s``).
         limits: sandbox resource limits (default ``SandboxLimits`` with ``cpu_s`` from ``timeout_s``).
@@ -133,13 +135,15 @@ class CodeTestsReward:
     def __init__(self, mode: str = "binary", timeout_s: float = 5.0, limits: SandboxLimits | None = None,
                  sandbox: Sandbox | None = None, tests_key: str = "tests", entry_file: str = "solution.py",
                  require_code_block: bool = False, fail_fast: bool = False, float_tol: float = 1e-6,
-                 test_timeout_s: float | None = None, budget: str = "program"):
+                 test_timeout_s: float | None = None, budget: str = "program", start_allowance_s: float = 0.25):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
         if budget not in BUDGETS:
             raise ValueError(f"budget={budget!r}; valid values: {', '.join(BUDGETS)}")
         if timeout_s <= 0 or (test_timeout_s is not None and test_timeout_s <= 0):
             raise ValueError(f"timeout_s and test_timeout_s must be > 0, got {timeout_s}, {test_timeout_s}")
+        if not 0 <= start_allowance_s <= 1:
+            raise ValueError(f"start_allowance_s must be in [0, 1], got {start_allowance_s}")
         if fail_fast and mode != "binary":
             raise ValueError("fail_fast=True needs mode='binary' (partial credit must run every test)")
         if not entry_file.endswith(".py") or "/" in entry_file or entry_file.startswith("_"):
@@ -148,6 +152,7 @@ class CodeTestsReward:
             raise ValueError(f"float_tol must be in [0, 1), got {float_tol}")
         self.mode, self.timeout_s, self.tests_key, self.budget = mode, float(timeout_s), tests_key, budget
         self.test_timeout_s = float(test_timeout_s if test_timeout_s is not None else timeout_s)
+        self.start_allowance_s = float(start_allowance_s)
         self.entry_file, self.require_code_block = entry_file, require_code_block
         self.fail_fast, self.float_tol = fail_fast, float_tol
         self.sandbox = sandbox or Sandbox(limits or SandboxLimits(cpu_s=max(1, math.ceil(timeout_s))),
@@ -207,13 +212,14 @@ class CodeTestsReward:
                 rep.details.append(f"not run: the program's {self.timeout_s:g} s wall budget is spent")
                 rep.budget_exhausted += 1
                 continue
-            limit = min(self.test_timeout_s, left) if self.budget == "program" else self.timeout_s
+            allow = self.start_allowance_s
+            limit = min(self.test_timeout_s, left) + allow if self.budget == "program" else self.timeout_s
             outcome, detail, res = self._run_one(files, test, limit)
             rep.outcomes.append(outcome)
             rep.details.append(detail)
             rep.timeouts += res.status == "timeout"
             rep.program_s += res.wall_s
-            left -= res.wall_s
+            left -= max(0.0, res.wall_s - allow)
             if outcome == "infra_error":
                 rep.sandbox_errors.append(str(res.error))
         rep.wall_s = time.monotonic() - t0

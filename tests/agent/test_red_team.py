@@ -81,7 +81,7 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def verifier():
-    return CodeTestsReward("binary", timeout_s=3.0, sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=3.0))
+    return CodeTestsReward("binary", timeout_s=5.0, sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=3.0))
 
 
 def _episode(tok, verifier, actions):

@@ -22,7 +22,7 @@ def sandbox():
 
 def _env(sandbox, mode="binary"):
     # binary mode stops at the first failing test (the score is 0 either way); partial runs all four
-    return RetryRepoEnv(mode, verifier=CodeTestsReward(mode, timeout_s=2.0, sandbox=sandbox,
+    return RetryRepoEnv(mode, verifier=CodeTestsReward(mode, timeout_s=5.0, sandbox=sandbox,
                                                        fail_fast=mode == "binary"))
 
 

@@ -147,6 +147,8 @@ def test_non_dict_test_is_a_type_error(partial):
     ({"mode": "soft"}, "valid values: binary, partial"), ({"timeout_s": 0}, "timeout_s"),
     ({"mode": "partial", "fail_fast": True}, "fail_fast=True needs mode='binary'"),
     ({"entry_file": "_x.py"}, "entry_file"), ({"float_tol": 2.0}, "float_tol"),
+    ({"budget": "soft"}, "valid values: program, per_test"), ({"start_allowance_s": 2}, "start_allowance_s"),
+    ({"test_timeout_s": 0}, "test_timeout_s"),
 ])
 def test_bad_config(sandbox, kwargs, match):
     with pytest.raises(ValueError, match=match):
