@@ -17,9 +17,11 @@ Kinds (``spec["kind"]``):
 
 Every comparison in assert code is rewritten to ``_lit_rl_cmp``, which refuses operands that are not plain
 builtin values (exact ``int``/``str``/``list``/...): an "AlwaysEqual" object, or an ``int`` subclass with its
-own ``__eq__``, fails the assert instead of passing it. A candidate that digs the nonce out of this
-process's memory (frame walking, ctypes) could still forge the report; call and stdin/stdout tests, judged in
-the parent, do not have that weakness, and prefer them for adversarial training.
+own ``__eq__``, fails the assert instead of passing it. Known gap: the assert code lives in this process, so
+a candidate that inspects the harness's frames (the calling assert's constants, the nonce in ``main``'s
+locals; ``test_known_gap_...`` pins it) can pass or forge assert tests. Call and stdin/stdout tests, judged
+in the parent against values that never enter the sandbox, do not have that weakness: prefer them for
+adversarial training.
 """
 import ast
 import json
