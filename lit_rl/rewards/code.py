@@ -18,9 +18,12 @@ Three test kinds, mixable in one list (``prompt.metadata["tests"]``; ``code_task
 * stdio: ``{"stdin": "...", "stdout": "..."}`` -- the program's stdout must equal ``stdout`` up to trailing
   whitespace on each line and trailing blank lines, and it must exit 0;
 * assert (MBPP style): ``{"asserts": ["assert f(1) == 2", ...], "setup": "..."}``, or check (HumanEval
-  style): ``{"check": "def check(candidate): ...", "entry_point": "f"}`` -- the test code runs in the
-  candidate's process (``code_runner.py``), so it passes only if the process exits 0 *and* the harness
-  reports, nonce-framed, that every assert ran; comparisons refuse non-builtin operands (AlwaysEqual).
+  style): ``{"check": "def check(candidate): ...", "entry_point": "f"}``. When every assert is
+  ``assert <expr> == <literal>`` (the usual shape), only the expressions enter the sandbox and the parent
+  compares their typed values with the literals (like call tests: the expected values stay here). Otherwise
+  the test code runs in the candidate's process (``code_runner.py``): it passes only if the process exits 0
+  *and* the harness reports, nonce-framed, that every assert ran; comparisons refuse non-builtin operands
+  (AlwaysEqual). Known gap of that in-process path: see ``code_runner.py``.
 
 **One wall budget per program.** ``timeout_s`` is the budget for the whole evaluation: each test runs with
 ``min(test_timeout_s, budget left) + start_allowance_s`` and the budget shrinks by the sandbox's own measure
@@ -40,6 +43,7 @@ The score is ``binary`` (1 iff every test passed) or ``partial`` (passed / total
 """
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -253,13 +257,25 @@ class CodeTestsReward:
             msg = json.loads(framed[0])
         except (ValueError, RecursionError):
             return "fail", "result is not JSON", res
-        if not isinstance(msg, dict) or set(msg) not in ({"value"}, {"error"}, {"ran"}):
+        if not isinstance(msg, dict) or set(msg) not in ({"value"}, {"error"}, {"ran"}, {"values"}):
             return "fail", "malformed result", res
         if "error" in msg:
             return "fail", f"raised {str(msg['error'])[:200]}", res
         if test["kind"] == "call":
             ok = "value" in msg and json_equal(msg["value"], test["expected"], self.float_tol)
             return ("pass", "ok", res) if ok else ("fail", "wrong value", res)
+        if test["kind"] == "exprs":
+            got = msg.get("values")
+            if not isinstance(got, list) or len(got) != len(test["expected"]):
+                return "fail", "malformed result", res
+            for i, (g, e) in enumerate(zip(got, test["expected"])):
+                try:
+                    same = _typed_decode(g) == e  # two builtin values: no user __eq__ runs here
+                except (TypeError, ValueError, RecursionError):
+                    same = False
+                if not same:
+                    return "fail", f"assert {i} failed (wrong value)", res
+            return "pass", "ok", res
         if msg.get("ran") != test["n_asserts"] or type(msg.get("ran")) is not int:
             return "fail", f"{msg.get('ran')!r} of {test['n_asserts']} asserts ran", res
         if res.status != "exited" or res.exit_code != 0:  # all asserts ran, then it crashed or exited non-zero
@@ -296,16 +312,91 @@ def _check_test(test: Any, i: int, entry_file: str) -> dict:
             _parses(a, f"test {i}: asserts[{j}]")
         setup = str(test.get("setup", ""))
         _parses(setup, f"test {i}: setup")
+        pairs = _literal_asserts(asserts)
+        if pairs is not None:  # judged in the parent: the literals never enter the sandbox
+            return {"kind": "exprs", "exprs": [e for e, _ in pairs], "expected": [v for _, v in pairs], "setup": setup,
+                    "module": module, "entry_point": ""}
         return {"kind": "asserts", "asserts": list(asserts), "setup": setup, "module": module,
                 "n_asserts": len(asserts)}
     if "check" in test:
         if not isinstance(test.get("entry_point"), str) or not test["entry_point"].isidentifier():
             raise ValueError(f"test {i}: a check test needs 'entry_point' (the function name passed to check)")
         _parses(str(test["check"]), f"test {i}: check")
+        split = _literal_check(str(test["check"]))
+        if split is not None:
+            setup, pairs = split
+            return {"kind": "exprs", "exprs": [e for e, _ in pairs], "expected": [v for _, v in pairs], "setup": setup,
+                    "module": module, "entry_point": test["entry_point"]}
         return {"kind": "check", "check": str(test["check"]), "entry_point": test["entry_point"], "module": module,
                 "n_asserts": 1}
     raise ValueError(f"test {i}: need 'call'+'expected', 'stdin'+'stdout', 'asserts' or 'check'+'entry_point'; "
                      f"keys present: {sorted(test)}")
+
+
+def _literal_pair(node: ast.stmt) -> tuple[str, Any] | None:
+    """``assert <expr> == <literal>`` (either side) -> (expr source, literal value), else None."""
+    if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
+            and isinstance(node.test.ops[0], ast.Eq)):
+        return None
+    left, right = node.test.left, node.test.comparators[0]
+    for expr, lit in ((left, right), (right, left)):
+        try:
+            value = ast.literal_eval(lit)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        return ast.unparse(expr), value
+    return None
+
+
+def _literal_asserts(asserts: list[str]) -> list[tuple[str, Any]] | None:
+    """Every statement of every assert string is ``assert <expr> == <literal>``: the pairs, else None."""
+    pairs = []
+    for src in asserts:
+        for node in ast.parse(src).body:
+            pair = _literal_pair(node)
+            if pair is None:
+                return None
+            pairs.append(pair)
+    return pairs or None
+
+
+def _literal_check(src: str) -> tuple[str, list[tuple[str, Any]]] | None:
+    """A HumanEval ``check`` whose body is only ``assert <expr> == <literal>`` (and docstrings): (the rest of
+    the module as setup, pairs), else None."""
+    tree = ast.parse(src)
+    checks = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"]
+    if len(checks) != 1 or [a.arg for a in checks[0].args.args] != ["candidate"]:
+        return None
+    pairs = []
+    for node in checks[0].body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        pair = _literal_pair(node)
+        if pair is None:
+            return None
+        pairs.append(pair)
+    rest = ast.Module([n for n in tree.body if n is not checks[0]], [])
+    return (ast.unparse(rest), pairs) if pairs else None
+
+
+def _typed_decode(v: Any) -> Any:
+    """Inverse of code_runner's typed JSON: markers back to tuple / set / dict / bytes / complex."""
+    if isinstance(v, list):
+        return [_typed_decode(x) for x in v]
+    if not isinstance(v, dict):
+        return v
+    if set(v) == {"__tuple__"}:
+        return tuple(_typed_decode(x) for x in v["__tuple__"])
+    if set(v) == {"__set__", "frozen"}:
+        items = [_typed_decode(x) for x in v["__set__"]]
+        return frozenset(items) if v["frozen"] else set(items)
+    if set(v) == {"__dict__"}:
+        return {_typed_decode(k): _typed_decode(x) for k, x in v["__dict__"]}
+    if set(v) == {"__bytes__"}:
+        return bytes.fromhex(v["__bytes__"])
+    if set(v) == {"__complex__"}:
+        return complex(*v["__complex__"])
+    raise ValueError(f"unknown value marker {sorted(v)}")
 
 
 def _parses(src: str, what: str) -> None:

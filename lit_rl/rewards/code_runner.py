@@ -7,6 +7,12 @@ imported, so the candidate cannot read the nonce or the asserts from disk.
 
 Kinds (``spec["kind"]``):
 
+* ``exprs``: assert tests of the form ``assert <expr> == <literal>`` (all of a record's asserts, or all of a
+  ``check`` function's body), rewritten by the parent: only the left-hand expressions come here; they are
+  evaluated in order (after ``from module import *``, ``candidate`` bound to the entry point, and ``setup``)
+  and reported as ``{"values": [...]}`` in a typed JSON (tuples, sets, dicts with any keys, bytes kept
+  apart), which the parent compares with the literals it kept -- the expected values never enter the sandbox.
+
 * ``call``: call ``module.call(*args, **kwargs)`` and report ``{"value": <JSON>}``; the parent compares it
   with an expected value that never enters the sandbox.
 * ``asserts`` (MBPP style): ``from module import *``, run ``setup``, then each assert statement; report
@@ -17,7 +23,8 @@ Kinds (``spec["kind"]``):
 
 Every comparison in assert code is rewritten to ``_lit_rl_cmp``, which refuses operands that are not plain
 builtin values (exact ``int``/``str``/``list``/...): an "AlwaysEqual" object, or an ``int`` subclass with its
-own ``__eq__``, fails the assert instead of passing it. Known gap: the assert code lives in this process, so
+own ``__eq__``, fails the assert instead of passing it. Known gap (kinds ``asserts``/``check`` only; ``exprs``
+and ``call`` do not have it): the assert code lives in this process, so
 a candidate that inspects the harness's frames (the calling assert's constants, the nonce in ``main``'s
 locals; ``test_known_gap_...`` pins it) can pass or forge assert tests. Call and stdin/stdout tests, judged
 in the parent against values that never enter the sandbox, do not have that weakness: prefer them for
@@ -85,6 +92,28 @@ def _compile(src, name):
     return compile(tree, name, "exec")
 
 
+def _enc(v, depth=0):
+    """Typed JSON for builtin values; anything else (user classes, subclasses) is refused."""
+    t = type(v)
+    if depth > 50:
+        raise TypeError("value nested too deeply")
+    if t in (int, float, str, bool, type(None)):
+        return v
+    if t is list:
+        return [_enc(x, depth + 1) for x in v]
+    if t is tuple:
+        return {"__tuple__": [_enc(x, depth + 1) for x in v]}
+    if t in (set, frozenset):
+        return {"__set__": [_enc(x, depth + 1) for x in v], "frozen": t is frozenset}
+    if t is dict:
+        return {"__dict__": [[_enc(k, depth + 1), _enc(x, depth + 1)] for k, x in v.items()]}
+    if t is bytes:
+        return {"__bytes__": v.hex()}
+    if t is complex:
+        return {"__complex__": [v.real, v.imag]}
+    raise TypeError(f"result of type {t.__name__} is not a plain builtin value")
+
+
 def main():
     out = os.dup(1)
     os.dup2(2, 1)
@@ -98,6 +127,15 @@ def main():
         if spec["kind"] == "call":
             fn = getattr(importlib.import_module(spec["module"]), spec["call"])
             payload = dumps({"value": fn(*spec["args"], **spec["kwargs"])}, allow_nan=False)
+        elif spec["kind"] == "exprs":
+            ns = {"__name__": "__lit_rl_test__"}
+            exec(compile(f"from {spec['module']} import *", "<import>", "exec"), ns)  # noqa: S102
+            if spec.get("entry_point"):
+                ns["candidate"] = getattr(importlib.import_module(spec["module"]), spec["entry_point"])
+            exec(compile(spec["setup"], "<setup>", "exec"), ns)  # noqa: S102
+            values = [_enc(eval(compile(e, f"<expr {i}>", "eval"), ns))
+                      for i, e in enumerate(spec["exprs"])]
+            payload = dumps({"values": values}, allow_nan=False)
         else:
             ns = {"__name__": "__lit_rl_test__", "_lit_rl_truth": _lit_rl_truth, "_lit_rl_cmp": _lit_rl_cmp}
             ran = 0

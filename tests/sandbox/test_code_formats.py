@@ -88,9 +88,16 @@ def test_require_block_and_failed_extraction_score_zero_with_reason(sandbox):
 MBPP = [{"asserts": ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(X, 1) == 8"], "setup": "X = 7"}]
 CHECK = [{"check": "def check(candidate):\n    assert candidate(2, 2) == 4\n    assert candidate(0, 5) == 5\n",
           "entry_point": "add"}]
+# expected sides that are not literals: these run in the candidate's process (code_runner.py, kinds asserts/check)
+NONLIT = [{"asserts": ["assert add(1, 2) == 1 + 2", "assert add(-1, 1) == X - X", "assert add(X, 1) == X + 1"],
+           "setup": "X = 7"}]
+CHECK_LOOP = [{"check": "def check(candidate):\n    for a, b in [(2, 2), (0, 5)]:\n        assert candidate(a, b) == a + b\n",
+               "entry_point": "add"}]
+FORMATS = [MBPP, CHECK, NONLIT, CHECK_LOOP]
+FORMAT_IDS = ["asserts", "check", "asserts_in_process", "check_in_process"]
 
 
-@pytest.mark.parametrize("tests", [MBPP, CHECK], ids=["asserts", "check"])
+@pytest.mark.parametrize("tests", FORMATS, ids=FORMAT_IDS)
 def test_assert_formats_pass_and_fail(sandbox, tests):
     r = _reward(sandbox)
     assert r({"tests": tests}, ADD).score == 1.0
@@ -120,7 +127,7 @@ HACKS = {
 
 
 @pytest.mark.parametrize("name", sorted(HACKS))
-@pytest.mark.parametrize("tests", [MBPP, CHECK], ids=["asserts", "check"])
+@pytest.mark.parametrize("tests", FORMATS, ids=FORMAT_IDS)
 def test_assert_format_hacks_score_zero(sandbox, tests, name):
     res = _reward(sandbox)({"tests": tests}, HACKS[name])
     assert (res.score, res.ok) == (0.0, True), res.info
@@ -187,11 +194,53 @@ def test_loader_reports_file_and_line(tmp_path):
         load_code_tasks(tmp_path / "missing.jsonl")
 
 
-def test_known_gap_assert_code_is_visible_from_the_candidates_frames(sandbox):
-    # Assert tests run in the candidate's process, so a candidate that reads its caller's code constants can
-    # answer them; this documents the gap (code_runner.py, docs/architecture.md). Call tests, compared in the
-    # parent with a value that never enters the sandbox, do not fall for the same program.
-    peek = ("import sys\ndef add(a, b):\n    consts = [c for c in sys._getframe(1).f_code.co_consts if type(c) is int]\n"
-            "    return consts[-1] if consts else 0\n")
-    assert _reward(sandbox)({"tests": MBPP}, peek).score == 1.0
-    assert _reward(sandbox)({"tests": CALL5}, peek).score == 0.0
+PEEK = ("import sys\ndef add(a, b):\n    consts = [c for c in sys._getframe(1).f_code.co_consts if type(c) is int]\n"
+        "    return consts[-1] if consts else 0\n")  # answers with its caller's last int constant
+
+
+def test_literal_asserts_are_judged_in_the_parent(sandbox):
+    # `assert <expr> == <literal>` (MBPP lists, flat HumanEval checks) only sends <expr> into the sandbox: a
+    # candidate that reads its caller's constants finds the inputs, never the expected value
+    assert _reward(sandbox)({"tests": MBPP}, PEEK).score == 0.0
+    assert _reward(sandbox)({"tests": CHECK}, PEEK).score == 0.0
+    assert _reward(sandbox)({"tests": CALL5}, PEEK).score == 0.0
+    calls = []
+    real = sandbox.run
+    sandbox.run = lambda argv, files=None, stdin=b"", timeout_s=None: calls.append(files) or real(
+        argv, files=files, stdin=stdin, timeout_s=timeout_s)
+    try:
+        _reward(sandbox)({"tests": [{"asserts": ["assert add(20, 3) == 987654"]}]}, ADD)
+    finally:
+        del sandbox.run
+    spec = json.loads(calls[0]["_harness/spec.json"])
+    assert spec["kind"] == "exprs" and spec["exprs"] == ["add(20, 3)"] and "987654" not in json.dumps(calls[0])
+
+
+@pytest.mark.parametrize("ret, literal, score", [
+    ("(1, [2, 3])", "(1, [2, 3])", 1.0), ("[1, [2, 3]]", "(1, [2, 3])", 0.0),  # a list is not the tuple asked for
+    ("{1: {2}, 'a': b'x'}", "{1: {2}, 'a': b'x'}", 1.0), ("{1: {2}, 'a': b'x'}", "{1: {2}, 'a': b'y'}", 0.0),
+    ("1.0", "1", 1.0), ("None", "0", 0.0),  # == as Python's assert would compare
+])
+def test_typed_values_compare_like_python(sandbox, ret, literal, score):
+    tests = [{"asserts": [f"assert f() == {literal}"]}]
+    assert _reward(sandbox)({"tests": tests}, f"def f():\n    return {ret}\n").score == score
+
+
+def test_set_dict_bytes_round_trip(sandbox):
+    code = "def f():\n    return {1: {2, 3}, (4, 5): frozenset({6}), 'b': b'x', 'c': 1+2j, 'n': None}\n"
+    tests = [{"asserts": ["assert f() == {1: {2, 3}, (4, 5): frozenset({6}), 'b': b'x', 'c': 1+2j, 'n': None}"]}]
+    assert _reward(sandbox)({"tests": tests}, code).score == 1.0
+
+
+def test_non_literal_check_runs_in_process(sandbox):
+    loop = {"check": "def check(candidate):\n    for i in range(3):\n        assert candidate(i, 1) == i + 1\n",
+            "entry_point": "add"}
+    assert _reward(sandbox)({"tests": [loop]}, ADD).score == 1.0
+    assert _reward(sandbox)({"tests": [loop]}, "def add(a, b):\n    return a\n").score == 0.0
+
+
+def test_known_gap_non_literal_asserts_are_visible_from_the_candidates_frames(sandbox):
+    # Asserts whose expected side is not a literal run in the candidate's process, so a candidate that reads its
+    # caller's code constants can answer them (here `1 + 2` is folded to the constant 3). This pins the gap
+    # documented in code_runner.py / docs/architecture.md.
+    assert _reward(sandbox)({"tests": [{"asserts": ["assert add(1, 2) == 1 + 2"]}]}, PEEK).score == 1.0
