@@ -45,6 +45,10 @@ def main(args: list[str] | None = None) -> LitRLCLI:
 
 def console_main() -> None:
     """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1)."""
+    if sys.argv[1:2] == ["inspect"]:  # `lit-rl inspect RUN_DIR`: the rollout report, not a LightningCLI subcommand
+        from lit_rl.report import main as inspect_main
+
+        sys.exit(inspect_main(sys.argv[2:]))
     main()
 
 

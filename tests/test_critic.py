@@ -58,7 +58,7 @@ def test_yes_no_value_hand_computed(tiny_model_dir):
     logits[0, 0, yes], logits[0, 0, no] = 2.0, 0.0  # P(yes)/(P(yes)+P(no)) = e^2/(e^2+1)
     logits[0, 1, yes], logits[0, 1, no] = -1.0, 3.0  # e^-1/(e^-1+e^3) = 1/(1+e^4)
     logits[0, :, 7] = 5.0  # other tokens' mass cancels in the renormalisation
-    v, z = mod.critic.predict(mod, None, {"logits": logits})
+    v, z = mod.critic.predict(mod, None, {"question_logits": logits})
     p = [math.exp(2) / (math.exp(2) + 1), 1 / (1 + math.exp(4))]
     assert z.tolist() == [[2.0, -4.0]]
     assert v[0].tolist() == pytest.approx([-1 + 2 * p[0], -1 + 2 * p[1]], rel=1e-12)
@@ -72,13 +72,15 @@ def test_token_head_bce_loss_hand_computed(tiny_model_dir):
     logits[..., yes] = 2.0  # z = 2 everywhere
     exp.values = torch.zeros(2, 3)
     exp.returns = torch.tensor([[1.0, 1.0, 0.0], [0.25, 7.0, 7.0]])  # 7.0 is padding: never read
-    out = mod.critic.loss_terms(mod, exp, {"logits": logits, "mask": exp.loss_mask, "num_tokens": 4, "num_seqs": 2})
+    out = mod.critic.loss_terms(mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4,
+                                           "num_seqs": 2})
     sp = math.log1p(math.exp(2.0))  # softplus(2); BCE = softplus(z) - y z
     expected = ((sp - 2) * 2 + sp + (sp - 0.5)) / 4
     assert float(out["value"]) == pytest.approx(0.5 * expected, rel=1e-12)
     exp.returns[0, 0] = 1.5
     with pytest.raises(ValueError, match=r"returns must lie in value_range=\[0.0, 1.0\]"):
-        mod.critic.loss_terms(mod, exp, {"logits": logits, "mask": exp.loss_mask, "num_tokens": 4, "num_seqs": 2})
+        mod.critic.loss_terms(mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4,
+                                         "num_seqs": 2})
 
 
 def test_regression_clipped_value_loss_hand_computed(tiny_model_dir):

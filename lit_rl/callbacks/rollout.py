@@ -25,6 +25,7 @@ import lightning as L
 import torch
 
 from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, split_fresh, staleness
+from lit_rl.core.shaping import overlong_penalty
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import merged_state_items
@@ -48,7 +49,15 @@ class RolloutCallback(L.Callback):
         max_prompt_len: prompts longer than this many tokens are handled per ``overlong_prompts``.
         overlong_prompts: ``truncate`` (keep the last tokens) | ``drop`` (counted) | ``error``.
         dynamic_sampling: DAPO (arXiv 2503.14476): drop groups whose rewards have zero variance and refill
-            from freshly drawn prompts, at most ``max_resample_tries`` extra generations per step.
+            from freshly drawn prompts until the batch again holds ``data.batch_size`` informative groups; after
+            ``max_resample_tries`` extra generations without filling it the step raises (a short batch would
+            give ranks unequal rows). Each rank draws refill prompts from its own stream, keyed by
+            (seed, rank, iteration), so a resumed run draws the same ones.
+        overlong_filter: DAPO overlong filtering: completions cut off by ``max_new_tokens`` (finish reason
+            ``length``) keep their reward in their group's statistics but do not train (``Experience.trainable``).
+        overlong_buffer: DAPO soft overlong punishment: a penalty falling linearly from 0 to
+            −``overlong_penalty_factor`` over the last ``overlong_buffer`` tokens of the generation budget, added
+            to every valid reward (component ``overlong_penalty``; ``core.shaping``). None = off.
         mode: ``sync`` (generate, then train, every iteration) | ``async`` (a background producer generates
             while the trainer updates; needs an engine that generates from its own copy of the weights, e.g.
             ``HFEngine(share_weights=False)``, the default engine in async mode, or ``VLLMEngine``).
@@ -72,6 +81,9 @@ class RolloutCallback(L.Callback):
         overlong_prompts: str = "truncate",
         dynamic_sampling: bool = False,
         max_resample_tries: int = 3,
+        overlong_filter: bool = False,
+        overlong_buffer: int | None = None,
+        overlong_penalty_factor: float = 1.0,
         seed: int = 0,
         mode: str = "sync",
         max_staleness: int = 1,
@@ -92,6 +104,12 @@ class RolloutCallback(L.Callback):
             raise ValueError(f"max_resample_tries must be >= 0, got {max_resample_tries}")
         if dynamic_sampling and group_size < 2:
             raise ValueError("dynamic_sampling needs group_size >= 2 (a group of one has no reward variance)")
+        max_new = (sampling or SamplingConfig()).max_new_tokens
+        if overlong_buffer is not None and not 0 < overlong_buffer <= max_new:
+            raise ValueError(f"overlong_buffer must be in [1, sampling.max_new_tokens={max_new}] or null, "
+                             f"got {overlong_buffer}")
+        if not overlong_penalty_factor >= 0:
+            raise ValueError(f"overlong_penalty_factor must be >= 0, got {overlong_penalty_factor}")
         _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
@@ -104,7 +122,9 @@ class RolloutCallback(L.Callback):
         self.group_size, self.sampling = group_size, sampling or SamplingConfig()
         self.sync_every, self.max_prompt_len, self.overlong = sync_every, max_prompt_len, overlong_prompts
         self.dynamic_sampling, self.max_resample_tries = dynamic_sampling, max_resample_tries
-        self.rng = random.Random(seed)
+        self.seed = seed
+        self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
+        self.overlong_penalty_factor = overlong_penalty_factor
         self.last_sync_step = 0
         self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
         self._next_group = 0
@@ -126,6 +146,18 @@ class RolloutCallback(L.Callback):
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
         if self.mode == "async":
             self._check_async_setup(trainer, dm)
+            self._check_async_correction(pl_module)
+
+    def _check_async_correction(self, pl_module) -> None:
+        """Async rows come from older weights: without an importance correction (and with one update per
+        batch, where the ratio's denominator is the learner itself) they would train as on-policy data."""
+        corr = getattr(pl_module.hparams, "rollout_correction", None)
+        if self.max_staleness > 0 and corr == "none":
+            raise ValueError(
+                f"mode='async' with max_staleness={self.max_staleness} trains rows sampled by older weights, but the "
+                "model's rollout_correction is 'none', so they would be trained as on-policy (ratio 1); set "
+                "model rollout_correction: tis (token-level truncated IS, the recommended default) or mis, "
+                "or max_staleness: 0 (synchronous)")
 
     def _check_async_setup(self, trainer, dm) -> None:
         from lit_rl.callbacks.curriculum import Curriculum
@@ -204,30 +236,50 @@ class RolloutCallback(L.Callback):
         gen_s = time.perf_counter() - t0
         texts = [self._decode(c) for group in comps for c in group]
         rows = [p for p in prompts for _ in range(self.group_size)]
-        return comps, self.rewards.score(rows, texts), gen_s
+        rb = self.rewards.score(rows, texts)
+        if self.overlong_buffer is not None:
+            rb = self._overlong_penalty(rb, [len(c.token_ids) for group in comps for c in group])
+        return comps, rb, gen_s
+
+    def _overlong_penalty(self, rb: RewardBatch, lengths: list[int]) -> RewardBatch:
+        """DAPO soft overlong punishment added to every valid reward, kept as its own component."""
+        pen = overlong_penalty(torch.tensor(lengths), self.sampling.max_new_tokens, self.overlong_buffer,
+                               self.overlong_penalty_factor)  # (B,) float64
+        pen = torch.where(rb.valid, pen, torch.full_like(pen, float("nan")))
+        total = torch.where(rb.valid, rb.total.double() + pen.nan_to_num(0.0), rb.total.double())
+        return RewardBatch(total.to(rb.total.dtype), rb.valid, {**rb.components, "overlong_penalty": pen},
+                           rb.errors, rb.metrics)
 
     def _decode(self, c: Completion) -> str:
         return self._tokenizer.decode(c.token_ids, skip_special_tokens=True)
 
     def _refill(self, trainer, pl_module, prompts, ids, comps, rb):
-        """DAPO dynamic sampling: replace zero-variance groups with groups from newly drawn prompts."""
+        """DAPO dynamic sampling: replace zero-variance groups with groups from newly drawn prompts until the
+        batch holds as many informative groups as it had prompts; raise after ``max_resample_tries``."""
         G, target = self.group_size, len(prompts)
         keep = _informative_groups(rb, G)
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None) or prompts
+        # Own stream per rank and iteration: ranks never draw the same refill prompts, and a resumed run
+        # draws exactly what the uninterrupted one drew (no RNG state to checkpoint per rank).
+        rng = random.Random(f"lit_rl.refill:{self.seed}:{trainer.global_rank}:{getattr(pl_module, 'iteration', 0)}")
         P, I, C, R = [], [], [], []
         for g in keep:
             P.append(prompts[g]), I.append(ids[g]), C.append(comps[g]), R.append(_rows(rb, g, G))
         tries, extra_s = 0, 0.0
         while len(P) < target and tries < self.max_resample_tries:
             tries += 1
-            new_p = [self.rng.choice(pool) for _ in range(target - len(P))]
+            new_p = [rng.choice(pool) for _ in range(target - len(P))]
             new_p, new_i = self._prepare(pl_module.tokenizer, new_p, {})
             new_c, new_rb, s = self._rollout(new_i, new_p)
             extra_s += s
             for g in _informative_groups(new_rb, G):
                 P.append(new_p[g]), I.append(new_i[g]), C.append(new_c[g]), R.append(_rows(new_rb, g, G))
-        if not P:  # nothing informative found: train on the original batch (advantages are all 0)
-            return prompts, ids, comps, rb, extra_s, tries
+        if len(P) < target:
+            raise RuntimeError(
+                f"dynamic_sampling: after max_resample_tries={self.max_resample_tries} extra generations only "
+                f"{len(P)} of {target} groups had reward variance (the rest were all-equal rewards); the batch "
+                "cannot be filled to its size, which every rank must keep. Raise max_resample_tries, or turn "
+                "dynamic_sampling off while the task is too hard or too easy for the model")
         P, I, C, R = P[:target], I[:target], C[:target], R[:target]
         merged = RewardBatch(
             total=torch.cat([r.total for r in R]), valid=torch.cat([r.valid for r in R]),
@@ -251,12 +303,15 @@ class RolloutCallback(L.Callback):
         self._next_group += len(ids)
         group_ids = torch.arange(first, first + len(ids)).repeat_interleave(G)
         rec = [p for p in prompts for _ in range(G)]
+        finish = [c.finish_reason for c in rows_c]
+        trainable = torch.tensor([f != "length" for f in finish], dtype=torch.bool) if self.overlong_filter else None
         return Experience(
             input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
             rewards=rb.total.float(), valid=rb.valid, policy_version=torch.full((B,), self.engine.policy_version),
             reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
-            finish_reasons=[c.finish_reason for c in rows_c], domains=[p.domain for p in rec], prompts=rec,
-            texts=[self._decode(c) for c in rows_c])
+            finish_reasons=finish, domains=[p.domain for p in rec], prompts=rec,
+            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens,
+            reward_errors=list(rb.errors))
 
     @property
     def _tokenizer(self):
@@ -355,7 +410,7 @@ class RolloutCallback(L.Callback):
     def state_dict(self) -> dict[str, Any]:
         """Async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
-        return {"last_sync_step": self.last_sync_step, "counters": dict(self.counters), "rng": self.rng.getstate(),
+        return {"last_sync_step": self.last_sync_step, "counters": dict(self.counters),
                 "next_group": self._next_group, "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
                 "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else {}}
@@ -363,7 +418,6 @@ class RolloutCallback(L.Callback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
         self.counters = dict(state["counters"])
-        self.rng.setstate(state["rng"])
         self._next_group = state["next_group"]
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
@@ -416,7 +470,12 @@ def _rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
         "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
+        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
+        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
         "rollout/rows": float(len(exp)),
+        # rows out of every loss term: failed rewards (valid False) and filtered rows (trainable False)
+        "rollout/untrained_rows": float((~exp.train_rows).sum()),
+        "rollout/overlong_filtered": float((~exp.trainable).sum()) if exp.trainable is not None else 0.0,
     }
     m.update(rb.metrics)
     for name, comp in exp.reward_components.items():

@@ -7,7 +7,7 @@ grpo       rewards (+ Σ token_rewards), group_ids, valid, std_normalize, eps
 dr_grpo    rewards (+ Σ token_rewards), group_ids, valid
 rloo       rewards (+ Σ token_rewards), group_ids, valid
 reinforce  rewards, token_rewards, valid, gamma, baseline
-gae        rewards, token_rewards, values, valid, gamma, lam
+gae        rewards, token_rewards, values, valid, gamma, lam, bootstrap
 opd        logprobs, teacher_logprobs, valid
 =========  =========================================================================================
 
@@ -69,6 +69,7 @@ class AdvantageInputs:
     std_normalize: bool = True
     eps: float = 1e-6
     baseline: bool = False
+    bootstrap: Tensor | None = None
 
     def __post_init__(self) -> None:
         r, m = self.rewards, self.mask
@@ -81,15 +82,17 @@ class AdvantageInputs:
         if m.dim() != 2 or m.shape[0] != r.shape[0]:
             raise ValueError(f"mask shape {tuple(m.shape)} does not match rewards shape {tuple(r.shape)}; "
                              "expected (B, T) with B = len(rewards)")
-        for name in ("group_ids", "valid"):
+        for name in ("group_ids", "valid", "bootstrap"):
             x = getattr(self, name)
             if x is not None and (not isinstance(x, Tensor) or x.shape != r.shape):
                 raise ValueError(f"{name} shape {_shape(x)} does not match rewards shape {tuple(r.shape)}")
         g = self.group_ids
         if g is not None and (g.is_floating_point() or g.is_complex() or g.dtype == torch.bool):
             raise TypeError(f"group_ids must be an integer tensor, got {g.dtype}")
-        if self.valid is not None and self.valid.dtype != torch.bool:
-            raise TypeError(f"valid must be a torch.bool tensor, got {self.valid.dtype}")
+        for name in ("valid", "bootstrap"):
+            x = getattr(self, name)
+            if x is not None and x.dtype != torch.bool:
+                raise TypeError(f"{name} must be a torch.bool tensor, got {x.dtype}")
         for name in _TOKEN_FIELDS:
             x = getattr(self, name)
             if x is None:
@@ -213,10 +216,12 @@ def _dense_rewards(inp: AdvantageInputs, dtype: torch.dtype) -> Tensor:
     return dense + torch.where(pos == last, seq[:, None], _zero(dense))  # pos == -1 never matches
 
 
-def _reverse_scan(r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float) -> Tensor:
+def _reverse_scan(r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float,
+                  v_after: Tensor | None = None) -> Tensor:
     """GAE over action tokens only, right to left: δ_t = r_t + γ V_next − V_t, A_t = δ_t + γλ A_next.
 
-    ``next`` is the next *action* token of the row; after the last one V_next = 0 and A_next = 0.
+    ``next`` is the next *action* token of the row; after the last one A_next = 0 and V_next = ``v_after``
+    (B,) (0 when None: the episode ended; a value when it was cut off and is bootstrapped).
     A token with mask False leaves the carried (A_next, V_next) untouched, which is what skips it.
     With V = 0 and λ = 1 this is the discounted reward-to-go. The loop is over T (the recursion is
     sequential in time); every step is vectorised over the B rows.
@@ -227,7 +232,7 @@ def _reverse_scan(r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float) 
     B, T = r.shape
     adv = torch.zeros_like(r)
     a_next = r.new_zeros(B)
-    v_next = r.new_zeros(B)
+    v_next = r.new_zeros(B) if v_after is None else v_after.to(r.dtype)
     for t in range(T - 1, -1, -1):
         m = mask[:, t]
         a_t = r[:, t] + gamma * v_next - v[:, t] + gamma * lam * a_next
@@ -426,7 +431,13 @@ def gae(inp: AdvantageInputs) -> AdvantageOutputs:
     Departure from the paper's per-timestep chain: env-observation tokens in a multi-turn episode are
     not actions, so they are skipped rather than treated as zero-reward steps (this matches treating
     each turn's tokens as consecutive actions of one trajectory). No whitening here (``std_normalize``
-    is ignored): whiten with ``masked_whiten`` after computing returns, as PPO implementations do.
+    is ignored): whiten with ``masked_whiten`` after computing returns, as PPO implementations do
+    (``PolicyModule(whiten_advantages=...)`` does, over all ranks' trainable tokens).
+
+    ``bootstrap`` (B,) bool marks rows cut off by the generation budget (finish reason "length"): the
+    episode did not end, so instead of V = 0 after the last action token the recursion continues from
+    the value of the last state the row has, V_{t_last} (the state after the final token is never
+    scored by the forward that produced ``values``; its predecessor is the closest estimate).
 
     Shapes:
         rewards: (B,); token_rewards, values: (B, T); mask: (B, T); returns advantages and returns (B, T).
@@ -436,7 +447,14 @@ def gae(inp: AdvantageInputs) -> AdvantageOutputs:
     dt = _dtype(inp)
     sel = _action_mask(inp)
     v = _token_field(inp, "values", dt)
-    adv = _reverse_scan(_dense_rewards(inp, dt), v, sel, inp.gamma, inp.lam)
+    v_after = None
+    if inp.bootstrap is not None:
+        T = sel.shape[1]
+        pos = torch.arange(T, device=sel.device).expand_as(sel)  # (B, T)
+        last = torch.where(sel, pos, -1).amax(dim=1) if T else torch.full_like(inp.rewards, -1, dtype=torch.long)
+        v_last = v.gather(1, last.clamp_min(0)[:, None]).squeeze(1) if T else _zero(inp.rewards.to(dt))  # (B,)
+        v_after = torch.where(inp.bootstrap & (last >= 0), v_last, _zero(v_last))
+    adv = _reverse_scan(_dense_rewards(inp, dt), v, sel, inp.gamma, inp.lam, v_after)
     ret = torch.where(sel, adv + v, _zero(adv))
     metrics = _token_metrics(adv, sel, int((~inp.valid_rows()).sum()))
     metrics["adv/returns_mean"] = masked_mean(ret, sel)

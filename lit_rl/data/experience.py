@@ -5,6 +5,9 @@ Layout (B rows, P prompt tokens, C completion tokens, L = P + C):
     input_ids      (B, L)  left-padded prompt | completion right-padded with pad
     attention_mask (B, L)  1 on real tokens (prompt and completion, including observations)
     loss_mask      (B, C)  True on tokens the policy generated (multi-turn: observations are False)
+    train_mask     (B, C)  (property) the tokens that train: loss_mask on rows that are ``valid`` and
+                           ``trainable``. Every loss term, every loss denominator, the critic's targets and
+                           the KL / entropy terms read this, never ``loss_mask`` directly.
 
 Every other per-token field is (B, C) and aligned with ``input_ids[:, P:]``: entry ``t`` belongs to the
 token at sequence position ``P + t`` (its log-probability is read from the logits at position
@@ -31,8 +34,10 @@ TOKEN_FIELDS = (
     "returns",
     "is_weights",
 )
-# Per-row optional tensors, all (B,).
+# Per-row tensors, all (B,).
 ROW_FIELDS = ("rewards", "valid", "group_ids", "policy_version")
+# Per-row optional tensors, all (B,).
+OPTIONAL_ROW_FIELDS = ("trainable",)
 
 
 @dataclass
@@ -55,10 +60,17 @@ class Experience:
     advantages: Tensor | None = None
     returns: Tensor | None = None
     is_weights: Tensor | None = None
+    # (B,) bool; False = the row's reward is valid and counts in its group's statistics, but the row itself
+    # does not train (DAPO overlong filtering). None = every valid row trains.
+    trainable: Tensor | None = None
+    # H of length-normalised losses (``seq_mean_token_sum_norm``, Dr. GRPO): a constant of the run, e.g. the
+    # generation budget max_new_tokens, so the divisor never follows padding, minibatch width or rank.
+    horizon: int | None = None
     finish_reasons: list[str] = field(default_factory=list)  # "stop" | "length" per row
     domains: list[str] = field(default_factory=list)  # task domain per row (teacher routing)
     prompts: list[Any] = field(default_factory=list)  # the Prompt record behind each row
     texts: list[str] = field(default_factory=list)  # decoded completions
+    reward_errors: list[str | None] = field(default_factory=list)  # per row: why it has no reward (None: scored)
     # Tensors other components attach (e.g. multi-turn observation masks); sliced like token fields.
     extras: dict[str, Tensor] = field(default_factory=dict)
 
@@ -75,10 +87,19 @@ class Experience:
             t = getattr(self, name)
             if t.shape != (B,):
                 raise ValueError(f"{name} shape {tuple(t.shape)} != (B,) = {(B,)}")
+        for name in OPTIONAL_ROW_FIELDS:
+            t = getattr(self, name)
+            if t is not None and (t.shape != (B,) or t.dtype != torch.bool):
+                raise ValueError(f"{name} must be a (B,) = {(B,)} bool tensor, got {tuple(t.shape)} {t.dtype}")
+        if self.valid.dtype != torch.bool:
+            raise TypeError(f"valid must be torch.bool, got {self.valid.dtype}")
         for name in TOKEN_FIELDS:
             t = getattr(self, name)
             if t is not None and t.shape != (B, C):
                 raise ValueError(f"{name} shape {tuple(t.shape)} != (B, C) = {(B, C)}")
+        if self.horizon is not None and (isinstance(self.horizon, bool) or not int(self.horizon) == self.horizon
+                                         or self.horizon < 1):
+            raise ValueError(f"horizon must be a positive integer or None, got {self.horizon!r}")
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -95,6 +116,25 @@ class Experience:
 
     def __len__(self) -> int:
         return self.batch_size
+
+    # ---------------------------------------------------------- training mask
+    @property
+    def train_rows(self) -> Tensor:
+        """(B,) bool: rows that train — ``valid`` (a reward exists) and ``trainable`` (not filtered)."""
+        rows = self.valid.to(self.loss_mask.device)
+        if self.trainable is not None:
+            rows = rows & self.trainable.to(rows.device)
+        return rows
+
+    @property
+    def train_mask(self) -> Tensor:
+        """(B, C) bool: the one owner of "which tokens train" (DESIGN §3 masks; issue: trainable tokens).
+
+        ``loss_mask`` (generated tokens) restricted to ``train_rows``. A row whose reward failed (``valid``
+        False) or that a filter excluded (``trainable`` False) is out of every loss term and every loss
+        denominator, not only out of the advantage; so is the critic's value target on it.
+        """
+        return self.loss_mask & self.train_rows[:, None]
 
     # ---------------------------------------------------------------- slicing
     def select(self, index: Tensor | list[int] | slice) -> "Experience":

@@ -2,9 +2,10 @@
 
 PPO (arXiv 1707.06347) for language models needs per-token values for GAE (arXiv 1506.02438). Most
 trainers (veRL, OpenRLHF) run the critic as a second full model; sharing the policy's backbone instead
-costs one linear layer (``head="regression"``) or nothing at all (``head="token"``: the value is the
-policy's own renormalised probability of a "yes" token, P(yes) / (P(yes) + P(no))), and one forward pass
-yields both the policy logits and the values.
+costs one linear layer (``head="regression"``) or nothing at all (``head="token"``: the model is asked a
+question after each prefix — "is this trajectory good?" — and the value is its renormalised probability of
+answering "yes", P(yes) / (P(yes) + P(no))), and one forward pass yields both the policy logits and the values
+(the token head adds one cached pass over the question tokens).
 
 The critic plugs into ``PolicyModule(critic=...)``: ``attach_values`` fills ``Experience.values`` before
 advantages, ``loss_terms`` adds ``vf_coef ·`` value loss to every micro-batch, ``advantage_metrics``
@@ -28,22 +29,31 @@ class CriticModule(nn.Module):
 
     Args:
         head: ``regression`` — Linear(hidden, 1) on the last hidden state (hidden + 1 new parameters), trained
-            with the (clipped) squared error; ``token`` — V = lo + (hi − lo)·sigmoid(z_yes − z_no) from the LM
-            head's logits of ``yes_token`` / ``no_token`` at each position (no new parameters), trained with
-            binary cross-entropy toward (R − lo) / (hi − lo).
+            with the (clipped) squared error; ``token`` — V_t = lo + (hi − lo)·sigmoid(z_yes − z_no) read from the
+            LM's next-token logits of ``yes_token`` / ``no_token`` *after the question* appended to the prefix
+            s_t (prompt + completion[:t]), trained with binary cross-entropy toward (R − lo) / (hi − lo). The
+            question is read from the forward's key/value cache in one extra pass over C copies of the question
+            (a 4D mask lets copy t see only s_t), so the value never acts on the policy's own logits at the
+            completion positions. No new parameters (a ``detach_backbone`` token head adds a vector of size
+            hidden: see below).
+        question: the text appended after each prefix for the ``token`` head (at least one token).
         share_backbone: True = the policy's backbone (one forward for logits and values); False = a separate
             causal LM loaded from ``model`` (or from the policy's path) and trained alongside it.
         model: the separate critic's weights. With ``share_backbone=True`` it may only name a model of the
             policy's architecture (so one interpolated path can serve both); its weights are not used.
         vf_coef: weight of the value loss in the joint loss.
         value_clip: PPO2 value clipping ε around the rollout values (``regression`` only; None = off).
-        detach_backbone: stop the value loss's gradient at the backbone (only the head learns from it).
+        detach_backbone: stop the value loss's gradient at the backbone (only the head learns from it). For the
+            ``token`` head the LM head rows of yes/no are frozen too (they are the policy's) and a zero-initialised
+            vector δ (hidden) learns: z = h_q·(w_yes − w_no + δ); the policy is then untouched by the value loss.
         yes_token, no_token: the two single tokens of the ``token`` head.
         value_range: ``[lo, hi]`` the ``token`` head maps onto; returns outside it raise ValueError.
         dtype: dtype of a separate backbone.
         warmup_steps: the first this many RL iterations train the value loss only (every other loss term is
             multiplied by 0), so the advantages the policy first learns from come from a fitted critic. With a
             shared, non-detached backbone the value gradient still moves the backbone.
+        bootstrap_truncated: GAE on a completion cut off by the generation budget (finish reason ``length``)
+            continues from the value of its last state instead of treating the cut as the episode's end (V = 0).
         init_from: a directory written by ``CriticPretrainModule.save``: the head starts from its ``critic.pt``
             (point the policy's ``model`` — or this critic's ``model`` when not shared — at the same directory).
     """
@@ -51,7 +61,8 @@ class CriticModule(nn.Module):
     def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
                  vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
                  yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
-                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None):
+                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None,
+                 bootstrap_truncated: bool = False, question: str = "\nIs this trajectory good? Answer:"):
         super().__init__()
         if head not in HEADS:
             raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
@@ -67,6 +78,12 @@ class CriticModule(nn.Module):
         resolve_dtype(dtype)
         self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
         self.warmup_steps, self.init_from = warmup_steps, init_from
+        self.bootstrap_truncated = bool(bootstrap_truncated)
+        if head == "token" and not question:
+            raise ValueError("question must be a non-empty text for head='token' (it is asked after every prefix)")
+        self.question = question
+        self.question_ids: Tensor | None = None
+        self.delta: nn.Parameter | None = None
         self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
         self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
         self.head: nn.Linear | None = None
@@ -87,6 +104,10 @@ class CriticModule(nn.Module):
 
             path = self.model_path or policy.model_path
             self.backbone = load_causal_lm(path, self.dtype).train()
+            if getattr(policy.hparams, "disable_dropout", True):
+                from lit_rl.models.dropout import disable_dropout
+
+                disable_dropout(self.backbone)
             config, tokenizer = self.backbone.config, load_tokenizer(path)
         if self.head_type == "regression":
             self.head = nn.Linear(config.hidden_size, 1)  # float32: values are regressed in full precision
@@ -98,6 +119,12 @@ class CriticModule(nn.Module):
             nn.init.zeros_(self.head.bias)
         else:
             self.token_ids = _single_token_ids(tokenizer, self.yes_token, self.no_token)
+            q = tokenizer.encode(self.question, add_special_tokens=False)
+            if not q:
+                raise ValueError(f"question={self.question!r} encodes to no tokens with this tokenizer")
+            self.question_ids = torch.tensor(q, dtype=torch.long)
+            if self.detach_backbone:
+                self.delta = nn.Parameter(torch.zeros(config.hidden_size))
         if self.init_from is not None:
             from pathlib import Path
 
@@ -112,42 +139,90 @@ class CriticModule(nn.Module):
 
     @property
     def wants_hidden(self) -> bool:
-        """Whether the shared forward must also return hidden states (regression head, or a detached token head)."""
-        return self.share_backbone and (self.head_type == "regression" or self.detach_backbone)
+        """Whether the shared forward must also return hidden states (the regression head reads them)."""
+        return self.share_backbone and self.head_type == "regression"
+
+    @property
+    def wants_cache(self) -> bool:
+        """Whether the shared forward must keep its key/value cache (the token head asks its question from it)."""
+        return self.share_backbone and self.head_type == "token"
 
     # ---------------------------------------------------------------- values
-    def _forward(self, module, micro) -> tuple[Tensor, Tensor]:
-        model = None if self.share_backbone else self.backbone
-        return module.forward_logits(micro, model=model, return_hidden=True)
+    def _model(self, module):
+        return module.model if self.share_backbone else self.backbone
 
     def predict(self, module, micro, fwd: dict[str, Any] | None = None) -> tuple[Tensor, Tensor]:
         """Per-token ``(values, raw)`` for a micro-batch, both (b, C).
 
         ``raw`` is what the loss acts on: the value itself (regression) or the logit z = z_yes − z_no (token).
-        Reuses ``fwd["logits"]`` / ``fwd["hidden"]`` of the policy's forward when the backbone is shared.
+        Reuses ``fwd["hidden"]`` (regression) or ``fwd["cache"]`` (token) of the policy's forward when the
+        backbone is shared; ``fwd["question_logits"]`` (b, C, V), when given, are taken as the logits after the
+        question (hand-computed tests).
         """
-        if self.share_backbone and fwd is not None and "logits" in fwd and (not self.wants_hidden or
-                                                                          fwd.get("hidden") is not None):
-            logits, hidden = fwd["logits"], fwd.get("hidden")
-        else:
-            logits, hidden = self._forward(module, micro)
+        fwd = fwd if (fwd is not None and self.share_backbone) else {}
         if self.head_type == "regression":
+            hidden = fwd.get("hidden")
+            if hidden is None:
+                hidden = module.forward_outputs(micro, self.backbone, hidden=True)["hidden"]
             h = hidden.detach() if self.detach_backbone else hidden
             v = self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # (b, C, 1) -> (b, C)
             return v, v
-        yes, no = self.token_ids
-        if self.detach_backbone:
-            # z = h·(w_yes − w_no) (+ bias difference): the LM head rows still learn, the backbone does not
-            out = (module.model if self.share_backbone else self.backbone).get_output_embeddings()
-            w = out.weight[yes] - out.weight[no]  # (H,)
-            z = hidden.detach() @ w.to(hidden.dtype)  # (b, C)
-            if getattr(out, "bias", None) is not None:
-                z = z + (out.bias[yes] - out.bias[no])
+        if fwd.get("question_logits") is not None:
+            yes, no = self.token_ids
+            z = fwd["question_logits"][..., yes] - fwd["question_logits"][..., no]
         else:
-            z = logits[..., yes] - logits[..., no]  # (b, C): the softmax normaliser cancels
+            cache = fwd.get("cache")
+            if cache is None:
+                cache = module.forward_outputs(micro, self.backbone, cache=True)["cache"]
+            z = self._question_logit(module, micro, cache)
         z = z.to(torch.promote_types(z.dtype, torch.float32))  # bf16 logits: the value in >= fp32
         lo, hi = self.value_range
         return lo + (hi - lo) * yes_no_value(z, torch.zeros_like(z)), z
+
+    def _question_logit(self, module, micro, cache) -> Tensor:
+        """z_t = logit(yes) − logit(no) after ``question`` appended to each prefix s_t, (b, C).
+
+        One pass over C copies of the k question tokens on top of the sequence's cache: copy t attends to the
+        real tokens at positions ≤ P+t−1 (s_t) and causally to its own question tokens, with positions
+        continuing s_t's. Same values as C separate forwards of s_t + question (tested), C·k query tokens.
+        """
+        model = self._model(module)
+        dev = next(model.parameters()).device
+        b, L = micro.input_ids.shape
+        P, C = micro.prompt_len, micro.completion_len
+        q = self.question_ids.to(dev)
+        k = len(q)
+        att = micro.attention_mask.to(dev).bool()
+        pos = (att.long().cumsum(-1) - 1).clamp(min=0)  # (b, L), as the main forward
+        last = torch.arange(C, device=dev) + P - 1  # (C,) last position of s_t
+        see_prefix = (torch.arange(L, device=dev)[None, :] <= last[:, None])[None] & att[:, None, :]  # (b, C, L)
+        copy = torch.arange(C * k, device=dev) // k
+        j = torch.arange(C * k, device=dev) % k
+        see_own = (copy[:, None] == copy[None, :]) & (j[None, :] <= j[:, None])  # (Ck, Ck) causal per copy
+        allowed = torch.cat([see_prefix.repeat_interleave(k, dim=1), see_own.expand(b, -1, -1)], dim=-1)
+        dtype = next(model.parameters()).dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+        qpos = pos[:, last].repeat_interleave(k, dim=1) + 1 + j[None, :]  # (b, Ck)
+        kw = dict(input_ids=q.repeat(C).expand(b, -1), attention_mask=mask[:, None], position_ids=qpos,
+                  past_key_values=cache, use_cache=True, logits_to_keep=torch.arange(k - 1, C * k, k, device=dev))
+        yes, no = self.token_ids
+        if self.delta is None:
+            logits = model(**kw).logits  # (b, C, V): the last question token of each copy
+            return logits[..., yes] - logits[..., no]
+        out_emb = model.get_output_embeddings()
+        seen = {}
+        hook = out_emb.register_forward_hook(lambda m, inp, out: seen.__setitem__("h", inp[0]))
+        try:
+            with torch.no_grad():
+                model(**kw)
+        finally:
+            hook.remove()
+        h = seen["h"]  # (b, C, H) the LM head's input at the answer positions, no gradient to the backbone
+        w = (out_emb.weight[yes] - out_emb.weight[no]).detach()
+        z = h @ (w.to(h.dtype) + self.delta.to(h.dtype))
+        if getattr(out_emb, "bias", None) is not None:
+            z = z + (out_emb.bias[yes] - out_emb.bias[no]).detach()
+        return z
 
     @torch.no_grad()
     def attach_values(self, module, exp) -> None:
@@ -155,7 +230,8 @@ class CriticModule(nn.Module):
         chunks = []
         for micro in exp.micro_batches(module.hparams.micro_batch_size):
             v, _ = self.predict(module, micro)
-            chunks.append(torch.where(micro.loss_mask.to(v.device), v.float(), 0.0).to(exp.input_ids.device))
+            v = v.double() if v.dtype == torch.float64 else v.float()
+            chunks.append(torch.where(micro.loss_mask.to(v.device), v, 0.0).to(exp.input_ids.device))
         exp.values = torch.cat(chunks)  # (B, C)
 
     # ------------------------------------------------------------------ loss
@@ -194,11 +270,13 @@ class CriticModule(nn.Module):
                 module.log(k, self._acc[k] / self._acc["n"], on_step=True, on_epoch=False, batch_size=rows)
 
     def advantage_metrics(self, exp) -> dict[str, float]:
-        """Explained variance of the rollout values against the returns, over loss-mask tokens."""
+        """Explained variance of the rollout values against the returns, over the trainable tokens (invalid rows
+        have no return: they are no value target)."""
         if exp.values is None or exp.returns is None:
             return {}
-        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, exp.loss_mask),
-                "critic/values_mean": float(exp.values[exp.loss_mask].mean()) if exp.loss_mask.any() else 0.0}
+        m = exp.train_mask
+        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, m),
+                "critic/values_mean": float(exp.values[m].mean()) if m.any() else 0.0}
 
 
 def _single_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:

@@ -169,7 +169,13 @@ class DistillModule(PolicyModule):
 
     def _teacher_data_step(self, batch) -> None:
         """One optimizer step on the teacher's own rollouts for this iteration's prompts: cross-entropy on the
-        survivors of the reward filter (``sft_on_success``) + forward_kl / jsd on them (``kd_on`` teacher/both)."""
+        survivors of the reward filter (``sft_on_success``) + forward_kl / jsd on them (``kd_on`` teacher/both).
+
+        Distributed: ranks keep different numbers of survivors (or none). Every rank pads its rows to the
+        largest count with untrained rows (``valid`` False), so all ranks run the same micro-batches; when no
+        rank has a survivor every rank skips the step. Denominators are global (``_denominators``) and the step
+        goes through the module's ``_optimizer_step`` (clipping, non-finite guard, scheduler).
+        """
         from lit_rl.callbacks.rollout import RolloutCallback
 
         rc = next(cb for cb in self.trainer.callbacks if isinstance(cb, RolloutCallback))
@@ -180,41 +186,51 @@ class DistillModule(PolicyModule):
                 seen.add(g)
                 prompts.append(p)
         texp, metrics = self.router().teacher_rollouts(self, prompts, rc.sampling, rc.rewards)
-        if texp is not None:
-            metrics.update(self._teacher_update(texp.to(self.device)))
+        local = 0 if texp is None else texp.batch_size
+        rows = int(self._all_reduce_max(torch.tensor([float(local)]))[0])
+        if rows > 0:
+            texp = _pad_rows(texp if texp is not None else exp, rows, keep=local)
+            texp.horizon = rc.sampling.max_new_tokens
+            stats = self._optimizer_step(self.optimizers(), self.lr_schedulers(), texp.to(self.device),
+                                         micro_loss=self._teacher_micro_loss)
+            metrics.update({k: v for k, v in stats.items() if k.startswith("loss/")})
+            metrics["distill/teacher_step_grad_norm"] = stats["actor/grad_norm"]
         for k, v in metrics.items():
             self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
 
-    def _teacher_update(self, texp: Experience) -> dict[str, float]:
+    def _all_reduce_max(self, t: Tensor) -> Tensor:
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return t
+        dev = self.device if self.device.type != "cpu" else torch.device("cpu")
+        return trainer.strategy.reduce(t.to(dev), reduce_op="max").cpu()
+
+    def _teacher_micro_loss(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
+        """Loss terms of one micro-batch of teacher rollouts (the ``micro_loss`` of ``_optimizer_step``)."""
         h, c = self.hparams, self.losses
-        opt = self.optimizers()
-        opt.zero_grad(set_to_none=True)
-        texp = texp.trim()
-        fwd = {"num_tokens": int(texp.loss_mask.sum()), "num_seqs": int(texp.loss_mask.any(-1).sum())}
+        mask = micro.train_mask
+        logits = self.forward_logits(micro)  # (b, C, V)
+        lp = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
+        parts: dict[str, Tensor] = {}
+        if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
+            ce = masked_cross_entropy(lp, mask)
+            parts["sft_on_success"] = c["sft_on_success"] * aggregate(
+                ce, mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
         kd = [n for n in ("forward_kl", "jsd") if n in c and self.kd_on != "student"]
-        stats: dict[str, float] = {}
-        for micro in texp.micro_batches(h.micro_batch_size):
-            logits = self.forward_logits(micro)  # (b, C, V)
-            lp = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
-            parts = {}
-            if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
-                ce = masked_cross_entropy(lp, micro.loss_mask)
-                parts["sft_on_success"] = c["sft_on_success"] * aggregate(
-                    ce, micro.loss_mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
-            if kd:
-                t_logits = self.router().teacher_logits(self, micro, kd[0])
-                f = dict(fwd, logits=logits)
-                parts.update({f"{k}_teacher_rollouts": v for k, v in
-                              self._full_vocab_terms(kd, logits, t_logits, micro.loss_mask, f).items()})
-            self.manual_backward(sum(parts.values()))
-            for k, v in parts.items():
-                stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
-        params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm) if params else torch.tensor(0.0)
-        if torch.isfinite(norm):
-            opt.step()
-        else:
-            opt.zero_grad(set_to_none=True)
-            self.skipped_steps += 1
-        stats["distill/teacher_step_grad_norm"] = float(norm)
-        return stats
+        if kd:
+            t_logits = self.router().teacher_logits(self, micro, kd[0])
+            f = dict(fwd, logits=logits)
+            parts.update({f"{k}_teacher_rollouts": v for k, v in
+                          self._full_vocab_terms(kd, logits, t_logits, mask, f).items()})
+        return parts
+
+
+def _pad_rows(exp: Experience, rows: int, keep: int) -> Experience:
+    """``exp``'s first ``keep`` rows followed by copies of row 0 marked untrained (``valid`` False) up to ``rows``
+    rows: same micro-batch count on every rank, no effect on any loss or denominator."""
+    idx = list(range(keep)) + [0] * (rows - keep)
+    out = exp.select(idx)
+    valid = out.valid.clone()
+    valid[keep:] = False
+    out.valid = valid
+    return out

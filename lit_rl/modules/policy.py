@@ -22,9 +22,17 @@ from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_misma
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
+from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
+
+def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
+    """Per-token annotations are stored in float32, or float64 when the model / the Experience's rewards are
+    float64 (exact float64 checks of the whole step, tests/conformance)."""
+    wide = t.dtype == torch.float64 or (like is not None and like.dtype == torch.float64)
+    return t.double() if wide else t.float()
+
 
 def _reduce(key: str, values: list[float]) -> float:
     """Combine a metric over micro-batches / minibatches: extremes stay extremes (a spike in any
@@ -65,6 +73,14 @@ class PolicyModule(L.LightningModule):
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
+        loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
+            the Experience's ``horizon`` (RolloutCallback sets it to ``sampling.max_new_tokens``); with neither,
+            that mode raises instead of dividing by the padded width (which changes between minibatches).
+        whiten_advantages: standardise the advantages over the batch's trainable tokens (all ranks' tokens;
+            mean 0, variance 1). None = on for ``gae`` (PPO, as TRL / veRL / OpenRLHF do), off otherwise.
+        disable_dropout: zero every dropout probability of the policy (and a separate critic backbone), so the
+            rollout, old-log-prob, reference, value and training passes evaluate the same function (TRL does
+            the same); False keeps the checkpoint's dropout.
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
@@ -73,6 +89,7 @@ class PolicyModule(L.LightningModule):
         max_nonfinite_steps: this many skipped steps in a row raise.
         rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
             (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
+        correction_low: lower bound of the ``mis`` band [low, cap] (IcePop, arXiv 2510.18855); None = 1/cap.
         logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
@@ -92,6 +109,9 @@ class PolicyModule(L.LightningModule):
         baseline: bool = False,
         policy_loss: str = "ppo_clip",
         loss_agg: str = "token_mean",
+        loss_horizon: int | None = None,
+        whiten_advantages: bool | None = None,
+        disable_dropout: bool = True,
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
@@ -103,6 +123,7 @@ class PolicyModule(L.LightningModule):
         rollout_correction: str = "none",
         correction_level: str = "token",
         correction_cap: float = 2.0,
+        correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
@@ -137,9 +158,17 @@ class PolicyModule(L.LightningModule):
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if not correction_cap > 0:
             raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
+        if correction_low is not None and not (rollout_correction == "mis" and 0 < correction_low < 1):
+            raise ValueError(f"correction_low={correction_low} needs rollout_correction='mis' and 0 < correction_low "
+                             f"< 1 (null = 1/correction_cap); got rollout_correction={rollout_correction!r}")
+        if rollout_correction == "mis" and not correction_cap > 1:
+            raise ValueError(f"correction_cap={correction_cap} with rollout_correction='mis' must be > 1 (the kept "
+                             "band [correction_low, correction_cap] must contain ratio 1)")
         for name, v in (("gamma", gamma), ("lam", lam)):
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
+        if loss_horizon is not None and (isinstance(loss_horizon, bool) or not loss_horizon >= 1):
+            raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {loss_horizon!r}")
         if logprob_chunk_size is not None and logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
         resolve_dtype(dtype)
@@ -168,6 +197,8 @@ class PolicyModule(L.LightningModule):
             ensure_tiny_model(self.model_path, **self.tiny_if_missing)
         torch.manual_seed(self.hparams.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
+        if self.hparams.disable_dropout:
+            disable_dropout(self.model)
         self.tokenizer = load_tokenizer(self.model_path)
 
     def configure_model(self) -> None:
@@ -206,15 +237,24 @@ class PolicyModule(L.LightningModule):
         own device). With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states at the same
         positions, (b, C, H): a value head on the shared backbone reads them from this one forward pass.
         """
+        out = self.forward_outputs(micro, model, hidden=return_hidden)
+        return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
+
+    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False
+                        ) -> dict[str, Any]:
+        """One forward over the micro-batch: ``logits`` (b, C, V) as ``forward_logits``; ``hidden`` (b, C, H) or
+        None; ``cache`` — the key/value cache of the whole sequence (a yes/no value head asks its question
+        after each prefix from it, ``CriticModule``) or None."""
         model = self.model if model is None else model
         dev = next(model.parameters()).device
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
         out = model(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos,
-                    logits_to_keep=micro.completion_len + 1, use_cache=False, output_hidden_states=return_hidden)
-        if not return_hidden:
-            return out.logits[:, :-1]  # (b, C, V)
-        return out.logits[:, :-1], out.hidden_states[-1][:, -(micro.completion_len + 1):-1]  # (b, C, H)
+                    logits_to_keep=micro.completion_len + 1, use_cache=cache, output_hidden_states=hidden)
+        C = micro.completion_len
+        return {"logits": out.logits[:, :-1],  # (b, C, V)
+                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
+                "cache": out.past_key_values if cache else None}
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None) -> Tensor:
         logits = self.forward_logits(micro) if logits is None else logits
@@ -233,27 +273,87 @@ class PolicyModule(L.LightningModule):
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
             chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
-            exp.old_logprobs = torch.cat(chunks).float()
+            exp.old_logprobs = store_dtype(torch.cat(chunks))
             self._old_logprob_s = time.perf_counter() - t0
         if self.critic is not None:
             self.critic.attach_values(self, exp)
 
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
+        """Advantages (and returns) of every row, zero off ``exp.train_mask``.
+
+        Group statistics use every ``valid`` row (a row filtered by ``trainable`` still tells its group what
+        the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
+        """
         h = self.hparams
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
             values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline))
-        exp.advantages = out.advantages.float()
-        exp.returns = None if out.returns is None else out.returns.float()
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
+            bootstrap=self._bootstrap_rows(exp)))
+        train = exp.train_mask
+        adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
+        metrics = dict(out.metrics)
+        if self.whitens:
+            adv, wm = self._whiten(adv, train)
+            metrics.update(wm)
+        exp.advantages = store_dtype(adv, exp.rewards)
+        exp.returns = None if out.returns is None else store_dtype(out.returns, exp.rewards)
         if self.critic is not None:
-            return {**out.metrics, **self.critic.advantage_metrics(exp)}
-        return out.metrics
+            return {**metrics, **self.critic.advantage_metrics(exp)}
+        return metrics
+
+    def _bootstrap_rows(self, exp: Experience) -> Tensor | None:
+        """Rows whose last value is bootstrapped (GAE on a truncated completion); None = none. Hook of the
+        critic option ``bootstrap_truncated``."""
+        if self.critic is None or not getattr(self.critic, "bootstrap_truncated", False) or not exp.finish_reasons:
+            return None
+        return torch.tensor([f == "length" for f in exp.finish_reasons], dtype=torch.bool)
+
+    @property
+    def whitens(self) -> bool:
+        w = self.hparams.whiten_advantages
+        return self.hparams.advantage == "gae" if w is None else bool(w)
+
+    def _whiten(self, adv: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """(A − μ) / sqrt(σ² + 1e-8) over the trainable tokens of every rank (population variance, float64),
+        so each rank applies the same μ, σ (the single-process result on the global batch)."""
+        a = adv.double()
+        stats = torch.stack([a[mask].sum(), (a[mask] ** 2).sum(), mask.sum().double()])  # (3,)
+        stats = self._all_reduce_sum(stats)
+        n = float(stats[2])
+        if n == 0:
+            return adv, {}
+        mean = stats[0] / n
+        var = (stats[1] / n - mean ** 2).clamp_min(0.0)
+        out = torch.where(mask, (a - mean) * torch.rsqrt(var + 1e-8), torch.zeros((), dtype=a.dtype))
+        return out.to(adv.dtype), {"adv/raw_mean": float(mean), "adv/raw_std": float(var.sqrt())}
+
+    def _all_reduce_sum(self, t: Tensor) -> Tensor:
+        """Sum a small CPU tensor over ranks (identity in one process)."""
+        trainer = self._trainer
+        if trainer is None or trainer.world_size <= 1:
+            return t
+        dev = self.device if self.device.type != "cpu" else torch.device("cpu")
+        return trainer.strategy.reduce(t.to(dev), reduce_op="sum").cpu()
+
+    def horizon_for(self, exp: Experience) -> int | None:
+        """H of ``seq_mean_token_sum_norm``: ``loss_horizon``, else the Experience's; an error without either."""
+        h = self.hparams
+        if h.loss_agg != "seq_mean_token_sum_norm":
+            return None
+        H = h.loss_horizon if h.loss_horizon is not None else exp.horizon
+        if H is None:
+            raise ValueError(
+                "loss_agg='seq_mean_token_sum_norm' divides by a constant horizon, but neither "
+                "PolicyModule.loss_horizon nor the Experience's horizon is set (RolloutCallback sets it to "
+                "sampling.max_new_tokens; an Experience built by hand needs horizon=...)")
+        return int(H)
 
     def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
-        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators."""
-        return aggregate(values, mask, self.hparams.loss_agg, num_tokens=forward_out["num_tokens"],
-                         num_seqs=forward_out["num_seqs"])
+        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators
+        (``num_tokens`` / ``num_seqs`` of the trainable tokens of all ranks) and the run's constant horizon."""
+        return aggregate(values, mask, self.hparams.loss_agg, forward_out.get("horizon"),
+                         num_tokens=forward_out["num_tokens"], num_seqs=forward_out["num_seqs"])
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):
@@ -291,15 +391,21 @@ class PolicyModule(L.LightningModule):
             self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
                      sync_dist=distributed, reduce_fx=_reduce_fx(k))
 
-    def _optimizer_step(self, opt, sched, mb: Experience) -> dict[str, float]:
+    def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
+        """One optimizer step on minibatch ``mb``: accumulate ``micro_loss`` (default: the RL loss) over its
+        micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step the
+        scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
+        """
         h = self.hparams
+        micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
         fwd_common = self._denominators(mb)
         opt.zero_grad(set_to_none=True)
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
+        self._last_metrics = {}
         for micro in mb.micro_batches(h.micro_batch_size):
-            parts = self._micro_loss(micro, fwd_common)
+            parts = micro_loss(micro, fwd_common)
             loss = sum(parts.values())
             self.manual_backward(loss)
             for k, v in parts.items():
@@ -327,34 +433,39 @@ class PolicyModule(L.LightningModule):
             sched.step()
         return stats
 
-    def _denominators(self, mb: Experience) -> dict[str, float]:
-        """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks.
+    def _denominators(self, mb: Experience) -> dict[str, Any]:
+        """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks, and the
+        constant horizon of ``seq_mean_token_sum_norm``.
 
-        DDP and FSDP average gradients over the W ranks, so rank r's loss must be Σ_r ℓ / (N_global / W)
-        for the average to be Σ ℓ / N_global: the loss a single process would compute on the global batch
-        (token_mean over *all* ranks' tokens, not the mean of per-rank means).
+        Counts are of ``train_mask`` (trainable tokens of valid rows): an invalid or filtered row is in no
+        denominator. DDP and FSDP average gradients over the W ranks, so rank r's loss must be
+        Σ_r ℓ / (N_global / W) for the average to be Σ ℓ / N_global: the loss a single process would compute
+        on the global batch (token_mean over *all* ranks' tokens, not the mean of per-rank means).
+        A minibatch with no trainable token anywhere divides by 1 (its loss is 0 with zero gradients).
         """
-        counts = torch.tensor([float(mb.loss_mask.sum()), float(mb.loss_mask.any(-1).sum())], dtype=torch.float64)
+        tm = mb.train_mask
+        counts = torch.tensor([float(tm.sum()), float(tm.any(-1).sum())], dtype=torch.float64)
         trainer = self._trainer
-        if trainer is not None and trainer.world_size > 1:
-            dev = self.device if self.device.type != "cpu" else torch.device("cpu")
-            counts = trainer.strategy.reduce(counts.to(dev), reduce_op="sum").cpu() / trainer.world_size
-        return {"num_tokens": float(counts[0]), "num_seqs": float(counts[1])}
+        world = trainer.world_size if trainer is not None else 1
+        counts = self._all_reduce_sum(counts) / world
+        floor = 1.0 / world  # all ranks empty: Σ 0 / anything = 0; keeps the positive-count contract
+        return {"num_tokens": max(float(counts[0]), floor), "num_seqs": max(float(counts[1]), floor),
+                "horizon": self.horizon_for(mb)}
 
     def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
         h = self.hparams
-        hidden = None
-        if self.critic is not None and self.critic.wants_hidden:  # shared value head: one forward for both
-            logits, hidden = self.forward_logits(micro, return_hidden=True)  # (b, C, V), (b, C, H)
-        else:
-            logits = self.forward_logits(micro)  # (b, C, V)
+        critic = self.critic
+        # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
+        out = self.forward_outputs(micro, hidden=critic is not None and critic.wants_hidden,
+                                   cache=critic is not None and critic.wants_cache)
+        logits, hidden = out["logits"], out["hidden"]  # (b, C, V), (b, C, H) | None
         logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
-        mask = micro.loss_mask
+        mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
         is_w, metrics = None, {}
         if h.rollout_correction != "none" and micro.rollout_logprobs is not None:
             w, keep, cm = rollout_correction(old, micro.rollout_logprobs, mask, h.rollout_correction,
-                                             h.correction_level, h.correction_cap)
+                                             h.correction_level, h.correction_cap, h.get("correction_low"))
             is_w = w * keep
             metrics.update({f"is/{k}": v for k, v in cm.items()})
         if micro.is_weights is not None:
@@ -363,7 +474,7 @@ class PolicyModule(L.LightningModule):
             logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
             rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
             dual_clip=h.dual_clip))
-        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden)
+        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden, cache=out["cache"])
         parts = {"policy": self.aggregate(per_token, mask, fwd)}
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         if self.critic is not None:

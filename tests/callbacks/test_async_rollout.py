@@ -180,7 +180,8 @@ def test_max_staleness_0_reproduces_sync_exactly(tiny_model_dir):
 def test_async_run_never_trains_a_row_beyond_max_staleness(tiny_model_dir):
     """Thousands of trained rows (30 iterations x 128 rows) with k=2: every row's staleness <= 2, the bound is
     reached, every async metric is logged, and the engine trained on snapshots, not the live weights."""
-    module, rc, rec = _fit(tiny_model_dir, steps=30, mode="async", k=2, group_size=16, batch_size=8)
+    module, rc, rec = _fit(tiny_model_dir, steps=30, mode="async", k=2, group_size=16, batch_size=8,
+                           rollout_correction="tis")
     stale = torch.cat(rec.staleness)
     assert stale.numel() == 30 * 128
     assert int(stale.max()) <= 2 and int(stale.min()) >= 0
@@ -209,7 +210,7 @@ class FailingEngine(HFEngine):
 def test_producer_failure_surfaces_in_the_trainer_within_one_step(tiny_model_dir):
     t0 = time.perf_counter()
     with pytest.raises(RuntimeError, match="engine fell over") as e:
-        _fit(tiny_model_dir, steps=50, mode="async", k=1, engine=FailingEngine())
+        _fit(tiny_model_dir, steps=50, mode="async", k=1, engine=FailingEngine(), rollout_correction="tis")
     assert isinstance(e.value.__cause__, MemoryError)
     assert time.perf_counter() - t0 < 60  # never a silent stall
     assert not any(t.name == "lit_rl-rollout-producer" for t in threading.enumerate())
@@ -281,7 +282,7 @@ class ExtraPush(L.Callback):
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
 def test_too_stale_experiences_are_dropped_or_regenerated_and_counted(tiny_model_dir, policy):
     L.seed_everything(0)
-    module = PolicyModule(model=str(tiny_model_dir), optimizer=_lr)
+    module = PolicyModule(model=str(tiny_model_dir), optimizer=_lr, rollout_correction="tis")
     rc = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, mode="async", max_staleness=1,
                          stale_policy=policy, sampling=SamplingConfig(max_new_tokens=1))
     rec = Recorder()
@@ -353,3 +354,11 @@ def test_prompt_stream_matches_the_training_loader_and_resumes_mid_stream():
     assert ps.pos == 96 and d2._sampler.pos == 0  # its own copy: the loader's sampler is untouched
     resumed = PromptStream(d2.train_prompts, 8, d2.seed, pos=40, template=d2._sampler)
     assert [p.uid for p in resumed.next_batch()] == want[5]
+
+
+def test_async_without_rollout_correction_is_refused_at_setup(tiny_model_dir):
+    """Stale rows with rollout_correction='none' and one update per batch would train with ratio 1 (as if
+    on-policy): setup refuses it, naming the setting, before any generation. k=0 is synchronous: allowed."""
+    with pytest.raises(ValueError, match="rollout_correction is 'none'.*tis"):
+        _fit(tiny_model_dir, steps=1, mode="async", k=1)
+    _fit(tiny_model_dir, steps=1, mode="async", k=0)
