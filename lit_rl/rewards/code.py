@@ -180,8 +180,8 @@ class CodeTestsReward:
                 "infra_errors": float(rep.infra_errors), "skipped": float(rep.skipped), "wall_s": rep.wall_s,
                 "program_s": rep.program_s, "budget_exhausted": float(rep.budget_exhausted), "no_code": 0.0,
                 "cgroup": float(self.sandbox.cgroups.available)}
-        if rep.infra_errors:
-            return RewardResult(0.0, False, info)
+        if rep.infra_errors:  # the pool masks the row and shows this text
+            return RewardResult(0.0, False, info, error=f"code sandbox could not run the tests: {rep.sandbox_errors[0]}")
         score = float(rep.passed == n) if self.mode == "binary" else rep.passed / n
         return RewardResult(score, True, info)
 

@@ -75,6 +75,7 @@ def test_infra_error_is_masked_not_scored(sandbox):
     broken.unshare = shutil.which("false")  # every sandbox start now fails: the infrastructure, not the answer
     res = CodeTestsReward("partial", sandbox=broken)({"tests": TESTS}, GOOD)
     assert (res.score, res.ok, res.info["infra_errors"], res.info["passed"]) == (0.0, False, 4.0, 0.0)
+    assert res.error.startswith("code sandbox could not run the tests: sandbox launcher exited (rc=1)")
 
 
 def test_fail_fast_skips_after_first_failure(sandbox):
