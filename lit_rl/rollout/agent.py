@@ -261,7 +261,10 @@ class AgentRolloutCallback(RolloutCallback):
         ret = torch.where(valid, ret, torch.full_like(ret, float("nan")))
         metrics = {"reward/infra_errors": float((~valid).sum()), "reward/timeouts": 0.0,
                    "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
-                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1)}
+                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1),
+                   # episodes in which the environment detected a reward hack (env.py: info["hack_detected"])
+                   "reward/hack_detected": float(sum(any(t.info.get("hack_detected", 0.0) for t in e.turns)
+                                                     for e in rows))}
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
         return groups, RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics), gen_s
 
