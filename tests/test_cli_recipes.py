@@ -37,10 +37,9 @@ def _rollout(cli):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatch, tiny_model_dir):
     """`--rollout.group_size` / `--rollout.sampling.max_new_tokens` reach the RolloutCallback of every recipe."""
-    # dapo's dynamic sampling refills groups without reward variance; from a random model its preset 16 tries do
-    # not fill the batch (main fails the same way): more tries here, the other settings as set
+    # dapo's dynamic sampling refills groups without reward variance: its preset group of 8 and 64 tries
     group = "8" if recipe == "dapo" else "3"
-    more = ["--rollout.max_resample_tries", "64"] if recipe == "dapo" else []
+    more = []
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, f"configs/{recipe}.yaml",
                extra=["--rollout.group_size", group, "--rollout.sampling.max_new_tokens", "2", *more])
     m = cli.trainer.callback_metrics
@@ -53,7 +52,7 @@ def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatc
     for field in ("advantage", "policy_loss", "loss_agg"):  # the preset's independent fields arrive as set
         assert cli.model.hparams[field] == preset["model"]["init_args"][field]
     for k, v in preset["rollout"].items():  # and the recipe's other rollout settings are kept
-        if k not in ("group_size", "sampling", "rewards", "engine", "max_resample_tries"):
+        if k not in ("group_size", "sampling", "rewards", "engine"):
             assert getattr(rc, {"overlong_prompts": "overlong"}.get(k, k)) == v, k
 
 
@@ -125,8 +124,8 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/model")  # the recipes' default model
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")  # distill's teacher
     shutil.copytree(tiny_model_dir, tmp_path / "runs/distill/student")  # distill's student
-    # dapo: dynamic sampling needs its own 16 prompts x 8 samples, and more refill tries from a random model
-    small = SMALL if recipe != "dapo" else ["--rollout.max_resample_tries", "64"]
+    # dapo: dynamic sampling needs its own 16 prompts x 8 samples (and its preset's refill tries)
+    small = SMALL if recipe != "dapo" else []
     printed = _print_config(capsys, ["fit", "-c", str(ROOT / f"configs/{recipe}.yaml"), "--trainer.max_steps", "1",
                                      "--trainer.default_root_dir", str(tmp_path / "run"), *small,
                                      *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else [])])

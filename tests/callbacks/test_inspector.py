@@ -345,7 +345,8 @@ def test_async_staleness_in_the_files_matches_the_async_metric(tiny_model_dir, t
     numbers RolloutCallback logs as async/staleness_mean (the engine's own version lags the learner's)."""
     from lit_rl.rewards import ExactAnswerReward
 
-    mod = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
+    mod = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
+                       rollout_correction="tis")
     rc = RolloutCallback(rewards={"exact": ExactAnswerReward()}, group_size=4, mode="async", max_staleness=2,
                          sampling=SamplingConfig(max_new_tokens=1))
     trainer = L.Trainer(max_steps=5, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
