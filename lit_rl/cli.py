@@ -1,12 +1,207 @@
-"""`lit-rl`: LightningCLI entry point (``lit-rl fit --config configs/quickstart.yaml``)."""
+"""`lit-rl`: LightningCLI entry point (``lit-rl fit --config configs/quickstart.yaml``).
+
+What it adds to LightningCLI (see README "Runs"):
+
+- ``rollout``: the ``RolloutCallback`` as a first-class section (``--rollout.group_size 8``). A recipe that
+  still lists ``lit_rl.callbacks.RolloutCallback`` under ``trainer.callbacks`` has it moved here.
+- ``checkpoint``: an ``IterationCheckpoint`` into ``<run dir>/checkpoints`` (``--checkpoint.every_n_iterations``),
+  unless ``trainer.enable_checkpointing`` is false or the callbacks already hold a ``ModelCheckpoint``.
+- One run directory (``trainer.default_root_dir``): default CSV + TensorBoard loggers and ``config.yaml`` there.
+- ``--ckpt_path last`` is an error when there is nothing to resume; ``last_or_new`` starts fresh then.
+- Configuration errors print one line (``lit-rl: error: ...``); ``LIT_RL_TRACEBACK=1`` shows the traceback.
+"""
 from __future__ import annotations
 
+import importlib
+import os
+import re
 import sys
+from pathlib import Path
+from typing import Any
 
-from lightning.pytorch.cli import LightningCLI
+from jsonargparse import Namespace, set_parsing_settings
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+
+from lit_rl.runs import (
+    CHECKPOINT_SUBDIR,
+    IterationCheckpoint,
+    NothingToResume,
+    checkpoint_log_step,
+    default_loggers,
+    resolve_ckpt_path,
+)
+
+ROLLOUT = "lit_rl.callbacks.RolloutCallback"
+_ROLLOUT_PATHS = {ROLLOUT, "lit_rl.callbacks.rollout.RolloutCallback"}
+
+
+class ConfigError(ValueError):
+    """A configuration problem found before training; the console script prints it as one line."""
+
+
+def _patch_jsonargparse_serialization() -> None:
+    """jsonargparse serializes a ``Callable | list[Callable] | dict[str, Callable]`` value by trying
+    ``Callable`` first, whose serializer never fails: it turns a whole list or dict of reward specs into the
+    string "Unable to serialize instance ...", so ``--print_config`` and the saved config.yaml could not be
+    re-run. A list or dict is never an import path: raising lets the union try its list / dict members."""
+    import jsonargparse._typehints as th
+
+    original = th.serialize_as_import_path
+    if getattr(original, "_lit_rl", False):
+        return
+
+    def serialize(val):
+        if isinstance(val, (list, tuple, dict, Namespace)):
+            raise ValueError(f"a {type(val).__name__} is not an import path")
+        return original(val)
+
+    serialize._lit_rl = True
+    th.serialize_as_import_path = serialize
+
+
+_patch_jsonargparse_serialization()
+# omegaconf+ resolves ${...} interpolations on the final, merged config (after every -c file and flag), so
+# ``model: ${trainer.default_root_dir}/model`` follows --trainer.default_root_dir. Recipes write absolute
+# interpolation paths; this setting makes them work inside a subcommand's config.
+set_parsing_settings(omegaconf_absolute_to_relative_paths=True)
+
+
+class RunConfig(SaveConfigCallback):
+    """Writes the parsed config to ``<run dir>/config.yaml`` (not into a logger's version folder); other
+    subcommands write ``<run dir>/<subcommand>/config.yaml``."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.already_saved:
+            return
+        if trainer.is_global_zero:
+            root = Path(trainer.default_root_dir)
+            if stage != "fit":  # `lit-rl validate` on a run directory keeps the run's own config.yaml
+                root = root / stage
+            root.mkdir(parents=True, exist_ok=True)
+            self.parser.save(self.config, str(root / self.config_filename), skip_none=False, overwrite=True,
+                             multifile=self.multifile)
+            self.already_saved = True
+
+
+class LitRLParser(LightningArgumentParser):
+    """Parse errors on one line (``lit-rl: error: Parser key "model.init_args.loss_agg": Expected ...``)."""
+
+    def error(self, message: str, ex: Exception | None = None):
+        if not self.exit_on_error or os.environ.get("LIT_RL_TRACEBACK"):
+            return super().error(message, ex)
+        print(f"lit-rl: error: {_condense_parse_error(message)}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _condense_parse_error(message: str) -> str:
+    """jsonargparse nests a subclass field's error in its union's ("Does not validate against any of the Union
+    subtypes ... Problem with given class_path ...: Parser key "loss_agg": ..."): keep the innermost error and
+    name the field by the full key path (``model.loss_agg``)."""
+    flat = " ".join(message.split())
+    keys = re.findall(r'Parser key "([^"]+)"', flat)
+    found = list(re.finditer(r'Parser key "[^"]+": ', flat))
+    if len(found) < 2:
+        return flat
+    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end():])[0]
+    return f"{'.'.join(dict.fromkeys(keys))}: {body.strip()}"
 
 
 class LitRLCLI(LightningCLI):
+    def add_arguments_to_parser(self, parser) -> None:
+        from lit_rl.callbacks.rollout import RolloutCallback
+
+        parser.add_argument("--imports", type=list[str], default=[],
+                            help="Modules to import before the config is checked, e.g. the one registering your "
+                                 "own advantage or policy loss (@ADVANTAGES.register('mine')): --imports '[my_pkg.rl]'")
+
+        # Not instantiated by jsonargparse: instantiate_trainer builds it (or drops it when a RolloutCallback
+        # subclass is configured under trainer.callbacks instead).
+        parser.add_class_arguments(RolloutCallback, "rollout", fail_untyped=False, instantiate=False,
+                                   sub_configs=True)
+        parser.add_class_arguments(IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False,
+                                   sub_configs=True)
+
+    def parse_arguments(self, parser, args) -> None:
+        """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
+        programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
+        if isinstance(args, (dict, Namespace)):
+            self.config = parser.parse_object(args)
+        else:
+            self.config = parser.parse_args(args)
+
+    # ------------------------------------------------------------ before instantiation
+    def before_instantiate_classes(self) -> None:
+        cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        for module in cfg.get("imports") or []:
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ConfigError(f"imports: cannot import {module!r}: {e}") from e
+        self._move_rollout_callback(cfg)
+        trainer = cfg.trainer
+        root = trainer.default_root_dir or os.getcwd()
+        trainer.default_root_dir = root
+        self._ckpt_dir = Path(_checkpoint_dir(cfg, root))
+        self._resolved_ckpt, self._resume_step = None, None
+        if "ckpt_path" in cfg:
+            try:
+                self._resolved_ckpt = resolve_ckpt_path(cfg.ckpt_path, self._ckpt_dir)
+            except NothingToResume as e:
+                raise ConfigError(str(e)) from None
+            if self._resolved_ckpt is not None and self.subcommand == "fit":
+                self._resume_step = checkpoint_log_step(self._resolved_ckpt)
+        if self.subcommand == "fit" and self._resolved_ckpt is None and (self._ckpt_dir / "last.ckpt").exists() \
+                and self._uses_own_checkpoint(cfg):
+            raise ConfigError(
+                f"run directory {root} already holds a run ({self._ckpt_dir / 'last.ckpt'}): resume it with "
+                "--ckpt_path last, or start a new run with another --trainer.default_root_dir")
+
+    def _move_rollout_callback(self, cfg) -> None:
+        """A ``RolloutCallback`` listed under ``trainer.callbacks`` becomes the ``rollout`` section (its values
+        fill what the section leaves at defaults, so ``--rollout.group_size`` still wins); a subclass stays."""
+        cbs = cfg.trainer.callbacks or []
+        self._rollout_index, self._rollout_enabled = 0, True
+        defaults = self._parser(self.subcommand).get_defaults().get("rollout")
+        for i, cb in enumerate(list(cbs)):
+            path = cb.get("class_path") if isinstance(cb, (dict, Namespace)) else None
+            if path in _ROLLOUT_PATHS:
+                for k, v in (cb.get("init_args") or Namespace()).items():
+                    if cfg.rollout.get(k) == defaults.get(k):
+                        cfg.rollout[k] = v
+                cbs.pop(i)
+                self._rollout_index = i
+                return
+            if path and path.rsplit(".", 1)[-1].endswith("RolloutCallback"):  # a subclass (AgentRolloutCallback)
+                self._rollout_enabled = False
+                return
+
+    def _uses_own_checkpoint(self, cfg) -> bool:
+        return cfg.trainer.enable_checkpointing is not False and not _configured_checkpoints(cfg)
+
+    # ------------------------------------------------------------ instantiation
+    def instantiate_classes(self) -> None:
+        try:
+            self._check_data_first()
+            super().instantiate_classes()
+        except ConfigError:
+            raise
+        except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
+            raise ConfigError(_one_line(e)) from e
+
+    def _check_data_first(self) -> None:
+        """jsonargparse builds the model (loading its weights) before the datamodule; a PromptDataModule reads
+        and checks every record when built, so build one here first: a bad record fails in seconds."""
+        from lit_rl.data.datamodule import PromptDataModule
+
+        cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        data = cfg.get("data")
+        if not isinstance(data, Namespace) or not data.get("class_path"):
+            return
+        module, _, name = data.class_path.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type) and issubclass(cls, PromptDataModule):
+            cls(**_plain(data.get("init_args")))
+
     def instantiate_trainer(self, **kwargs):
         from lit_rl.checkpoint import use_atomic_checkpoint_io
 
@@ -19,6 +214,110 @@ class LitRLCLI(LightningCLI):
             raise type(e)(f"{e}\n{hint}") from e
         use_atomic_checkpoint_io(trainer)  # a kill mid-save must leave the previous checkpoint loadable
         return trainer
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
+        sub = self.config_init.get(str(self.subcommand), self.config_init) if self.subcommand else self.config_init
+        cbs = list(config.get("callbacks") or [])
+        if self._rollout_enabled:
+            cbs.insert(min(self._rollout_index, len(cbs)), _build_rollout(sub.rollout))
+        has_ckpt = any(type(c).__name__.endswith("Checkpoint") or hasattr(c, "last_model_path") for c in cbs)
+        if config.get("enable_checkpointing", True) is not False and not has_ckpt:
+            cbs.append(IterationCheckpoint(**_plain(sub.checkpoint)))
+        if config.get("enable_progress_bar", True) is False:  # the flag wins over a recipe's bar
+            cbs = [c for c in cbs if not _is_progress_bar(c)]
+        elif not any(_is_progress_bar(c) for c in cbs):
+            from lit_rl.callbacks.progress import IterationProgressBar
+
+            cbs.append(IterationProgressBar())
+        config["callbacks"] = _later_wins(cbs)
+        if config.get("logger") in (None, True):
+            root = config["default_root_dir"]
+            if self.subcommand == "fit":
+                config["logger"] = default_loggers(root, self._resume_step)
+            else:
+                from lightning.pytorch.loggers import CSVLogger
+
+                config["logger"] = [CSVLogger(root, name=str(self.subcommand), version="")]
+        return super()._instantiate_trainer(config, callbacks)
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if "ckpt_path" in kwargs:
+            kwargs["ckpt_path"] = self._resolved_ckpt
+        return kwargs
+
+
+def _checkpoint_dir(cfg, root: str) -> str:
+    """Where ``--ckpt_path last`` looks: a configured ModelCheckpoint's dirpath, the ``checkpoint`` section's,
+    else ``<run dir>/checkpoints``."""
+    for cb in _configured_checkpoints(cfg):
+        d = (cb.get("init_args") or Namespace()).get("dirpath")
+        if d:
+            return str(Path(root) / d) if not Path(d).is_absolute() else d
+    d = cfg.get("checkpoint", Namespace()).get("dirpath") if cfg.get("checkpoint") else None
+    return str(Path(root) / (d or CHECKPOINT_SUBDIR)) if not (d and Path(d).is_absolute()) else d
+
+
+def _configured_checkpoints(cfg) -> list:
+    out = []
+    for cb in cfg.trainer.callbacks or []:
+        path = cb.get("class_path", "") if isinstance(cb, (dict, Namespace)) else ""
+        if path.endswith(("ModelCheckpoint", "IterationCheckpoint")):
+            out.append(cb)
+    return out
+
+
+def _plain(ns) -> dict[str, Any]:
+    return dict(vars(ns)) if isinstance(ns, Namespace) else dict(ns or {})
+
+
+def _build_rollout(ns):
+    from lit_rl.callbacks.rollout import RolloutCallback
+    from lit_rl.rollout.engine import SamplingConfig
+
+    kw = _plain(ns)
+    if isinstance(kw.get("sampling"), (Namespace, dict)):
+        kw["sampling"] = SamplingConfig(**_plain(kw["sampling"]))
+    if kw.get("rewards") is None:
+        raise ConfigError("rollout.rewards is required: a RewardPool or reward function(s), e.g. "
+                          "--rollout.rewards lit_rl.rewards.ExactAnswerReward (see configs/quickstart.yaml)")
+    try:
+        return RolloutCallback(**kw)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"rollout: {_one_line(e)}") from e
+
+
+def _later_wins(cbs: list) -> list:
+    """Of callbacks with the same Lightning ``state_key`` (two ``HeldoutEval`` from a recipe and a fragment),
+    keep the later one, at the earlier one's position: Lightning refuses duplicates, and a fragment added
+    with ``-c`` is meant to override the recipe."""
+    out: list = []
+    for cb in cbs:
+        key = getattr(cb, "state_key", None)
+        same = next((i for i, c in enumerate(out) if key is not None and getattr(c, "state_key", None) == key), None)
+        if same is None:
+            out.append(cb)
+        else:
+            out[same] = cb
+    return out
+
+
+def _is_progress_bar(cb) -> bool:
+    from lightning.pytorch.callbacks import ProgressBar
+
+    return isinstance(cb, ProgressBar)
+
+
+def _one_line(e: BaseException) -> str:
+    """The innermost message of a (chained) exception, on one line (bad data records: one line each)."""
+    from lit_rl.data.prompts import DataError
+
+    while e.__cause__ is not None and str(e.__cause__):
+        e = e.__cause__
+    if isinstance(e, DataError):  # one line per bad record, each starting with file:line
+        return str(e)
+    msg = " ".join(str(e).split())
+    return msg or type(e).__name__
 
 
 def _strategy_hint(message: str) -> str | None:
@@ -38,14 +337,28 @@ def main(args: list[str] | None = None) -> LitRLCLI:
 
     return LitRLCLI(
         L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-        parser_kwargs={"parser_mode": "omegaconf"}, save_config_kwargs={"overwrite": True},
-        args=sys.argv[1:] if args is None else args,
+        parser_class=LitRLParser, parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,
+        save_config_kwargs={"overwrite": True}, args=args,
     )
 
 
 def console_main() -> None:
-    """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1)."""
-    main()
+    """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
+    a configuration error exits 2 with one line on stderr. The working directory is importable (as with
+    ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``."""
+    if sys.argv[1:2] == ["inspect"]:  # `lit-rl inspect RUN_DIR`: the rollout report, not a LightningCLI subcommand
+        from lit_rl.report import main as inspect_main
+
+        sys.exit(inspect_main(sys.argv[2:]))
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        main()
+    except ConfigError as e:
+        if os.environ.get("LIT_RL_TRACEBACK"):
+            raise
+        print(f"lit-rl: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def train_teacher(work: Path, steps: int, target: float, init: str | None = None
     import os
 
     cwd = os.getcwd()
-    os.chdir(work)  # the recipe's callbacks write runs/quickstart/... relative to the working directory
+    os.chdir(work)  # the recipe's run directory (runs/quickstart) is relative to the working directory
     try:
         cli = main(args)
     finally:
@@ -72,7 +72,7 @@ def run(name: str, module, teacher: str | None, qs: dict, steps: int, eval_every
         shape: tuple[int, int] | None = None) -> list[tuple[int, float]]:
     """``shape`` = (prompts per step, samples per prompt); None = the quickstart's."""
     d = qs["data"]["init_args"]
-    rc = qs["trainer"]["callbacks"][0]["init_args"]
+    rc = qs["rollout"]  # the RolloutCallback section of the recipe
     batch, group = shape or (d["batch_size"], rc["group_size"])
     ev = HeldoutEval(every_n_steps=eval_every)
     cbs = [RolloutCallback(rewards=[ExactAnswerReward()], group_size=group,

@@ -11,7 +11,12 @@ Throughput is completions per second over one ``RewardPool.score`` call (after a
 the pool's ``perf/reward_<name>_call_s``. The target is >= 1.7x with 2 workers; that needs 2 idle cores, so
 the load average and the machine's own ceiling (two plain processes together vs in turn) are printed too.
 
-    python scripts/bench_rewards.py [--n 16] [--work 0.15]
+Second table (``--section budget``): sandboxed evaluations/s of a 5-test program through a 2-worker
+``RewardPool``, for mixes of passing and hanging candidates, with the old per-test wall budget
+(``budget="per_test"``: a hang costs 5 x timeout) and the per-program budget (``budget="program"``: a hang
+costs one timeout) side by side, plus each run's worst evaluation time (``timeout + 1 s`` is the target).
+
+    python scripts/bench_rewards.py [--n 16] [--work 0.15] [--section all|pool|budget] [--timeout 1.0]
 """
 from __future__ import annotations
 
@@ -78,11 +83,61 @@ def run_case(name: str, fn, executor: str, workers: int, prompts, completions) -
             "mean": float(batch.total.mean())}
 
 
+ADD_OK = "def add(a, b):\n    return a + b\n"
+ADD_HANG = "def add(a, b):\n    while True:\n        pass\n"
+
+
+def budget_table(n: int, timeout: float) -> None:
+    """Evaluations/s of a 5-test program, pass/hang mixes, per-test vs per-program wall budget."""
+    tests = [{"call": "add", "args": [i, 2], "expected": i + 2} for i in range(5)]
+    sandbox = Sandbox(SandboxLimits(cpu_s=max(1, int(timeout) + 1)), timeout_s=timeout)
+    prompts = [Prompt(prompt="add", metadata={"tests": tests}) for _ in range(n)]
+    print(f"\n# 5-test program, timeout_s={timeout}, {n} evaluations per mix, RewardPool thread x2, "
+          f"cgroup={sandbox.cgroups.version}, load1={os.getloadavg()[0]:.2f}")
+    print(f"{'hang share':>10} | {'per_test eval/s':>15} {'max eval s':>10} {'ok':>4} | {'program eval/s':>14} "
+          f"{'max eval s':>10} {'ok':>4} | {'speed-up':>8}")
+    for hang_share in (0.0, 0.25, 0.5, 1.0):
+        n_hang = round(n * hang_share)
+        completions = [ADD_HANG] * n_hang + [ADD_OK] * (n - n_hang)
+        row = {}
+        for budget in ("per_test", "program"):
+            reward = CodeTestsReward("binary", timeout_s=timeout, sandbox=sandbox, budget=budget)
+            walls: list[float] = []
+
+            def timed(prompt, completion, reward=reward, walls=walls):
+                t0 = time.perf_counter()
+                out = reward(prompt, completion)
+                walls.append(time.perf_counter() - t0)
+                return out
+
+            timed.name = "code_tests"
+            pool = RewardPool({"code_tests": timed}, timeout_s=5 * timeout + 60, num_workers=2, executor="thread")
+            try:
+                t0 = time.perf_counter()
+                batch = pool.score(prompts, completions)
+                wall = time.perf_counter() - t0
+            finally:
+                pool.close()
+            assert bool(batch.valid.all()), batch.errors  # a hang is a fail, never an infrastructure error
+            # ok: evaluations with the right verdict (a passing program failed by a too small budget shows here)
+            ok = sum(int(s == e) for s, e in zip(batch.total.tolist(), [0.0] * n_hang + [1.0] * (n - n_hang)))
+            row[budget] = (n / wall, max(walls), ok)
+        (pt, pt_max, pt_ok), (pp, pp_max, pp_ok) = row["per_test"], row["program"]
+        print(f"{hang_share:>10.2f} | {pt:>15.2f} {pt_max:>10.2f} {pt_ok:>4} | {pp:>14.2f} {pp_max:>10.2f} {pp_ok:>4} "
+              f"| {pp / pt:>7.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=16, help="completions per timed batch")
     ap.add_argument("--work", type=float, default=0.15, help="seconds of CPU per reward call")
+    ap.add_argument("--section", choices=("all", "pool", "budget"), default="all", help="which table(s) to print")
+    ap.add_argument("--timeout", type=float, default=1.0, help="code reward timeout_s for the budget table")
     args = ap.parse_args()
+    if args.section in ("all", "budget"):
+        budget_table(args.n, args.timeout)
+    if args.section == "budget":
+        return
     _ITERS["n"] = calibrate(args.work)
     n = _ITERS["n"]
 

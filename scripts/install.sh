@@ -15,4 +15,11 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13
 fi
 $PY -m pip install -e ".[${EXTRAS}]"
 $PY -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# Headless Chromium for the HTML report's browser test, with the dev extra only (Debian package `chromium`).
+# Without it that test is skipped with the reason; nothing else needs a browser.
+if [[ ",${EXTRAS}," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium) \
+    || echo "note: could not install chromium (needs root or sudo, and apt); the report's browser test will be skipped" >&2
+fi
 $PY -c 'import torch, transformers, lightning; from transformers import AutoModelForCausalLM; print("lit_rl install ok: torch", torch.__version__, "transformers", transformers.__version__, "lightning", lightning.__version__)'

@@ -157,7 +157,7 @@ def test_prompt_datamodule_rejects_two_sources(tmp_path):
 
 
 REWARD_POOL_INVALID = {"timeout_s": _below(0.0), "num_workers": _neg_ints(),
-                       "executor": _unknown_name(["thread", "process"])}
+                       "executor": _unknown_name(["auto", "thread", "process"])}
 
 
 @SETTINGS

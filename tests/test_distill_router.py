@@ -138,3 +138,86 @@ def test_cross_tokenizer_sampled_scoring_sums_to_the_teacher_sequence_logprob(st
         got = exp.teacher_logprobs[i][exp.loss_mask[i]]
         assert got.sum().item() == pytest.approx(want.item(), rel=1e-5)
         assert torch.all(got <= 0) and torch.isfinite(got).all()
+
+
+def _byte_spans(tok, ids):
+    """Cumulative UTF-8 byte end of each byte-level BPE token, read from its byte-alphabet symbols."""
+    # the byte-level alphabet: printable Latin-1 bytes stand for themselves, the other 68 are shifted past 255
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    to_byte = {chr(b): b for b in kept} | {chr(256 + n): b for n, b in enumerate(shifted)}
+    ends, n = [], 0
+    for sym in tok.convert_ids_to_tokens(ids):
+        n += len(sym)  # one alphabet symbol per byte
+        assert all(c in to_byte for c in sym), sym
+        ends.append(n)
+    return ends
+
+
+def test_cross_tokenizer_multibyte_characters_split_across_byte_level_tokens(tmp_path):
+    """Student and teacher are byte-level BPEs with different merges; the completion holds é, 中, 文 and an emoji.
+    The student (default ASCII corpus) spells each as 2-4 byte tokens; the teacher merges some whole and splits
+    others differently (文 = 2+1 bytes, 😀 = 2+1+1). The teacher must score the true text, each row's sum is its
+    log-prob of that text, and every teacher token's log-prob lands on the student token holding the last byte
+    of the teacher token's last character (computed here independently, from UTF-8 byte offsets)."""
+    from lit_rl.models.tiny import build_tokenizer
+
+    sdir = build_tiny_model(tmp_path / "student", seed=0, **{**TINY, "tokenizer": "bpe", "vocab_size": 300})
+    tdir = build_tiny_model(tmp_path / "teacher", seed=3, **{**TINY, "tokenizer": "bpe", "vocab_size": 300})
+    student = PolicyModule(model=str(sdir))
+    ttok = build_tokenizer("bpe", corpus=["a中b 文c 😀d é", "x中 y文 z😀 é"] * 50, vocab_size=266)
+    tmodel = load_causal_lm(str(tdir)).eval()
+    assert len(ttok) <= tmodel.config.vocab_size
+    router = TeacherRouter({"reverse": Teacher(model=tmodel, tokenizer=ttok)})
+    texts = ["héllo 中文 ok 😀!", "é😀中"]
+    rows = [(Prompt(prompt="say:", domain="reverse"), t) for t in texts]
+    exp = _exp(student.tokenizer, rows)
+    stok = student.tokenizer
+    for i, text in enumerate(texts):  # non-vacuous: the student splits characters across tokens
+        ids = exp.completion_ids[i][exp.loss_mask[i]].tolist()
+        assert stok.decode(ids) == text and any("\ufffd" in stok.decode([t]) for t in ids)
+    router.on_experience(None, student, exp)
+    for i, (p, text) in enumerate(rows):
+        t = _exp(ttok, [(p, text)])
+        t_lp = token_logprobs(student.forward_logits(t, model=tmodel), t.completion_ids)[t.loss_mask]  # (Ct,)
+        s_ids = exp.completion_ids[i][exp.loss_mask[i]].tolist()
+        s_bytes = _byte_spans(stok, s_ids)
+        enc = ttok(text, add_special_tokens=False, return_offsets_mapping=True)
+        assert enc["input_ids"] == t.completion_ids[0][t.loss_mask[0]].tolist()
+        want = torch.zeros(len(s_ids), dtype=torch.float64)
+        for k, (_, e) in enumerate(enc["offset_mapping"]):
+            last_byte = len(text[:e].encode()) - 1  # last byte of the teacher token's last character
+            owner = next(j for j, end in enumerate(s_bytes) if last_byte < end)
+            want[owner] += float(t_lp[k])
+        got = exp.teacher_logprobs[i][exp.loss_mask[i]].double()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        assert float(got.sum()) == pytest.approx(float(t_lp.double().sum()), rel=1e-5)
+        # the student tokens inside a split character get nothing: their character is not complete yet
+        assert (got[torch.tensor(["\ufffd" in stok.decode(s_ids[:j + 1])[-1:] for j in range(len(s_ids))])] == 0).all()
+
+
+def test_char_ends_windows_and_the_exact_fallback(tmp_path):
+    """``char_ends`` by hand on a byte-level BPE, and with a decoder that edits text across tokens (strips a
+    leading space, as SentencePiece decoders do) where the windowed pass cannot be trusted and every prefix is
+    decoded instead."""
+    from lit_rl.callbacks.teachers import char_ends
+    from lit_rl.models.tiny import build_tokenizer
+
+    tok = build_tokenizer("bpe", vocab_size=300)  # ASCII corpus: é = 2 byte tokens, 中 = 3
+    ids = tok("aé 中", add_special_tokens=False)["input_ids"]
+    assert len(ids) == 7  # a, é(2), space, 中(3)
+    assert char_ends(tok, ids, "aé 中") == [1, 1, 2, 3, 3, 3, 4]
+
+    class Strip:  # decode(" x") == "x": not concatenative at the window start
+        def decode(self, ids):
+            return tok.decode(ids).lstrip(" ")
+
+        def batch_decode(self, seqs):
+            return [self.decode(s) for s in seqs]
+
+    ids = tok(" a 中 b", add_special_tokens=False)["input_ids"]  # "Ġa", "Ġ", 中 as 3 bytes, "Ġb"
+    text = Strip().decode(ids)
+    assert text == "a 中 b" and len(ids) == 6
+    # prefixes decode to "a", "a ", "a �", "a �", "a 中", "a 中 b" (the lone "Ġ" window decodes to "", which
+    # derails the windowed pass; the final check catches it)
+    assert char_ends(Strip(), ids, text) == [1, 2, 2, 2, 3, 5]

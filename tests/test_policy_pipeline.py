@@ -121,7 +121,7 @@ def test_module_config_errors_name_the_field(tiny_model_dir, kwargs, match):
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no Hugging Face model there"):
+    with pytest.raises(FileNotFoundError, match="the local path does not exist, and it is not a hub id"):
         PolicyModule(model=str(tmp_path / "nope"))
 
 
@@ -143,13 +143,12 @@ def test_datamodule_errors(tmp_path):
         PromptDataModule(task="mul")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    dm = PromptDataModule(train_files=[str(empty)])
-    with pytest.raises(ValueError, match="empty"):
-        dm.setup()
+    with pytest.raises(ValueError, match="empty"):  # records are read and checked when the datamodule is built
+        PromptDataModule(train_files=[str(empty)])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1"}\n')
-    with pytest.raises(ValueError, match="record 0: missing field 'prompt'"):
-        PromptDataModule(train_files=[str(bad)]).setup()
+    with pytest.raises(ValueError, match="bad.jsonl:1: missing field 'prompt'"):  # file:line, lines from 1
+        PromptDataModule(train_files=[str(bad)])
 
 
 def test_overlong_prompts_truncate_drop_error(tiny_model_dir):

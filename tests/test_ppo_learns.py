@@ -10,9 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 
-def test_ppo_learns_and_critic_generalises(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # builds runs/quickstart/model (the tiny random model) here
+def test_ppo_learns_and_critic_generalises(tmp_path, monkeypatch, tiny_model_dir):
+    monkeypatch.chdir(tmp_path)  # the recipe's run directory (runs/ppo) goes here
+    # tiny_model_dir is the quickstart's random-init model (same sizes and seed): what the recipe points at
     cli = main(["fit", "-c", str(ROOT / "configs/ppo.yaml"), "--trainer.max_steps", "400",
+                "--model.init_args.model", str(tiny_model_dir),
                 "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"])
     from lit_rl.callbacks import HeldoutEval
 

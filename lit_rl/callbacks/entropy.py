@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_rl.callbacks._sync import global_sums
 from lit_rl.core.controllers import AdaptiveEntropyController, FixedController
 from lit_rl.core.logprobs import entropy_from_logits
 
@@ -71,14 +72,21 @@ class EntropyRegularization(L.Callback):
         self._rows += rows
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        """Log the iteration's mean entropy and the α used, then (adaptive) move α for the next one."""
-        if self._count == 0:
-            return
-        mean = self._sum / self._count
-        pl_module.log("entropy/mean", mean, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
-        pl_module.log("entropy/coef", self.coef, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
-        self.controller.update(mean)
+        """Log the iteration's mean entropy and the α used, then (adaptive) move α for the next one.
+
+        Entropy sum and token count are summed over ranks first (``_sync.global_sums``): ``entropy/mean`` is
+        the global per-token mean and every rank holds the same α (the checkpointed one). Every rank takes
+        part in the reduce, also one whose iteration had no trainable token.
+        """
+        local_rows = self._rows
+        total, count = global_sums(trainer, pl_module, [self._sum, self._count])
         self._sum, self._count, self._rows = 0.0, 0, 0
+        if count == 0:  # the same decision on every rank: the counts are global
+            return
+        mean = total / count
+        pl_module.log("entropy/mean", mean, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        pl_module.log("entropy/coef", self.coef, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        self.controller.update(mean)
 
     def state_dict(self) -> dict[str, Any]:
         return {"controller": self.controller.state_dict()}

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Callable
 
 import lightning as L
 import torch
 
 from lit_rl.core.value import explained_variance
-
 from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
+from lit_rl.runs import run_path
 
 
 def _rollout_cb(trainer):
@@ -25,44 +24,110 @@ def _rollout_cb(trainer):
 
 
 class HeldoutEval(L.Callback):
-    """Greedy evaluation on held-out prompts every ``every_n_steps`` iterations (and before the first one).
+    """Greedy evaluation on held-out prompts, run by Lightning's validation loop.
 
-    Accuracy is the fraction of prompts whose greedy completion scores ``>= 1`` with ``scorer`` (exact
-    answer match by default); ``eval/reward_mean`` uses the RolloutCallback's reward pool. Prompts come
-    from ``trainer.datamodule.heldout_prompts`` (first ``max_prompts``).
+    The policy module's ``validation_step`` (``lit_rl.modules.validation.HeldoutValidation``) hands each
+    batch of ``trainer.datamodule``'s held-out prompts (``val_dataloader``) to this callback, which generates
+    greedily with the RolloutCallback's engine and accumulates, with ``torchmetrics`` (summed over batches
+    and ranks):
 
-    With a critic on the policy (PPO) and ``critic_eval=True``, it also samples ``group_size`` rollouts per
-    held-out prompt with the training sampling config and logs ``eval/critic_explained_variance``: the
-    critic's values against the returns on prompts it never trained on (a memorising critic scores ~0).
+    - ``eval/accuracy``: fraction of prompts whose completion scores ``>= 1`` with ``scorer`` (exact answer
+      by default);
+    - ``eval/reward_mean``: mean valid reward of the RolloutCallback's reward pool;
+    - ``eval/critic_explained_variance`` (a PPO critic, ``critic_eval``): the critic's values against the
+      returns of ``group_size`` sampled rollouts per held-out prompt (a memorising critic scores ~0).
+
+    When it runs is Lightning's business: ``trainer.val_check_interval`` (iterations) with
+    ``check_val_every_n_epoch: null``; ``every_n_steps`` is a shorthand that sets both. Metrics are logged only
+    on the steps they were measured. ``baseline`` also evaluates the untrained policy (through Lightning's
+    sanity check, all held-out batches) and logs it at step 0. ``lit-rl validate --ckpt_path ...`` runs the
+    same evaluation on a checkpoint. ``history`` keeps every evaluation (``step`` = RL iteration) for
+    ``RewardCurvePlot`` and ``RLHealthMonitor``.
     """
 
-    def __init__(self, every_n_steps: int = 10, max_prompts: int | None = None, max_new_tokens: int | None = None,
-                 scorer: Callable | None = None, critic_eval: bool = True):
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+    def __init__(self, every_n_steps: int | None = None, max_prompts: int | None = None,
+                 max_new_tokens: int | None = None, scorer: Callable | None = None, critic_eval: bool = True,
+                 baseline: bool = True):
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1 or null, got {every_n_steps}")
+        if max_prompts is not None and max_prompts < 1:
+            raise ValueError(f"max_prompts must be >= 1 or null, got {max_prompts}")
         self.every_n_steps, self.max_prompts, self.max_new_tokens = every_n_steps, max_prompts, max_new_tokens
-        self.critic_eval = critic_eval
+        self.critic_eval, self.baseline = critic_eval, baseline
         self.scorer = scorer or ExactAnswerReward()
         self.history: list[dict[str, float]] = []
+        self._metrics: dict[str, Any] = {}
+        self._seen = 0
 
-    def evaluate(self, trainer, pl_module) -> dict[str, float]:
-        rc = _rollout_cb(trainer)
-        prompts = list(getattr(trainer.datamodule, "heldout_prompts", []) or [])[: self.max_prompts]
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit":
+            return
+        if self.every_n_steps is not None:
+            trainer.val_check_interval = self.every_n_steps
+            trainer.check_val_every_n_epoch = None
+        # The baseline is Lightning's sanity check over every held-out batch; a resumed run has one already
+        # (and a validation batch before the first training batch would consume the restored RNG state).
+        trainer.num_sanity_val_steps = math.inf if self.baseline and trainer.ckpt_path is None else 0
+
+    # ------------------------------------------------------------ the validation loop's pieces
+    def start(self, pl_module) -> None:
+        from torchmetrics import MeanMetric
+
+        dev = pl_module.device
+        self._metrics = {k: MeanMetric(nan_strategy="ignore").to(dev)
+                         for k in ("eval/accuracy", "eval/reward_mean", "eval/critic_explained_variance")}
+        self._seen = 0
+
+    @torch.no_grad()
+    def score_batch(self, trainer, pl_module, prompts: list) -> None:
+        """Greedy completions of one batch of held-out prompts, scored into the running metrics."""
+        if self.max_prompts is not None:
+            prompts = prompts[: max(0, self.max_prompts - self._seen)]
         if not prompts:
-            raise ValueError("HeldoutEval: the datamodule has no held-out prompts (heldout_prompts is empty)")
+            return
+        self._seen += len(prompts)
+        missing = [p.uid for p in prompts if p.answer is None]
+        if missing and isinstance(self.scorer, ExactAnswerReward):
+            raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
+        rc = _rollout_cb(trainer)
         ids = [render_prompt(p, pl_module.tokenizer) for p in prompts]
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
-        correct = [float(self.scorer(p, t)) >= 1.0 for p, t in zip(prompts, texts)]
+        dev = pl_module.device
+        correct = torch.tensor([float(self.scorer(p, t)) >= 1.0 for p, t in zip(prompts, texts)], device=dev)
+        self._metrics["eval/accuracy"].update(correct.float())
         rb = rc.rewards.score(prompts, texts)
         ok = rb.total[rb.valid]
-        out = {"eval/accuracy": sum(correct) / len(correct),
-               "eval/reward_mean": float(ok.mean()) if len(ok) else math.nan}
+        if len(ok):
+            self._metrics["eval/reward_mean"].update(ok.float().to(dev))
         if self.critic_eval and getattr(pl_module, "critic", None) is not None:
-            out["eval/critic_explained_variance"] = self._critic_ev(rc, pl_module, prompts, ids)
-        self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
+            ev = self._critic_ev(rc, pl_module, prompts, ids)
+            self._metrics["eval/critic_explained_variance"].update(torch.tensor(ev, device=dev),
+                                                                    weight=len(prompts))
+
+    def finish(self, trainer, pl_module) -> dict[str, float]:
+        """The accumulated metrics (synced across ranks by torchmetrics); appended to ``history``."""
+        out = {}
+        for k, m in self._metrics.items():
+            if m.update_count:
+                v = float(m.compute())
+                if not math.isnan(v):
+                    out[k] = v
+        self._metrics = {}
+        if out:
+            self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
         return out
+
+    # ------------------------------------------------------------ outside the loop
+    def evaluate(self, trainer, pl_module) -> dict[str, float]:
+        """Evaluate every held-out prompt now, outside Lightning's loop (appends to ``history``, logs nothing)."""
+        prompts = list(getattr(trainer.datamodule, "heldout_prompts", []) or [])
+        if not prompts:
+            raise ValueError("HeldoutEval: the datamodule has no held-out prompts (heldout_prompts is empty)")
+        self.start(pl_module)
+        self.score_batch(trainer, pl_module, prompts)
+        return self.finish(trainer, pl_module)
 
     @torch.no_grad()
     def _critic_ev(self, rc, pl_module, prompts, ids) -> float:
@@ -73,19 +138,6 @@ class HeldoutEval(L.Callback):
         if exp.returns is None:
             return math.nan
         return explained_variance(exp.values, exp.returns, exp.loss_mask & exp.valid[:, None])
-
-    def _log(self, pl_module, metrics):
-        for k, v in metrics.items():
-            if not math.isnan(v):
-                pl_module.log(k, v, on_step=True, on_epoch=False, prog_bar=k == "eval/accuracy", batch_size=1)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if getattr(pl_module, "iteration", 0) == 0 and not self.history:  # the step-0 baseline
-            self._log(pl_module, self.evaluate(trainer, pl_module))
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if pl_module.iteration % self.every_n_steps == 0:
-            self._log(pl_module, self.evaluate(trainer, pl_module))
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
@@ -99,7 +151,9 @@ class HeldoutEval(L.Callback):
 
 
 class RewardCurvePlot(L.Callback):
-    """Writes ``path`` (PNG): training reward per iteration and held-out accuracy vs iteration."""
+    """Writes ``path`` (PNG): training reward per iteration and held-out accuracy vs iteration.
+
+    A relative ``path`` is under the run directory (``trainer.default_root_dir``)."""
 
     def __init__(self, path: str = "reward_curve.png"):
         self.path = path
@@ -129,13 +183,15 @@ class RewardCurvePlot(L.Callback):
         ax.set_ylim(-0.02, max(1.02, max((r for _, r in self.reward), default=1) + 0.02))
         ax.grid(alpha=0.3)
         ax.legend()
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(self.path, dpi=100, bbox_inches="tight")
+        out = run_path(trainer, self.path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=100, bbox_inches="tight")
         plt.close(fig)
 
 
 class SaveHFModel(L.Callback):
-    """Saves the final policy (merged if LoRA) and tokenizer in Hugging Face format to ``dirpath``."""
+    """Saves the final policy (merged if LoRA) and tokenizer in Hugging Face format to ``dirpath``
+    (a relative one is under the run directory, ``trainer.default_root_dir``)."""
 
     def __init__(self, dirpath: str = "final_model"):
         self.dirpath = dirpath
@@ -148,5 +204,6 @@ class SaveHFModel(L.Callback):
             import copy
 
             model = copy.deepcopy(model).merge_and_unload()
-        model.save_pretrained(self.dirpath, safe_serialization=True)
-        pl_module.tokenizer.save_pretrained(self.dirpath)
+        out = run_path(trainer, self.dirpath)
+        model.save_pretrained(out, safe_serialization=True)
+        pl_module.tokenizer.save_pretrained(out)

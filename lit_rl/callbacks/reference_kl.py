@@ -1,11 +1,24 @@
 """`ReferenceKL`: keep the policy close to a frozen reference model (PPO's π_ref, GRPO's KL term).
 
 PPO for language models has three policies: θ (being trained), θ_old (that sampled the rollouts) and
-π_ref (frozen, usually the initial policy). This callback owns π_ref and adds a KL(π_θ‖π_ref) term
-either to the *reward* (classic RLHF PPO, Ziegler et al. 2019 arXiv 1909.08593; Ouyang et al. 2022
-arXiv 2203.02155: r_t ← r_t − β·KL_t, so the critic and the advantages see it) or to the *loss*
-(GRPO, arXiv 2402.03300: L ← L + β·agg(KL_t), the advantages don't). β is fixed or driven toward a
-target KL by the adaptive controller of Ziegler et al. (``core.controllers``).
+π_ref (frozen, usually the initial policy). This callback owns π_ref and adds a KL penalty either to the
+*reward* (classic RLHF PPO, Ziegler et al. 2019 arXiv 1909.08593; Ouyang et al. 2022 arXiv 2203.02155:
+r_t ← r_t − β·k_t, so the critic and the advantages see it) or to the *loss* (GRPO, arXiv 2402.03300:
+L ← L + β·agg(k_t), the advantages don't). β is fixed or driven toward a target KL by the adaptive
+controller of Ziegler et al. (``core.controllers``).
+
+Which KL the penalty pushes down depends on the estimator and on where it goes (``core.kl`` docstring;
+checked by exact enumeration in tests/core/test_kl_gradients.py). In the reward, k1 = log π − log π_ref is
+the unbiased per-token estimate of KL(π‖π_ref) and the policy gradient does the rest. In the loss (samples
+from π, the estimator differentiated through log π):
+
+* k1: expected gradient exactly 0 — a noise term; rejected at construction.
+* k2 = ½(log r)²: expected gradient = ∇ KL(π‖π_ref) exactly (the "reverse" KL the reward form targets).
+* k3 = (r − 1) − log r (GRPO's choice): expected gradient = ∇ KL(π_ref‖π), the *forward* KL, exactly. Its
+  value estimates KL(π‖π_ref); the two gradients agree only to first order as π → π_ref.
+
+The loss form is on-policy only for the first optimizer step of an Experience; later steps (ppo_epochs > 1,
+minibatches) sample from θ_old, which the estimator does not correct for.
 """
 from __future__ import annotations
 
@@ -16,6 +29,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_rl.callbacks._sync import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.models.loading import resolve_dtype
@@ -30,18 +44,20 @@ class ReferenceKL(L.Callback):
         path: reference model directory / hub id; None = a frozen copy of the policy taken at ``setup``
             (before any checkpoint is restored, so a resumed run still references the initial weights).
         kind: KL estimator ``k1|k2|k3`` (``core.kl.kl_estimate``); k1 is the classic reward penalty,
-            k3 GRPO's loss term.
+            k3 GRPO's loss term. ``k1`` with ``where="loss"`` is an error: its expected gradient is zero.
         where: ``reward`` (−β·KL per token added to ``token_rewards`` before advantages) or ``loss``.
         beta: the (initial) coefficient β.
-        target_kl: None = fixed β; otherwise β adapts toward this mean per-token KL (Ziegler et al. 2019).
+        target_kl: None = fixed β; otherwise β adapts toward this mean per-token KL (Ziegler et al. 2019),
+            measured over all ranks' tokens, with ``n_steps`` = the rows of the global batch.
         horizon, kl_clip: controller horizon (in rows) and error clip.
         device: where the reference lives (``cpu`` saves accelerator memory); None = the policy's device.
         dtype: reference dtype when loading ``path`` (default: the policy's ``dtype``).
         micro_batch_size: rows per reference forward; None = the policy's ``micro_batch_size``.
         log_ratio_clamp: |log π_ref − log π| clamp of the estimator (None disables).
 
-    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over loss-mask tokens: at rollout
-    time for ``reward``, during the update for ``loss``), ``kl/beta`` (β used in this iteration).
+    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over the loss-mask tokens of all
+    ranks: at rollout time for ``reward``, during the update for ``loss``), ``kl/beta`` (β used in this
+    iteration, the same on every rank).
     """
 
     def __init__(self, path: str | None = None, kind: str = "k3", where: str = "loss", beta: float = 0.05,
@@ -52,6 +68,11 @@ class ReferenceKL(L.Callback):
             raise ValueError(f"kind={kind!r}; valid values: {', '.join(KL_KINDS)}")
         if where not in KL_WHERE:
             raise ValueError(f"where={where!r}; valid values: {', '.join(KL_WHERE)}")
+        if kind == "k1" and where == "loss":
+            raise ValueError(
+                "ReferenceKL(kind='k1', where='loss'): k1 = log π − log π_ref in the loss has zero expected "
+                "gradient (E_π[∇ log π] = 0), so it would not pull the policy toward the reference at all. "
+                "Use kind='k1' with where='reward', or kind='k2' / 'k3' with where='loss'.")
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {beta}")
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -132,10 +153,10 @@ class ReferenceKL(L.Callback):
                 pol = module.completion_logprobs(exp).float()
         # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
         ref = exp.ref_logprobs.double()
-        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.loss_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
+        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.train_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
         base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(exp.ref_logprobs)
         exp.token_rewards = base - (self.beta * kl).to(base.dtype)
-        self._accumulate(kl, exp.loss_mask, exp.batch_size)
+        self._accumulate(kl, exp.train_mask, exp.batch_size)
 
     # ---------------------------------------------------------------- LossTerm
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -157,15 +178,23 @@ class ReferenceKL(L.Callback):
 
     # --------------------------------------------------- controller + metrics
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration."""
-        if self._kl_count == 0:
-            return
-        kl_mean = self._kl_sum / self._kl_count
-        pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
-        pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(self._rows, 1))
+        """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration.
+
+        The KL sum, token count and rows are summed over ranks first (``_sync.global_sums``), so ``kl/mean``
+        is the global per-token mean and every rank moves β identically (the checkpoint holds that β). Every
+        rank takes part in the reduce, also one whose iteration had no trainable token.
+        """
         exp = getattr(batch, "experience", None)
-        self.controller.update(kl_mean, n_steps=exp.batch_size if exp is not None else self._rows)
+        local_rows = self._rows
+        rows = exp.batch_size if exp is not None else self._rows
+        kl_sum, count, rows = global_sums(trainer, pl_module, [self._kl_sum, self._kl_count, rows])
         self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
+        if count == 0:  # the same decision on every rank: the counts are global
+            return
+        kl_mean = kl_sum / count
+        pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
+        self.controller.update(kl_mean, n_steps=int(round(rows)))
 
     def state_dict(self) -> dict[str, Any]:
         return {"controller": self.controller.state_dict()}

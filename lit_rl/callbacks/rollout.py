@@ -25,6 +25,7 @@ import lightning as L
 import torch
 
 from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, split_fresh, staleness
+from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.core.shaping import overlong_penalty
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
@@ -78,17 +79,17 @@ class RolloutCallback(L.Callback):
         sampling: SamplingConfig | None = None,
         sync_every: int = 1,
         max_prompt_len: int = 512,
-        overlong_prompts: str = "truncate",
+        overlong_prompts: OverlongPrompts = "truncate",
         dynamic_sampling: bool = False,
         max_resample_tries: int = 3,
         overlong_filter: bool = False,
         overlong_buffer: int | None = None,
         overlong_penalty_factor: float = 1.0,
         seed: int = 0,
-        mode: str = "sync",
+        mode: RolloutMode = "sync",
         max_staleness: int = 1,
         queue_size: int | None = None,
-        stale_policy: str = "drop",
+        stale_policy: StalePolicy = "drop",
     ):
         if rewards is None:
             raise ValueError("RolloutCallback.rewards is required: a RewardPool or reward function(s)")
@@ -310,7 +311,8 @@ class RolloutCallback(L.Callback):
             rewards=rb.total.float(), valid=rb.valid, policy_version=torch.full((B,), self.engine.policy_version),
             reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
             finish_reasons=finish, domains=[p.domain for p in rec], prompts=rec,
-            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens)
+            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens,
+            reward_errors=list(rb.errors))
 
     @property
     def _tokenizer(self):
@@ -469,6 +471,8 @@ def _rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
         "rollout/response_len_mean": float(lens.mean()),
         "rollout/response_len_max": float(lens.max()),
         "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
+        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
+        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
         "rollout/rows": float(len(exp)),
         # rows out of every loss term: failed rewards (valid False) and filtered rows (trainable False)
         "rollout/untrained_rows": float((~exp.train_rows).sum()),

@@ -147,13 +147,55 @@ def teacher_view(module, teacher: Teacher, rows: Experience, tokenizer) -> Exper
 
 
 
+def _agree(piece: str, text: str, start: int) -> int:
+    """How many leading characters of ``piece`` equal ``text[start:]`` (``piece`` is short: one window)."""
+    if text.startswith(piece, start):
+        return len(piece)
+    n = 0
+    for a, b in zip(piece, text[start:]):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
+def char_ends(tok, ids: list[int], text: str) -> list[int]:
+    """``ends[j]`` = how many leading characters of ``text`` (= ``tok.decode(ids)``) are complete after ids[:j+1].
+
+    A byte-level BPE token may hold part of a multi-byte UTF-8 character (é, 中, emoji split over tokens); the
+    character then completes at the token holding its last byte, and ``ends`` only counts it there. Decoding
+    tokens one at a time would turn each part into U+FFFD instead. Exact definition: the longest prefix of
+    ``text`` that ``tok.decode(ids[:j+1])`` agrees with. Computed with short windows decoded from the last
+    token at which the decoded prefix was complete (exact whenever decoding concatenates at character
+    boundaries, as byte-level decoders do); if the windows do not reach ``len(text)`` (a decoder that edits
+    text across tokens) every prefix is decoded instead (quadratic, exact).
+
+    Shapes: ``ids`` has C entries; returns C non-decreasing ints, the last one ``len(text)``.
+    """
+    ends, base, anchor = [], 0, 0
+    for j in range(len(ids)):
+        piece = tok.decode(ids[anchor:j + 1])
+        k = _agree(piece, text, base)
+        ends.append(max(base + k, ends[-1] if ends else 0))
+        if k == len(piece):  # complete: the next window starts at a character boundary
+            base, anchor = base + k, j + 1
+    if ids and ends[-1] != len(text):
+        ends = []
+        for prefix in tok.batch_decode([ids[:j + 1] for j in range(len(ids))]):
+            ends.append(max(_agree(prefix, text, 0), ends[-1] if ends else 0))
+    return ends
+
+
 def _cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tuple[Experience, torch.Tensor]:
     """Re-tokenise each row's prompt (+ template) and completion *text* with the teacher's tokenizer.
 
     Returns the teacher's Experience and ``owner`` (b, Ct): for each teacher completion token, the index of the
     student token it is credited to — the student token whose characters contain the teacher token's last
-    character (-1 = padding). Summing teacher log-probs per owner gives log π_T of each student token's span
-    (exact when token boundaries agree; otherwise a span's log-prob lands on the token where it ends).
+    character (-1 = padding). The completion text is decoded in one piece and token boundaries are mapped
+    through character offsets (``char_ends``; a character split over several byte-level tokens belongs to the
+    token holding its last byte), so multi-byte characters reach the teacher intact. Summing teacher log-probs
+    per owner gives log π_T of each student token's span (per-row sums are exact; per-token values are exact
+    where token boundaries agree, otherwise a span's log-prob lands on the token where it ends).
     The student's eos maps to the teacher's eos.
     """
     import bisect
@@ -165,13 +207,10 @@ def _cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tu
         p = privileged_prompt(teacher.template, rec) if teacher.template else rec
         prompt_ids.append(render_prompt(p, tok))
         comp = rows.completion_ids[i].cpu()[cols[i]].tolist()
-        text, ends, eos_at = "", [], None
-        for j, t in enumerate(comp):
-            if t == stok.eos_token_id:
-                eos_at = j
-                break
-            text += stok.decode([t])
-            ends.append(len(text))
+        eos_at = comp.index(stok.eos_token_id) if stok.eos_token_id in comp else None
+        body = comp if eos_at is None else comp[:eos_at]
+        text = stok.decode(body)
+        ends = char_ends(stok, body, text)
         enc = tok(text, add_special_tokens=False, return_offsets_mapping=True)
         ids = list(enc["input_ids"])
         own = [min(bisect.bisect_left(ends, e), max(len(ends) - 1, 0)) for _, e in enc["offset_mapping"]]

@@ -205,9 +205,13 @@ def rollout_correction(
            Sequence-level weights are broadcast to every masked token of their row.
     mode:  "none"  weights = 1 on masked tokens (metrics still report the mismatch);
            "tis"   w = min(rho, cap) (see ``truncated_weights``);
-           "mis"   w = rho where cap >= rho >= low (``low`` None: no lower bound), else the token (or, for the
-                   sequence levels, the whole row) is dropped: w = 0 and keep_mask False (see ``masked_weights``).
-    ``low`` is only accepted with mode="mis" (a setting that would be ignored is an error).
+           "mis"   w = rho where low <= rho <= cap, else the token (or, for the sequence levels, the whole row) is
+                   dropped: w = 0 and keep_mask False (see ``masked_weights``). The band is two-sided: a token the
+                   trainer finds far *less* likely than the engine did is as much a mismatch as a far more likely
+                   one (IcePop's [α, β] mask, Ring-1T, arXiv 2510.18855).
+    low:   lower bound of the "mis" band. None (default) = 1/cap, the reciprocal band veRL uses when its
+           ``rollout_is_threshold_lower`` is null; 0 = no lower bound (upper-only masking); else 0 < low < cap.
+           Only accepted with mode="mis" (a setting that would be ignored is an error). The default needs cap > 1.
 
     Returns weights (0 on padding and on dropped tokens), keep_mask (= mask minus dropped tokens), metrics
     ``max_weight``, ``clipped_frac`` (tis), ``masked_frac`` (mis), ``mismatch_kl`` (``k3_mismatch_kl``), every key
@@ -225,6 +229,14 @@ def rollout_correction(
         raise ValueError(f"cap must be > 0, got {cap}")
     if low is not None and mode != "mis":
         raise ValueError(f"low={low} is only used by mode='mis', got mode={mode!r}")
+    if mode == "mis":
+        if low is None:
+            if not cap > 1:
+                raise ValueError(f"mode='mis' with cap={cap} <= 1 has no default lower bound (1/cap >= cap); "
+                                 "use cap > 1 or pass low explicitly (0 = no lower bound)")
+            low = 1.0 / cap
+        elif not 0 <= low < cap:
+            raise ValueError(f"low must be in [0, cap={cap}) for mode='mis' (0 = no lower bound), got {low}")
     with torch.no_grad():
         tok_lr = token_log_ratio(logprobs, behavior_logprobs, mask)  # (B, T), validates inputs
         if level == "token":

@@ -2,13 +2,15 @@
 a Hugging Face ``datasets`` dataset."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl
+from lit_rl.core.names import TaskName
+from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl, records_from_rows
 from lit_rl.data.tasks import get_task
 
 
@@ -71,57 +73,85 @@ class PromptDataModule(L.LightningDataModule):
     """Prompt batches for RL.
 
     Args:
-        task: a built-in task name (``addition``, ``reverse``); mutually exclusive with ``train_files``/``dataset``.
+        task: a built-in task name (``addition``, ``reverse``); used when neither ``train_files`` nor
+            ``dataset`` is set.
         task_args: keyword arguments of the task (e.g. ``{max_operand: 9}``).
-        train_files / heldout_files: JSONL files of prompt records (``prompt`` or ``messages``, ``answer``, ...).
-        dataset: a Hugging Face ``datasets`` name or local path, loaded with ``datasets.load_dataset``.
+        train_files / heldout_files: JSONL files of prompt records (README "Your data": ``prompt`` text or a
+            TRL-style conversation, ``answer``, optional ``domain``, ``uid``, ``metadata``, anything else).
+        dataset: a Hugging Face ``datasets`` source (the ``datasets`` extra): a local ``.parquet`` /
+            ``.json`` / ``.jsonl`` / ``.arrow`` file, a directory written by ``Dataset.save_to_disk``, or a hub
+            name (needs network access).
+        dataset_split / heldout_split: the dataset's training split and (optional) held-out split.
+        prompt_key / answer_key: the columns holding the prompt and the answer (``question`` / ``solution``,
+            ...), for JSONL files and datasets alike.
         batch_size: prompts per RL iteration *per rank* (Lightning convention; the global batch is
             batch_size × world_size). Each is sampled ``group_size`` times by the RolloutCallback.
         seed: shuffling seed.
+
+    Records are read and checked when the datamodule is built (the CLI builds it before the model loads):
+    every bad record is reported with its ``file:line``, and held-out records must have an answer.
     """
 
     def __init__(
         self,
-        task: str | None = "addition",
+        task: TaskName | str | None = "addition",
         task_args: dict[str, Any] | None = None,
         train_files: list[str] | None = None,
         heldout_files: list[str] | None = None,
         dataset: str | None = None,
         dataset_split: str = "train",
+        heldout_split: str | None = None,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
         batch_size: int = 16,
         seed: int = 0,
     ):
         super().__init__()
-        sources = [s for s in (task if not (train_files or dataset) else None, train_files, dataset) if s]
-        if len(sources) != 1:
-            raise ValueError("PromptDataModule: set exactly one of task, train_files, dataset")
+        if train_files and dataset:
+            raise ValueError("PromptDataModule: set one of train_files and dataset, not both")
+        if heldout_files and not train_files:
+            raise ValueError("PromptDataModule: heldout_files needs train_files (with a dataset use heldout_split)")
+        if heldout_split and not dataset:
+            raise ValueError("PromptDataModule: heldout_split is a split of `dataset`; set dataset too")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be a positive number of prompts, got {batch_size}")
+        for name, v in (("prompt_key", prompt_key), ("answer_key", answer_key)):
+            if not v:
+                raise ValueError(f"{name} must be a non-empty column name")
         self.task = task if not (train_files or dataset) else None
-        if self.task is not None:
-            get_task(self.task, **(task_args or {}))  # validates the name and args now, not at fit time
+        if self.task is None and not (train_files or dataset):
+            raise ValueError("PromptDataModule: set one of task, train_files, dataset")
         self.task_args = task_args or {}
         self.train_files, self.heldout_files = train_files, heldout_files
-        self.dataset, self.dataset_split = dataset, dataset_split
+        self.dataset, self.dataset_split, self.heldout_split = dataset, dataset_split, heldout_split
+        self.prompt_key, self.answer_key = prompt_key, answer_key
         self.batch_size, self.seed = batch_size, seed
         self.train_prompts: list[Prompt] = []
         self.heldout_prompts: list[Prompt] = []
         self._sampler: _InfiniteShuffle | None = None
         self._loaded = False
+        self.setup()  # read and check every record now: a bad line fails before any model weights load
+
+    def _load(self) -> tuple[list[Prompt], list[Prompt]]:
+        if self.task is not None:
+            return get_task(self.task, **self.task_args)
+        keys = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
+        if self.train_files:
+            train = [p for f in self.train_files for p in load_jsonl(f, **keys)]
+            held = [p for f in (self.heldout_files or []) for p in load_jsonl(f, **keys, require_answer=True)]
+            return train, held
+        train = records_from_rows(load_hf_split(self.dataset, self.dataset_split),
+                                  f"{self.dataset}[{self.dataset_split}]", **keys)
+        held = []
+        if self.heldout_split:
+            held = records_from_rows(load_hf_split(self.dataset, self.heldout_split),
+                                     f"{self.dataset}[{self.heldout_split}]", **keys, require_answer=True)
+        return train, held
 
     def setup(self, stage: str | None = None) -> None:
         if self._loaded:
             return
-        if self.task is not None:
-            self.train_prompts, self.heldout_prompts = get_task(self.task, **self.task_args)
-        elif self.train_files:
-            self.train_prompts = [p for f in self.train_files for p in load_jsonl(f)]
-            self.heldout_prompts = [p for f in (self.heldout_files or []) for p in load_jsonl(f)]
-        else:
-            import datasets  # optional dependency, only for this source
-
-            ds = datasets.load_dataset(self.dataset, split=self.dataset_split)
-            self.train_prompts = [Prompt.from_dict(dict(r), index=i) for i, r in enumerate(ds)]
+        self.train_prompts, self.heldout_prompts = self._load()
         if not self.train_prompts:
             raise ValueError("PromptDataModule: the training prompt set is empty")
         self._sampler = _InfiniteShuffle(len(self.train_prompts), self.seed, self.batch_size)
@@ -147,9 +177,59 @@ class PromptDataModule(L.LightningDataModule):
             generator=torch.Generator().manual_seed(self.seed),
         )
 
+    def val_dataloader(self):
+        """The held-out prompts, for the policy's ``validation_step`` (``HeldoutEval``). Empty (no validation)
+        while fitting without a ``HeldoutEval`` callback, so recipes without evaluation never generate for it;
+        ``lit-rl validate`` always gets them."""
+        from lit_rl.callbacks.eval import HeldoutEval
+
+        trainer = getattr(self, "trainer", None)
+        fitting = trainer is not None and trainer.state.fn == "fit"
+        if not self.heldout_prompts or (fitting and not any(isinstance(c, HeldoutEval) for c in trainer.callbacks)):
+            return []
+        return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
+                          collate_fn=collate_prompts, num_workers=0)
+
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self._sampler.pos if self._sampler else 0}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.setup()
         self._sampler.pos = int(state.get("sampler_pos", 0))
+
+
+_HF_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
+
+
+def load_hf_split(source: str, split: str):
+    """One split of a Hugging Face ``datasets`` source: a local data file (by extension), a ``save_to_disk``
+    directory, a directory of data files, or a hub name. Errors say which of these was tried."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("PromptDataModule(dataset=...) needs the `datasets` package: pip install 'lit_rl[datasets]'") from None
+    path = Path(source).expanduser()
+    if path.is_file():
+        fmt = _HF_FORMATS.get(path.suffix)
+        if fmt is None:
+            raise ValueError(f"dataset={source!r}: unknown file type {path.suffix!r}; one of {', '.join(_HF_FORMATS)}")
+        ds = datasets.load_dataset(fmt, data_files={split: str(path)}, split=split)
+    elif path.is_dir():
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise ValueError(f"dataset={source!r} has no split {split!r}; splits: {sorted(ds)}")
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(str(path), split=split)
+    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise FileNotFoundError(f"dataset={source!r}: no such file or directory (and not a hub name org/name)")
+    else:
+        try:
+            ds = datasets.load_dataset(source, split=split)
+        except (ConnectionError, OSError, ValueError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OSError(f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
+                          f"Face hub, which failed (no network access, or no such dataset?): {first}") from None
+    return ds

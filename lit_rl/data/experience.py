@@ -70,6 +70,7 @@ class Experience:
     domains: list[str] = field(default_factory=list)  # task domain per row (teacher routing)
     prompts: list[Any] = field(default_factory=list)  # the Prompt record behind each row
     texts: list[str] = field(default_factory=list)  # decoded completions
+    reward_errors: list[str | None] = field(default_factory=list)  # per row: why it has no reward (None: scored)
     # Tensors other components attach (e.g. multi-turn observation masks); sliced like token fields.
     extras: dict[str, Tensor] = field(default_factory=dict)
 

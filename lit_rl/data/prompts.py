@@ -28,21 +28,47 @@ class Prompt:
             raise ValueError("Prompt needs exactly one of 'prompt' (text) or 'messages' (chat turns)")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], index: int | None = None) -> "Prompt":
-        known = {"prompt", "messages", "answer", "domain", "metadata", "uid"}
-        where = f"record {index}" if index is not None else "record"
-        if "prompt" not in d and "messages" not in d:
-            raise ValueError(f"{where}: missing field 'prompt' (or 'messages'); fields present: {sorted(d)}")
+    def from_dict(cls, d: dict[str, Any], index: int | None = None, prompt_key: str = "prompt",
+                  answer_key: str = "answer", where: str | None = None, require_answer: bool = False) -> "Prompt":
+        """Build a record from one row, checking it. ``prompt_key`` holds the prompt: text, or a TRL-style
+        conversation (a list of ``{role, content}``), which becomes ``messages``; a ``messages`` column is
+        read as a conversation too. ``answer_key`` holds the answer. Other fields go to ``metadata``.
+        Errors start with ``where`` (``file:line``) and name the field."""
+        where = where or (f"record {index}" if index is not None else "record")
+        if not isinstance(d, dict):
+            raise ValueError(f"{where}: expected a JSON object (one record per line), got {type(d).__name__}")
+        key = prompt_key if prompt_key in d else "messages" if "messages" in d else None
+        if key is None:
+            raise ValueError(f"{where}: missing field {prompt_key!r} (the prompt: text or a list of "
+                             f"{{role, content}} messages); fields present: {sorted(d)}")
+        value, text, messages = d[key], None, None
+        if isinstance(value, str):
+            text = value
+        elif isinstance(value, list):
+            messages = _check_messages(value, f"{where}: field {key!r}")
+        else:
+            raise ValueError(f"{where}: field {key!r} must be a string or a list of {{role, content}} messages, "
+                             f"got {type(value).__name__}")
+        answer = d.get(answer_key)
+        if require_answer and answer is None:
+            raise ValueError(f"{where}: missing field {answer_key!r}: held-out records need an answer to be scored")
+        known = {key, answer_key, "domain", "metadata", "uid"}
         extra = {k: v for k, v in d.items() if k not in known}
-        meta = dict(d.get("metadata") or {}, **extra)
-        return cls(
-            prompt=d.get("prompt"),
-            messages=d.get("messages"),
-            answer=d.get("answer"),
-            domain=str(d.get("domain", "default")),
-            metadata=meta,
-            uid=d.get("uid", None if index is None else str(index)),
-        )
+        meta = d.get("metadata") or {}
+        if not isinstance(meta, dict):
+            raise ValueError(f"{where}: field 'metadata' must be an object, got {type(meta).__name__}")
+        uid = d.get("uid", None if index is None else str(index))
+        return cls(prompt=text, messages=messages, answer=answer, domain=str(d.get("domain") or "default"),
+                   metadata=dict(meta, **extra), uid=None if uid is None else str(uid))
+
+
+def _check_messages(value: list, where: str) -> list[dict[str, str]]:
+    if not value:
+        raise ValueError(f"{where}: the conversation is empty")
+    for j, m in enumerate(value):
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+            raise ValueError(f"{where}: message {j} must be {{\"role\": str, \"content\": str}}, got {m!r}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
 class PromptBatch:
@@ -68,22 +94,60 @@ def collate_prompts(items: list[Prompt]) -> PromptBatch:
     return PromptBatch(list(items))
 
 
-def load_jsonl(path: str | Path) -> list[Prompt]:
-    """Read prompt records (one JSON object per line: prompt|messages, answer, domain, ...)."""
+MAX_REPORTED_ERRORS = 20
+
+
+class DataError(ValueError):
+    """Bad prompt records: one line per record error, each starting with ``file:line``."""
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        more = f"\n... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
+        super().__init__(f"{len(errors)} bad prompt record(s):\n" + "\n".join(errors[:MAX_REPORTED_ERRORS]) + more)
+
+
+def load_jsonl(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer",
+               require_answer: bool = False) -> list[Prompt]:
+    """Read prompt records, one JSON object per line (see README "Your data"). Every bad line is reported
+    (``path:line: why``, lines counted from 1) in one ``DataError``; blank lines are skipped."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
-    out = []
+    out, errors = [], []
     with path.open() as f:
         for i, line in enumerate(f):
             line = line.strip()
             if not line:
                 continue
+            where = f"{path}:{i + 1}"
             try:
                 d = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i + 1}: not valid JSON ({e})") from None
-            out.append(Prompt.from_dict(d, index=i))
+                errors.append(f"{where}: not valid JSON ({e})")
+                continue
+            try:
+                out.append(Prompt.from_dict(d, index=i, prompt_key=prompt_key, answer_key=answer_key, where=where,
+                                            require_answer=require_answer))
+            except ValueError as e:
+                errors.append(str(e))
+    if errors:
+        raise DataError(errors)
+    return out
+
+
+def records_from_rows(rows, source: str, prompt_key: str = "prompt", answer_key: str = "answer",
+                      require_answer: bool = False) -> list[Prompt]:
+    """Prompt records from an iterable of dict rows (a Hugging Face dataset split); errors name
+    ``source:row`` (rows counted from 1)."""
+    out, errors = [], []
+    for i, row in enumerate(rows):
+        try:
+            out.append(Prompt.from_dict(dict(row), index=i, prompt_key=prompt_key, answer_key=answer_key,
+                                        where=f"{source}:row {i + 1}", require_answer=require_answer))
+        except ValueError as e:
+            errors.append(str(e))
+    if errors:
+        raise DataError(errors)
     return out
 
 

@@ -1,6 +1,7 @@
 """Loading causal LMs and tokenizers (local path or hub id), optional LoRA through ``peft``."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,26 +17,52 @@ def resolve_dtype(name: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _looks_local(path: str) -> bool:
-    return path.startswith((".", "/", "~")) or Path(path).exists() or path.count("/") != 1
+# A Hugging Face hub id: "name" or "org/name" (letters, digits, - _ .), never starting with . / ~
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+
+
+def is_hub_id(path: str) -> bool:
+    """True for a string that can only be a hub id: it is no existing path and has the ``org/name`` shape."""
+    return bool(_HUB_ID.match(path)) and not Path(path).expanduser().exists()
 
 
 def check_model_source(path: str, field: str = "model") -> None:
-    """Fail early for a local-looking path that does not exist (hub ids are ``org/name``)."""
+    """Fail early for a model that can be neither loaded from disk nor looked up on the hub.
+
+    An existing directory must hold a ``config.json``; a path that does not exist must be a hub id
+    (``org/name`` or ``name``), which ``from_pretrained`` downloads; anything else (``runs/x/model``, ``./m``,
+    ``/abs/path``) is a mistyped or missing local path and an error here, before any weights load.
+    """
     if not path:
         raise ValueError(f"{field} is empty; pass a local model directory or a hub id")
     p = Path(path).expanduser()
-    if _looks_local(path) and not (p / "config.json").exists():
-        raise FileNotFoundError(
-            f"{field}={path!r}: no Hugging Face model there (missing {p / 'config.json'}). Pass a saved model "
-            "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR"
-        )
+    if (p / "config.json").exists() or is_hub_id(path):
+        return
+    what = "holds no Hugging Face model (missing config.json)" if p.exists() else "does not exist"
+    raise FileNotFoundError(
+        f"{field}={path!r}: the local path {what}, and it is not a hub id (org/name). Pass a saved model "
+        "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR")
+
+
+def _from_pretrained(loader, path: str, field: str = "model", **kw):
+    """``loader.from_pretrained`` with a clear error when a hub id cannot be fetched (no network, no such
+    repository): the local path did not exist, so the name was looked up on the hub."""
+    try:
+        return loader.from_pretrained(path, **kw)
+    except OSError as e:
+        if not is_hub_id(path):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OSError(
+            f"{field}={path!r} is not a local directory, so it was loaded as a Hugging Face hub id, which failed "
+            f"(no network access, or no such repository?): {first} Download the model where there is network "
+            "access and pass its local directory instead.") from None  # the cause's text is in the message
 
 
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = _from_pretrained(AutoTokenizer, path)
     if tok.pad_token_id is None:  # many base models ship without one; eos is the usual stand-in
         tok.pad_token = tok.eos_token
     return tok
@@ -50,7 +77,7 @@ def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | Non
     kw = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
-    model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    model = _from_pretrained(AutoModelForCausalLM, path, **kw)
     if lora:
         from peft import LoraConfig, get_peft_model
 

@@ -21,6 +21,7 @@ from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.fused_logprobs import Projection, linear_logprobs
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
@@ -28,6 +29,7 @@ from lit_rl.models.loading import check_model_source, load_causal_lm, load_token
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.heads import LazyLogits, lm_head_projection
 from lit_rl.modules.protocols import loss_term_providers
+from lit_rl.modules.validation import HeldoutValidation
 
 def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
     """Per-token annotations are stored in float32, or float64 when the model / the Experience's rewards are
@@ -60,7 +62,7 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
-class PolicyModule(L.LightningModule):
+class PolicyModule(HeldoutValidation, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
     Args:
@@ -91,6 +93,7 @@ class PolicyModule(L.LightningModule):
         max_nonfinite_steps: this many skipped steps in a row raise.
         rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
             (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
+        correction_low: lower bound of the ``mis`` band [low, cap] (IcePop, arXiv 2510.18855); None = 1/cap.
         logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
@@ -103,13 +106,13 @@ class PolicyModule(L.LightningModule):
         tiny_if_missing: dict[str, Any] | None = None,
         dtype: str = "float32",
         lora: dict[str, Any] | None = None,
-        advantage: str = "grpo",
+        advantage: AdvantageName | str = "grpo",
         std_normalize: bool = True,
         gamma: float = 1.0,
         lam: float = 1.0,
         baseline: bool = False,
-        policy_loss: str = "ppo_clip",
-        loss_agg: str = "token_mean",
+        policy_loss: PolicyLossName | str = "ppo_clip",
+        loss_agg: LossAgg = "token_mean",
         loss_horizon: int | None = None,
         whiten_advantages: bool | None = None,
         disable_dropout: bool = True,
@@ -121,9 +124,10 @@ class PolicyModule(L.LightningModule):
         micro_batch_size: int | None = None,
         max_grad_norm: float = 1.0,
         max_nonfinite_steps: int = 5,
-        rollout_correction: str = "none",
-        correction_level: str = "token",
+        rollout_correction: CorrectionMode = "none",
+        correction_level: CorrectionLevel = "token",
         correction_cap: float = 2.0,
+        correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
@@ -158,6 +162,12 @@ class PolicyModule(L.LightningModule):
             raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
         if not correction_cap > 0:
             raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
+        if correction_low is not None and not (rollout_correction == "mis" and 0 < correction_low < 1):
+            raise ValueError(f"correction_low={correction_low} needs rollout_correction='mis' and 0 < correction_low "
+                             f"< 1 (null = 1/correction_cap); got rollout_correction={rollout_correction!r}")
+        if rollout_correction == "mis" and not correction_cap > 1:
+            raise ValueError(f"correction_cap={correction_cap} with rollout_correction='mis' must be > 1 (the kept "
+                             "band [correction_low, correction_cap] must contain ratio 1)")
         for name, v in (("gamma", gamma), ("lam", lam)):
             if not 0 <= v <= 1:
                 raise ValueError(f"{name} must be in [0, 1], got {v}")
@@ -497,7 +507,7 @@ class PolicyModule(L.LightningModule):
         is_w, metrics = None, {}
         if h.rollout_correction != "none" and micro.rollout_logprobs is not None:
             w, keep, cm = rollout_correction(old, micro.rollout_logprobs, mask, h.rollout_correction,
-                                             h.correction_level, h.correction_cap)
+                                             h.correction_level, h.correction_cap, h.get("correction_low"))
             is_w = w * keep
             metrics.update({f"is/{k}": v for k, v in cm.items()})
         if micro.is_weights is not None:

@@ -4,7 +4,11 @@ A reward function is a plain callable ``fn(prompt: Prompt, completion: str) -> f
 (the habit TRL users have, typed). ``prompt`` is the whole record, so verifiers read ``prompt.answer`` or
 ``prompt.metadata``. Returning ``RewardResult`` lets a function report sub-scores (logged as
 ``reward/<name>/<key>``) or say that it could not judge the completion (``ok=False``: an infrastructure
-failure, masked out of the advantages and counted — never scored 0).
+failure, masked out of the advantages and counted — never scored 0; ``error`` says why, and that text
+travels with the row into ``Experience.reward_errors``).
+
+TRL-style batched functions ``fn(prompts, completions, **columns) -> list[float]`` are recognised by
+``RewardPool`` and adapted (``lit_rl.rewards.adapters``).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ class RewardResult:
     score: float
     ok: bool = True  # False: the verifier failed (sandbox crashed, service down); the row is masked
     info: dict[str, float] = field(default_factory=dict)  # optional sub-scores, logged
+    error: str | None = None  # with ok=False: why the verifier could not judge (shown to the user)
 
 
 @runtime_checkable
@@ -33,8 +38,13 @@ def as_result(value: Any) -> RewardResult:
         res = RewardResult(float(value))
     elif isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
         res = RewardResult(float(value))
+    elif isinstance(value, (list, tuple)):
+        raise TypeError(f"reward function returned a {type(value).__name__} of {len(value)} values for one completion; "
+                        "a per-row reward fn(prompt, completion) returns one float or RewardResult (a TRL-style "
+                        "batched function must name its parameters (prompts, completions, **columns))")
     else:
-        raise TypeError(f"reward function returned {type(value).__name__} {value!r}; expected a float or RewardResult")
+        raise TypeError(f"reward function returned {type(value).__name__} {value!r:.80}; expected a float or "
+                        "RewardResult")
     if res.ok and not math.isfinite(res.score):
         raise TypeError(f"reward function returned a non-finite score {res.score!r}")
     return res

@@ -7,7 +7,17 @@ Every (completion, reward function) pair is one call. A call that raises, return
 Workers are daemon threads (``executor="thread"``: right for I/O-bound or GIL-releasing rewards, e.g.
 sandboxed subprocesses) or forked processes (``executor="process"``: CPU-bound pure-Python rewards run in
 parallel; a hung call is killed). A hung thread cannot be killed in Python, so it is abandoned and replaced
-(daemon threads never block interpreter exit); training waits at most ``timeout_s`` per call.
+(daemon threads never block interpreter exit); training waits at most ``timeout_s`` per call. The default,
+``executor="auto"``, picks processes when any reward declares ``executor = "process"`` (``MathAnswerReward``
+does: sympy can hang on adversarial input, and math-verify's own timeout needs a main thread) and threads
+otherwise.
+
+Failures are loud: each invalid row keeps its error text (``"<reward>: <ExceptionType>: <message>"``,
+truncated to ``max_error_chars``) in ``RewardBatch.errors`` (the rollout puts it into
+``Experience.reward_errors``); every scoring call with errors emits one ``RewardErrorWarning`` quoting the
+first few; and when more than ``max_invalid_frac`` of the rows of the last ``window`` scoring calls had no
+reward, ``score`` raises ``RewardFailureError`` quoting the most frequent error, so a run whose reward never
+works stops within ``window`` steps instead of finishing green.
 """
 from __future__ import annotations
 
@@ -16,15 +26,26 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+import warnings
+from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from lit_rl.rewards.adapters import adapt_reward
 from lit_rl.rewards.base import RewardResult, as_result
 
-EXECUTORS = ("thread", "process")
+EXECUTORS = ("auto", "thread", "process")
+
+
+class RewardErrorWarning(UserWarning):
+    """Some rows of a scoring call have no reward (the message quotes the first few errors)."""
+
+
+class RewardFailureError(RuntimeError):
+    """Too many rows without a reward over the pool's window: the reward function is broken."""
 
 
 @dataclass
@@ -80,9 +101,14 @@ def _proc_loop(conn, fns) -> None:
             return
         idx, args = msg
         try:
-            conn.send((True, fns[idx](*args)))
+            out = (True, fns[idx](*args))
         except BaseException as e:  # noqa: BLE001
-            conn.send((False, f"{type(e).__name__}: {e}"))
+            out = (False, f"{type(e).__name__}: {e}")
+        try:
+            conn.send(out)
+        except Exception as e:  # noqa: BLE001 - e.g. an unpicklable return value
+            msg = f"reward result could not be sent back from the worker process: {type(e).__name__}: {e}"
+            conn.send((False, msg))
 
 
 class _ProcessWorkers:
@@ -115,11 +141,11 @@ class _ProcessWorkers:
                         results[i] = w[1].recv()
                         self.idle.append(w)
                     except (EOFError, OSError):
-                        results[i] = (False, "reward worker died")
+                        results[i] = (False, f"reward worker process died (exit code {w[0].exitcode})")
                         self.idle.append(self._spawn())
                     del busy[i]
                 elif not w[0].is_alive():
-                    results[i] = (False, "reward worker died")
+                    results[i] = (False, f"reward worker process died (exit code {w[0].exitcode})")
                     self.idle.append(self._spawn())
                     del busy[i]
                 elif time.monotonic() - t0 > timeout:
@@ -146,11 +172,22 @@ class RewardPool:
     """Score completions with one or several reward functions.
 
     Args:
-        rewards: one function, a list (named by their ``__name__``/class) or a dict name -> function.
+        rewards: one function, a list (named by their ``__name__``/class) or a dict name -> function. Each is
+            ``fn(prompt, completion) -> float | RewardResult`` or TRL-style ``fn(prompts, completions,
+            **columns) -> list[float]`` (adapted; see ``lit_rl.rewards.adapters``); anything else is refused here.
         weights: name -> weight of each component in the total (default 1.0 each).
         timeout_s: per-call limit; past it the call is an infra error.
         num_workers: parallel calls.
-        executor: ``"thread"`` or ``"process"`` (see module doc).
+        executor: ``"auto"`` (default: processes if a reward declares ``executor = "process"``, else threads;
+            the choice is made for the whole pool, so a reward model sharing a pool with ``MathAnswerReward``
+            gets a copy per worker process -- give it its own pool or set ``executor``), ``"thread"`` or
+            ``"process"`` (see module doc).
+        max_invalid_frac: stop (``RewardFailureError``) when more than this fraction of the rows scored by
+            the last ``window`` calls had no reward; ``None`` never stops. In [0, 1).
+        window: number of scoring calls (one per training step) the fraction is measured over; the check
+            starts once that many calls were made, so a reward that always fails stops the run at step ``window``.
+        max_error_chars: error texts are cut to this many characters.
+        warn_rows: how many row errors one ``RewardErrorWarning`` quotes.
     """
 
     def __init__(
@@ -159,7 +196,11 @@ class RewardPool:
         weights: dict[str, float] | None = None,
         timeout_s: float = 10.0,
         num_workers: int = 1,
-        executor: str = "thread",
+        executor: str = "auto",
+        max_invalid_frac: float | None = 0.5,
+        window: int = 5,
+        max_error_chars: int = 300,
+        warn_rows: int = 3,
     ):
         if callable(rewards) and not isinstance(rewards, (list, dict)):
             rewards = [rewards]
@@ -180,9 +221,23 @@ class RewardPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r}; valid values: {', '.join(EXECUTORS)}")
-        self.rewards = dict(rewards)
+        if max_invalid_frac is not None and not 0.0 <= max_invalid_frac < 1.0:
+            raise ValueError(f"max_invalid_frac must be in [0, 1) or None (never stop), got {max_invalid_frac}")
+        if window < 1:
+            raise ValueError(f"window must be >= 1 (scoring calls), got {window}")
+        if max_error_chars < 20:
+            raise ValueError(f"max_error_chars must be >= 20, got {max_error_chars}")
+        if warn_rows < 0:
+            raise ValueError(f"warn_rows must be >= 0, got {warn_rows}")
+        self.rewards = {n: adapt_reward(n, f) for n, f in rewards.items()}
         self.weights = {n: float(weights.get(n, 1.0)) for n in self.rewards}
+        if executor == "auto":
+            wants = [n for n, f in self.rewards.items() if getattr(f, "executor", None) == "process"]
+            executor = "process" if wants else "thread"
         self.timeout_s, self.num_workers, self.executor = timeout_s, num_workers, executor
+        self.max_invalid_frac, self.window = max_invalid_frac, window
+        self.max_error_chars, self.warn_rows = max_error_chars, warn_rows
+        self._recent: deque[tuple[int, int, Counter]] = deque(maxlen=window)  # (invalid rows, rows, error texts)
         self._workers = None
 
     def _pool(self):
@@ -220,25 +275,48 @@ class RewardPool:
                 try:
                     res = as_result(val)
                 except TypeError as e:
-                    ok, val = False, str(e)
+                    ok, val = False, f"TypeError: {e}"
                 else:
                     if res.ok:
                         comps[names[k]][row] = res.score
                         continue
-                    ok, val = False, "reward reported ok=False"
+                    ok, val = False, _not_ok_text(res)
             n_errors += 1
             n_timeouts += "timed out" in str(val)
-            errors[row] = errors[row] or f"{names[k]}: {val}"
+            errors[row] = errors[row] or _cut(f"{names[k]}: {val}", self.max_error_chars)
         valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
         total = sum(self.weights[n] * comps[n] for n in names)
         total = torch.where(valid, total, torch.full_like(total, float("nan")))
+        n_invalid = B - int(valid.sum())
         metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
-                   "perf/reward_s": wall}
+                   "reward/invalid_frac": n_invalid / max(B, 1), "perf/reward_s": wall}
         for n in names:
             ok_mask = ~comps[n].isnan()
             metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan
             metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(B, 1)
+        self._report(errors)
         return RewardBatch(total, valid, comps, errors, metrics)
+
+    def _report(self, errors: list[str | None]) -> None:
+        """Warn once per call with errors; raise when the window's invalid fraction is over the limit."""
+        bad = [(i, e) for i, e in enumerate(errors) if e is not None]
+        if bad and self.warn_rows:
+            shown = "; ".join(f"row {i}: {e}" for i, e in bad[: self.warn_rows])
+            warnings.warn(f"RewardPool: {len(bad)}/{len(errors)} rows have no reward (masked out of training); "
+                          f"first {min(len(bad), self.warn_rows)}: {shown}", RewardErrorWarning, stacklevel=3)
+        self._recent.append((len(bad), len(errors), Counter(e for _, e in bad)))
+        if self.max_invalid_frac is None or len(self._recent) < self.window:
+            return
+        n_bad = sum(b for b, _, _ in self._recent)
+        n_rows = sum(n for _, n, _ in self._recent)
+        if n_rows and n_bad / n_rows > self.max_invalid_frac:
+            counts = sum((c for _, _, c in self._recent), Counter())
+            err, times = counts.most_common(1)[0]
+            raise RewardFailureError(
+                f"RewardPool: {n_bad}/{n_rows} rows ({n_bad / n_rows:.0%}) of the last {len(self._recent)} scoring "
+                f"calls had no reward (max_invalid_frac={self.max_invalid_frac}). Most frequent error ({times}x): "
+                f"{err}. Fix the reward function (or the data it reads), or raise max_invalid_frac / set it to "
+                "null to train on the valid rows only.")
 
     def _run(self, calls, names) -> list[tuple[bool, Any, float]]:
         pool = self._pool()
@@ -265,6 +343,18 @@ class RewardPool:
                     out[i] = (False, f"timed out after {self.timeout_s}s", self.timeout_s)
             time.sleep(0.0005)
         return out
+
+
+def _not_ok_text(res: RewardResult) -> str:
+    if res.error:
+        return res.error
+    flags = ", ".join(f"{k}={v:g}" for k, v in res.info.items() if v)
+    return "reward reported ok=False" + (f" ({flags})" if flags else "")
+
+
+def _cut(text: str, n: int) -> str:
+    text = " ".join(str(text).split())  # one line: tracebacks and multi-line messages stay readable in tables
+    return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _name_of(fn: Callable) -> str:

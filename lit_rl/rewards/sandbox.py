@@ -1,208 +1,61 @@
 """Run untrusted programs (model-written code) under kernel-level isolation.
 
 Python-level guards (patching ``os.system``, audit hooks) are bypassable from inside the same interpreter,
-so none are used. Each ``Sandbox.run`` starts ``unshare`` (util-linux) with new network, PID, mount, IPC and
-UTS namespaces. Inside, this file runs as the namespace's init ("launcher", PID 1) and:
+so none are used. Each ``Sandbox.run`` starts ``unshare`` (util-linux), in a session of its own, with new
+network, PID, mount, IPC and UTS namespaces (plus a user namespace when the caller is not root). Inside,
+``sandbox_launcher.py`` runs as the namespace's init ("launcher") and:
 
 * builds a fresh root on a tmpfs: read-only binds of ``/usr`` and the interpreter's prefix, a synthetic
   ``/etc`` (passwd/group/hosts only: no resolv.conf, no secrets), a minimal ``/dev``, its own ``/proc``, and a
-  private size-capped tmpfs ``/work`` holding copies of the caller's files; then ``pivot_root``s into it and
-  detaches the host tree, so no host path is reachable;
-* forks the program with a scrubbed environment (allowlist only), rlimits (CPU, address space, file size,
-  open files, processes, core) and, as root, a fresh unprivileged uid per run (RLIMIT_NPROC is ignored for
-  root, and a per-run uid keeps one sandbox's fork bomb from eating another's process budget); without root
-  it runs in a user namespace with every capability dropped; ``no_new_privs`` is always set;
-* reports over a private status pipe (invisible to the program): its host PID, READY, and the program's
-  wait status. The program's own stdout/stderr cannot forge these.
+  private size-capped tmpfs ``/work`` holding the caller's files; then ``pivot_root``s into it and detaches
+  the host tree, so no host path is reachable;
+* starts an inner init in a *nested* PID namespace, which starts the program in a session of its own, with
+  a scrubbed environment (allowlist only), rlimits (CPU, address space, file size, open files, processes,
+  core), ``oom_score_adj`` 1000 and, as root, a fresh unprivileged uid per run; without root, every
+  capability dropped inside the user namespace; ``no_new_privs`` always;
+* reports over a private status pipe (invisible to the program) the program's wait status.
 
-The parent enforces the wall-clock limit and output caps. Killing the launcher (PID 1) makes the kernel
-SIGKILL every process in the PID namespace -- including ``setsid`` daemons and SIGTERM-ignoring children --
-and ``unshare`` only exits once they are all reaped, so ``run`` returns with no process left behind.
+Whom the program can reach: only its own nested namespace. The launcher has no PID there, its signal
+dispositions are all default (the kernel drops signals to a namespace init that has no handler), and the
+caller is in another session and PID namespace, so ``kill(1, ...)``, ``kill(0, ...)``, ``kill(-1, ...)``,
+``prlimit``/``ptrace``/``oom_score_adj`` of PID 1 reach at most the inner init -- whose death is the program's
+``fail``. When the run has a cgroup (``cgroups.py``: v2 ``memory.max``/``pids.max``, or v1, where the host
+allows it), memory and processes are capped for the whole run, not per process. Nothing is staged on the
+host disk (the config travels in a memfd), and the launcher exits as soon as its caller dies.
 
-Outcome is three-way: ``pass`` (exit 0), ``fail`` (non-zero exit, signal, timeout, output over the cap) or
-``infra_error`` (the sandbox itself could not start or died). An infrastructure failure is never a failed
-answer: rewards turn it into ``RewardResult(ok=False)``, which the pool masks and counts.
+Outcome is three-way: ``pass`` (exit 0), ``fail`` or ``infra_error``. **The rule: anything the program can
+cause is ``fail``** -- a non-zero exit, a signal, a timeout, output over the cap, files over the work quota,
+its inner init dying, even the launcher vanishing after the program started (status ``lost``).
+``infra_error`` is kept for harness failures proven independent of the program: the sandbox could not be
+set up, or the program could not be exec'd, *before any of its code existed in a process* (``ERROR`` /
+``EXECFAIL`` / no ``READY`` from the launcher). Rewards turn ``infra_error`` into ``RewardResult(ok=False)``,
+which the pool masks and counts; a masked row is no penalty, so a program must never be able to choose it.
 
-Known limits (next steps, not silently assumed away): memory is capped per process, so one run can hold up
-to ``processes * memory_mb`` (a cgroup would cap the total); the program may create a nested user namespace
-of its own (it sees nothing new, but the kernel surface widens; a seccomp filter would close that); and
-``mode="userns"`` started by root does not enforce RLIMIT_NPROC (root mode does; non-root callers do).
+Known limits: the program may create a nested user namespace of its own (it sees nothing new, but the
+kernel surface widens; a seccomp filter would close that); ``mode="userns"`` started by root enforces
+RLIMIT_NPROC only through the cgroup (root mode and non-root callers enforce it by rlimit).
 
 A machine that cannot build the sandbox makes the constructor raise ``SandboxUnavailableError`` naming what
-is missing and how to fix it; there is no unsandboxed fallback. This file imports only the standard
-library because it is also executed, by path, as the launcher (``python -I -S sandbox.py CONFIG``).
+is missing and how to fix it; there is no unsandboxed fallback.
 """
 from __future__ import annotations
 
-import ctypes
 import marshal
 import os
-import select
-import sys
-import time
-
-# ====================================================================== launcher (runs as PID 1 inside)
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
-_MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME, _MNT_DETACH = 1024, 2048, 1 << 21, 2
-_PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41}
-_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 4, 24, 28, 38
-
-
-def _libc_call(fn, *args, what: str) -> None:
-    if fn(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _mount(libc, src: str | None, dst: str, fstype: str | None, flags: int, data: str | None = None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
-    _libc_call(libc.mount, enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data), what=f"mount {dst}")
-
-
-def _bind_ro(libc, src: str, dst: str, extra: int = _MS_NODEV) -> None:
-    """Non-recursive read-only bind (submounts of ``src`` stay hidden). Flags the source mount already has
-    are kept: inside a user namespace the kernel refuses a remount that would clear them."""
-    _mount(libc, src, dst, None, _MS_BIND)
-    f = os.statvfs(src).f_flag
-    keep = f & (_MS_NOSUID | _MS_NODEV | _MS_NOEXEC | _MS_NOATIME | _MS_NODIRATIME)
-    keep |= _MS_RELATIME if f & os.ST_RELATIME else 0
-    _mount(libc, None, dst, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | extra | keep)
-
-
-def _build_root(libc, cfg: dict) -> None:
-    root, uid = cfg["root"], cfg["uid"]
-    _mount(libc, "tmpfs", root, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,nr_inodes=4096,mode=0755")
-    for p in cfg["ro_paths"]:
-        dst = root + p
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if os.path.islink(p):  # merged /usr: /bin -> usr/bin resolves inside the new root
-            os.symlink(os.readlink(p), dst)
-            continue
-        if os.path.isdir(p):
-            os.makedirs(dst, exist_ok=True)
-        else:
-            open(dst, "wb").close()
-        _bind_ro(libc, p, dst)
-    work = root + "/work"
-    os.mkdir(work)
-    _mount(libc, "tmpfs", work, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-           f"size={cfg['work_mb']}m,nr_inodes=8192,mode=0700,uid={uid},gid={uid}")
-    for d, dirs, names in os.walk(cfg["files"]):  # copy the caller's files in, owned by the program's uid
-        rel = os.path.relpath(d, cfg["files"])
-        for n in dirs:
-            os.mkdir(os.path.join(work, rel, n), 0o755)
-            os.chown(os.path.join(work, rel, n), uid, uid)
-        for n in names:
-            with open(os.path.join(d, n), "rb") as src, open(os.path.join(work, rel, n), "wb") as dst:
-                dst.write(src.read())
-            os.chown(os.path.join(work, rel, n), uid, uid)
-    os.symlink("work", root + "/tmp")
-    os.mkdir(root + "/proc")
-    _mount(libc, "proc", root + "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
-    os.mkdir(root + "/dev")
-    _mount(libc, "tmpfs", root + "/dev", "tmpfs", _MS_NOSUID | _MS_NOEXEC, "size=64k,mode=0755")
-    for dev in ("null", "zero", "full", "random", "urandom"):
-        open(f"{root}/dev/{dev}", "wb").close()
-        _mount(libc, f"/dev/{dev}", f"{root}/dev/{dev}", None, _MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
-        os.symlink(target, f"{root}/dev/{name}")
-    os.makedirs(root + "/etc", exist_ok=True)
-    for name, text in (("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::/work:/bin/sh\n"),
-                       ("group", f"root:x:0:\nsandbox:x:{uid}:\n"), ("hosts", "127.0.0.1 localhost\n")):
-        with open(f"{root}/etc/{name}", "w") as f:
-            f.write(text)
-    _mount(libc, None, root, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    os.chdir(root)  # pivot_root(".", ".") stacks the old root on the new one; detaching it drops the host tree
-    _libc_call(libc.syscall, ctypes.c_long(_PIVOT_ROOT_NR[os.uname().machine]), b".", b".", what="pivot_root")
-    _libc_call(libc.umount2, b".", _MNT_DETACH, what="detach the host root")
-    os.chdir("/")
-
-
-def _drop_privileges(libc, cfg: dict) -> None:
-    import resource
-    for name, soft, hard in cfg["rlimits"]:
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    if cfg["root_mode"]:
-        uid = cfg["uid"]  # dropping every uid/gid clears all capabilities
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-    else:  # user namespace: stay uid 0 there but with no capabilities, and none regained by exec
-        _libc_call(libc.prctl, _PR_SET_SECUREBITS, 0x2F, 0, 0, 0, what="securebits")  # NOROOT|NO_SETUID_FIXUP (+locks)
-        for cap in range(64):
-            libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
-        header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
-        _libc_call(libc.capset, header, data, what="capset")
-    _libc_call(libc.prctl, _PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0, what="no_new_privs")
-
-
-def _launcher(cfg: dict) -> None:
-    status_fd = cfg["status_fd"]
-    os.set_inheritable(status_fd, False)  # the program never holds the status pipe
-
-    def say(msg: str) -> None:
-        try:
-            os.write(status_fd, (msg.replace("\n", " ") + "\n").encode())
-        except OSError:
-            pass
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    try:
-        libc.prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)  # no ptrace / /proc/1/fd access from the program
-        say(f"PID {os.readlink('/proc/self')}")  # the host /proc is still mounted: this is our host PID
-        stdin_fd = os.open(cfg["stdin"], os.O_RDONLY)
-        _build_root(libc, cfg)
-    except BaseException as e:  # noqa: BLE001 - any setup failure is an infra error, reported verbatim
-        say(f"ERROR {type(e).__name__}: {e}")
-        os._exit(125)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.dup2(stdin_fd, 0)
-            os.closerange(3, status_fd)
-            os.closerange(status_fd + 1, 1 << 16)
-            _drop_privileges(libc, cfg)
-            os.chdir("/work")
-            os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
-        except BaseException as e:  # noqa: BLE001
-            say(f"EXECFAIL {type(e).__name__}: {e}")
-        os._exit(127)
-    say("READY")
-    os.close(stdin_fd)
-    pidfd, deadline, wait_status = os.pidfd_open(pid), time.monotonic() + cfg["watchdog_s"], None
-    while wait_status is None:
-        select.select([pidfd], [], [], 0.1)
-        while True:  # as the namespace's init we also reap orphans, so zombies do not pin the NPROC budget
-            try:
-                p, st = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if p == 0:
-                break
-            if p == pid:
-                wait_status = st
-        if wait_status is None and time.monotonic() > deadline:  # the parent is gone: never outlive it
-            say("WATCHDOG")
-            os._exit(124)
-    say(f"EXIT {wait_status}")
-    os._exit(0)  # init exits: the kernel kills whatever the program left running
-
-
-if __name__ == "__main__":  # the launcher never returns; the parent half below is not even imported
-    with open(sys.argv[1], "rb") as f:
-        _launcher(marshal.load(f))
-
-# ====================================================================== parent side
-import re  # parent-side imports come after the launcher exits (faster sandbox start)
+import re
 import secrets
 import selectors
 import shutil
 import signal
 import subprocess
-import tempfile
+import sys
+import time
 from dataclasses import dataclass
 
+from lit_rl.rewards.cgroups import CgroupCaps
+from lit_rl.rewards.sandbox_launcher import PIVOT_ROOT_NR as _PIVOT_ROOT_NR
+
+_LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_launcher.py")
 OUTCOMES = ("pass", "fail", "infra_error")
 _SECRETISH = re.compile(r"KEY|TOKEN|SECRET|PASS|CRED|AUTH|COOKIE|SESSION|PROXY", re.IGNORECASE)
 _SYS_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -226,16 +79,21 @@ class SandboxLimits:
     processes: int = 32  # RLIMIT_NPROC for the sandbox uid (tasks, threads included)
     work_mb: int = 64  # size of the private /work tmpfs (not an rlimit: caps disk use as a whole)
     output_bytes: int = 1 << 20  # per stream (stdout, stderr); the parent kills the run past it
+    total_memory_mb: int | None = None  # whole-run cgroup memory cap (default: memory_mb); pids.max = processes
 
     def __post_init__(self):
         for name in ("cpu_s", "memory_mb", "file_size_mb", "open_files", "processes", "work_mb", "output_bytes"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.total_memory_mb is not None and int(self.total_memory_mb) < 16:
+            raise ValueError(f"SandboxLimits.total_memory_mb must be >= 16 or None, got {self.total_memory_mb!r}")
 
 
 @dataclass
 class SandboxResult:
-    """What one run produced. ``status``: exited | signaled | timeout | output_limit | infra_error."""
+    """What one run produced. ``status``: exited | signaled | timeout | output_limit | bad_files (over the
+    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace init died: the program can reach it) | lost (the
+    launcher vanished after the program started) -- all ``fail`` unless exited 0 -- or infra_error."""
 
     status: str
     exit_code: int | None
@@ -243,7 +101,7 @@ class SandboxResult:
     stderr: bytes
     wall_s: float
     uid: int  # host uid the program ran as (root mode: fresh per run)
-    error: str | None = None  # why the run is an infra_error
+    error: str | None = None  # why the run is an infra_error / init_died / lost
 
     @property
     def outcome(self) -> str:
@@ -267,12 +125,14 @@ class Sandbox:
         mode: ``"auto"`` (root: setuid to a fresh uid; otherwise a user namespace), ``"root"`` or ``"userns"``.
         unshare: the ``unshare`` binary (default: found on the system PATH).
         setup_timeout_s: how long building the sandbox may take before the run is an infra error.
+        use_cgroups: cap memory (``limits.total_memory_mb``) and processes for the whole run with a cgroup
+            when the host allows it (``self.cgroups.available``; otherwise rlimits only, logged once).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, timeout_s: float = 10.0, python: str | None = None,
                  python_flags: tuple[str, ...] = ("-E", "-s", "-S"), ro_paths: tuple[str, ...] = (),
                  env: dict[str, str] | None = None, mode: str = "auto", unshare: str | None = None,
-                 setup_timeout_s: float = 20.0):
+                 setup_timeout_s: float = 20.0, use_cgroups: bool = True):
         if sys.platform != "linux":
             raise SandboxUnavailableError(f"the sandbox needs Linux namespaces; this is {sys.platform}")
         if timeout_s <= 0 or setup_timeout_s <= 0:
@@ -310,6 +170,8 @@ class Sandbox:
                 raise ValueError(f"env name {name!r} looks like a credential; the sandbox never receives secrets")
         self.env = {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work",
                     "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+        # whole-run memory / process caps where the host allows it (logged once when it does not)
+        self.cgroups = CgroupCaps.detect() if use_cgroups else CgroupCaps(None, {}, "disabled (use_cgroups=False)")
         key = (self.unshare, self.python, self.python_flags, self.root_mode, self.ro_paths)
         if key not in _PROBES:
             _PROBES[key] = self._probe()
@@ -351,43 +213,54 @@ class Sandbox:
         if timeout <= 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout}")
         uid = (_UID_BASE + secrets.randbelow(_UID_SPAN)) if self.root_mode else os.getuid()
-        stage = tempfile.mkdtemp(prefix="lit_rl_sbx_")  # 0700: only the launcher (same user) reads it
-        r = w = -1
+        staged = _stage_files(files or {})
+        why = _unplaceable(staged, self.limits.work_mb)
+        if why:  # the files are the candidate's input (an agent picks names too): its fail, never infra_error
+            return SandboxResult("bad_files", None, b"", b"", 0.0, uid, why)
+        lim = self.limits
+        groups, group_fds = [], []
+        if self.cgroups.available:
+            try:
+                groups, group_fds = self.cgroups.create((lim.total_memory_mb or lim.memory_mb) << 20, lim.processes)
+            except OSError as e:  # before any program code: the harness's own failure
+                return SandboxResult("infra_error", None, b"", b"", 0.0, uid, f"could not create the run's cgroup: {e}")
+        r = w = cfg_fd = -1
         try:
-            _stage_files(os.path.join(stage, "files"), files or {})
-            with open(os.path.join(stage, "stdin"), "wb") as f:
-                f.write(stdin.encode() if isinstance(stdin, str) else stdin)
-            os.mkdir(os.path.join(stage, "root"))
             r, w = os.pipe()
-            lim = self.limits
-            cfg = {"status_fd": w, "root": os.path.join(stage, "root"), "files": os.path.join(stage, "files"),
-                   "stdin": os.path.join(stage, "stdin"), "ro_paths": list(self.ro_paths), "argv": list(argv),
-                   "env": self.env, "root_mode": self.root_mode, "uid": uid if self.root_mode else 0,
-                   "work_mb": lim.work_mb, "watchdog_s": timeout + self.setup_timeout_s + 5,
+            cfg = {"status_fd": w, "files": staged, "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
+                   "ro_paths": list(self.ro_paths), "argv": list(argv), "env": self.env, "root_mode": self.root_mode,
+                   "uid": uid if self.root_mode else 0, "work_mb": lim.work_mb, "cgroup_fds": group_fds,
+                   "watchdog_s": timeout + self.setup_timeout_s + 5,
                    "rlimits": [["RLIMIT_CPU", lim.cpu_s, lim.cpu_s + 1],
                                ["RLIMIT_AS", lim.memory_mb << 20, lim.memory_mb << 20],
                                ["RLIMIT_FSIZE", lim.file_size_mb << 20, lim.file_size_mb << 20],
                                ["RLIMIT_NOFILE", lim.open_files, lim.open_files],
                                ["RLIMIT_NPROC", lim.processes, lim.processes], ["RLIMIT_CORE", 0, 0]]}
+            # the config travels in a memfd (marshal, not json: the launcher starts faster without json's
+            # imports), so nothing is left on the host disk however this process ends
+            cfg_fd = os.memfd_create("lit_rl_sbx_cfg", 0)
+            os.write(cfg_fd, marshal.dumps(cfg))
+            os.lseek(cfg_fd, 0, os.SEEK_SET)
             cmd = [self.unshare, "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child=SIGKILL"]
             if not self.root_mode:
                 cmd += ["--user", "--map-root-user"]
-            with open(os.path.join(stage, "config"), "wb") as f:
-                marshal.dump(cfg, f)  # marshal, not json: the launcher starts faster without json's imports
-            cmd += ["--", sys.executable, "-I", "-S", os.path.abspath(__file__), os.path.join(stage, "config")]
-            try:
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, pass_fds=(w,), env=_LAUNCH_ENV)
+            cmd += ["--", sys.executable, "-I", "-S", _LAUNCHER, str(cfg_fd)]
+            try:  # own session: nothing inside can signal the caller's process group or session
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        pass_fds=(w, cfg_fd, *group_fds), env=_LAUNCH_ENV, start_new_session=True)
             except OSError as e:
                 return SandboxResult("infra_error", None, b"", b"", 0.0, uid, f"could not start unshare: {e}")
-            os.close(w)
-            w = -1
+            for fd in (w, cfg_fd, *group_fds):
+                os.close(fd)
+            w = cfg_fd = -1
+            group_fds = []
             return self._supervise(proc, r, timeout, uid)
         finally:
-            for fd in (r, w):
+            for fd in (r, w, cfg_fd, *group_fds):
                 if fd >= 0:
                     os.close(fd)
-            shutil.rmtree(stage, ignore_errors=True)
+            if groups:
+                self.cgroups.remove(groups)
 
     def _supervise(self, proc: subprocess.Popen, status_r: int, timeout: float, uid: int) -> SandboxResult:
         """Pump the three pipes until all close; enforce setup/wall deadlines and output caps."""
@@ -476,6 +349,7 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
     def infra(msg: str) -> SandboxResult:
         return SandboxResult("infra_error", None, stdout, stderr, wall, uid, msg)
 
+    # infrastructure: set-up or exec failed before any program code existed (only harness code writes these)
     errors = [ln for ln in lines if ln.startswith(("ERROR ", "EXECFAIL "))]
     if errors:
         return infra(f"sandbox setup failed: {errors[0]}")
@@ -483,6 +357,7 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
         why = "timed out" if reason == "setup_timeout" else f"exited (rc={rc})"
         return infra(f"sandbox launcher {why} before starting the program; stderr: "
                      f"{stderr[-300:].decode(errors='replace')!r}")
+    # from here on the program has run: whatever happened, it may have caused it -> never infra_error
     if reason in ("timeout", "output_limit"):
         return SandboxResult(reason, None, stdout, stderr, wall, uid)
     exits = [ln for ln in lines if ln.startswith("EXIT ")]
@@ -491,16 +366,36 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
         return SandboxResult("exited" if code >= 0 else "signaled", code, stdout, stderr, wall, uid)
     if "WATCHDOG" in lines:
         return SandboxResult("timeout", None, stdout, stderr, wall, uid)
-    return infra(f"sandbox launcher died without reporting the program's status (unshare rc={rc})")
+    died = [ln for ln in lines if ln.startswith("INITDIED ")]
+    if died:
+        return SandboxResult("init_died", None, stdout, stderr, wall, uid,
+                             f"the program's namespace init died (wait status {died[-1][9:]}): the program can reach it")
+    return SandboxResult("lost", None, stdout, stderr, wall, uid,
+                         f"the launcher vanished after the program started (unshare rc={rc}); scored as a fail "
+                         "because the program cannot be ruled out as the cause")
 
 
-def _stage_files(dst: str, files: dict[str, str | bytes]) -> None:
-    os.mkdir(dst)
+def _unplaceable(staged: dict[str, bytes], work_mb: int) -> str | None:
+    """Why these files cannot be written into a ``work_mb`` MiB /work, or None."""
+    size = sum(len(c) + 4096 for c in staged.values())  # a rough tmpfs footprint: content + a page each
+    if size > work_mb << 20 or len(staged) > 4096:
+        return f"{len(staged)} files, ~{size >> 20} MiB: over the {work_mb} MiB /work"
+    dirs = set()
+    for name in staged:
+        parts = name.split("/")
+        if len(name.encode()) > 1024 or len(parts) > 32 or any(len(p.encode()) > 255 for p in parts):
+            return f"file name too long or too deep: {name[:80]!r}"
+        dirs.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(dirs & set(staged))
+    return f"{clash[0]!r} is both a file and a directory" if clash else None
+
+
+def _stage_files(files: dict[str, str | bytes]) -> dict[str, bytes]:
+    """Validate relative paths and encode contents (the launcher writes them into its private /work)."""
+    out = {}
     for rel, content in files.items():
         norm = os.path.normpath(rel)
         if os.path.isabs(rel) or norm.startswith("..") or norm in (".", ""):
             raise ValueError(f"file name {rel!r} must be a relative path inside the work directory")
-        path = os.path.join(dst, norm)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(content.encode() if isinstance(content, str) else content)
+        out[norm] = content.encode() if isinstance(content, str) else bytes(content)
+    return out

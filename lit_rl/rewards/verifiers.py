@@ -1,7 +1,9 @@
 """Verifiable rewards: exact answers, math answers (``math-verify``), format shaping."""
 from __future__ import annotations
 
+import math
 import re
+import threading
 from typing import Any
 
 from lit_rl.rewards.base import RewardResult
@@ -58,23 +60,46 @@ class MathAnswerReward:
     Returns 1.0 if the completion's answer is mathematically equal to ``prompt.answer``. A parse failure of
     the *completion* is a wrong answer (0.0); a parse failure of the *gold answer* is an infrastructure
     error (``ok=False``): the data is broken, not the policy.
+
+    Threads: math-verify enforces its timeout with ``signal.alarm``, which only works in a process's main
+    thread, and refuses to run anywhere else. So the class declares ``executor = "process"`` (the default
+    ``RewardPool(executor="auto")`` then scores it in forked worker processes, whose main thread runs the call
+    and where the pool can kill a hung sympy call), and when it is called outside the main thread anyway
+    (``executor: thread``) it switches math-verify's own timeout off and relies on the pool's ``timeout_s``.
+
+    Args:
+        timeout_s: math-verify's per-parse / per-comparison limit (main thread only); None: its defaults.
     """
 
     name = "math"
+    executor = "process"  # read by RewardPool(executor="auto")
 
     def __init__(self, timeout_s: float | None = None):
         from math_verify import parse, verify  # core dependency; imported lazily to keep startup fast
 
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"MathAnswerReward.timeout_s must be > 0 or None, got {timeout_s}")
         self._parse, self._verify = parse, verify
         self.timeout_s = timeout_s
 
+    def _limits(self) -> tuple[dict, dict]:
+        if threading.current_thread() is not threading.main_thread():
+            return {"parsing_timeout": None}, {"timeout_seconds": None}  # the pool's timeout applies instead
+        if self.timeout_s is None:
+            return {}, {}
+        t = max(1, math.ceil(self.timeout_s))  # signal.alarm counts whole seconds
+        return {"parsing_timeout": t}, {"timeout_seconds": t}
+
     def __call__(self, prompt: Any, completion: str) -> RewardResult:
-        kw = {} if self.timeout_s is None else {"parsing_timeout": self.timeout_s}
+        parse_kw, verify_kw = self._limits()
         gold_text = _answer_of(prompt)
-        gold = self._parse(gold_text if "$" in gold_text or "\\" in gold_text else f"${gold_text}$", **kw)
+        # math-verify extracts LaTeX only inside delimiters: a bare "\\sqrt{4}" or "1/2" gold answer is wrapped
+        delimited = any(d in gold_text for d in ("$", "\\boxed", "\\[", "\\("))
+        gold = self._parse(gold_text if delimited else f"${gold_text}$", **parse_kw)
         if not gold:
-            return RewardResult(0.0, ok=False, info={"gold_parse_error": 1.0})
-        pred = self._parse(completion, **kw)
+            return RewardResult(0.0, ok=False, info={"gold_parse_error": 1.0},
+                                error=f"gold answer {gold_text[:80]!r} did not parse with math-verify")
+        pred = self._parse(completion, **parse_kw)
         if not pred:
             return RewardResult(0.0)
-        return RewardResult(float(bool(self._verify(gold, pred))))
+        return RewardResult(float(bool(self._verify(gold, pred, **verify_kw))))

@@ -201,11 +201,17 @@ def _segments(e: Episode) -> tuple[list[int], list[str]]:
 
 
 class ObservationLoss(L.Callback):
-    """World-model auxiliary loss: ``coef`` x mean negative log-likelihood of observation tokens.
+    """World-model auxiliary loss: ``coef`` x negative log-likelihood of observation tokens.
 
     Trains the policy to predict the environment's responses as well (the "agents learn a world model
     for free" idea from the seeds); off by default (``coef=0`` adds nothing). A ``LossTerm``: add it to
     ``trainer.callbacks`` next to an ``AgentRolloutCallback``.
+
+    The NLL of the observation tokens (``extras["obs_mask"]``, (b, C)) is aggregated like every other term,
+    with ``module.aggregate`` and the minibatch denominators in ``fwd`` (``num_tokens`` / ``num_seqs``, global
+    over ranks): with ``token_mean`` it is Σ obs-token NLL / (trainable tokens of the minibatch). The micro-batch
+    terms then sum to the minibatch term, so its weight does not depend on ``micro_batch_size`` or the number
+    of ranks (a per-micro-batch mean would count once per micro-batch).
     """
 
     def __init__(self, coef: float = 0.0):
@@ -217,9 +223,8 @@ class ObservationLoss(L.Callback):
         obs = micro.extras.get("obs_mask")
         if self.coef == 0 or obs is None:
             return {}
-        obs = obs.to(fwd["logprobs"].device)
-        nll = -(fwd["logprobs"] * obs).sum() / obs.sum().clamp(min=1)
-        return {"world_model": self.coef * nll}
+        obs = obs.to(fwd["logprobs"].device).bool()
+        return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
 
 
 class _EnvRewardsOnly:
@@ -256,7 +261,10 @@ class AgentRolloutCallback(RolloutCallback):
         ret = torch.where(valid, ret, torch.full_like(ret, float("nan")))
         metrics = {"reward/infra_errors": float((~valid).sum()), "reward/timeouts": 0.0,
                    "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
-                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1)}
+                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1),
+                   # episodes in which the environment detected a reward hack (env.py: info["hack_detected"])
+                   "reward/hack_detected": float(sum(any(t.info.get("hack_detected", 0.0) for t in e.turns)
+                                                     for e in rows))}
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
         return groups, RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics), gen_s
 
@@ -267,4 +275,5 @@ class AgentRolloutCallback(RolloutCallback):
                                        self.engine.policy_version)
         # Dr. GRPO's constant horizon for an episode: the action-token budget of all its turns.
         exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
+        exp.reward_errors = list(rb.errors)  # the inspector shows why a row has no reward
         return exp

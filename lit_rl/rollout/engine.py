@@ -1,10 +1,13 @@
 """The rollout-engine protocol and `HFEngine` (generation with ``transformers.generate``).
 
 Log-probabilities returned by every engine are of the *temperature-scaled, untruncated* distribution,
-``log softmax(logits / T)[token]`` (top-p / top-k change which tokens are sampled, not the reported
-probabilities). The trainer computes its log-probabilities with the same temperature
-(``PolicyModule.temperature`` is taken from the rollout sampling config), so old/rollout/current
-log-probabilities are comparable. Greedy decoding (``temperature=0``) reports logprobs at T = 1.
+``log softmax(logits / T)[token]``, and that is also the distribution the tokens are sampled from: an engine
+samples with exactly the processing its log-probs describe. The trainer computes its log-probabilities with
+the same temperature (``PolicyModule.temperature`` is taken from the rollout sampling config), so
+old/rollout/current log-probabilities are comparable. Greedy decoding (``temperature=0``) reports logprobs at
+T = 1. Truncated sampling (top-p < 1, top-k > 0) is refused unless the engine is told to report the truncated
+distribution's log-probs instead (``allow_truncated_logprobs=True``; the trainer's mismatch correction,
+``PolicyModule(rollout_correction=...)``, then sees the difference).
 """
 from __future__ import annotations
 
@@ -69,19 +72,30 @@ class RolloutEngine(Protocol):
 
 
 class HFEngine:
-    """Generation with ``transformers`` ``model.generate`` (KV cache, temperature / top-p / top-k, eos stop).
+    """Generation with ``transformers`` ``model.generate`` (KV cache, temperature, eos stop).
+
+    The checkpoint's ``generation_config.json`` is ignored: hub checkpoints ship sampling defaults
+    (``repetition_penalty``, ``top_k``, ``top_p``, ``min_new_tokens``, ...) that ``generate`` would otherwise apply
+    silently, so the tokens would come from another distribution than the reported log-probs. Every call runs
+    with a fresh ``GenerationConfig`` holding only what ``SamplingConfig`` says (temperature, max_new_tokens,
+    top-p / top-k when allowed) plus the tokenizer's eos / pad ids; no repetition penalty, no minimum length.
 
     Args:
         share_weights: True (default) generates with the policy module's own model object, so weights are
             always current and a sync costs nothing. False keeps a private copy updated by
             ``update_weights`` (needed when generation overlaps training, e.g. asynchronous RL).
         batch_size: maximum sequences per ``generate`` call (bounds memory); None = all at once.
+        allow_truncated_logprobs: accept top-p / top-k sampling; the log-probs are then those of the truncated,
+            renormalised distribution actually sampled from (``log_softmax`` of the processed scores), a
+            departure from the module convention (as ``VLLMEngine``'s setting of the same name).
     """
 
-    def __init__(self, share_weights: bool = True, batch_size: int | None = None):
+    def __init__(self, share_weights: bool = True, batch_size: int | None = None,
+                 allow_truncated_logprobs: bool = False):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
         self.share_weights, self.batch_size = share_weights, batch_size
+        self.allow_truncated_logprobs = allow_truncated_logprobs
         self.model = None
         self.tokenizer = None
         self.policy_version = 0
@@ -121,6 +135,12 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("HFEngine.generate called before bind(module); RolloutCallback.setup binds it")
+        if (sampling.top_p < 1 or sampling.top_k > 0) and sampling.temperature > 0 and not self.allow_truncated_logprobs:
+            raise ValueError(
+                f"sampling.top_p={sampling.top_p}, top_k={sampling.top_k}: HFEngine would sample from the truncated "
+                "distribution while reporting logprobs of the untruncated temperature-scaled one the trainer "
+                "computes. Use top_p=1 and top_k=0, or set HFEngine(allow_truncated_logprobs=True) to report the "
+                "truncated distribution's logprobs (and correct with PolicyModule rollout_correction).")
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt i's samples are rows i*n .. i*n+n-1
         step = self.batch_size or len(rows)
         flat: list[Completion] = []
@@ -142,6 +162,8 @@ class HFEngine:
         return [flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
 
     def _generate(self, rows: list[list[int]], sp: SamplingConfig) -> list[Completion]:
+        from transformers import GenerationConfig
+
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
         P = max(len(r) for r in rows)
@@ -151,14 +173,29 @@ class HFEngine:
             ids[i, P - len(r) :] = torch.tensor(r, dtype=torch.long)
             att[i, P - len(r) :] = 1
         greedy = sp.temperature == 0
-        kwargs = dict(do_sample=not greedy, max_new_tokens=sp.max_new_tokens, eos_token_id=tok.eos_token_id,
-                      pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_logits=True)
-        if not greedy:
-            kwargs.update(temperature=sp.temperature, top_p=sp.top_p, top_k=sp.top_k or None)
-        out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), **kwargs)
+        truncated = not greedy and (sp.top_p < 1 or sp.top_k > 0)  # only reachable with allow_truncated_logprobs
+        # Every sampling field explicit (top_k=0: transformers' global default is 50; repetition_penalty=1):
+        # generate() fills unset (None) fields from model.generation_config, which is swapped for an empty one
+        # below, so nothing from the checkpoint's generation_config.json reaches the sampler.
+        cfg = GenerationConfig(
+            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_new_tokens=0, min_length=0,
+            temperature=sp.temperature if not greedy else 1.0, top_p=sp.top_p if not greedy else 1.0,
+            top_k=sp.top_k if not greedy else 0, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
+            output_logits=True, output_scores=truncated)
+        saved = model.generation_config
+        model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        try:
+            out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=cfg)
+        finally:
+            model.generation_config = saved
         new = out.sequences[:, P:].cpu()  # (N, C)
-        logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, C, V) raw (unprocessed) logits
-        lp = torch.log_softmax(logits / sp.logprob_temperature, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        if truncated:  # processed scores: logits / T with the truncated entries at -inf, i.e. what was sampled
+            lp = torch.log_softmax(torch.stack(out.scores, dim=1).float().cpu(), dim=-1)  # (N, C, V)
+        else:
+            logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, C, V) raw (unprocessed) logits
+            lp = torch.log_softmax(logits / sp.logprob_temperature, dim=-1)
+        lp = lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, C)
         result = []
         for i in range(new.shape[0]):
             toks = new[i].tolist()

@@ -148,14 +148,85 @@ def test_max_turns_and_infra_error(tok):
     assert bad.valid.tolist() == [False] and torch.isnan(bad.rewards).all()
 
 
-def test_observation_loss_term():
+class _Agg:
+    """What ObservationLoss needs of a module: ``aggregate`` with the minibatch denominators in ``fwd``."""
+
+    def __init__(self, mode):
+        self.mode = mode
+
+    def aggregate(self, values, mask, fwd):
+        from lit_rl.core.aggregation import aggregate
+
+        return aggregate(values, mask, self.mode, num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("token_mean", 0.5 * (2 + 3 + 4) / 8),  # Σ obs NLL / the minibatch's 8 trainable tokens
+    ("seq_mean_token_mean", 0.5 * ((2 + 3) / 2 + 4 / 1) / 5),  # per-row obs means / the minibatch's 5 rows
+])
+def test_observation_loss_term_uses_the_minibatch_denominators(mode, expected):
     micro = type("M", (), {"extras": {"obs_mask": torch.tensor([[False, True, True], [True, False, False]])}})()
-    fwd = {"logprobs": torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], dtype=torch.float64)}
-    assert ObservationLoss(0.0).loss_terms(None, micro, fwd) == {}
-    got = ObservationLoss(0.5).loss_terms(None, micro, fwd)["world_model"]
-    torch.testing.assert_close(got, torch.tensor(0.5 * (2 + 3 + 4) / 3, dtype=torch.float64), rtol=1e-6, atol=0)
+    fwd = {"logprobs": torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], dtype=torch.float64),
+           "num_tokens": 8, "num_seqs": 5}
+    assert ObservationLoss(0.0).loss_terms(_Agg(mode), micro, fwd) == {}
+    got = ObservationLoss(0.5).loss_terms(_Agg(mode), micro, fwd)["world_model"]
+    assert float(got) == pytest.approx(expected, rel=1e-12)
     with pytest.raises(ValueError, match="coef must be >= 0"):
         ObservationLoss(-1.0)
+
+
+def _obs_experience():
+    """3 rows, completion layout A = action (loss_mask), O = observation (obs_mask), . = padding."""
+    from lit_rl.data.experience import Experience
+
+    layout = ["AAOOA.", "AOOOAA", "AAA..."]  # row 2 has no observation token
+    B, P, C = len(layout), 2, len(layout[0])
+    ids = torch.randint(5, 60, (B, P + C), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.tensor([[c == "A" for c in row] for row in layout])
+    obs = torch.tensor([[c == "O" for c in row] for row in layout])
+    att = torch.ones(B, P + C, dtype=torch.long)
+    att[:, P:] = (loss_mask | obs).long()
+    return Experience(input_ids=ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
+                      group_ids=torch.zeros(B, dtype=torch.long), rewards=torch.ones(B, dtype=torch.float64),
+                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
+                      extras={"obs_mask": obs})
+
+
+@pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
+def test_observation_loss_is_micro_batch_invariant(tiny_model_dir, loss_agg):
+    """The same Experience as 1 micro-batch or as 3: identical summed loss and gradient (float64), equal to the
+    hand-aggregated whole-batch value. A per-micro-batch mean would count the term once per micro-batch."""
+    from lit_rl.core.logprobs import token_logprobs
+
+    module = PolicyModule(model=str(tiny_model_dir), loss_agg=loss_agg)
+    module.model.double()
+    exp, term = _obs_experience(), ObservationLoss(0.5)
+    # the minibatch denominators PolicyModule passes every LossTerm: trainable tokens / rows of the minibatch
+    common = {"num_tokens": float(exp.loss_mask.sum()), "num_seqs": float(exp.loss_mask.any(-1).sum())}
+    results = []
+    for size in (None, 1):
+        module.model.zero_grad(set_to_none=True)
+        total = 0.0
+        for micro in exp.micro_batches(size):
+            logits = module.forward_logits(micro)  # (b, C, V) float64
+            fwd = dict(common, logits=logits, logprobs=token_logprobs(logits, micro.completion_ids),
+                       mask=micro.loss_mask, hidden=None)
+            loss = term.loss_terms(module, micro, fwd)["world_model"]
+            loss.backward()
+            total += float(loss.detach())
+        results.append((total, {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None}))
+    with torch.no_grad():
+        nll = -token_logprobs(module.forward_logits(exp), exp.completion_ids)  # (B, C)
+    obs = exp.extras["obs_mask"]
+    if loss_agg == "token_mean":
+        expected = 0.5 * float(nll[obs].sum()) / 9  # 9 action tokens
+    else:
+        expected = 0.5 * sum(float(nll[i][obs[i]].mean()) for i in (0, 1)) / 3  # 3 rows with actions
+    assert results[0][0] == pytest.approx(expected, rel=1e-12)
+    assert results[1][0] == pytest.approx(expected, rel=1e-12)
+    assert results[0][1].keys() == results[1][1].keys() and results[0][1]
+    for name, g in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], g, rtol=1e-10, atol=1e-14)
 
 
 def test_bad_arguments():

@@ -22,7 +22,7 @@ def sandbox():
 
 def _env(sandbox, mode="binary"):
     # binary mode stops at the first failing test (the score is 0 either way); partial runs all four
-    return RetryRepoEnv(mode, verifier=CodeTestsReward(mode, timeout_s=2.0, sandbox=sandbox,
+    return RetryRepoEnv(mode, verifier=CodeTestsReward(mode, timeout_s=5.0, sandbox=sandbox,
                                                        fail_fast=mode == "binary"))
 
 
@@ -39,11 +39,13 @@ def test_is_an_environment(sandbox):
 def test_correct_fix_scores_one(sandbox):
     obs, reward, done, info = _play(_env(sandbox), ["write_file retry.py\n" + RETRY_FIXED, "submit"])
     assert (obs, reward, done, info) == ("submitted: 4/4 tests passed", 1.0, True,
-                                         {"passed": 4.0, "total": 4.0, "infra_error": 0.0})
+                                         {"passed": 8.0, "total": 8.0, "infra_error": 0.0})
 
 
-@pytest.mark.parametrize("source, partial", [(RETRY_SOURCE, 0.75), (WRONG_DEFAULT_KEPT, 0.75),
-                                             (WRONG_ZERO_DEFAULT, 0.5)], ids=["unfixed", "default_kept", "zero_default"])
+# partial = passed / 8 over the 4 visible tests and the 4 held-out checks (hand-counted per source):
+# unfixed fails zero and zero-with-other-keys; default_kept fails None; zero_default fails {}, None, other-keys-only
+@pytest.mark.parametrize("source, partial", [(RETRY_SOURCE, 0.75), (WRONG_DEFAULT_KEPT, 0.875),
+                                             (WRONG_ZERO_DEFAULT, 0.625)], ids=["unfixed", "default_kept", "zero_default"])
 def test_wrong_fixes_score_zero_binary_and_fraction_partial(sandbox, source, partial):
     actions = ["write_file retry.py\n" + source, "submit"]
     assert _play(_env(sandbox), actions)[1:3] == (0.0, True)
@@ -59,7 +61,7 @@ def test_wrong_fixes_score_zero_binary_and_fraction_partial(sandbox, source, par
 def test_editing_or_deleting_tests_scores_zero(sandbox, tamper):
     # the bug is left in place; only the repository's tests are tampered with
     assert _play(_env(sandbox), [*tamper, "submit"])[1:3] == (0.0, True)
-    assert _play(_env(sandbox, "partial"), [*tamper, "submit"])[1] == 0.75  # the verifier's own 4 tests ran
+    assert _play(_env(sandbox, "partial"), [*tamper, "submit"])[1] == 0.75  # the verifier's own 8 tests ran
 
 
 def test_run_tests_reports_per_test_without_reward(sandbox):

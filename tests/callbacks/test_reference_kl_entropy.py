@@ -121,6 +121,16 @@ def test_adaptive_beta_moves_toward_target_and_state_round_trips():
     assert other.beta == cb.beta
 
 
+def test_k1_in_the_loss_is_rejected_with_the_reason_and_the_alternatives():
+    """k1's expected gradient as a loss is 0 (tests/core/test_kl_gradients.py): a silent no-op penalty."""
+    with pytest.raises(ValueError, match=r"kind='k1', where='loss'.*zero expected gradient.*where='reward'.*'k2' / 'k3'"):
+        ReferenceKL(kind="k1", where="loss")
+    with pytest.raises(ValueError, match="kind='k1', where='loss'"):
+        ReferenceKL(kind="k1")  # where defaults to "loss"
+    assert ReferenceKL(kind="k1", where="reward").kind == "k1"
+    assert ReferenceKL(kind="k2", where="loss").kind == "k2"
+
+
 @pytest.mark.parametrize("kwargs, match", [({"kind": "k4"}, "kind='k4'.*k1, k2, k3"),
                                            ({"where": "advantage"}, "where='advantage'.*reward, loss"),
                                            ({"beta": -1.0}, "beta"), ({"target_kl": 0.0}, "target_kl")])
@@ -206,7 +216,7 @@ def test_fragments_compose_with_grpo_config(tiny_model_dir, tmp_path):
           "--data.init_args.batch_size", "2"])
     saved = (tmp_path / "config.yaml").read_text()
     assert "lit_rl.callbacks.reference_kl.ReferenceKL" in saved
-    assert "lit_rl.callbacks.entropy.EntropyRegularization" in saved and "lit_rl.callbacks.RolloutCallback" in saved
+    assert "lit_rl.callbacks.entropy.EntropyRegularization" in saved and "\nrollout:\n" in saved  # its own section
 
 
 class AggModule:

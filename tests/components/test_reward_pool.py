@@ -22,6 +22,7 @@ def test_weighted_components_and_metrics():
     assert rb.metrics["reward/infra_errors"] == 0.0
 
 
+@pytest.mark.filterwarnings("ignore::lit_rl.rewards.RewardErrorWarning")
 def test_crash_non_number_and_not_ok_are_masked_and_counted():
     def flaky(prompt, completion):
         if completion == "boom":

@@ -187,7 +187,7 @@ def _loop_correction(lp, beh, mask, mode, level, cap):
             per_tok = [s] * len(toks)
         for t, d in zip(toks, per_tok):
             rho = math.exp(d)
-            weights[b][t] = min(rho, cap) if mode == "tis" else (rho if rho <= cap else 0.0)
+            weights[b][t] = min(rho, cap) if mode == "tis" else (rho if 1 / cap <= rho <= cap else 0.0)
     return weights
 
 
@@ -213,6 +213,56 @@ def test_rollout_correction_padding_invariance(mode, level):
     assert k2[:, :3].tolist() == k.tolist() and not k2[:, 3:].any()
     for key in m:
         close(m2[key], m[key], rtol=1e-12, atol=1e-15)
+
+
+def band_example():
+    """Five rows, cap 2 (default low 1/2). Token log-ratios (log 0.5 = -0.693, log 2 = 0.693):
+    r0 [-1.0, 0.2, 1.0]   tokens below / inside / above;  sum 0.2 inside;   mean 0.0667 inside
+    r1 [-0.6, -0.5, pad]  tokens inside;                  sum -1.1 below;   mean -0.55 inside
+    r2 [0.4, 0.4, 0.4]    tokens inside;                  sum 1.2 above;    mean 0.4 inside
+    r3 [-0.8, -0.8, pad]  tokens below;                   sum -1.6 below;   mean -0.8 below
+    r4 [0.8, 0.8, 0.8]    tokens above;                   sum 2.4 above;    mean 0.8 above
+    """
+    lr = torch.tensor([[-1.0, 0.2, 1.0], [-0.6, -0.5, 0.0], [0.4] * 3, [-0.8, -0.8, 0.0], [0.8] * 3], dtype=F64)
+    mask = torch.ones(5, 3, dtype=torch.bool)
+    mask[1, 2] = mask[3, 2] = False
+    behavior = torch.full((5, 3), -2.0, dtype=F64)
+    return behavior + lr, behavior, mask
+
+
+@pytest.mark.parametrize("level, low, weights, frac", [
+    # token level, default low = 1/cap = 0.5: below and above the band dropped, inside kept
+    ("token", None, [[0, E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]], 7 / 13),
+    ("token", 0.6, [[0, E(0.2), 0], [0, E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]], 8 / 13),  # e^-0.6 < 0.6
+    ("token", 0.0, [[E(-1.0), E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0, 0, 0]],
+     4 / 13),  # low = 0: upper bound only
+    # sequence level (whole-trajectory ratio): r1, r3 below, r2, r4 above, r0 inside
+    ("sequence", None, [[E(0.2)] * 3, [0] * 3, [0] * 3, [0] * 3, [0] * 3], 4 / 5),
+    ("sequence", 0.3, [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [0] * 3, [0] * 3], 3 / 5),  # e^-1.1 = 0.333
+    ("sequence", 0.0, [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [E(-1.6), E(-1.6), 0], [0] * 3], 2 / 5),
+    # geometric (GSPO length-normalised): r3 below, r4 above, r0-r2 inside
+    ("geometric", None, [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [0] * 3, [0] * 3], 2 / 5),
+    ("geometric", 0.0, [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0] * 3],
+     1 / 5),
+])
+def test_mis_band_masks_below_low_and_above_cap(level, low, weights, frac):
+    lp, beh, mask = band_example()
+    w, k, m = rollout_correction(lp, beh, mask, "mis", level, cap=2.0, low=low)
+    close(w, weights)
+    assert k.tolist() == (torch.tensor(weights, dtype=F64) > 0).tolist()
+    close(m["masked_frac"], frac)
+
+
+def test_mis_band_settings_errors():
+    lp, beh, mask = band_example()
+    with pytest.raises(ValueError, match=r"cap=1.0 <= 1 has no default lower bound"):
+        rollout_correction(lp, beh, mask, "mis", "token", cap=1.0)
+    with pytest.raises(ValueError, match=r"low must be in \[0, cap=2.0\)"):
+        rollout_correction(lp, beh, mask, "mis", "token", cap=2.0, low=2.0)
+    with pytest.raises(ValueError, match=r"low must be in \[0, cap=2.0\)"):
+        rollout_correction(lp, beh, mask, "mis", "token", cap=2.0, low=-0.1)
+    w, _, _ = rollout_correction(lp, beh, mask, "mis", "token", cap=0.9, low=0.5)  # explicit low: any cap
+    close(w[0], [0.0, 0.0, 0.0])
 
 
 def test_rollout_correction_bad_names_and_settings():

@@ -40,6 +40,10 @@ def _output_capped(ctx, res) -> list[str]:
 
 
 def _not_root(ctx, res) -> list[str]:
+    # user-namespace mode: uid 0 *of the namespace*, every capability dropped (the case itself prints ESCAPED!
+    # if any capability is left); root mode: a fresh unprivileged host uid
+    if not ctx.root_mode:
+        return []
     return [] if b"uid=0" not in res.stdout else ["program ran as uid 0"]
 
 
@@ -503,4 +507,7 @@ HACKS = [
     """, reward_hack=True),
 ]
 
-CASES: list[Case] = NETWORK + SECRETS + FILESYSTEM + PRIVILEGE + RESOURCES + HACKS
+
+from corpus_integrity import INTEGRITY
+
+CASES: list[Case] = NETWORK + SECRETS + FILESYSTEM + PRIVILEGE + RESOURCES + HACKS + INTEGRITY

@@ -65,7 +65,8 @@ def test_stdio_whitespace_normalisation(partial):
 
 
 def test_timeout_is_a_fail_not_infra(partial):
-    res = partial({"tests": TESTS[:1]}, "def add(a, b):\n    while True: pass\n")
+    # a sleeping hang: a busy loop may hit the CPU rlimit (also a fail) before the wall clock
+    res = partial({"tests": TESTS[:1]}, "def add(a, b):\n    import time\n    time.sleep(100)\n")
     assert (res.score, res.ok, res.info["timeouts"], res.info["failed"]) == (0.0, True, 1.0, 1.0)
 
 
@@ -74,6 +75,7 @@ def test_infra_error_is_masked_not_scored(sandbox):
     broken.unshare = shutil.which("false")  # every sandbox start now fails: the infrastructure, not the answer
     res = CodeTestsReward("partial", sandbox=broken)({"tests": TESTS}, GOOD)
     assert (res.score, res.ok, res.info["infra_errors"], res.info["passed"]) == (0.0, False, 4.0, 0.0)
+    assert res.error.startswith("code sandbox could not run the tests: sandbox launcher exited (rc=1)")
 
 
 def test_fail_fast_skips_after_first_failure(sandbox):
@@ -102,7 +104,7 @@ def test_expected_values_never_enter_the_sandbox(partial):
         blob = json.dumps(argv) + "".join(files.values()) + str(stdin)
         assert "987654321" not in blob and "123456789" not in blob and '"expected"' not in blob
         spec = json.loads(files["_harness/spec.json"])
-        assert spec["args"] == args and set(spec) == {"nonce", "module", "call", "args", "kwargs"}
+        assert spec["args"] == args and set(spec) == {"nonce", "kind", "module", "call", "args", "kwargs"}
 
 
 def test_code_extraction_and_no_code():
@@ -130,7 +132,7 @@ def test_json_equal(got, expected, equal):
 
 @pytest.mark.parametrize("tests, match", [
     ([], "has no tests"), ([{"call": "add", "args": [1]}], "test 0: a call test needs 'expected'"),
-    ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"), ([{"foo": 1}], "test 0: need either"),
+    ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"), ([{"foo": 1}], "test 0: need 'call'"),
     ([{"call": "f", "expected": {1, 2}}], "JSON-serialisable"),
 ])
 def test_malformed_tests_raise(partial, tests, match):
@@ -147,6 +149,8 @@ def test_non_dict_test_is_a_type_error(partial):
     ({"mode": "soft"}, "valid values: binary, partial"), ({"timeout_s": 0}, "timeout_s"),
     ({"mode": "partial", "fail_fast": True}, "fail_fast=True needs mode='binary'"),
     ({"entry_file": "_x.py"}, "entry_file"), ({"float_tol": 2.0}, "float_tol"),
+    ({"budget": "soft"}, "valid values: program, per_test"), ({"start_allowance_s": 2}, "start_allowance_s"),
+    ({"test_timeout_s": 0}, "test_timeout_s"),
 ])
 def test_bad_config(sandbox, kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -1,0 +1,196 @@
+"""One run directory per run: where every output goes, how ``--ckpt_path last`` is found, how logs continue.
+
+Layout under ``trainer.default_root_dir`` (the *run directory*)::
+
+    config.yaml            the parsed config (re-runnable: ``lit-rl fit -c <run dir>/config.yaml``)
+    checkpoints/last.ckpt  written by ``IterationCheckpoint`` every N iterations and at the end
+    logs/metrics.csv       CSVLogger (no version_N folders: the run directory *is* the version)
+    tb/                    TensorBoard events
+    reward_curve.png, final_model/, rollouts ...   relative paths of lit_rl callbacks resolve here
+
+Resume (``--ckpt_path``): ``last`` must find ``checkpoints/last.ckpt`` (or the configured
+``ModelCheckpoint.dirpath``'s) and is an error otherwise; ``last_or_new`` starts fresh when there is none.
+A resumed run appends to the same CSV and TensorBoard files: rows the killed process logged after its last
+checkpoint are dropped first (CSV) or purged (TensorBoard ``purge_step``), so every step appears once.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+CHECKPOINT_SUBDIR = "checkpoints"
+LAST = "last.ckpt"
+
+
+def run_path(trainer, path: str | os.PathLike) -> Path:
+    """``path`` itself when absolute, else ``<trainer.default_root_dir>/path``."""
+    p = Path(path).expanduser()
+    if p.is_absolute() or trainer is None:
+        return p
+    return Path(trainer.default_root_dir) / p
+
+
+class IterationCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that saves every ``every_n_iterations`` RL iterations (not optimizer steps: an
+    iteration with ``ppo_epochs x minibatches`` takes several) and after the last one, into
+    ``<run dir>/checkpoints`` unless ``dirpath`` is given. ``save_last`` keeps ``last.ckpt`` current (what
+    ``--ckpt_path last`` resumes from); ``save_top_k`` numbered checkpoints are kept besides it
+    (-1: all, the default 1: only the newest, as there is no metric to rank them by).
+    """
+
+    def __init__(self, every_n_iterations: int = 50, dirpath: str | None = None, save_last: bool = True,
+                 save_top_k: int = 1, filename: str | None = "iter={iteration}"):
+        if every_n_iterations < 1:
+            raise ValueError(f"every_n_iterations must be >= 1, got {every_n_iterations}")
+        # every_n_train_steps=0 and every_n_epochs=0: Lightning's own triggers are off, this class decides.
+        super().__init__(dirpath=dirpath, filename=filename, save_last=save_last, save_top_k=save_top_k,
+                         monitor="iteration" if save_top_k not in (0, 1, -1) else None,
+                         mode="max", every_n_train_steps=0, every_n_epochs=0, auto_insert_metric_name=False)
+        self.every_n_iterations = every_n_iterations
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if self.dirpath is None:
+            self.dirpath = str(Path(trainer.default_root_dir) / CHECKPOINT_SUBDIR)
+        super().setup(trainer, pl_module, stage)
+
+    def _iteration(self, trainer, pl_module) -> int:
+        return int(getattr(pl_module, "iteration", trainer.global_step))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        it = self._iteration(trainer, pl_module)
+        final = trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
+        if self._should_skip_saving_checkpoint(trainer) or not (it % self.every_n_iterations == 0 or final):
+            return
+        candidates = self._monitor_candidates(trainer)
+        candidates["iteration"] = torch.tensor(it)
+        self._save_topk_checkpoint(trainer, candidates)
+        self._save_last_checkpoint(trainer, candidates)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:  # Lightning "epochs" mean nothing in RL
+        pass
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        pass
+
+
+# ------------------------------------------------------------------ resume
+class NothingToResume(FileNotFoundError):
+    """``--ckpt_path last`` with no checkpoint in the run directory."""
+
+
+def resolve_ckpt_path(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
+    """``last`` → ``<ckpt_dir>/last.ckpt`` (error if missing); ``last_or_new`` → it, or None (fresh start);
+    any other value is a file path, checked to exist."""
+    if ckpt_path is None:
+        return None
+    last = ckpt_dir / LAST
+    if ckpt_path in ("last", "last_or_new"):
+        if last.is_file():
+            return str(last)
+        if ckpt_path == "last_or_new":
+            return None
+        raise NothingToResume(
+            f"--ckpt_path last: nothing to resume, {last} does not exist. Check --trainer.default_root_dir "
+            "(the run directory to resume), or pass --ckpt_path last_or_new to start fresh when there is none")
+    if not Path(ckpt_path).expanduser().is_file():
+        raise NothingToResume(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+    return ckpt_path
+
+
+def checkpoint_log_step(path: str) -> int:
+    """The logging step a resumed run logs first: the number of training batches the checkpoint had
+    processed (batch i logs at step i). Lightning's ``_batches_that_stepped`` is one short when the checkpoint
+    was saved in ``on_train_batch_end`` (it increments after), so it is only the fallback. Memory-mapped, so
+    the weights are not read."""
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    loops = ckpt.get("loops", {}).get("fit_loop", {})
+    processed = loops.get("epoch_loop.batch_progress", {}).get("total", {}).get("processed")
+    if processed is not None:
+        return int(processed)
+    return int(loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", ckpt.get("global_step", 0)))
+
+
+def truncate_csv_metrics(path: Path, from_step: int) -> int:
+    """Drop rows with ``step >= from_step`` from a CSVLogger ``metrics.csv``; returns how many were dropped.
+
+    They were logged by a killed process after its last checkpoint; the resumed run logs those steps again.
+    """
+    if not path.is_file():
+        return 0
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        fields, rows = reader.fieldnames or [], list(reader)
+    keep = [r for r in rows if not r.get("step") or int(float(r["step"])) < from_step]
+    if len(keep) != len(rows):
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with tmp.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerows(keep)
+        os.replace(tmp, path)
+    return len(rows) - len(keep)
+
+
+class _ContinuingWriter:
+    """Mixin for Lightning's CSV ExperimentWriter: keeps an existing ``metrics.csv`` (Lightning deletes it) and
+    appends to it under the same header (a resumed run's new keys still widen the header)."""
+
+    def _check_log_dir_exists(self) -> None:
+        if self._fs.isfile(self.metrics_file_path):
+            with self._fs.open(self.metrics_file_path, "r", newline="") as f:
+                self.metrics_keys = list(csv.DictReader(f).fieldnames or [])
+
+
+def run_csv_logger(root: str, resume_step: int | None):
+    """CSVLogger writing ``<root>/logs/metrics.csv``. On resume (``resume_step`` set) the rows logged at
+    ``step >= resume_step`` are dropped and the new rows are appended to the same file."""
+    from lightning.pytorch.loggers import CSVLogger
+    from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+    class _Writer(_ContinuingWriter, ExperimentWriter):
+        pass
+
+    class _RunCSVLogger(CSVLogger):
+        @property
+        def experiment(self):
+            if self._experiment is None:
+                self._fs.makedirs(self.root_dir, exist_ok=True)
+                self._experiment = (_Writer if resume_step is not None else ExperimentWriter)(log_dir=self.log_dir)
+            return self._experiment
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    logger = _RunCSVLogger(root, name="logs", version="")
+    if resume_step is not None and rank_zero_only.rank == 0:  # only rank 0 writes the CSV
+        truncate_csv_metrics(Path(logger.log_dir) / "metrics.csv", resume_step)
+    return logger
+
+
+def default_loggers(root: str, resume_step: int | None) -> list[Any]:
+    """CSV (``<root>/logs/metrics.csv``) and, when ``tensorboard`` is installed, TensorBoard (``<root>/tb``)
+    loggers with a fixed version: a resumed run writes into the same files, continuing at ``resume_step``
+    (TensorBoard's ``purge_step`` hides the events a killed process wrote after its last checkpoint)."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    out: list[Any] = [run_csv_logger(root, resume_step)]
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return out
+    kw = {} if resume_step is None else {"purge_step": resume_step}
+    out.append(TensorBoardLogger(root, name="tb", version="", default_hp_metric=False, **kw))
+    return out
+
+
+def log_rows(path: Path) -> list[dict[str, float]]:
+    """Rows of a ``metrics.csv`` as floats (empty cells dropped): a test and notebook helper."""
+    with Path(path).open(newline="") as f:
+        return [{k: float(v) for k, v in r.items() if v not in ("", None) and not math.isnan(float(v))}
+                for r in csv.DictReader(f)]
+

@@ -1,0 +1,81 @@
+"""Closed name sets are Literal types: listed in --help, checked while parsing (one-line error naming the
+field); registry names stay extensible through --imports."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+from lit_rl.cli import ConfigError, main
+from lit_rl.core import names
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_literals_mirror_the_registries_and_tuples():
+    from lit_rl.callbacks._async import STALE_POLICIES
+    from lit_rl.callbacks.rollout import MODES, OVERLONG
+    from lit_rl.core.advantages import ADVANTAGES
+    from lit_rl.core.aggregation import AGG_MODES
+    from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
+    from lit_rl.core.policy_losses import POLICY_LOSSES
+    from lit_rl.data.tasks import TASKS
+
+    assert sorted(get_args(names.AdvantageName)) == ADVANTAGES.names()
+    assert sorted(get_args(names.PolicyLossName)) == POLICY_LOSSES.names()
+    assert get_args(names.LossAgg) == tuple(AGG_MODES)
+    assert get_args(names.CorrectionMode) == tuple(CORRECTION_MODES)
+    assert get_args(names.CorrectionLevel) == tuple(CORRECTION_LEVELS)
+    assert get_args(names.OverlongPrompts) == tuple(OVERLONG)
+    assert get_args(names.RolloutMode) == tuple(MODES)
+    assert get_args(names.StalePolicy) == tuple(STALE_POLICIES)
+    assert sorted(get_args(names.TaskName)) == sorted(TASKS)
+
+
+def _help(capsys, *args) -> str:
+    with pytest.raises(SystemExit):
+        main(list(args))
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_the_choices(capsys):
+    model = _help(capsys, "fit", "--model.help", "lit_rl.modules.PolicyModule")
+    assert "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm}" in model
+    assert "--model.rollout_correction {none,tis,mis}" in model
+    assert "--model.correction_level {token,sequence,geometric}" in model
+    assert "Literal['grpo', 'dr_grpo', 'rloo', 'reinforce', 'gae', 'opd']" in model
+    top = _help(capsys, "fit", "--help")
+    assert "--rollout.mode {sync,async}" in top and "--rollout.overlong_prompts {truncate,drop,error}" in top
+    assert "--rollout.group_size GROUP_SIZE" in top and "--checkpoint.every_n_iterations" in top
+
+
+def test_parse_error_is_one_line_naming_the_field(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", "fit", "-c",
+                           str(ROOT / "configs/grpo.yaml"), "--model.init_args.loss_agg", "tokenmean"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "lit-rl: error: model.loss_agg: Expected a typing.Literal['token_mean', 'seq_mean_token_mean', "
+        "'seq_mean_token_sum', 'seq_mean_token_sum_norm']. Got value: tokenmean"]
+
+
+def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatch, tiny_model_dir):
+    name = f"mine_{uuid.uuid4().hex[:8]}"
+    module = f"my_rl_ext_{name}"
+    (tmp_path / f"{module}.py").write_text(
+        "from lit_rl.core.advantages import ADVANTAGES\n"
+        f"ADVANTAGES.register({name!r})(ADVANTAGES.get('grpo'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    args = ["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(tiny_model_dir),
+            "--model.init_args.advantage", name, "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
+            "--data.init_args.batch_size", "4", "--rollout.group_size", "2"]
+    with pytest.raises(ConfigError, match=rf"advantage='{name}' is not a known advantage; valid names: dr_grpo"):
+        main([*args, "--trainer.default_root_dir", str(tmp_path / "a")])
+    cli = main([*args, "--imports", f"[{module}]", "--trainer.default_root_dir", str(tmp_path / "b")])
+    assert cli.model.hparams.advantage == name and cli.model.iteration == 1

@@ -1,0 +1,92 @@
+"""HFEngine samples from exactly the distribution its log-probs describe, whatever the checkpoint's
+``generation_config.json`` says (here: repetition_penalty=2.0, top_k=5, as hub checkpoints ship such defaults).
+
+- reported log-probs == a teacher-forced forward's log_softmax(logits / T) at the sampled tokens;
+- over many samples of one position, the frequencies follow the untruncated softmax(logits / T): tokens outside
+  the top 5 are sampled with their full mass, tokens of the prompt are not penalised;
+- top-p / top-k are refused unless ``allow_truncated_logprobs``; then the log-probs are the truncated ones.
+"""
+import math
+
+import pytest
+import torch
+from transformers import GenerationConfig
+
+from lit_rl.models.tiny import build_tiny_model
+from lit_rl.modules import PolicyModule
+from lit_rl.rollout.engine import HFEngine, SamplingConfig
+
+PROMPT = "abcdefghijklmnopqrstuvwxyz0123456789"  # 36 distinct tokens the repetition penalty would push down
+T = 0.5
+
+
+@pytest.fixture(scope="module")
+def bound(tmp_path_factory):
+    d = build_tiny_model(tmp_path_factory.mktemp("gencfg") / "m", layers=2, hidden=64, heads=2, tokenizer="char",
+                         seed=0)
+    GenerationConfig(repetition_penalty=2.0, top_k=5, do_sample=True, eos_token_id=1, pad_token_id=0).save_pretrained(d)
+    module = PolicyModule(model=str(d))
+    assert module.model.generation_config.repetition_penalty == 2.0  # the checkpoint's defaults were loaded
+    assert module.model.generation_config.top_k == 5
+    engine = HFEngine()
+    engine.bind(module)
+    return module, engine
+
+
+def _next_token_logits(module, ids):
+    with torch.no_grad():
+        return module.model(input_ids=torch.tensor([ids])).logits[0].double()  # (L, V)
+
+
+def test_reported_logprobs_are_the_teacher_forced_ones(bound):
+    module, engine = bound
+    ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    torch.manual_seed(0)
+    comps = engine.generate([ids], 8, SamplingConfig(temperature=T, max_new_tokens=6))[0]
+    assert len(comps) == 8
+    for c in comps:
+        logits = _next_token_logits(module, ids + c.token_ids)  # position P+t-1 predicts completion token t
+        lp = torch.log_softmax(logits / T, -1)[len(ids) - 1:-1].gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(c.logprobs, dtype=torch.float64), lp, rtol=0, atol=2e-5)
+    assert module.model.generation_config.repetition_penalty == 2.0  # the model's own config is left as it was
+
+
+def test_sampling_frequencies_follow_the_untruncated_distribution(bound):
+    module, engine = bound
+    ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    p = torch.softmax(_next_token_logits(module, ids)[-1] / T, -1)  # (V,) the distribution the log-probs describe
+    torch.manual_seed(1)
+    N = 4000
+    toks = torch.tensor([c.token_ids[0] for c in engine.generate([ids], N, SamplingConfig(temperature=T,
+                                                                                         max_new_tokens=1))[0]])
+    outside_top5 = torch.ones_like(p, dtype=torch.bool)
+    outside_top5[p.topk(5).indices] = False
+    in_prompt = torch.zeros_like(p, dtype=torch.bool)
+    in_prompt[ids] = True
+    for name, region in (("outside the top 5", outside_top5), ("prompt tokens", in_prompt)):
+        mass = float(p[region].sum())
+        freq = float(region[toks].double().mean())
+        sigma = math.sqrt(mass * (1 - mass) / N)
+        assert abs(freq - mass) < 4 * sigma, (name, freq, mass, sigma)
+    assert float(outside_top5[toks].double().mean()) > 0.5  # top_k=5 from the checkpoint would make this 0
+
+
+def test_truncated_sampling_is_refused_unless_allowed(bound):
+    module, engine = bound
+    ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    for sp in (SamplingConfig(top_p=0.9), SamplingConfig(top_k=5)):
+        with pytest.raises(ValueError, match=r"top_p=.*top_k=.*allow_truncated_logprobs"):
+            engine.generate([ids], 1, sp)
+    assert engine.generate([ids], 1, SamplingConfig(temperature=0.0, top_k=5, max_new_tokens=2))  # greedy: no sampling
+    truncating = HFEngine(allow_truncated_logprobs=True)
+    truncating.bind(module)
+    torch.manual_seed(2)
+    comps = truncating.generate([ids], 200, SamplingConfig(temperature=T, top_k=5, max_new_tokens=1))[0]
+    logits = _next_token_logits(module, ids)[-1] / T
+    top = logits.topk(5).indices
+    trunc = torch.full_like(logits, -math.inf)
+    trunc[top] = logits[top]
+    want = torch.log_softmax(trunc, -1)  # the top-5 renormalised distribution actually sampled from
+    for c in comps:
+        assert c.token_ids[0] in top.tolist()
+        assert c.logprobs[0] == pytest.approx(float(want[c.token_ids[0]]), abs=2e-5)

@@ -1,0 +1,153 @@
+"""Every command in README.md is run here (shortened: a few iterations of small batches), in README order, in
+one working directory, as a new user would type them; the few that need other machines say where they are
+covered. A README command missing from this table fails the first test."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from lit_rl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SHORT = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false"]
+
+# README command -> extra flags appended when the test runs it (each README example is independent, so examples
+# that are not about one run directory get their own with --trainer.default_root_dir).
+RUN = {
+    "lit-rl fit --config configs/quickstart.yaml": ["--trainer.max_steps", "2"],
+    "lit-rl fit -c configs/quickstart.yaml --ckpt_path last --trainer.max_steps 1000": ["--trainer.max_steps", "4"],
+    "lit-rl fit -c configs/quickstart.yaml --ckpt_path last_or_new": ["--trainer.max_steps", "5"],
+    "lit-rl validate -c configs/quickstart.yaml --ckpt_path last": [],
+    "lit-rl fit -c configs/grpo.yaml --print_config > my_run.yaml && lit-rl fit -c my_run.yaml":
+        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/printed"],
+    "lit-rl fit --config configs/grpo.yaml": ["--trainer.max_steps", "1"],
+    "lit-rl fit -c configs/quickstart.yaml -c callbacks/eval.yaml":
+        ["--trainer.max_steps", "2", "--trainer.val_check_interval", "1", "--trainer.default_root_dir", "runs/qs_eval"],
+    "lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 --rollout.sampling.max_new_tokens 2":
+        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/flags", "--rollout.group_size", "4"],
+    "lit-rl fit --config configs/grpo.yaml --model.init_args.model runs/quickstart/final_model":
+        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/own_model"],
+    "lit-rl fit --model.help lit_rl.modules.PolicyModule": [],
+    ("lit-rl fit -c configs/grpo.yaml -c callbacks/eval.yaml --trainer.default_root_dir runs/mine "
+     "--data.init_args.train_files '[train.jsonl]' --data.init_args.heldout_files '[heldout.jsonl]' "
+     "--rollout.rewards.rewards '{mine: my_reward.ends_with_answer}'"): ["--trainer.max_steps", "2"],
+    "lit-rl fit --config configs/quickstart.yaml --ckpt_path last_or_new": ["--trainer.max_steps", "5"],
+    "python -m lit_rl.models.tiny runs/distill/student --hidden 64 --heads 2 --seed 1": [],
+    "lit-rl fit --config configs/distill.yaml": ["--trainer.max_steps", "1"],
+    "lit-rl inspect runs/quickstart": [],
+    "lit-rl inspect runs/quickstart -o report.html": [],
+}
+# Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
+ELSEWHERE = {
+    "make install": "scripts/install.sh, run by the environment setup",
+    "lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml": "tests/callbacks/test_inspector.py (a config of your own)",
+    "make test": "the test suite itself",
+    "python scripts/bench_distill.py": "a benchmark script (minutes); its pieces: tests/test_distill_*.py",
+    "pip install torch": "GPU install (network)",
+    'pip install -e ".[gpu,dev]"': "GPU install (network)",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 2": "tests/test_distributed.py",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 2": "tests/test_distributed.py",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 8": "GPU only",
+    "torchrun --nnodes 2 --node-rank $NODE --nproc-per-node 4 --master-addr $HEAD --master-port 29500 $(which lit-rl) "
+    "fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2": "two nodes",
+    "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":
+        "SLURM",
+}
+
+
+def readme_commands() -> list[str]:
+    """Commands of the README's bash blocks: comments dropped, continuation lines joined, `a && b` kept whole
+    unless it starts with `make install` (the install step, then the command)."""
+    out = []
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+        for line in re.sub(r"\\\n\s*", "", block).splitlines():
+            line = re.sub(r"\s+#.*$", "", line).strip()
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith("make install && "):
+                out += ["make install", line[len("make install && "):]]
+            else:
+                out.append(re.sub(r"\s+", " ", line))
+    return out
+
+
+def test_every_readme_command_is_run_or_accounted_for():
+    cmds = readme_commands()
+    missing = [c for c in cmds if c not in RUN and c not in ELSEWHERE]
+    assert not missing, f"README commands without a test: {missing}"
+    assert set(RUN) <= set(cmds), f"stale entries: {set(RUN) - set(cmds)}"
+
+
+def _main(cmd: str, extra: list[str]):
+    args = shlex.split(cmd)
+    assert args[0] == "lit-rl"
+    return main([*args[1:], *SHORT, *extra])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """The user's directory: their data (the README's example record, in TRL form) and the README's reward."""
+    d = tmp_path_factory.mktemp("user")
+    for sub in ("configs", "callbacks"):  # README commands run from a checkout: the recipes are at hand
+        (d / sub).symlink_to(ROOT / sub)
+    example = json.loads(re.search(r"```\n(\{\"prompt\".*?)\n```", README).group(1))
+    rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b), "domain": "math"}
+            for a in range(4) for b in range(4)]
+    assert set(example) == set(rows[0])
+    (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [example, *rows]))
+    (d / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
+    (d / "my_reward.py").write_text(re.search(r"```python\n(def ends_with_answer.*?)```", README, re.S).group(1))
+    return d
+
+
+def test_readme_commands_in_order(workdir, monkeypatch, capsys):
+    from lit_rl.callbacks import RolloutCallback
+    from lit_rl.models.tiny import _main as tiny_main
+
+    monkeypatch.chdir(workdir)
+    monkeypatch.syspath_prepend(str(workdir))  # what console_main does for the working directory
+    results = {}
+    for cmd in readme_commands():
+        if cmd in ELSEWHERE:
+            continue
+        extra = RUN[cmd]
+        if cmd.startswith("python -m lit_rl.models.tiny"):
+            tiny_main(shlex.split(cmd)[3:])
+        elif cmd.startswith("lit-rl inspect"):  # console_main dispatches `inspect` to lit_rl.report.main
+            from lit_rl.report import main as inspect_main
+
+            assert inspect_main(shlex.split(cmd)[2:]) == 0
+        elif "--print_config >" in cmd:
+            first, second = cmd.split(" && ")
+            capsys.readouterr()  # only what --print_config prints goes to the file
+            with pytest.raises(SystemExit):
+                _main(first.split(" > ")[0], extra)
+            Path("my_run.yaml").write_text(capsys.readouterr().out)
+            results[cmd] = main(shlex.split(second)[1:])
+        elif "--model.help" in cmd:
+            capsys.readouterr()
+            with pytest.raises(SystemExit):
+                main(shlex.split(cmd)[1:])
+            assert "--model.loss_agg {token_mean," in capsys.readouterr().out
+        else:
+            results[cmd] = _main(cmd, extra)
+    runs = workdir / "runs"
+    assert results["lit-rl fit -c configs/quickstart.yaml --ckpt_path last_or_new"].model.iteration == 5  # resumed
+    validate = results["lit-rl validate -c configs/quickstart.yaml --ckpt_path last"]
+    assert "eval/accuracy" in validate.trainer.callback_metrics
+    rc = next(c for c in results["lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 "
+                                 "--rollout.sampling.max_new_tokens 2"].trainer.callbacks
+              if isinstance(c, RolloutCallback))
+    assert (rc.group_size, rc.sampling.max_new_tokens) == (4, 2)
+    mine = next(c for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
+                if isinstance(c, RolloutCallback))
+    assert list(mine.rewards.rewards) == ["mine"]
+    assert (workdir / "report.html").exists() and (runs / "quickstart/report.html").exists()
+    for rel in ("quickstart/checkpoints/last.ckpt", "quickstart/final_model/config.json", "mine/logs/metrics.csv",
+                "printed/config.yaml", "distill/final_model/config.json"):
+        assert (runs / rel).exists(), rel
