@@ -20,7 +20,7 @@ import torch
 from lit_rl.core.logprobs import _check_mask, _check_temperature, _compute_dtype, _raise_if_nonfinite
 
 __all__ = ["DISTILL_LOSSES", "FULL_VOCAB_LOSSES", "check_losses", "masked_cross_entropy", "teacher_topk",
-           "topk_reverse_kl"]
+           "topk_reverse_kl", "topk_reverse_kl_linear"]
 
 # Names a DistillModule accepts in ``losses``; the full-vocabulary ones need teacher logits over the
 # *student's* vocabulary, i.e. an identical tokenizer.
@@ -63,9 +63,20 @@ def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
     Computed row by row over positions in fp32 (fp64 for fp64 inputs); no gradient (the teacher is frozen).
 
     Shapes:
-        teacher_logits: (B, T, V).
+        teacher_logits: (B, T, V), or a ``core.fused_logprobs.Projection`` (the teacher's hidden states + LM
+            head; its logits are then formed ``linear_chunk_rows`` rows at a time).
         returns: topk_logprobs (B, T, k) float, topk_ids (B, T, k) int64, tail_logprob (B, T) float.
     """
+    from lit_rl.core.fused_logprobs import Projection, linear_chunk_rows
+
+    if isinstance(teacher_logits, Projection):  # chunk by chunk through the teacher's LM head: never (B, T, V)
+        proj = teacher_logits
+        B, T = proj.hidden.shape[:2]
+        dev = proj.hidden.device
+        rows = linear_chunk_rows(proj.vocab_size)
+        parts = [teacher_topk(proj.rows(slice(s, s + rows), dev)[None], k, temperature)
+                 for s in range(0, B * T, rows)]
+        return tuple(torch.cat([p[j][0] for p in parts]).reshape(B, T, *parts[0][j].shape[2:]) for j in range(3))
     V = teacher_logits.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"topk k={k} must be in [1, V={V}]")
@@ -130,6 +141,44 @@ def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, t
         kl_tail = p_tail * torch.where(p_tail > 0, lp_tail - lq_tail, zero)  # (r, T)
         out.append(kl_k + kl_tail)
     kl = torch.cat(out)  # (B, T)
+    m = mask.to(kl.device)
+    _raise_if_nonfinite(kl.detach(), "topk_reverse_kl", m)
+    return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
+
+
+def _topk_kl_rows(a: torch.Tensor, lq_k: torch.Tensor, ids: torch.Tensor, lq_tail: torch.Tensor,
+                  temperature: float) -> torch.Tensor:
+    """KL_k of :func:`topk_reverse_kl` for each row of an (r, V) block of student logits ``a``, with the teacher's
+    (r, k) top-k log-probs / ids and (r,) tail log-prob. Returns (r,) in fp32 (fp64 for fp64 logits)."""
+    cdt = _compute_dtype(a.dtype)
+    lp = torch.log_softmax(a.to(cdt) / temperature, dim=-1)  # (r, V)
+    ids = ids.long()
+    lp_k = lp.gather(-1, ids)  # (r, k)
+    lp_tail = _tail_logprob(lp, ids)  # (r,)
+    zero = torch.zeros((), dtype=cdt, device=lp.device)
+    p_k, p_tail = lp_k.exp(), lp_tail.exp()
+    kl_k = (p_k * torch.where(p_k > 0, lp_k - lq_k.to(cdt), zero)).sum(-1)
+    return kl_k + p_tail * torch.where(p_tail > 0, lp_tail - lq_tail.to(cdt), zero)
+
+
+def topk_reverse_kl_linear(student, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, tail_logprob: torch.Tensor,
+                           mask: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+                           ) -> torch.Tensor:
+    """:func:`topk_reverse_kl` with the student's logits given as a ``core.fused_logprobs.Projection`` (hidden
+    (B, T, H) + LM head): computed chunk by chunk through the head, recomputed in backward, never (B, T, V).
+    Same shapes, values and gradients (w.r.t. hidden, weight, bias) as the materialised function."""
+    from lit_rl.core.fused_logprobs import linear_rowwise
+
+    B, T = student.hidden.shape[:2]
+    if topk_ids.shape != topk_logprobs.shape or topk_ids.shape[:2] != (B, T):
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
+                         f"(B, T, k) with (B, T) = {(B, T)}")
+    if tail_logprob.shape != (B, T):
+        raise ValueError(f"tail_logprob shape {tuple(tail_logprob.shape)} != (B, T) = {(B, T)}")
+    _check_mask(mask, (B, T))
+    t = _check_temperature(temperature)
+    kl = linear_rowwise(lambda a, lq, ids, tail: _topk_kl_rows(a, lq, ids, tail, t), student,
+                        [topk_logprobs, topk_ids, tail_logprob], chunk_size)
     m = mask.to(kl.device)
     _raise_if_nonfinite(kl.detach(), "topk_reverse_kl", m)
     return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
