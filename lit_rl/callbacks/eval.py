@@ -7,7 +7,6 @@ from typing import Any, Callable
 import lightning as L
 import torch
 
-from lit_rl.core.value import explained_variance
 from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
@@ -71,11 +70,13 @@ class HeldoutEval(L.Callback):
 
     # ------------------------------------------------------------ the validation loop's pieces
     def start(self, pl_module) -> None:
-        from torchmetrics import MeanMetric
+        from torchmetrics import MeanMetric, SumMetric
 
         dev = pl_module.device
-        self._metrics = {k: MeanMetric(nan_strategy="ignore").to(dev)
-                         for k in ("eval/accuracy", "eval/reward_mean", "eval/critic_explained_variance")}
+        self._metrics = {k: MeanMetric(nan_strategy="ignore").to(dev) for k in ("eval/accuracy", "eval/reward_mean")}
+        # Explained variance is not a mean of per-batch values: accumulate its sufficient statistics (n, Σr, Σr²,
+        # Σe, Σe² with e = r − v over the trainable tokens) across batches and ranks, then form 1 − Var[e]/Var[r].
+        self._ev = [SumMetric().to(dev) for _ in range(5)]  # SumMetric sums a vector to a scalar: one per statistic
         self._seen = 0
 
     @torch.no_grad()
@@ -102,9 +103,10 @@ class HeldoutEval(L.Callback):
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))
         if self.critic_eval and getattr(pl_module, "critic", None) is not None:
-            ev = self._critic_ev(rc, pl_module, prompts, ids)
-            self._metrics["eval/critic_explained_variance"].update(torch.tensor(ev, device=dev),
-                                                                    weight=len(prompts))
+            stats = self._critic_ev_stats(rc, pl_module, prompts, ids)
+            if stats is not None:
+                for m, x in zip(self._ev, stats.to(dev)):
+                    m.update(x)
 
     def finish(self, trainer, pl_module) -> dict[str, float]:
         """The accumulated metrics (synced across ranks by torchmetrics); appended to ``history``."""
@@ -114,6 +116,8 @@ class HeldoutEval(L.Callback):
                 v = float(m.compute())
                 if not math.isnan(v):
                     out[k] = v
+        if self._ev[0].update_count:
+            out["eval/critic_explained_variance"] = _ev_from_sums(torch.stack([m.compute() for m in self._ev]).double())
         self._metrics = {}
         if out:
             self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
@@ -130,14 +134,18 @@ class HeldoutEval(L.Callback):
         return self.finish(trainer, pl_module)
 
     @torch.no_grad()
-    def _critic_ev(self, rc, pl_module, prompts, ids) -> float:
+    def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
+        """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
         comps, rb, _ = rc._rollout(ids, prompts)  # sampled, as in training: returns vary within a prompt
         exp = rc._experience(pl_module, prompts, ids, comps, rb)
         pl_module.critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
         if exp.returns is None:
-            return math.nan
-        return explained_variance(exp.values, exp.returns, exp.loss_mask & exp.valid[:, None])
+            return None
+        m = exp.train_mask
+        r, e = exp.returns.double()[m], (exp.returns.double() - exp.values.double())[m]
+        return torch.stack([torch.tensor(float(m.sum()), dtype=torch.float64), r.sum(), (r * r).sum(), e.sum(),
+                            (e * e).sum()])
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
@@ -207,3 +215,14 @@ class SaveHFModel(L.Callback):
         out = run_path(trainer, self.dirpath)
         model.save_pretrained(out, safe_serialization=True)
         pl_module.tokenizer.save_pretrained(out)
+
+
+def _ev_from_sums(s: torch.Tensor) -> float:
+    """1 − Var[e] / Var[r] from (n, Σr, Σr², Σe, Σe²), population variances; 0.0 when Var[r] = 0 (as
+    ``core.value.explained_variance``, which this equals on one batch)."""
+    n = float(s[0])
+    if n < 2:
+        return 0.0
+    var_r = float(s[2]) / n - (float(s[1]) / n) ** 2
+    var_e = float(s[4]) / n - (float(s[3]) / n) ** 2
+    return 0.0 if var_r <= 1e-12 * max(1.0, float(s[2]) / n) else 1.0 - var_e / var_r

@@ -217,7 +217,7 @@ class DistillModule(PolicyModule):
                 prompts.append(p)
         texp, metrics = self.router().teacher_rollouts(self, prompts, rc.sampling, rc.rewards)
         local = 0 if texp is None else texp.batch_size
-        rows = int(self._all_reduce_max(torch.tensor([float(local)]))[0])
+        rows = int(self._all_reduce_sum(torch.tensor([float(local)]), op="max")[0])
         if rows > 0:
             texp = _pad_rows(texp if texp is not None else exp, rows, keep=local)
             texp.horizon = rc.sampling.max_new_tokens
@@ -227,13 +227,6 @@ class DistillModule(PolicyModule):
             metrics["distill/teacher_step_grad_norm"] = stats["actor/grad_norm"]
         for k, v in metrics.items():
             self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
-
-    def _all_reduce_max(self, t: Tensor) -> Tensor:
-        trainer = self._trainer
-        if trainer is None or trainer.world_size <= 1:
-            return t
-        dev = self.device if self.device.type != "cpu" else torch.device("cpu")
-        return trainer.strategy.reduce(t.to(dev), reduce_op="max").cpu()
 
     def _teacher_micro_loss(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
         """Loss terms of one micro-batch of teacher rollouts (the ``micro_loss`` of ``_optimizer_step``)."""

@@ -365,13 +365,13 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         out = torch.where(mask, (a - mean) * torch.rsqrt(var + 1e-8), torch.zeros((), dtype=a.dtype))
         return out.to(adv.dtype), {"adv/raw_mean": float(mean), "adv/raw_std": float(var.sqrt())}
 
-    def _all_reduce_sum(self, t: Tensor) -> Tensor:
-        """Sum a small CPU tensor over ranks (identity in one process)."""
+    def _all_reduce_sum(self, t: Tensor, op: str = "sum") -> Tensor:
+        """Reduce a small CPU tensor over ranks with ``op`` (sum | max; identity in one process)."""
         trainer = self._trainer
         if trainer is None or trainer.world_size <= 1:
             return t
         dev = self.device if self.device.type != "cpu" else torch.device("cpu")
-        return trainer.strategy.reduce(t.to(dev), reduce_op="sum").cpu()
+        return trainer.strategy.reduce(t.to(dev), reduce_op=op).cpu()
 
     def horizon_for(self, exp: Experience) -> int | None:
         """H of ``seq_mean_token_sum_norm``: ``loss_horizon``, else the Experience's; an error without either."""
