@@ -22,8 +22,9 @@ and ``reverse_kl_full`` distillation (teacher = a copy of the model), on a model
 
 One micro-batch of all ``--rows`` rows = one micro-step (forward + backward + a stateless SGD step, lr 0).
 Each (variant, path) runs in a fresh subprocess; "hooks" = the experience hooks before the step (reference /
-teacher log-probs, no grad), "step" = the training step. Peak = VmHWM above the RSS just before each phase
-(reset through /proc/self/clear_refs). The child's address space is capped (``--max-gb``, default: available
+teacher log-probs, no grad), "step" = the training step; each with wall time and CPU time (getrusage user+sys of
+the child, all threads: on a shared machine wall time mostly measures the scheduler). Peak = VmHWM above the RSS
+just before each phase (reset through /proc/self/clear_refs). The child's address space is capped (``--max-gb``, default: available
 memory - 2 GiB) so an over-large baseline fails with an allocation error instead of waking the OOM killer.
 """
 from __future__ import annotations
@@ -103,7 +104,7 @@ HEAD_VARIANTS = ("grpo", "grpo+ref_kl", "reverse_kl_full")
 
 
 def _one_head(spec: str, args) -> dict:
-    """One (variant, path) of the --vocab comparison: peaks and times of the hooks and of the training step."""
+    """One (variant, path) of the --vocab comparison: peaks, wall and CPU times of the hooks and of the step."""
     import time
 
     import lightning as L
@@ -144,25 +145,37 @@ def _one_head(spec: str, args) -> dict:
                              valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
                              horizon=C, prompts=[None] * B, domains=["default"] * B)
             _reset_peak_rss()
-            st["rss0"], t0 = _rss("VmRSS"), time.perf_counter()
+            st["rss0"], t0, c0 = _rss("VmRSS"), time.perf_counter(), _cpu_s()
             pl_module.on_experience(trainer, pl_module, exp)
             for hook in experience_hooks(trainer):
                 hook.on_experience(trainer, pl_module, exp)
             batch.metrics = pl_module.compute_advantages(exp)
             batch.experience = exp
             st["hooks_s"], st["hooks_peak"] = time.perf_counter() - t0, _rss("VmHWM") - st["rss0"]
+            st["hooks_cpu"] = _cpu_s() - c0
             _reset_peak_rss()
-            st["rss1"], st["t1"] = _rss("VmRSS"), time.perf_counter()
+            st["rss1"], st["t1"], st["c1"] = _rss("VmRSS"), time.perf_counter(), _cpu_s()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             st["step_s"], st["step_peak"] = time.perf_counter() - st["t1"], _rss("VmHWM") - st["rss1"]
+            st["step_cpu"] = _cpu_s() - st["c1"]
 
     trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[SyntheticRollout(), *callbacks])
     trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
     return {"variant": variant, "path": path, "step_mib": st["step_peak"] / 2**20, "step_s": st["step_s"],
-            "hooks_mib": st["hooks_peak"] / 2**20, "hooks_s": st["hooks_s"]}
+            "step_cpu": st["step_cpu"], "hooks_mib": st["hooks_peak"] / 2**20, "hooks_s": st["hooks_s"],
+            "hooks_cpu": st["hooks_cpu"]}
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process (all its threads): robust to other load on a shared machine,
+    where wall time mostly measures the scheduler."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
 
 
 def _limit_memory(gib: float) -> None:
@@ -212,14 +225,16 @@ def _head_main(args) -> None:
                 continue
             rows.append(json.loads(line[-1][len("RESULT "):]))
             r = rows[-1]
-            print(f"  {variant:<16}{path:<13} step {r['step_mib']:9.1f} MiB {r['step_s']:7.2f} s   "
-                  f"hooks {r['hooks_mib']:9.1f} MiB {r['hooks_s']:6.2f} s", flush=True)
+            print(f"  {variant:<16}{path:<13} step {r['step_mib']:9.1f} MiB {r['step_s']:7.2f} s wall "
+                  f"{r['step_cpu']:7.2f} s CPU   hooks {r['hooks_mib']:9.1f} MiB {r['hooks_s']:6.2f} s wall "
+                  f"{r['hooks_cpu']:6.2f} s CPU", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     print(f"\none training micro-step ({args.rows} rows x {args.completion_len} completion tokens, vocab "
           f"{args.vocab}, hidden {args.hidden}, {args.layers} layers, float32, CPU): peak RSS above the RSS "
-          f"before the phase (VmHWM reset via /proc/self/clear_refs), wall time; child address space <= {max_gb:.1f} GiB")
+          f"before the phase (VmHWM reset via /proc/self/clear_refs); wall time and CPU time (getrusage, user+sys of "
+          f"the child's threads); child address space <= {max_gb:.1f} GiB")
     print(f"{'variant':<17}{'chunked MiB':>12}{'mat. MiB':>10}{'ratio':>7}{'chunked s':>11}{'mat. s':>8}{'ratio':>7}"
-          f"{'hooks MiB c/m':>16}")
+          f"{'chunked CPU s':>15}{'mat. CPU s':>12}{'ratio':>7}{'hooks MiB c/m':>16}")
     for variant in HEAD_VARIANTS:
         new = next(r for r in rows if r["variant"] == variant and r["path"] == "chunked")
         old = next(r for r in rows if r["variant"] == variant and r["path"] == "materialised")
@@ -229,6 +244,7 @@ def _head_main(args) -> None:
             continue
         print(f"{variant:<17}{new['step_mib']:>12.1f}{old['step_mib']:>10.1f}{new['step_mib'] / old['step_mib']:>7.2f}"
               f"{new['step_s']:>11.2f}{old['step_s']:>8.2f}{new['step_s'] / old['step_s']:>7.2f}"
+              f"{new['step_cpu']:>15.2f}{old['step_cpu']:>12.2f}{new['step_cpu'] / old['step_cpu']:>7.2f}"
               f"{new['hooks_mib']:>8.0f}/{old['hooks_mib']:<7.0f}")
 
 
