@@ -21,6 +21,7 @@ from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.fused_logprobs import Projection, linear_logprobs
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
@@ -88,7 +89,15 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
-        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch.
+        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
+            ``micro_batch_tokens`` it caps the rows of a token-budget micro-batch; it also sizes the no-grad
+            passes over the Experience (old log-probs, reference, values).
+        micro_batch_tokens: token budget per training forward/backward instead of a row count: each minibatch's
+            rows are sorted by length and cut so that rows × (trimmed width) ≤ the budget, each micro-batch
+            trimmed to its own longest prompt and completion (``core.microbatch``). A row longer than the
+            budget forms a micro-batch alone. The loss is still the minibatch loss (global denominators), and
+            every rank runs the same number of micro-batches (the count is agreed with an all-reduce; a rank
+            with fewer runs zero-weight ones). None = fixed ``micro_batch_size`` rows.
         max_grad_norm: gradient clipping; a non-finite norm skips the step.
         max_nonfinite_steps: this many skipped steps in a row raise.
         rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
@@ -122,6 +131,7 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
         max_grad_norm: float = 1.0,
         max_nonfinite_steps: int = 5,
         rollout_correction: CorrectionMode = "none",
@@ -150,6 +160,10 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         for name, v in (("minibatch_size", minibatch_size), ("micro_batch_size", micro_batch_size)):
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {v}")
+        if micro_batch_tokens is not None and (isinstance(micro_batch_tokens, bool)
+                                               or not isinstance(micro_batch_tokens, int) or micro_batch_tokens < 1):
+            raise ValueError(f"micro_batch_tokens must be a positive integer (padded tokens per micro-batch) or "
+                             f"null, got {micro_batch_tokens!r}")
         if minibatch_size and micro_batch_size and minibatch_size % micro_batch_size:
             raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
         if not 0 <= clip_low <= 1:
@@ -441,7 +455,12 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
         self._last_metrics = {}
-        for micro in mb.micro_batches(h.micro_batch_size):
+        for micro in self.train_micro_batches(mb):
+            if micro is None:  # this rank has fewer token-budget micro-batches: a zero-weight pass keeps the
+                # ranks' collectives (DDP gradient all-reduce, FSDP all-gathers) in step
+                parts = micro_loss(self._zero_weight_micro(mb), fwd_common)
+                self.manual_backward(sum(parts.values()) * 0.0)
+                continue
             parts = micro_loss(micro, fwd_common)
             loss = sum(parts.values())
             self.manual_backward(loss)
@@ -469,6 +488,28 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         if sched is not None:
             sched.step()
         return stats
+
+    def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
+        """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
+        ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
+        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks."""
+        h = self.hparams
+        budget = h.get("micro_batch_tokens")
+        if budget is None:
+            return list(mb.micro_batches(h.micro_batch_size))
+        plens, clens = mb.row_extents()
+        groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
+        n = int(self._all_reduce_sum(torch.tensor([float(len(groups))]), op="max")[0])
+        micros: list[Experience | None] = [mb.select(g).trim(prompt=True) for g in groups]
+        return micros + [None] * (n - len(micros))
+
+    @staticmethod
+    def _zero_weight_micro(mb: Experience) -> Experience:
+        """One real row with nothing to train (``trainable`` False): a forward/backward whose loss is scaled
+        by 0, so it adds exactly nothing to the gradient but takes part in every collective."""
+        one = mb.select([0]).trim(prompt=True)
+        one.trainable = torch.zeros(1, dtype=torch.bool, device=one.valid.device)
+        return one
 
     def _denominators(self, mb: Experience) -> dict[str, Any]:
         """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks, and the
