@@ -20,13 +20,15 @@ log = logging.getLogger(__name__)
 _LOGIT_TRANSFORMS = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
 
 
-def projection_blocker(model) -> str | None:
+def projection_blocker(model, sharded_ok: bool = False) -> str | None:
     """Why ``model``'s logits cannot be computed from its hidden states + a plain LM head here; None = they can.
 
     Checked: a ``get_decoder()`` (the hidden states come from a forward hook on it), an output embedding that
     is exactly ``torch.nn.Linear`` (a LoRA-wrapped ``lm_head`` is not: its low-rank path would be skipped),
-    a weight that is not a DTensor (FSDP2 shards it; gathering the full weight for the chunks would cost what
-    the logits save, so FSDP2 runs keep the materialised path), and no post-head logit transform in the config.
+    a weight that is not a DTensor, and no post-head logit transform in the config. ``sharded_ok`` skips the
+    DTensor check: FSDP2 shards the head weight at rest, but the root unit that holds it is not resharded after
+    its forward, so right after the CausalLM's forward the weight is the unsharded tensor the backward uses
+    (``head_weight_after_forward``).
     """
     get_dec, get_out = getattr(model, "get_decoder", None), getattr(model, "get_output_embeddings", None)
     if get_dec is None or get_out is None:
@@ -43,7 +45,7 @@ def projection_blocker(model) -> str | None:
         from torch.distributed.tensor import DTensor
     except ImportError:  # pragma: no cover
         DTensor = ()
-    if isinstance(head.weight, DTensor):
+    if not sharded_ok and isinstance(head.weight, DTensor):
         return "the output projection's weight is a DTensor (FSDP2-sharded)"
     cfg = getattr(model, "config", None)
     for name in _LOGIT_TRANSFORMS:
@@ -56,16 +58,41 @@ def projection_blocker(model) -> str | None:
 _warned: set[str] = set()
 
 
-def lm_head_projection(model) -> tuple[Tensor, Tensor | None] | None:
+def _warn_once(model, why: str) -> None:
+    if why not in _warned:
+        _warned.add(why)
+        log.warning("lit_rl: vocabulary logits are materialised for %s: %s", type(model).__name__, why)
+
+
+def lm_head_projection(model, sharded_ok: bool = False) -> tuple[Tensor, Tensor | None] | None:
     """(weight (V, H), bias (V,) | None) of ``model``'s output projection, or None (materialised path; the
-    reason is logged once per reason)."""
-    why = projection_blocker(model)
+    reason is logged once per reason). With ``sharded_ok`` a DTensor weight passes (see ``projection_blocker``):
+    the caller must read the weight again after the forward (``head_weight_after_forward``)."""
+    why = projection_blocker(model, sharded_ok)
     if why is not None:
-        if why not in _warned:
-            _warned.add(why)
-            log.warning("lit_rl: vocabulary logits are materialised for %s: %s", type(model).__name__, why)
+        _warn_once(model, why)
         return None
     head = model.get_output_embeddings()
+    return head.weight, head.bias
+
+
+def head_weight_after_forward(model) -> tuple[Tensor, Tensor | None] | None:
+    """The output projection's (weight, bias) as the backward will see them, read right after a forward.
+
+    Under FSDP2 the root unit (embeddings, tied head, final norm) keeps its parameters unsharded from its
+    forward to the end of the backward, so this is the full (V, H) weight FSDP already gathered: the chunked
+    path costs no extra all-gather and its weight gradient is reduce-scattered by FSDP like any other. None if
+    the weight is still a DTensor (a root resharded after forward): the caller falls back to the logits.
+    """
+    head = model.get_output_embeddings()
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover
+        return head.weight, head.bias
+    if isinstance(head.weight, DTensor):
+        _warn_once(model, "the output projection's weight is still a DTensor after the forward (FSDP2 root "
+                          "resharded after forward)")
+        return None
     return head.weight, head.bias
 
 

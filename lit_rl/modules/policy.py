@@ -28,7 +28,7 @@ from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.heads import LazyLogits, lm_head_projection
+from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
 
@@ -277,13 +277,9 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         C = micro.completion_len
         materialize = materialize or self.materialize_logits
         kw = dict(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos, use_cache=cache)
-        proj = None if materialize else lm_head_projection(model)
+        proj = None if materialize else lm_head_projection(model, sharded_ok=True)
         if proj is None:
-            out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
-            return {"logits": out.logits[:, :-1],  # (b, C, V)
-                    "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
-                    "cache": out.past_key_values if cache else None, "head": None}
-        weight, bias = proj
+            return self._materialised_outputs(model, kw, C, hidden, cache)
         seen: dict[str, Tensor] = {}
         # The decoder's output is exactly what the CausalLM feeds its lm_head (final norm applied); the
         # CausalLM itself runs (hooks of FSDP / PEFT wrappers included) but projects no position (an empty
@@ -294,8 +290,20 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
         finally:
             hook.remove()
+        proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
+        if proj is None:
+            return self._materialised_outputs(model, kw, C, hidden, cache)
+        weight, bias = proj
         h = seen["h"][:, -(C + 1):-1]  # (b, C, H)
         return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
+
+    @staticmethod
+    def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:
+        """The old path: the CausalLM's own (b, C, V) logits (the reference, and the fallback)."""
+        out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
+        return {"logits": out.logits[:, :-1],  # (b, C, V)
+                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
+                "cache": out.past_key_values if cache else None, "head": None}
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
         """log π(y_t) of every completion token at the module's temperature, (b, C); chunked through the LM
