@@ -1,7 +1,7 @@
 """Tokens/s of one update step: token-budget micro-batches (``micro_batch_tokens``) vs fixed-row micro-batches.
 
 A long-tailed length mix: completion lengths log-normal (median ``--median``, sigma ``--sigma``), capped at 8x the
-median, with the longest row exactly at the cap. The same Experience trains one update step (forward + backward +
+sample's median, with the longest row exactly at the cap. The same Experience trains one update step (forward + backward +
 a stateless SGD step at lr 0, so every repetition sees the same weights) of a real ``PolicyModule`` in a real
 Lightning Trainer under three plans, interleaved in one process:
 
@@ -33,13 +33,18 @@ def _cpu_s() -> float:
 
 
 def lengths(rows: int, median: int, sigma: float, seed: int) -> list[int]:
-    """Log-normal completion lengths around ``median``, capped at 8x median; the longest set to the cap."""
+    """Log-normal completion lengths around ``median``, capped at 8x the sample's median; the longest row is set
+    to that cap, so the mix's max is exactly 8x its median."""
+    import statistics
+
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    raw = (median * torch.exp(sigma * torch.randn(rows, generator=g, dtype=torch.float64))).round()
-    out = raw.clamp(1, 8 * median).long().tolist()
-    out[max(range(rows), key=lambda i: out[i])] = 8 * median
+    raw = (median * torch.exp(sigma * torch.randn(rows, generator=g, dtype=torch.float64))).round().clamp(min=1)
+    out = raw.long().tolist()
+    cap = int(8 * statistics.median_low(out))
+    out = [min(n, cap) for n in out]
+    out[max(range(rows), key=lambda i: out[i])] = cap
     return out
 
 
@@ -125,7 +130,7 @@ def main() -> None:
             trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
 
     print(f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
-          f"{args.sigma}, cap {8 * args.median}): min {min(lens)}, median {int(statistics.median(lens))}, "
+          f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
           f"max {max(lens)}; {real_tokens} real tokens; qwen2 {args.layers} layers x {args.hidden}, float32, CPU, "
           f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}")
     print(f"{'plan':<12}{'micro':>7}{'padded tok':>12}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'tok/s CPU':>11}"
