@@ -123,7 +123,12 @@ class RolloutCallback(RolloutProducer):
         self._async_state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
         self.rewards = rewards if isinstance(rewards, RewardPool) else RewardPool(rewards)
         self.group_size, self.sync_every = group_size, sync_every
-        self.max_prompt_len, self.seed = max_prompt_len, seed
+        # The settings as given (CLI round trips and users read them); the stages below are built from them once,
+        # so changing one of these after construction changes nothing.
+        self.max_prompt_len, self.overlong, self.seed = max_prompt_len, overlong_prompts, seed
+        self.dynamic_sampling, self.max_resample_tries = dynamic_sampling, max_resample_tries
+        self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
+        self.overlong_penalty_factor = overlong_penalty_factor
         self.last_sync_step = 0
         decode = decode_with(self.engine)
         self.pipeline = RolloutPipeline(
