@@ -34,12 +34,13 @@ def test_token_budget_gradient_equals_one_full_batch(tiny_model_dir, name, loss_
     kw = {"loss_agg": loss_agg} if loss_agg else {}
     ref, _ = _grad(tiny_model_dir, name, **kw)
     assert float(ref.abs().max()) > 0
-    for budget, widths in ((16, [(2, 8), (2, 7), (2, 6), (2, 5)]), (1, None)):
+    # budget 1: each row alone at its own width, group 1's prompts (2 tokens) without group 0's third column
+    alone = [(1, w) for w in (8, 7, 6, 6, 5, 5, 4, 4)]
+    for budget, widths in ((16, [(2, 8), (2, 7), (2, 6), (2, 5)]), (1, alone)):
         module = build_module(name, str(tiny_model_dir), micro_batch_tokens=budget, **kw)
         exp = hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8)
-        if widths is not None:  # the plan really is trimmed blocks of (rows, prompt + completion width)
-            micros = module.train_micro_batches(exp.trim())
-            assert [(m.batch_size, m.input_ids.shape[1]) for m in micros] == widths
+        micros = module.train_micro_batches(exp.trim())  # the plan: trimmed (rows, prompt + completion) blocks
+        assert [(m.batch_size, m.input_ids.shape[1]) for m in micros] == widths
         got = flat(run_step(module, exp)[0])
         assert max_rel_diff(got, ref) <= RTOL, (budget, max_rel_diff(got, ref))
 
