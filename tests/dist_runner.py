@@ -3,7 +3,8 @@
     python tests/dist_runner.py OUT.pt fit -c cfg.yaml [--trainer.devices 2 ...]
 
 Used by tests/test_distributed.py; Lightning's launcher re-executes this script for the extra local ranks.
-FSDP2 parameters are DTensors: every rank gathers each one (a collective), rank 0 writes the file.
+Sharded parameters (FSDP2 DTensors, ZeRO-3 partitions) are gathered on every rank (collectives), rank 0
+writes the file.
 """
 import sys
 
@@ -36,10 +37,10 @@ if __name__ == "__main__":
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
     out, args = sys.argv[1], sys.argv[2:]
     cli = main(args)
-    state = {}
-    for name, p in cli.model.model.state_dict().items():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        state[name] = full.detach().cpu().clone()
+    from lit_rl.models.loading import merged_state_items
+
+    # FSDP2 DTensors and ZeRO-3 partitions are gathered one parameter at a time (collectives on every rank)
+    state = {name: t.detach().cpu().clone() for name, t in merged_state_items(cli.model.model)}
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     if cli.trainer.global_rank == 0:
         torch.save({"state": state, "metrics": metrics, "world_size": cli.trainer.world_size}, out)
