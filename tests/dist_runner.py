@@ -30,11 +30,29 @@ def _break_engine_on_rank(spec: str) -> None:
     HFEngine.generate = generate
 
 
+def _nan_loss_at(iteration: int) -> None:
+    """``NAN_AT_ITERATION=k``: every rank's policy loss is NaN in iteration k (its gradients are NaN), so that
+    optimizer step must be skipped by the non-finite guard — identically in every strategy."""
+    from lit_rl.modules.policy import PolicyModule
+
+    original = PolicyModule._micro_loss
+
+    def micro_loss(self, micro, common):
+        parts = original(self, micro, common)
+        if self.iteration == iteration:
+            parts["policy"] = parts["policy"] * float("nan")
+        return parts
+
+    PolicyModule._micro_loss = micro_loss
+
+
 if __name__ == "__main__":
     import os
 
     if os.environ.get("KILL_ENGINE"):
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
+    if os.environ.get("NAN_AT_ITERATION"):
+        _nan_loss_at(int(os.environ["NAN_AT_ITERATION"]))
     out, args = sys.argv[1], sys.argv[2:]
     cli = main(args)
     from lit_rl.models.loading import merged_state_items
