@@ -19,12 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_literals_mirror_the_registries_and_tuples():
     from lit_rl.callbacks._async import STALE_POLICIES
-    from lit_rl.callbacks.rollout import MODES, OVERLONG
+    from lit_rl.callbacks.rollout import MODES
     from lit_rl.core.advantages import ADVANTAGES
     from lit_rl.core.aggregation import AGG_MODES
     from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
     from lit_rl.core.policy_losses import POLICY_LOSSES
     from lit_rl.data.tasks import TASKS
+    from lit_rl.rollout.render import OVERLONG
 
     assert sorted(get_args(names.AdvantageName)) == ADVANTAGES.names()
     assert sorted(get_args(names.PolicyLossName)) == POLICY_LOSSES.names()
@@ -79,3 +80,21 @@ def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatc
         main([*args, "--trainer.default_root_dir", str(tmp_path / "a")])
     cli = main([*args, "--imports", f"[{module}]", "--trainer.default_root_dir", str(tmp_path / "b")])
     assert cli.model.hparams.advantage == name and cli.model.iteration == 1
+
+
+def test_inspect_does_not_import_lightning(tmp_path):
+    # `lit-rl inspect` only reads JSONL files: the console script must dispatch it before importing Lightning
+    # (~13 s of imports on a 2-core machine), while `lit_rl.cli.main` stays importable from the package.
+    code = ("import sys; sys.argv = ['lit-rl', 'inspect', '--help']\n"
+            "from lit_rl.cli import console_main\n"
+            "try:\n    console_main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch', 'transformers'))\n"
+            "print('HEAVY', heavy)\n"
+            "from lit_rl.cli import main, ConfigError\n"
+            "import lit_rl.cli.app as app\n"
+            "assert app.ConfigError is ConfigError and app.main is main\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: lit-rl inspect" in proc.stdout
+    assert "HEAVY []" in proc.stdout
