@@ -51,7 +51,7 @@ class DeepSpeedZeROStrategy(DeepSpeedStrategy):
 
     def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
                  config: dict[str, Any] | None = None, process_group_backend: str | None = None,
-                 timeout: timedelta | None = timedelta(seconds=1800), logging_level: int = logging.WARN):
+                 timeout: timedelta | None = timedelta(seconds=1800), logging_level: int = logging.WARNING):
         if stage not in (2, 3):
             raise ValueError(f"DeepSpeedZeROStrategy.stage must be 2 or 3, got {stage!r}")
         super().__init__(stage=stage, offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
@@ -78,9 +78,8 @@ class DeepSpeedZeROStrategy(DeepSpeedStrategy):
         if isinstance(self.accelerator, CUDAAccelerator):
             return super().setup_distributed()
         # CPU devices carry no index, so Lightning's "device index = local rank" check cannot apply
-        from lightning.fabric.utilities.seed import reset_seed
-
         import deepspeed.ops
+        from lightning.fabric.utilities.seed import reset_seed
 
         reset_seed()
         self.set_world_ranks()

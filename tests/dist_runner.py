@@ -12,6 +12,7 @@ import torch
 
 from lit_rl.cli import main
 
+
 def _break_engine_on_rank(spec: str) -> None:
     """``KILL_ENGINE=rank:call``: that rank's HFEngine dies (raises) on its call-th generate — a rollout engine
     crash on one rank only; the others are left waiting in the next collective."""
