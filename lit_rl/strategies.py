@@ -1,9 +1,14 @@
-"""Strategy presets. `FSDP2Strategy`: Lightning's ModelParallelStrategy as pure data parallelism (FSDP2)."""
+"""Strategy presets. `FSDP2Strategy`: Lightning's ModelParallelStrategy as pure data parallelism (FSDP2).
+`DeepSpeedZeROStrategy`: Lightning's DeepSpeedStrategy (ZeRO-2/3) on GPUs and on CPU processes."""
 from __future__ import annotations
 
+import argparse
+import logging
 from datetime import timedelta
+from typing import Any
 
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.accelerators.cuda import CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
 
 
 class FSDP2Strategy(ModelParallelStrategy):
@@ -24,3 +29,86 @@ class FSDP2Strategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
         super().setup_environment()
+
+
+class DeepSpeedZeROStrategy(DeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy for ZeRO stage 2 or 3, on CUDA GPUs *and* on CPU processes (gloo).
+
+    What it changes, and why:
+
+    * Lightning refuses any accelerator but CUDA in ``setup_environment``; DeepSpeed itself has a CPU
+      accelerator whose collectives go through torch.distributed (gloo when oneCCL is absent). On a CPU
+      trainer this strategy selects that accelerator and skips the refusal.
+    * ``managed_gradient_accumulation: false``: PolicyModule accumulates a *variable* number of micro-batches
+      into each optimizer step (its losses are already divided by the minibatch's global denominators), so
+      ``engine.step()`` is the accumulation boundary and ``engine.backward`` must not divide by a fixed
+      ``gradient_accumulation_steps``.
+    * The module's ``max_grad_norm`` becomes DeepSpeed's ``gradient_clipping``: under ZeRO the gradients live
+      in the engine's partitions (``p.grad`` is None on the ranks), so only the engine can compute the
+      global norm, clip, and skip a step whose norm is not finite (PolicyModule reads the result back).
+    * ZeRO-3 with unmanaged accumulation needs ``overlap_comm: false`` (a DeepSpeed restriction).
+    """
+
+    def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
+                 config: dict[str, Any] | None = None, process_group_backend: str | None = None,
+                 timeout: timedelta | None = timedelta(seconds=1800), logging_level: int = logging.WARNING):
+        if stage not in (2, 3):
+            raise ValueError(f"DeepSpeedZeROStrategy.stage must be 2 or 3, got {stage!r}")
+        super().__init__(stage=stage, offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
+                         overlap_comm=stage == 2, config=config, process_group_backend=process_group_backend,
+                         timeout=timeout, logging_level=logging_level)
+        self.config.setdefault("managed_gradient_accumulation", False)
+        if self.config["managed_gradient_accumulation"]:
+            raise ValueError("DeepSpeedZeROStrategy: config.managed_gradient_accumulation must be false "
+                             "(PolicyModule's optimizer step is the accumulation boundary)")
+
+    def setup_environment(self) -> None:
+        if not isinstance(self.accelerator, CUDAAccelerator):
+            from deepspeed.accelerator import get_accelerator, set_accelerator
+
+            if get_accelerator().device_name() != "cpu":  # a GPU machine asked to train on CPU
+                from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+                set_accelerator(CPU_Accelerator())
+            DDPStrategy.setup_environment(self)  # what DeepSpeedStrategy does, less its CUDA-only check
+            return
+        super().setup_environment()
+
+    def setup_distributed(self) -> None:
+        if isinstance(self.accelerator, CUDAAccelerator):
+            return super().setup_distributed()
+        # CPU devices carry no index, so Lightning's "device index = local rank" check cannot apply
+        import deepspeed.ops
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        # DeepSpeed would JIT-compile a shared-memory all-reduce (C++, ~1 min, needs a compiler) that only its
+        # tensor-parallel *inference* all-reduce uses; training collectives go through torch.distributed (gloo).
+        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        if isinstance(self.accelerator, CUDAAccelerator):
+            return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
+        import deepspeed
+
+        # Lightning passes the root device's index, which a CPU device lacks (None): DeepSpeed would then
+        # fall back to a 1-process world. The local rank is what it needs.
+        engine, ds_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank), config=self.config, model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad], optimizer=optimizer,
+            lr_scheduler=lr_scheduler, dist_init_required=False)
+        return engine, ds_optimizer
+
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        # Runs once when the DeepSpeed config is finalised (first for ZeRO-3's zero.Init around configure_model,
+        # otherwise in setup): the module's clipping threshold becomes the engine's.
+        clip = getattr(self.lightning_module, "hparams", {}).get("max_grad_norm")
+        if clip is not None:
+            have = self.config.get("gradient_clipping")
+            if have is not None and float(have) != float(clip):
+                raise ValueError(f"DeepSpeed config gradient_clipping={have} disagrees with the module's "
+                                 f"max_grad_norm={clip}: set only max_grad_norm")
+            self.config["gradient_clipping"] = float(clip)
+        super()._format_batch_size_and_grad_accum_config()

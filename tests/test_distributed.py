@@ -2,8 +2,12 @@
 
 Same global batch (16 prompts: 1 rank × 16 or 2 ranks × 8), same seed, seeded per-prompt sampling (so a
 prompt's completions do not depend on which rank generates them) → parameters after N optimizer steps
-agree within 1e-5 for DDP, FSDP2 (ModelParallelStrategy) and 2 nodes × 1 process.
+agree within 1e-5 for DDP, FSDP2 (ModelParallelStrategy), DeepSpeed ZeRO-2 and ZeRO-3 (DeepSpeedZeROStrategy on
+CPU) and 2 nodes × 1 process. Every run clips (max_grad_norm below the steps' norms) and has one NaN-loss
+iteration (``NAN_AT_ITERATION``), so the gradient-norm guard must clip with the global norm and skip that step
+identically in every strategy.
 """
+import importlib.util
 import os
 import socket
 import subprocess
@@ -17,6 +21,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 RUNNER = str(ROOT / "tests/dist_runner.py")
 pytestmark = pytest.mark.slow
+NAN_ITERATION = "1"  # of 3: step 0 and 2 update, step 1's NaN gradients must be skipped
+MAX_GRAD_NORM = 0.3  # below the unclipped norms of these steps (≈0.7): clipping changes every update
 
 
 def _config(tmp_path, model_dir, loss_agg="token_mean", steps=3):
@@ -35,7 +41,7 @@ def _config(tmp_path, model_dir, loss_agg="token_mean", steps=3):
                             "init_args": {"pattern": ".*[0-9].*"}}}}}}}],
         },
         "model": {"class_path": "lit_rl.modules.PolicyModule", "init_args": {
-            "model": str(model_dir), "advantage": "grpo", "loss_agg": loss_agg,
+            "model": str(model_dir), "advantage": "grpo", "loss_agg": loss_agg, "max_grad_norm": MAX_GRAD_NORM,
             "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.0}}}},
         "data": {"class_path": "lit_rl.data.PromptDataModule", "init_args": {
             "task": "addition", "task_args": {"answer_width": 1, "max_sum": 9, "unary": True}, "batch_size": 16}},
@@ -53,7 +59,8 @@ def _free_port() -> str:
 
 def _run(out, cfg, *extra, env=None, timeout=600):
     cmd = [sys.executable, RUNNER, str(out), "fit", "-c", cfg, *extra]
-    e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), **(env or {})}
+    e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "NAN_AT_ITERATION": NAN_ITERATION,
+         **(env or {})}
     return subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True), timeout
 
 
@@ -87,27 +94,46 @@ def single(tmp_path_factory, tiny_model_dir):
 
 
 def test_training_moved_the_parameters(single, tiny_model_dir):
-    # guard against a vacuous equivalence: the runs must actually have changed the weights
+    # guard against a vacuous equivalence: the runs must actually have changed the weights, clipped the
+    # gradients and skipped the NaN step
     from transformers import AutoModelForCausalLM
 
     _, out, final = single
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     moved = max(float((final[k].double() - base[k].double()).abs().max()) for k in final)
     assert moved > 1e-3, moved
+    metrics = torch.load(out)["metrics"]
+    assert metrics["actor/skipped_steps"] == 1.0
+    assert metrics["actor/grad_norm"] > 1.5 * MAX_GRAD_NORM  # the last step was clipped
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                               reason="deepspeed is not installed (optional extra: pip install -e .[deepspeed])")
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", pytest.param("deepspeed_zero2", marks=DEEPSPEED),
+                                      pytest.param("deepspeed_zero3", marks=DEEPSPEED)])
 def test_two_processes_equal_one(single, tmp_path, strategy):
-    """DDP and FSDP2 (FSDP2Strategy): 2 ranks × 8 prompts train exactly like 1 rank × 16."""
+    """DDP, FSDP2 (FSDP2Strategy), ZeRO-2 and ZeRO-3 (DeepSpeedZeROStrategy, CPU): 2 ranks × 8 prompts train
+    exactly like 1 rank × 16 — clipped with the global norm, the NaN step skipped (under ZeRO ``p.grad`` is None
+    on the ranks: only the engine's norm can do either), and under ZeRO-3 the rollout engine's copy synced by
+    gathering the partitions (the rollouts of steps 2 and 3 come from it)."""
     cfg, ref, _ = single
     out = tmp_path / f"{strategy}.pt"
+    # ZeRO: 4 micro-batches of 8 rows per optimizer step, accumulated by the engine up to step()
+    micro = ["--model.init_args.micro_batch_size", "8"] if strategy.startswith("deepspeed") else []
     logs = _wait([_run(out, cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"), "--trainer.devices", "2",
-                       "--data.init_args.batch_size", "8")])
-    assert torch.load(out)["world_size"] == 2
-    # both take the chunked LM-head path: FSDP2's root unit holds the unsharded head weight from its forward to
-    # the end of the backward (no fallback to materialised logits is logged)
-    assert "vocabulary logits are materialised" not in logs[0], logs[0][-3000:]
+                       "--data.init_args.batch_size", "8", *micro)])
+    got, want = torch.load(out), torch.load(ref)
+    assert got["world_size"] == 2
+    # DDP, FSDP2 and ZeRO-2 take the chunked LM-head path (FSDP2's root unit holds the unsharded head weight from
+    # its forward to the end of the backward); ZeRO-3 releases the partitioned weight after lm_head's forward, so
+    # it keeps the materialised logits and says so
+    fell_back = "vocabulary logits are materialised" in logs[0]
+    assert fell_back == (strategy == "deepspeed_zero3"), logs[0][-3000:]
     assert _max_diff(ref, out) <= 1e-5
+    assert got["metrics"]["actor/skipped_steps"] == 1.0
+    assert got["metrics"]["actor/grad_norm"] == pytest.approx(want["metrics"]["actor/grad_norm"], rel=1e-5)
 
 
 def test_two_nodes_one_process_each_equals_one(single, tmp_path):
@@ -126,13 +152,15 @@ def test_two_nodes_one_process_each_equals_one(single, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("stage", ["deepspeed_zero2", "deepspeed_zero3"])
 def test_deepspeed_fragments_train_on_gpu(tmp_path, tiny_model_dir, stage):
-    """GPU only (Lightning's DeepSpeed strategy refuses CPU): never run on this project's CPU CI, unverified."""
+    """The same fragments on one CUDA GPU in bf16 (DeepSpeed's CUDA accelerator, nccl): runs where a GPU exists."""
     pytest.importorskip("deepspeed")
     cfg = _config(tmp_path, tiny_model_dir, steps=2)
     out = tmp_path / f"{stage}.pt"
     _wait([_run(out, cfg, "-c", str(ROOT / f"configs/strategies/{stage}.yaml"), "--trainer.devices", "1",
-                "--trainer.accelerator", "gpu")])
-    assert torch.load(out)["world_size"] == 1
+                "--trainer.accelerator", "gpu", "--trainer.precision", "bf16-mixed")])
+    got = torch.load(out)
+    assert got["world_size"] == 1
+    assert got["metrics"]["actor/skipped_steps"] == 1.0
 
 
 def test_a_dead_engine_on_one_rank_fails_the_job_within_a_bound(tmp_path, tiny_model_dir):

@@ -52,7 +52,10 @@ ELSEWHERE = {
     'pip install -e ".[gpu,dev]"': "GPU install (network)",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 2": "tests/test_distributed.py",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 2": "tests/test_distributed.py",
-    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 8": "GPU only",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 2":
+        "tests/test_distributed.py",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero3.yaml --trainer.devices 2":
+        "tests/test_distributed.py",
     "torchrun --nnodes 2 --node-rank $NODE --nproc-per-node 4 --master-addr $HEAD --master-port 29500 $(which lit-rl) "
     "fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2": "two nodes",
     "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":

@@ -323,8 +323,9 @@ def _strategy_hint(message: str) -> str | None:
         return ("lit_rl: on CPU use FSDP2 through ModelParallelStrategy instead: "
                 "-c configs/strategies/fsdp.yaml (or configs/strategies/ddp.yaml for plain data parallel).")
     if "deepspeed" in low:
-        return ("lit_rl: DeepSpeed runs on GPU machines with `pip install deepspeed`; on CPU use "
-                "-c configs/strategies/fsdp.yaml (FSDP2 via ModelParallelStrategy) or configs/strategies/ddp.yaml.")
+        return ("lit_rl: DeepSpeed is the optional `deepspeed` extra (pip install -e .[deepspeed]); with it "
+                "-c configs/strategies/deepspeed_zero2.yaml / deepspeed_zero3.yaml (lit_rl.strategies."
+                "DeepSpeedZeROStrategy) run on CPU and GPU. Without it: configs/strategies/fsdp.yaml or ddp.yaml.")
     return None
 
 

@@ -98,13 +98,28 @@ def merged_state_items(model):
         from peft import PeftModel
     except ImportError:  # pragma: no cover - peft is a core dependency
         PeftModel = ()
+    # keep_vars: ZeRO-3 marks its partitioned Parameters (``ds_id``); a plain state_dict drops the marks
+    state = model.state_dict(keep_vars=True)
+    zero3 = any(hasattr(p, "ds_id") for p in state.values())
     if isinstance(model, PeftModel):
+        if zero3:
+            raise NotImplementedError(
+                "syncing a LoRA policy partitioned by DeepSpeed ZeRO-3 into a rollout engine is not supported "
+                "(merging needs the full base weights); use ZeRO-2, FSDP or DDP with lora")
         import copy
 
         merged = copy.deepcopy(model).merge_and_unload()
         yield from ((n, p.detach()) for n, p in merged.state_dict().items())
         return
-    for n, p in model.state_dict().items():
-        # FSDP2 shards are DTensors: gather one full tensor at a time (a collective every rank runs in the
-        # same state_dict order), so the peak is one parameter, not the whole model.
-        yield n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+    if zero3:
+        import deepspeed  # ``deepspeed.zero`` is an attribute of the package, not an importable module
+    for n, p in state.items():
+        # Sharded weights are gathered one full tensor at a time (a collective every rank runs in the same
+        # state_dict order), so the peak is one parameter, not the whole model: FSDP2 shards are DTensors,
+        # ZeRO-3 partitions are gathered by DeepSpeed and released again when the block exits (hence the copy).
+        if hasattr(p, "ds_id"):
+            with deepspeed.zero.GatheredParameters([p]):
+                full = p.detach().clone()
+            yield n, full
+        else:
+            yield n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()

@@ -47,6 +47,8 @@ def projection_blocker(model, sharded_ok: bool = False) -> str | None:
         DTensor = ()
     if not sharded_ok and isinstance(head.weight, DTensor):
         return "the output projection's weight is a DTensor (FSDP2-sharded)"
+    if hasattr(head.weight, "ds_id"):  # ZeRO-3 gathers it only inside lm_head's own forward and frees it after
+        return "the output projection's weight is a DeepSpeed ZeRO-3 partition"
     cfg = getattr(model, "config", None)
     for name in _LOGIT_TRANSFORMS:
         v = getattr(cfg, name, None)

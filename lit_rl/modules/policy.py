@@ -55,6 +55,30 @@ def _reduce_fx(key: str) -> str:
     return "max" if "max" in name else "min" if "min" in name else "mean"
 
 
+def _deepspeed_engine(module: L.LightningModule):
+    """The DeepSpeed engine training ``module``, or None under any other strategy (or before setup)."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    trainer = module._trainer
+    if trainer is None or not isinstance(trainer.strategy, DeepSpeedStrategy):
+        return None
+    return trainer.strategy.deepspeed_engine
+
+
+def _uncount_optimizer_step(trainer) -> None:
+    """Take back the trainer step Lightning counted for an optimizer step DeepSpeed skipped (non-finite norm).
+
+    On the other strategies a skipped step never calls ``opt.step()``, so it is not a ``global_step`` (nor a
+    ``max_steps`` unit); under DeepSpeed the skip is only known after ``opt.step()`` ran, and Lightning's manual
+    optimization loop has counted it by then. Counting it would shift every later step-based schedule
+    (max_steps, weight-sync and checkpoint intervals) against a DDP/FSDP run of the same config.
+    """
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    for tracker in (progress.total, progress.current):
+        tracker.ready -= 1
+        tracker.completed -= 1
+
+
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
 
@@ -463,7 +487,10 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
         self._last_metrics = {}
+        ds = _deepspeed_engine(self)
         for micro in self.train_micro_batches(mb):
+            if ds is not None:  # what DeepSpeed's engine.forward does first (the model is called directly here):
+                ds.optimizer.clear_backward_seen_flag()  # a new micro step; ZeRO-3 would overwrite, not add, grads
             if micro is None:  # this rank has fewer token-budget micro-batches: a zero-weight pass keeps the
                 # ranks' collectives (DDP gradient all-reduce, FSDP all-gathers) in step
                 parts = micro_loss(self._zero_weight_micro(mb), fwd_common)
@@ -477,10 +504,20 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             for k, v in self._last_metrics.items():
                 per_micro.setdefault(k, []).append(v)
         stats.update({k: _reduce(k, v) for k, v in per_micro.items()})
-        params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
-        norm = torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm) if params else torch.tensor(0.0)
-        stats["actor/grad_norm"] = float(norm)
-        if not torch.isfinite(norm):
+        if ds is None:
+            params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
+            norm = float(torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm)) if params else 0.0
+        else:
+            # ZeRO: gradients live in the engine's partitions (p.grad is None here), so only the engine knows
+            # the global norm. Its step clips to max_grad_norm (DeepSpeedZeROStrategy sets gradient_clipping)
+            # and itself skips a step whose norm is not finite; read both outcomes back.
+            opt.step()
+            got = ds.get_global_grad_norm()
+            norm = float(got) if got is not None and ds.was_step_applied() else math.inf
+            if not math.isfinite(norm):
+                _uncount_optimizer_step(self.trainer)
+        stats["actor/grad_norm"] = norm
+        if not math.isfinite(norm):
             # Skip: parameters and optimizer state stay exactly as they were.
             opt.zero_grad(set_to_none=True)
             self.skipped_steps += 1
@@ -492,7 +529,8 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
                     "use float32, or check rewards/advantages for extreme values.")
             return stats
         self.nonfinite_in_a_row = 0
-        opt.step()
+        if ds is None:
+            opt.step()
         if sched is not None:
             sched.step()
         return stats

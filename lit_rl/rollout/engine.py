@@ -216,8 +216,11 @@ def _stable_seed(seed: int, call: int, tokens: list[int]) -> int:
 
 
 def _is_model_parallel(strategy) -> bool:
+    """Parameters sharded across ranks: FSDP2 (ModelParallelStrategy) or DeepSpeed ZeRO-3."""
     try:
-        from lightning.pytorch.strategies import ModelParallelStrategy
+        from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
     except ImportError:  # pragma: no cover - lightning is a core dependency
         return False
+    if isinstance(strategy, DeepSpeedStrategy):
+        return bool(strategy.config and strategy.config.get("zero_optimization", {}).get("stage") == 3)
     return isinstance(strategy, ModelParallelStrategy)
