@@ -179,6 +179,8 @@ class RolloutCallback(L.Callback):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._stop_producer()
         self.rewards.close()
+        if hasattr(self.engine, "teardown"):  # engines owning processes (launched vLLM servers) stop them
+            self.engine.teardown()
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -203,6 +205,8 @@ class RolloutCallback(L.Callback):
         metrics.update(_rollout_metrics(exp, rb))
         metrics["perf/generate_s"] = gen_s
         metrics.update({f"rollout/{k}": float(v) for k, v in self.counters.items()})
+        if hasattr(self.engine, "metrics"):  # engine-side counters, e.g. VLLMServerEngine's server errors
+            metrics.update(self.engine.metrics())
         return exp, metrics
 
     def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
