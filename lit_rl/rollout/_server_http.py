@@ -30,6 +30,7 @@ class Server:
     lora: bool = False
     alive: bool = True
     outstanding: int = 0
+    served: int = 0  # requests answered
     why_dead: str = ""
     info: dict = field(default_factory=dict)
 
@@ -126,8 +127,10 @@ class ServerPool:
                     self.retries += 1
             first = False
             try:
-                out = self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s)
-                return _parse(out, n)
+                out = _parse(self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s), n)
+                with self._lock:
+                    s.served += 1
+                return out
             except (requests.RequestException, ServerError) as exc:
                 self._fail(s, exc)
             finally:

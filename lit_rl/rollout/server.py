@@ -149,7 +149,9 @@ class VLLMServerEngine:
                 self.close()
                 raise
         self._check_rollout_settings(module)
-        self._group = _ddp_group()
+        # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
+        # rank's own, so every rank pushes to its own.
+        self._group = _ddp_group() if self.urls is not None else None
         self._needs_initial_sync = True
 
     def _start_servers(self, module) -> list[str]:
@@ -334,6 +336,10 @@ class VLLMServerEngine:
         trainer-side engine broadcasting each tensor; then the version is set and checked like transport (a)."""
         from lit_rl.rollout._server_http import nccl_engines
 
+        import torch
+
+        items = [(n, t.detach().to("cuda", non_blocking=True)) for n, t in items]  # NCCL sends device tensors
+        torch.cuda.synchronize()
         source = _items_source(items)
         if self._nccl is None:
             self._nccl = nccl_engines(self.pool, source, self.sync_timeout_s)
