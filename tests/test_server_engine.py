@@ -339,19 +339,15 @@ def test_async_rollout_callback_on_servers_keeps_the_staleness_bound(pair, tiny_
     assert rc.state_dict()["async"]["version"] == 4
 
 
-def _vllm_requests(url) -> float:
-    """Finished requests a server counted (its Prometheus /metrics)."""
-    total = 0.0
-    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
-        if line.startswith("vllm:request_success_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+def _completions_served(proc) -> int:
+    """Completion requests a launched server answered (its access log)."""
+    return Path(proc.log_path).read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
 
 
 def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, both servers serve."""
     urls = [s.url for s in pair[0].pool.servers]
-    before = [_vllm_requests(u) for u in urls]
+    before = [_completions_served(p) for p in pair[0]._procs]
     cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
     cfg["rollout"]["engine"]["init_args"] = {"urls": urls, "request_timeout_s": 60}
     cfg["trainer"]["callbacks"] = []
@@ -366,16 +362,80 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
          "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
          "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "null",
          "--trainer.check_val_every_n_epoch", "null"],
-        env=env, capture_output=True, text=True, timeout=900)
+        check=False, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = torch.load(out)
     assert res["world_size"] == 2
     assert res["metrics"]["rollout/server_errors"] == 0.0
-    after = [_vllm_requests(u) for u in urls]
+    after = [_completions_served(p) for p in pair[0]._procs]
     # 2 ranks x 2 steps x 4 prompts = 16 group requests, spread over both servers
     assert sum(after) - sum(before) == 16 and all(a > b for a, b in zip(after, before)), (before, after)
     # initial push + one per step, by rank 0 only (rank 1 checks): version 3 on both servers
     assert [requests.get(u + "/weight_info", timeout=10).json()["weight_version"] for u in urls] == ["3", "3"]
+
+
+class _BadServer:
+    """A real HTTP server that misbehaves the ways a broken rollout server can: ``garbage`` answers 200 with
+    token ids and log-probs of different lengths, ``hang`` accepts the request and never answers. (A healthy
+    vLLM cannot be made to do either; this is fault injection on the wire, not a stand-in for vLLM.)"""
+
+    def __init__(self, mode: str):
+        import http.server
+
+        outer = self
+        self.mode, self.hits, self.release = mode, 0, threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                outer.hits += 1
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.mode == "hang":
+                    outer.release.wait(60)
+                    return
+                body = b'{"choices": [{"index": 0, "token_ids": [1, 2, 3], "finish_reason": "length", ' \
+                       b'"logprobs": {"token_logprobs": [-0.5]}}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["garbage", "hang"])
+def test_garbage_or_hanging_server_is_dropped_and_its_request_retried(pair, mode):
+    from lit_rl.rollout._server_http import Server, ServerPool
+
+    engine, module = pair
+    bad = _BadServer(mode)
+    try:
+        good = engine.pool.servers[1]
+        pool = ServerPool([bad.url, good.url], request_timeout_s=3.0)
+        pool.servers = [Server(bad.url, model=good.model, max_model_len=96), Server(good.url, model=good.model,
+                                                                                      max_model_len=96)]
+        body = engine._body(_ids(module)[0], 2, SamplingConfig(temperature=1.0, max_new_tokens=3))
+        t0 = time.monotonic()
+        out = pool.complete(body, 2)  # both idle: the bad server (first) gets it, then the good one
+        assert time.monotonic() - t0 < 3.0 + 30
+        assert bad.hits == 1 and len(out) == 2 and all(len(t) == len(lp) >= 1 for t, lp, _ in out)
+        assert (pool.errors, pool.retries) == (1, 1)
+        assert not pool.servers[0].alive and pool.servers[1].alive
+        assert ("malformed" if mode == "garbage" else "Timeout") in pool.servers[0].why_dead
+        pool.complete(body, 2)  # a dead server is never asked again
+        assert bad.hits == 1
+    finally:
+        bad.close()
 
 
 # ---------------------------------------------------------------- failures (kill the pair, in order)
