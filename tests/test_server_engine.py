@@ -165,7 +165,7 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
     from lit_rl.rollout._server_launch import free_port
 
     launched, serve, job = _readme_commands()
-    assert launched == "lit-rl fit --config configs/grpo_server.yaml" and "vllm serve" in serve and "urls" in job
+    assert launched == "lit-rl fit --config configs/grpo_server.yaml" and "api_server" in serve and "urls" in job
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_model_dir, tmp_path / "runs/grpo_server/model")
     (tmp_path / "configs").symlink_to(ROOT / "configs")
@@ -182,18 +182,19 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
         "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16"]
     env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1], "VLLM_CPU_KVCACHE_SPACE": "1",
            "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    node = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    assert argv[0] == "python"
+    node = subprocess.Popen([sys.executable, *argv[1:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         t_end = time.monotonic() + 600
         while True:
-            assert node.poll() is None, "vllm serve exited"
+            assert node.poll() is None, "the vLLM server exited"
             try:
                 if requests.get(url + "/health", timeout=5).status_code == 200:
                     break
             except requests.RequestException:
                 pass
-            assert time.monotonic() < t_end, "vllm serve did not come up"
+            assert time.monotonic() < t_end, "the vLLM server did not come up"
             time.sleep(1)
         job = job.replace("'[http://rollout1:8000,http://rollout2:8000]'", f"'[{url}]'")
         cli = main([*shlex.split(job)[1:], *short, "--trainer.max_steps", "2"])
@@ -201,11 +202,12 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
         # the initial push and one per step: the node serves version 3
         assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == "3"
     finally:
-        os.killpg(node.pid, signal.SIGTERM)
-        try:
-            node.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(node.pid, signal.SIGKILL)
+        if _group_alive(node.pid):
+            os.killpg(node.pid, signal.SIGTERM)
+            try:
+                node.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------ a server pair
@@ -262,6 +264,19 @@ def test_weight_sync_reaches_every_server_with_its_version(pair):
         with torch.no_grad():  # and the tokens are the new model's greedy ones
             hf = module.model.generate(torch.tensor([p]), max_new_tokens=len(c.token_ids), do_sample=False)
         assert hf[0, len(p):].tolist() == c.token_ids
+
+
+def test_a_server_reporting_another_version_fails_the_check(pair):
+    """Someone else changed a server's weights behind the engine's back (its version moved): the version
+    check (what every sync ends with, and what DDP ranks other than 0 run) names that server."""
+    engine, module = pair
+    url = engine.pool.servers[0].url
+    requests.post(url + "/update_weight_version", json={"new_version": "someone-else"}, timeout=10).raise_for_status()
+    with pytest.raises(RuntimeError, match=rf"server {url} reports weight version 'someone-else' after a sync, "
+                                           rf"expected '{engine._sync_seq}'"):
+        engine.pool.check_versions(str(engine._sync_seq))
+    engine.update_weights(merged_state_items(module.model))  # a sync sets and checks it again
+    engine.pool.check_versions(str(engine._sync_seq))
 
 
 def test_bad_weight_names_leave_servers_untouched(pair):
