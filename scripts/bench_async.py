@@ -176,7 +176,7 @@ def main() -> None:
         for mode, r in (("sync", sync), (f"async k={args.max_staleness}", asyn)):
             print(f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | "
                   f"{r['gen_s']:.3f} | {r['update_s']:.3f} | {r['rows_per_s'] / sync['rows_per_s']:.2f} | {bound:.2f} | "
-                  f"{(r['rows_per_s'] / sync['rows_per_s']) / bound:.0%} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
+                  f"{'-' if r is sync else format((r['rows_per_s'] / sync['rows_per_s']) / bound, '.0%')} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
                   f"{r['dropped']:.0f} | {r['reward']:.3f} |")
         ok = speedup >= 0.9 * bound
         verdicts.append(f"{name}: G = {G:.3f} s, T = {T:.3f} s; async / sync = {speedup:.2f}; target >= 0.9 x {bound:.2f} "
