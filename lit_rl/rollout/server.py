@@ -334,9 +334,9 @@ class VLLMServerEngine:
     def _sync_nccl(self, items, version: str) -> None:
         """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own
         trainer-side engine broadcasting each tensor; then the version is set and checked like transport (a)."""
-        from lit_rl.rollout._server_http import nccl_engines
-
         import torch
+
+        from lit_rl.rollout._server_http import nccl_engines
 
         items = [(n, t.detach().to("cuda", non_blocking=True)) for n, t in items]  # NCCL sends device tensors
         torch.cuda.synchronize()
