@@ -11,6 +11,12 @@ faster; the target is async/sync >= 0.9 x that bound. The first ``--warmup`` ite
 
     python scripts/bench_async.py                      # ~2 minutes on 2 CPU cores
     python scripts/bench_async.py --latency-median 0.15 --max-staleness 1   # G closer to T: a higher bound
+    python scripts/bench_async.py --engine server     # generation in a vLLM server process, G ~ T, no latency
+
+``--engine server``: no simulated latency; generation is real vLLM work in a launched server process
+(``VLLMServerEngine``, ``--server-threads`` CPU threads) while the trainer process trains with ``--threads``
+torch threads, so the two overlap in different processes. The same sizes are also run with the thread-based
+async path (``HFEngine(share_weights=False)`` in a producer thread of the trainer process), side by side.
 
 Both threads live in one Python process: with the tiny model, generation and updates are Python-bound and
 share the GIL (and, on a small machine, the cores), so the compute parts of G and T overlap only partly; the
@@ -77,13 +83,25 @@ class Collect(L.Callback):
         self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
 
 
-def run(model_dir, mode: str, args) -> dict[str, float]:
+def make_engine(kind: str, args):
+    if kind == "latency":
+        return LatencyEngine(args.latency_median, args.latency_sigma, args.latency_order)
+    if kind == "thread":  # the in-process async path: a producer thread with its own weight copy
+        return HFEngine(share_weights=False)
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    return VLLMServerEngine(launch={"num_servers": 1, "threads_per_server": args.server_threads,
+                                    "max_model_len": 128, "max_num_seqs": 256, "kv_cache_gb": 1})
+
+
+def run(model_dir, mode: str, args, kind: str = "latency") -> dict[str, float]:
     L.seed_everything(0, verbose=False)
     module = PolicyModule(model=str(model_dir), rollout_correction="tis", correction_cap=2.0,
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
-    rc = RolloutCallback(engine=LatencyEngine(args.latency_median, args.latency_sigma, args.latency_order),
+    rc = RolloutCallback(engine=make_engine(kind, args),
                          rewards=ExactAnswerReward(),
-                         group_size=args.group_size, sampling=SamplingConfig(max_new_tokens=args.max_new_tokens),
+                         group_size=args.group_size, sampling=SamplingConfig(max_new_tokens=args.max_new_tokens,
+                                                                             temperature=1.0),
                          mode=mode, max_staleness=args.max_staleness)
     before, after, col = Clock(), Clock(), Collect()
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, max_epochs=-1, logger=False,
@@ -126,38 +144,45 @@ def main() -> None:
                    help="sys.setswitchinterval (s; Python's default 0.005): shorter GIL hand-offs between the producer "
                         "and trainer threads (tiny models are Python-bound, each torch op re-acquires the GIL)")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1: 2-core machines)")
+    p.add_argument("--engine", choices=("latency", "server"), default="latency",
+                   help="latency: HFEngine + simulated per-rollout latency (G >> T by default); server: a vLLM "
+                        "server process, compared with thread-based async at the same sizes")
+    p.add_argument("--server-threads", type=int, default=1, help="--engine server: CPU threads of the server")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
+    kinds = ["latency"] if args.engine == "latency" else ["server", "thread"]
     with tempfile.TemporaryDirectory() as d:
         model_dir = build_tiny_model(d + "/tiny", arch="qwen2", layers=args.layers, hidden=args.hidden,
                                      heads=max(2, args.hidden // 32), tokenizer="char", seed=0)
-        sync = run(model_dir, "sync", args)
-        asyn = run(model_dir, "async", args)
-    G = sync["rollout_s"]  # generation + rewards per iteration (sync: nothing else overlaps it)
-    T = sync["iter_s"] - G  # training and everything else per iteration
-    bound = (G + T) / max(G, T)
-    speedup = asyn["rows_per_s"] / sync["rows_per_s"]
+        results = {k: (run(model_dir, "sync", args, k), run(model_dir, "async", args, k)) for k in kinds}
     print(f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x {args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
-          f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
-          f"{args.latency_order} the real generation), concurrent "
-          f"rollouts; {args.steps} iterations ({args.warmup} warm-up untimed); torch threads {torch.get_num_threads()}; "
-          f"GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n")
-    print(f"G = {G:.3f} s generation/iteration, T = {T:.3f} s training/iteration, "
-          f"ideal overlap bound (G+T)/max(G,T) = {bound:.2f}\n")
-    print("| mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
-          "| staleness mean / max | dropped rows | reward mean |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, r in (("sync", sync), (f"async (max_staleness={args.max_staleness})", asyn)):
-        print(f"| {name} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | {r['gen_s']:.3f} | {r['update_s']:.3f} | "
-              f"{r['rows_per_s'] / sync['rows_per_s']:.2f} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
-              f"{r['dropped']:.0f} | {r['reward']:.3f} |")
-    ok = speedup >= 0.9 * bound
-    print(f"\nasync / sync = {speedup:.2f}; target >= 0.9 x {bound:.2f} = {0.9 * bound:.2f}: "
-          f"{'PASS' if ok else 'FAIL'} ({speedup / bound:.0%} of the ideal overlap)")
-
+          + (f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
+             f"{args.latency_order} the real generation), concurrent rollouts; " if args.engine == "latency" else
+             f"server: 1 vLLM server process with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); ")
+          + f"{args.steps} iterations ({args.warmup} warm-up untimed); GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n")
+    print("| engine | mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
+          "| ideal (G+T)/max(G,T) | fraction of ideal | staleness mean / max | dropped rows | reward mean |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    verdicts = []
+    for kind, (sync, asyn) in results.items():
+        G = sync["rollout_s"]  # generation + rewards per iteration (sync: nothing else overlaps it)
+        T = sync["iter_s"] - G  # training and everything else per iteration
+        bound = (G + T) / max(G, T)
+        speedup = asyn["rows_per_s"] / sync["rows_per_s"]
+        name = {"latency": "HFEngine + latency", "server": "VLLMServerEngine", "thread": "HFEngine (thread)"}[kind]
+        for mode, r in (("sync", sync), (f"async k={args.max_staleness}", asyn)):
+            print(f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | "
+                  f"{r['gen_s']:.3f} | {r['update_s']:.3f} | {r['rows_per_s'] / sync['rows_per_s']:.2f} | {bound:.2f} | "
+                  f"{'-' if r is sync else format((r['rows_per_s'] / sync['rows_per_s']) / bound, '.0%')} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
+                  f"{r['dropped']:.0f} | {r['reward']:.3f} |")
+        ok = speedup >= 0.9 * bound
+        verdicts.append(f"{name}: G = {G:.3f} s, T = {T:.3f} s; async / sync = {speedup:.2f}; target >= 0.9 x {bound:.2f} "
+                        f"= {0.9 * bound:.2f}: {'PASS' if ok else 'FAIL'} ({speedup / bound:.0%} of the ideal overlap)")
+    print()
+    print("\n".join(verdicts))
 
 if __name__ == "__main__":
     main()

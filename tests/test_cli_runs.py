@@ -138,10 +138,10 @@ def test_hub_id_goes_to_from_pretrained_and_says_why_it_failed(tmp_path):
 
 def test_only_the_quickstarts_build_a_tiny_model():
     """tiny_if_missing turns a typo into a silently trained random model: only the from-scratch demos (the
-    quickstart, and the same quickstart through vLLM) may use it."""
+    quickstart, and the same quickstart through vLLM, in-process or on servers) may use it."""
     users = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")
                    if "tiny_if_missing" in (yaml.safe_load(p.read_text())["model"]["init_args"]))
-    assert users == ["grpo_vllm", "quickstart"]
+    assert users == ["grpo_server", "grpo_vllm", "quickstart"]
 
 
 def test_progress_bar_counts_iterations_and_no_args_warning(tmp_path, monkeypatch, capsys, recwarn):

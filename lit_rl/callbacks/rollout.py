@@ -185,6 +185,8 @@ class RolloutCallback(RolloutProducer):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._stop_producer()
         self.rewards.close()
+        if hasattr(self.engine, "teardown"):  # engines owning processes (launched vLLM servers) stop them
+            self.engine.teardown()
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -198,8 +200,11 @@ class RolloutCallback(RolloutProducer):
     def _build(self, trainer, pl_module, prompts: list[Prompt]) -> tuple[Experience, dict[str, float]]:
         """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread)."""
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
-        return self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
-                                 iteration=getattr(pl_module, "iteration", 0))
+        exp, metrics = self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
+                                         iteration=getattr(pl_module, "iteration", 0))
+        if hasattr(self.engine, "metrics"):  # engine-side counters, e.g. VLLMServerEngine's server errors
+            metrics.update(self.engine.metrics())
+        return exp, metrics
 
     def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
         """Steps 6-7, always in the trainer thread with the current learner."""

@@ -52,6 +52,9 @@ class Completion:
     token_ids: list[int]  # generated tokens, including the eos token when it stopped on one
     logprobs: list[float]  # log-prob of each generated token (see module doc), same length
     finish_reason: str  # "stop" (eos) | "length" (max_new_tokens)
+    # The engine's policy_version when this completion was generated; None = not recorded (in-process engines
+    # generate and sync in one thread, so the engine's current version is the completion's).
+    policy_version: int | None = None
 
 
 @runtime_checkable

@@ -37,21 +37,31 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import json
 import logging
 import os
 import random
 import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lit_rl.rollout._vllm_common import (
+    architectures as _architectures,
+)
+from lit_rl.rollout._vllm_common import (
+    check_truncation,
+    check_weight_names,
+    fit_prompts,
+    make_sync_dir,
+    write_weights_file,
+)
+from lit_rl.rollout._vllm_common import (
+    dtype_name as _dtype_name,
+)
 from lit_rl.rollout.engine import Completion, SamplingConfig
 
 _log = logging.getLogger(__name__)
@@ -273,11 +283,7 @@ class VLLMEngine:
             raise RuntimeError(f"VLLMEngine refuses to generate: {self._stale}. Call update_weights again.")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        if (sampling.top_p < 1 or sampling.top_k > 0) and not self.allow_truncated_logprobs:
-            raise ValueError(
-                f"sampling.top_p={sampling.top_p}, top_k={sampling.top_k}: vLLM would report logprobs of the "
-                "truncated distribution, not the untruncated temperature-scaled one the trainer computes. Use "
-                "top_p=1 and top_k=0, set VLLMEngine(allow_truncated_logprobs=True), or use HFEngine.")
+        check_truncation(sampling, self.allow_truncated_logprobs, "VLLMEngine")
         if self._needs_initial_sync and self._module is not None:
             from lit_rl.models.loading import merged_state_items
 
@@ -298,27 +304,7 @@ class VLLMEngine:
         return result
 
     def _fit_prompts(self, prompt_ids, max_new_tokens):
-        """Apply ``overlong_prompts``: returns [(index, ids)] to send and the placeholder for dropped ones."""
-        limit = self.max_model_len - max_new_tokens
-        if limit < 1:
-            raise ValueError(f"sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt within "
-                             f"max_model_len={self.max_model_len}")
-        sent = []
-        for i, ids in enumerate(prompt_ids):
-            ids = [int(t) for t in ids]
-            if not ids:
-                raise ValueError(f"prompt {i} is empty; vLLM needs at least one prompt token")
-            if len(ids) > limit:
-                if self.overlong == "error":
-                    raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} "
-                                     f"at most {limit} fit max_model_len={self.max_model_len}")
-                if self.overlong == "drop":
-                    self.counters["prompts_dropped"] += 1
-                    continue
-                self.counters["prompts_truncated"] += 1
-                ids = ids[-limit:]  # the end holds the question and the generation prompt
-            sent.append((i, ids))
-        return sent, lambda n: [Completion([], [], "dropped") for _ in range(n)]
+        return fit_prompts(prompt_ids, max_new_tokens, self.max_model_len, self.overlong, self.counters)
 
     def _params(self, vllm, n: int, sp: SamplingConfig):
         # One seed per prompt; vLLM gives sample k of the prompt seed + k, so prompts step the cursor by n.
@@ -391,17 +377,7 @@ class VLLMEngine:
             box["error"] = exc
 
     def _check_names(self, items) -> None:
-        names = [n for n, _ in items]
-        if len(set(names)) != len(names):
-            raise ValueError("update_weights got duplicate tensor names")
-        if self._expected_names is None:
-            return
-        missing = sorted(self._expected_names - set(names))
-        unknown = sorted(set(names) - self._expected_names)
-        if missing or unknown:
-            raise ValueError(f"update_weights needs exactly the bound model's weights: missing {missing[:5]}"
-                             f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
-                             f"{' ...' if len(unknown) > 5 else ''}")
+        check_weight_names(items, self._expected_names)
 
     def _sync_via_file(self, items) -> None:
         """Multi-process engines: write one safetensors file and have every worker reload from its directory.
@@ -410,23 +386,9 @@ class VLLMEngine:
         need its insecure pickle fallback). vLLM points its model config at that directory, so the directory
         lives as long as the engine and always holds the latest weights.
         """
-        from safetensors.torch import save_file
-
         if self._sync_dir is None:
-            root = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory-backed where available
-            self._sync_dir = tempfile.mkdtemp(prefix="lit_rl_sync_", dir=root)
-        seen: set[int] = set()
-        tensors = {}
-        for name, t in items:
-            t = t.detach().to("cpu").contiguous()
-            if t.data_ptr() in seen:  # tied weights: safetensors refuses shared storage
-                t = t.clone()
-            seen.add(t.data_ptr())
-            tensors[name] = t
-        tmp = os.path.join(self._sync_dir, "next.tmp")
-        save_file(tensors, tmp)
-        del tensors
-        os.replace(tmp, os.path.join(self._sync_dir, "model.safetensors"))  # workers never see a partial file
+            self._sync_dir = make_sync_dir()
+        write_weights_file(items, self._sync_dir)
         self.llm.collective_rpc("reload_weights", timeout=self.sync_timeout_s,
                                 kwargs={"weights_path": self._sync_dir})
 
@@ -446,24 +408,14 @@ def _completion(c) -> Completion:
     return Completion(toks, [float(v) for v in vals], c.finish_reason)
 
 
-def _dtype_name(model) -> str:
-    dt = next(model.parameters()).dtype
-    return {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(dt, "auto")
-
-
-def _architectures(path: str) -> list[str]:
-    cfg = Path(path).expanduser() / "config.json"
-    if not cfg.is_file():
-        return []
-    return list(json.loads(cfg.read_text()).get("architectures") or [])
-
-
 def _check_architecture(vllm, path: str) -> None:
     """Fail fast (before any engine start) for a local model whose architecture vLLM does not implement."""
     archs = _architectures(path)
     if archs and not set(archs) & set(vllm.ModelRegistry.get_supported_archs()):
         raise RuntimeError(f"vLLM cannot load model {path!r}: architecture {archs} is not in vLLM's model "
                            "registry. Use lit_rl.rollout.HFEngine (transformers generate) for this model instead.")
+
+
 
 
 class _HostState:

@@ -1,0 +1,320 @@
+"""HTTP side of `VLLMServerEngine`: the server pool (least-outstanding dispatch, retries, dead servers), setup
+checks against the policy, weight reload + version checks, and launching servers on this machine."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+PROCESSED = "processed_logprobs"
+
+
+class ServerError(RuntimeError):
+    """A server failed a request (connection, timeout, 5xx or a malformed answer)."""
+
+
+@dataclass
+class Server:
+    url: str
+    model: str = ""
+    max_model_len: int = 0
+    max_num_seqs: int | None = None
+    lora: bool = False
+    alive: bool = True
+    outstanding: int = 0
+    served: int = 0  # requests answered
+    why_dead: str = ""
+    info: dict = field(default_factory=dict)
+
+
+class ServerPool:
+    """The servers of one engine. ``complete`` sends one group request to the live server with the fewest
+    requests in flight and retries on another one when that server fails; failures are counted."""
+
+    def __init__(self, urls: list[str], request_timeout_s: float):
+        self.servers = [Server(u) for u in urls]
+        self.request_timeout_s = request_timeout_s
+        self.errors = 0
+        self.retries = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()
+
+    def _session(self) -> requests.Session:
+        s = getattr(self._local, "session", None)
+        if s is None:
+            s = self._local.session = requests.Session()
+        return s
+
+    def close(self) -> None:
+        self.servers = []
+
+    # ------------------------------------------------------------- setup
+    def check(self, policy: dict, setting: str) -> None:
+        """Reach every server and compare it with the policy; errors name the setting and the server."""
+        for s in self.servers:
+            try:
+                models = self._get(s.url, "/v1/models", 10)
+            except (requests.RequestException, ServerError) as exc:
+                raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} is unreachable ({exc})") from exc
+            data = models.get("data") or []
+            if not data:
+                raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves no model")
+            s.model, s.max_model_len = data[0]["id"], int(data[0].get("max_model_len") or 0)
+            try:
+                info = self._get(s.url, "/server_info?config_format=json", 30)
+            except (requests.RequestException, ServerError) as exc:
+                raise ValueError(
+                    f"VLLMServerEngine.{setting}: server {s.url} has no /server_info ({exc}); start it with "
+                    "VLLM_SERVER_DEV_MODE=1 (weight sync uses its /collective_rpc and weight-version routes)") from exc
+            cfg = info.get("vllm_config") or {}
+            mc = cfg.get("model_config") or {}
+            s.info = mc
+            s.max_num_seqs = (cfg.get("scheduler_config") or {}).get("max_num_seqs")
+            s.lora = cfg.get("lora_config") is not None
+            if mc.get("logprobs_mode") != PROCESSED:
+                raise ValueError(
+                    f"VLLMServerEngine.{setting}: server {s.url} runs with logprobs_mode={mc.get('logprobs_mode')!r}; "
+                    f"start it with --logprobs-mode {PROCESSED} (log-probs after temperature, the trainer's "
+                    "convention)")
+            _check_model(s, mc, policy, setting)
+
+    # ---------------------------------------------------------- requests
+    def _get(self, url: str, path: str, timeout: float) -> dict:
+        r = self._session().get(url + path, timeout=timeout)
+        if r.status_code != 200:
+            raise ServerError(f"GET {path} answered {r.status_code}: {r.text[:200]}")
+        return r.json()
+
+    def _post(self, url: str, path: str, body: dict | None, timeout: float) -> dict:
+        r = self._session().post(url + path, json=body, timeout=timeout)
+        if r.status_code >= 500:
+            raise ServerError(f"POST {path} answered {r.status_code}: {r.text[:200]}")
+        if r.status_code != 200:
+            raise ValueError(f"POST {url}{path} was refused ({r.status_code}): {r.text[:300]}")
+        return r.json() if r.content else {}
+
+    def _pick(self) -> Server:
+        with self._lock:
+            live = [s for s in self.servers if s.alive]
+            if not live:
+                why = "; ".join(f"{s.url}: {s.why_dead or 'down'}" for s in self.servers)
+                raise RuntimeError(f"VLLMServerEngine: no rollout server is reachable ({why})")
+            s = min(live, key=lambda s: s.outstanding)
+            s.outstanding += 1
+            return s
+
+    def _fail(self, s: Server, exc: BaseException) -> None:
+        with self._lock:
+            self.errors += 1
+            if s.alive:
+                s.alive, s.why_dead = False, f"{type(exc).__name__}: {exc}"[:300]
+
+    def complete(self, body: dict, n: int) -> list[tuple[list[int], list[float], str]]:
+        """One prompt's ``n`` samples as (token ids, log-probs, finish reason), from whichever server answers."""
+        first = True
+        while True:
+            s = self._pick()
+            if not first:
+                with self._lock:
+                    self.retries += 1
+            first = False
+            try:
+                out = _parse(self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s), n)
+                with self._lock:
+                    s.served += 1
+                return out
+            except (requests.RequestException, ServerError) as exc:
+                self._fail(s, exc)
+            finally:
+                with self._lock:
+                    s.outstanding -= 1
+
+    # ------------------------------------------------------- weight sync
+    def _each_live(self, fn, timeout: float) -> None:
+        """Run ``fn(server)`` on every live server at once; the first failure raises (naming the server)."""
+        live = [s for s in self.servers if s.alive]
+        if not live:
+            self._pick()  # raises the all-down error
+        with ThreadPoolExecutor(len(live)) as ex:
+            futs = {s.url: ex.submit(fn, s) for s in live}
+            t_end = time.monotonic() + timeout
+            for url, f in futs.items():
+                try:
+                    f.result(max(0.0, t_end - time.monotonic()))
+                except TimeoutError as exc:
+                    raise TimeoutError(f"server {url}: weight sync exceeded sync_timeout_s={timeout}") from exc
+                except Exception as exc:
+                    raise RuntimeError(f"server {url}: {type(exc).__name__}: {exc}") from exc
+
+    def reload_from_file(self, sync_dir: str, version: str, timeout: float) -> None:
+        def one(s: Server) -> None:
+            self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
+                                                  "timeout": timeout}, timeout)
+            self._post(s.url, "/reset_prefix_cache", None, timeout)  # cached KV came from the old weights
+            self._set_and_check(s, version, timeout)
+
+        self._each_live(one, timeout)
+
+    def set_versions(self, version: str, timeout: float = 60.0) -> None:
+        self._each_live(lambda s: (self._post(s.url, "/reset_prefix_cache", None, timeout),
+                                   self._set_and_check(s, version, timeout)), timeout)
+
+    def _set_and_check(self, s: Server, version: str, timeout: float) -> None:
+        self._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
+        self._check_version(s, version)
+
+    def _check_version(self, s: Server, version: str) -> None:
+        got = self._get(s.url, "/weight_info", 30).get("weight_version")
+        if got != version:
+            raise RuntimeError(f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}")
+
+    def check_versions(self, version: str) -> None:
+        """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push)."""
+        for s in self.servers:
+            if s.alive:
+                self._check_version(s, version)
+
+
+def _parse(out: dict, n: int) -> list[tuple[list[int], list[float], str]]:
+    """Validate a completions answer; anything malformed is the server's fault (ServerError → retry)."""
+    try:
+        choices = sorted(out["choices"], key=lambda c: c["index"])
+        got = []
+        for c in choices:
+            toks, lps = c["token_ids"], c["logprobs"]["token_logprobs"]
+            fr = c["finish_reason"]
+            if (not isinstance(toks, list) or len(toks) != len(lps) or fr not in ("stop", "length")
+                    or not all(isinstance(t, int) and t >= 0 for t in toks)
+                    or not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 1e-4 for x in lps)):
+                raise ValueError("token ids / log-probs / finish reason malformed")
+            got.append((toks, [float(x) for x in lps], fr))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ServerError(f"malformed completion answer ({exc})") from exc
+    if len(got) == 1 < n:  # greedy: one request of n=1, the n samples are identical
+        got = got * n
+    if len(got) != n:
+        raise ServerError(f"asked for {n} completions, got {len(got)}")
+    return [(list(t), list(lp), fr) for t, lp, fr in got]
+
+
+def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
+    """Architecture and vocabulary of the served model against the policy (from its config.json when the
+    server's model path is readable here: same host or shared file system)."""
+    path = Path(str(mc.get("model") or s.model))
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        return  # a remote path: the first weight sync catches a mismatch (names / shapes)
+    cfg = json.loads(cfg_file.read_text())
+    archs, vocab = list(cfg.get("architectures") or []), cfg.get("vocab_size")
+    if policy["architectures"] and archs and set(archs) != set(policy["architectures"]):
+        raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves {path} with architecture {archs}, "
+                         f"the policy is {policy['architectures']}")
+    if policy["vocab_size"] is not None and vocab is not None and int(vocab) != int(policy["vocab_size"]):
+        raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves {path} with vocab_size={vocab}, "
+                         f"the policy has vocab_size={policy['vocab_size']}")
+
+
+# ---------------------------------------------------------------- launching
+def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[str], list]:
+    """Start ``launch['num_servers']`` vLLM servers on ``model``; returns (urls, ServerProcess list) once every
+    server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
+    tail when one dies or does not come up within ``launch.timeout_s``."""
+    from lit_rl.rollout._server_launch import ServerProcess, free_port, port_in_use
+
+    num, threads = int(launch.get("num_servers", 1)), int(launch.get("threads_per_server", 1))
+    host, port = launch.get("host", "127.0.0.1"), launch.get("port")
+    timeout = float(launch.get("timeout_s", 600))
+    ports = [free_port(host) for _ in range(num)] if port is None else [int(port) + i for i in range(num)]
+    for p in ports:
+        if port_in_use(host, p):
+            raise ValueError(f"VLLMServerEngine.launch.port: port {p} on {host} is in use; choose a free port or "
+                             "port: null (free ports)")
+    procs, urls = [], []
+    try:
+        for i, p in enumerate(ports):
+            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
+                   "--port", str(p), "--dtype", str(launch.get("dtype") or policy_dtype),
+                   "--logprobs-mode", PROCESSED, "--seed", "0", "--disable-log-stats"]
+            if launch.get("max_model_len"):
+                cmd += ["--max-model-len", str(launch["max_model_len"])]
+            if launch.get("max_num_seqs"):
+                cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
+            on_cpu = not _cuda()
+            if on_cpu:
+                cmd += ["--enforce-eager"]
+            cmd += [str(a) for a in launch.get("extra_args") or []]
+            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
+                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
+                   "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
+            log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
+            procs.append(ServerProcess(cmd, env, log))
+            urls.append(f"http://{host}:{p}")
+        for proc, url in zip(procs, urls):
+            _wait_healthy(proc, url, time.monotonic() + timeout, timeout)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return urls, procs
+
+
+def _wait_healthy(proc, url: str, deadline: float, timeout: float) -> None:
+    while True:
+        if not proc.alive():
+            raise RuntimeError(f"VLLMServerEngine.launch: the server for {url} exited during start-up; log "
+                               f"{proc.log_path}:\n{proc.log_tail()}")
+        try:
+            if requests.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"VLLMServerEngine.launch: the server for {url} was not healthy within "
+                               f"launch.timeout_s={timeout}s; log {proc.log_path}:\n{proc.log_tail()}")
+        time.sleep(1.0)
+
+
+def _log_dir() -> str:
+    d = os.path.join(os.environ.get("TMPDIR", "/tmp"), "lit_rl_vllm_servers")
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# --------------------------------------------------------------------- NCCL
+def nccl_engines(pool: ServerPool, source, timeout: float) -> dict:
+    """One vLLM ``NCCLTrainerWeightTransferEngine`` per live server (rank 0 = this trainer, the server's
+    workers after it), rendezvousing over a TCP store on a free port of this host."""
+    from vllm.distributed.weight_transfer.clients import HTTPVLLMWeightSyncClient
+    from vllm.distributed.weight_transfer.nccl_engine import (
+        NCCLTrainerInitInfo,
+        NCCLTrainerWeightTransferEngine,
+    )
+
+    from lit_rl.rollout._server_launch import free_port
+
+    host = os.environ.get("LIT_RL_NCCL_HOST") or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+    engines = {}
+    for s in pool.servers:
+        if not s.alive:
+            continue
+        par = pool._get(s.url, "/server_info?config_format=json", 30)["vllm_config"]["parallel_config"]
+        workers = int(par.get("tensor_parallel_size", 1)) * int(par.get("pipeline_parallel_size", 1))
+        info = NCCLTrainerInitInfo(master_address=host, master_port=free_port(), world_size=1 + workers,
+                                    rank=0)  # only trainer rank 0 pushes (the engine's DDP rule)
+        engines[s.url] = NCCLTrainerWeightTransferEngine.trainer_init(
+            info, client=HTTPVLLMWeightSyncClient(s.url, timeout=timeout), source=source)
+    return engines

@@ -1,0 +1,381 @@
+"""`VLLMServerEngine`: rollouts from separate vLLM server processes (``vllm serve``), weights synced into them.
+
+Generation runs in other processes (on this machine or on rollout nodes), so the trainer's update and the
+servers' generation overlap for real in async mode. The engine speaks vLLM's own HTTP API:
+
+* ``POST /v1/completions`` with a token-id prompt, ``n = group_size`` (a group stays on one server, where its
+  prompt's KV blocks are cached), ``logprobs=0`` and ``return_token_ids``: token ids in, token ids and the
+  sampled tokens' log-probs out. The servers must run with ``--logprobs-mode processed_logprobs`` (checked
+  at setup), which gives the log-probs of the temperature-scaled distribution: the project convention
+  (``lit_rl.rollout.engine``), exactly as the in-process ``VLLMEngine``.
+* Weight sync (the servers must run with ``VLLM_SERVER_DEV_MODE=1``): transport ``file`` (default, CPU or
+  same host / shared file system): the learner writes one safetensors file to ``sync_dir`` (``/dev/shm``), each
+  server reloads it (``POST /collective_rpc`` → worker ``reload_weights(weights_path=...)``), drops its prefix
+  cache (``/reset_prefix_cache``), gets the new version (``/update_weight_version``) and must report it back
+  (``GET /weight_info``); a server that does not fails the step. Transport ``nccl`` (GPU, across hosts):
+  vLLM's weight-transfer engine (``/init_weight_transfer_engine`` + ``/update_weights``; the servers need
+  ``--weight-transfer-config '{"backend": "nccl"}'``) broadcasts every tensor from trainer rank 0.
+* Load balancing and failures: each prompt is one request sent to the live server with the fewest requests in
+  flight. A server that refuses connections, times out (``request_timeout_s``), answers 5xx or returns a
+  malformed body is marked dead for the rest of the run (a restarted server would hold the base weights) and
+  its requests go to another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
+  no live server left, ``generate`` raises naming every URL: never a hang.
+
+With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
+ranks' weights are equal after a step), the others wait on a gloo group of their own and check the version.
+Launched servers (``launch=``) are owned by the engine: see ``_server_launch`` for the no-orphan guarantees.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from torch import Tensor
+
+from lit_rl.rollout._server_http import ServerPool
+from lit_rl.rollout._vllm_common import (
+    architectures,
+    check_truncation,
+    check_weight_names,
+    dtype_name,
+    fit_prompts,
+    make_sync_dir,
+    write_weights_file,
+)
+from lit_rl.rollout.engine import Completion, SamplingConfig
+
+_log = logging.getLogger(__name__)
+OVERLONG = ("truncate", "drop", "error")
+TRANSPORTS = ("file", "nccl")
+LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_len", "max_num_seqs", "dtype",
+               "kv_cache_gb", "extra_args", "env", "timeout_s"}
+_SEED_MOD = 2**62
+
+
+class VLLMServerEngine:
+    """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
+
+    Args:
+        urls: base URLs of running servers (``http://host:port``), started with ``VLLM_SERVER_DEV_MODE=1`` and
+            ``--logprobs-mode processed_logprobs``. Exactly one of ``urls`` / ``launch``.
+        launch: start servers on this machine at ``bind`` (stopped at teardown / process exit): keys
+            ``num_servers`` (1), ``threads_per_server`` (1: CPU threads of each server), ``host``
+            (127.0.0.1), ``port`` (first port, servers use port, port+1, ...; null = free ports),
+            ``max_model_len``, ``max_num_seqs``, ``dtype`` (null = the policy's), ``kv_cache_gb`` (1, CPU KV
+            cache), ``extra_args`` (more ``vllm serve`` flags), ``env`` (more environment), ``timeout_s``
+            (600: start-up limit).
+        request_timeout_s: one request's limit on one server; a slower server counts as failed and the request
+            goes to another one.
+        sync_timeout_s: a weight sync slower than this raises.
+        weight_transport: ``file`` (safetensors in ``sync_dir``; servers must see that path) | ``nccl``.
+        sync_dir: where weight files go; null = a fresh directory in ``/dev/shm``.
+        seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
+        overlong_prompts: ``truncate`` | ``drop`` | ``error`` (as ``VLLMEngine``).
+        allow_truncated_logprobs: accept top-p / top-k (log-probs then of the truncated distribution).
+        max_concurrency: requests in flight from this engine at once (threads).
+    """
+
+    def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
+                 request_timeout_s: float = 120.0, sync_timeout_s: float = 300.0, weight_transport: str = "file",
+                 sync_dir: str | None = None, seed: int = 0, overlong_prompts: str = "truncate",
+                 allow_truncated_logprobs: bool = False, max_concurrency: int = 64):
+        if (urls is None) == (launch is None):
+            raise ValueError("VLLMServerEngine needs exactly one of urls (running servers) or launch (start them)")
+        if urls is not None and (isinstance(urls, str) or not urls or not all(
+                isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls)):
+            raise ValueError(f"VLLMServerEngine.urls must be a non-empty list of http(s)://host:port, got {urls!r}")
+        if launch is not None:
+            unknown = set(launch) - LAUNCH_KEYS
+            if unknown:
+                raise ValueError(f"VLLMServerEngine.launch has unknown keys {sorted(unknown)}; allowed: "
+                                 f"{', '.join(sorted(LAUNCH_KEYS))}")
+            for k in ("num_servers", "threads_per_server"):
+                if int(launch.get(k, 1)) < 1:
+                    raise ValueError(f"VLLMServerEngine.launch.{k} must be >= 1, got {launch[k]}")
+        if not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+        if not sync_timeout_s > 0:
+            raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
+        if weight_transport not in TRANSPORTS:
+            raise ValueError(f"weight_transport={weight_transport!r}; valid values: {', '.join(TRANSPORTS)}")
+        if overlong_prompts not in OVERLONG:
+            raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        self.urls = [u.rstrip("/") for u in urls] if urls is not None else None
+        self.launch = dict(launch) if launch is not None else None
+        self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
+        self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, seed
+        self.overlong, self.allow_truncated_logprobs = overlong_prompts, allow_truncated_logprobs
+        self.max_concurrency = max_concurrency
+        self.tokenizer = None
+        self.policy_version = 0
+        self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
+        self.last_sync_s = float("nan")
+        self.pool: ServerPool | None = None
+        self._procs: list = []
+        self._module = None
+        self._expected_names: set[str] | None = None
+        self._needs_initial_sync = False
+        self._stale: str | None = None
+        self._sync_seq = 0  # syncs pushed to the servers; the version string they must report
+        self._sync_dir: str | None = None
+        self._seed_cursor = 0
+        self._lock = threading.RLock()  # generate and weight sync never overlap
+        self._executor: ThreadPoolExecutor | None = None
+        self._group = None  # gloo group of the DDP ranks sharing the servers (rank 0 pushes weights)
+        self._nccl = None
+
+    # ------------------------------------------------------------------ start
+    def bind(self, module) -> None:
+        """Start (``launch``) or reach (``urls``) the servers and check them against the policy; the first
+        ``generate`` pushes the module's weights (so checkpoint-restored weights are what the servers use)."""
+        from lit_rl.models.loading import merged_state_items
+
+        self.tokenizer, self._module = module.tokenizer, module
+        self._expected_names = {n for n, _ in merged_state_items(module.model)}
+        if self.pool is None:
+            urls = self.urls if self.urls is not None else self._start_servers(module)
+            self.pool = ServerPool(urls, self.request_timeout_s)
+            try:
+                self.pool.check(policy=_policy_info(module), setting="urls" if self.urls is not None else "launch")
+            except BaseException:
+                self.close()
+                raise
+        self._check_rollout_settings(module)
+        # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
+        # rank's own, so every rank pushes to its own.
+        self._group = _ddp_group() if self.urls is not None else None
+        self._needs_initial_sync = True
+
+    def _start_servers(self, module) -> list[str]:
+        from lit_rl.rollout._server_http import launch_servers
+
+        model = str(getattr(module, "model_path", "") or "")
+        if not model:
+            raise ValueError("VLLMServerEngine.launch needs a policy module with model_path (the servers load it)")
+        urls, self._procs = launch_servers(model, self.launch, dtype_name(module.model))
+        return urls
+
+    def _check_rollout_settings(self, module) -> None:
+        """group_size / max_new_tokens of the RolloutCallback against the servers' limits, at setup."""
+        trainer = getattr(module, "_trainer", None)
+        for cb in getattr(trainer, "callbacks", None) or []:
+            if getattr(cb, "engine", None) is self:
+                self.check_request_shape(cb.group_size, cb.sampling.max_new_tokens)
+
+    def check_request_shape(self, n: int, max_new_tokens: int) -> None:
+        """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server."""
+        for s in self.pool.servers:
+            if s.max_num_seqs is not None and n > s.max_num_seqs:
+                raise ValueError(f"rollout.group_size={n} exceeds max_num_seqs={s.max_num_seqs} of server {s.url}: "
+                                 "a group is one request (n samples) and must fit one server's batch; lower "
+                                 "group_size or start the server with a larger --max-num-seqs")
+            if max_new_tokens >= s.max_model_len:
+                raise ValueError(f"rollout.sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt "
+                                 f"within max_model_len={s.max_model_len} of server {s.url}; lower it or start the "
+                                 "server with a larger --max-model-len")
+
+    @property
+    def max_model_len(self) -> int:
+        return min(s.max_model_len for s in self.pool.servers)
+
+    def close(self) -> None:
+        """Stop launched servers, drop the weight directory and the thread pool (bind starts them again)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+        if self._nccl is not None:
+            for eng in self._nccl.values():
+                try:
+                    eng.shutdown()
+                except Exception as exc:  # noqa: BLE001 - best effort at teardown
+                    _log.debug("NCCL weight-transfer shutdown failed: %s", exc)
+            self._nccl = None
+        for p in self._procs:
+            p.stop()
+        self._procs = []
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+        if self._sync_dir is not None and self.sync_dir_arg is None:
+            shutil.rmtree(self._sync_dir, ignore_errors=True)
+        self._sync_dir = None
+
+    def teardown(self) -> None:
+        self.close()
+
+    def __del__(self):  # launched servers never outlive a forgotten engine (the launcher also watches us)
+        try:
+            if self._procs:
+                self.close()
+        except Exception as exc:  # noqa: BLE001 - interpreter shutdown
+            _log.debug("VLLMServerEngine cleanup failed: %s", exc)
+
+    # --------------------------------------------------------------- generate
+    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+        """``n`` completions per prompt (token ids), each recording the policy version it was sampled with.
+
+        Shapes:
+            prompt_ids: P lists of token ids. Returns P lists of ``n`` Completions with
+            ``len(token_ids) == len(logprobs) <= max_new_tokens`` (0 for a dropped prompt).
+        """
+        if self.pool is None:
+            raise RuntimeError("VLLMServerEngine is not started: call bind(module) first (RolloutCallback.setup does)")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        check_truncation(sampling, self.allow_truncated_logprobs, "VLLMServerEngine")
+        self.check_request_shape(n, sampling.max_new_tokens)
+        with self._lock:
+            if self._needs_initial_sync and self._module is not None:
+                from lit_rl.models.loading import merged_state_items
+
+                self._sync(merged_state_items(self._module.model))
+                self._needs_initial_sync = False
+            if self._stale is not None:
+                raise RuntimeError(f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again.")
+            sent, placeholder = fit_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len,
+                                            self.overlong, self.counters)
+            version = self.policy_version
+            bodies = [self._body(ids, n, sampling) for _, ids in sent]
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lit_rl-server-req")
+            futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
+            result: list[list[Completion]] = [placeholder(n) for _ in prompt_ids]
+            for (i, _), fut in zip(sent, futures):
+                result[i] = [Completion(t, lp, fr, version) for t, lp, fr in fut.result()]
+            return result
+
+    def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
+        base = self.seed if sp.seed is None else sp.seed
+        seed = (base + self._seed_cursor) % _SEED_MOD  # one seed per prompt; vLLM gives sample k seed + k
+        self._seed_cursor += n
+        greedy = sp.temperature == 0
+        return {"prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens, "temperature": sp.temperature,
+                "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1, "logprobs": 0, "seed": seed,
+                "return_token_ids": True, "skip_special_tokens": False, "ignore_eos": False, "min_tokens": 0,
+                "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+    def metrics(self) -> dict[str, float]:
+        """Cumulative failure counts and the last sync's seconds (logged by RolloutCallback every step)."""
+        pool = self.pool
+        return {"rollout/server_errors": float(pool.errors if pool else 0),
+                "rollout/retries": float(pool.retries if pool else 0),
+                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0)}
+
+    def state_dict(self) -> dict:
+        return {"seed_cursor": self._seed_cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._seed_cursor = int(state.get("seed_cursor", 0))
+
+    # ----------------------------------------------------------- weight sync
+    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
+        """Push new weights (checkpoint names, e.g. ``merged_state_items(model)``) to every live server.
+
+        Raises ``ValueError`` on missing / unknown names (servers untouched); ``RuntimeError`` when any server
+        fails to load them or reports another version, ``TimeoutError`` after ``sync_timeout_s``; after those
+        two ``generate`` refuses until a later sync succeeds (no server serves stale weights silently).
+        """
+        with self._lock:
+            self._sync(named_tensors)
+            self._needs_initial_sync = False
+            self.policy_version += 1
+
+    def _sync(self, named_tensors) -> None:
+        import torch.distributed as dist
+
+        t0 = time.perf_counter()
+        self._sync_seq += 1
+        version = str(self._sync_seq)
+        rank0 = self._group is None or dist.get_rank() == 0
+        err: BaseException | None = None
+        if rank0:
+            try:
+                items = list(named_tensors)
+                check_weight_names(items, self._expected_names)
+                if self.weight_transport == "file":
+                    if self._sync_dir is None:
+                        self._sync_dir = self.sync_dir_arg or make_sync_dir()
+                        os.makedirs(self._sync_dir, exist_ok=True)
+                    write_weights_file(items, self._sync_dir)
+                    self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
+                else:
+                    self._sync_nccl(items, version)
+            except ValueError:
+                self._sync_seq -= 1
+                raise
+            except BaseException as exc:  # noqa: BLE001 - reported below (and to the other ranks)
+                err = exc
+        if self._group is not None:  # rank 0 tells the others how it went; they then check the version
+            box = [None if err is None else f"{type(err).__name__}: {err}"]
+            dist.broadcast_object_list(box, src=0, group=self._group)
+            if box[0] is not None and err is None:
+                err = RuntimeError(f"rank 0 failed the weight sync: {box[0]}")
+            if err is None and not rank0:
+                try:
+                    self.pool.check_versions(version)
+                except BaseException as exc:  # noqa: BLE001
+                    err = exc
+        if err is not None:
+            self._stale = f"the last weight sync failed ({type(err).__name__}: {err})"
+            if isinstance(err, TimeoutError):
+                raise err
+            raise RuntimeError(f"VLLMServerEngine weight sync (version {version}) failed: {err}") from err
+        self._stale = None
+        self.last_sync_s = time.perf_counter() - t0
+
+    def _sync_nccl(self, items, version: str) -> None:
+        """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own
+        trainer-side engine broadcasting each tensor; then the version is set and checked like transport (a)."""
+        import torch
+
+        from lit_rl.rollout._server_http import nccl_engines
+
+        items = [(n, t.detach().to("cuda", non_blocking=True)) for n, t in items]  # NCCL sends device tensors
+        torch.cuda.synchronize()
+        source = _items_source(items)
+        if self._nccl is None:
+            self._nccl = nccl_engines(self.pool, source, self.sync_timeout_s)
+        for eng in self._nccl.values():
+            eng.source = source
+            eng.send_weights()
+        self.pool.set_versions(version)
+
+
+def _items_source(items):
+    """A vLLM ``WeightSource`` over one sync's (name, tensor) list (re-iterable, metadata without copies)."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    class ItemsSource(WeightSource):
+        def metadata(self):
+            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in items]
+
+        def __iter__(self):
+            return iter(items)
+
+    return ItemsSource()
+
+
+def _policy_info(module) -> dict:
+    cfg = getattr(module.model, "config", None)
+    path = str(getattr(module, "model_path", "") or "")
+    return {"architectures": list(getattr(cfg, "architectures", None) or architectures(path)),
+            "vocab_size": getattr(cfg, "vocab_size", None), "path": path}
+
+
+def _ddp_group():
+    """A gloo group of all ranks when torch.distributed runs with several ranks (else None). Its own group,
+    so weight-sync messages never interleave with the strategy's gradient collectives."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    return dist.new_group(backend="gloo")
+

