@@ -12,6 +12,20 @@ PolicyModule hooks (old log-probs, critic values, advantages) and one Lightning 
     python scripts/bench_memory.py [--layers 4 --hidden 256 --rows 32 --completion-len 64 --device cpu]
 
 Prints a table and the ratios to GRPO (the design target: shared critic <= 1.2x GRPO).
+
+With ``--vocab V`` it instead compares the chunked LM-head path (default: log-probs, entropy and divergences
+from hidden states through ``lm_head`` chunk by chunk, ``core.fused_logprobs``) with the materialised (b, C, V)
+logits path (``PolicyModule.materialize_logits``), for GRPO, GRPO + a reference-KL loss term (k3, beta 0.04)
+and ``reverse_kl_full`` distillation (teacher = a copy of the model), on a model whose vocabulary is resized to V:
+
+    python scripts/bench_memory.py --vocab 151936 --hidden 256 --completion 1024 --rows 8
+
+One micro-batch of all ``--rows`` rows = one micro-step (forward + backward + a stateless SGD step, lr 0).
+Each (variant, path) runs in a fresh subprocess; "hooks" = the experience hooks before the step (reference /
+teacher log-probs, no grad), "step" = the training step; each with wall time and CPU time (getrusage user+sys of
+the child, all threads: on a shared machine wall time mostly measures the scheduler). Peak = VmHWM above the RSS
+just before each phase (reset through /proc/self/clear_refs). The child's address space is capped (``--max-gb``, default: available
+memory - 2 GiB) so an over-large baseline fails with an allocation error instead of waking the OOM killer.
 """
 from __future__ import annotations
 
@@ -86,6 +100,154 @@ def _one(name: str, args) -> dict:
     return {"name": name, "peak_mib": peak / 2**20, "params": n_params}
 
 
+HEAD_VARIANTS = ("grpo", "grpo+ref_kl", "reverse_kl_full")
+
+
+def _one_head(spec: str, args) -> dict:
+    """One (variant, path) of the --vocab comparison: peaks, wall and CPU times of the hooks and of the step."""
+    import time
+
+    import lightning as L
+    import torch
+
+    from lit_rl.data import PromptDataModule
+    from lit_rl.data.experience import Experience
+    from lit_rl.modules import PolicyModule
+    from lit_rl.modules.protocols import experience_hooks
+
+    variant, path = spec.split("@")
+    sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731  no optimizer state: the step is fwd+bwd
+    callbacks = []
+    if variant == "reverse_kl_full":
+        from lit_rl.callbacks.teachers import Teacher, TeacherRouter
+        from lit_rl.models.loading import load_causal_lm
+        from lit_rl.modules.distill import DistillModule
+
+        mod = DistillModule(model=args.model, losses={"reverse_kl_full": 1.0}, optimizer=sgd)
+        callbacks.append(TeacherRouter({"default": Teacher(model=load_causal_lm(args.model, "float32").eval())}))
+    else:
+        mod = PolicyModule(model=args.model, optimizer=sgd)
+        if variant == "grpo+ref_kl":
+            from lit_rl.callbacks.reference_kl import ReferenceKL
+
+            callbacks.append(ReferenceKL(kind="k3", where="loss", beta=0.04))
+    mod.materialize_logits = path == "materialised"
+    B, P, C = args.rows, 8, args.completion_len
+    st: dict[str, float] = {}
+
+    class SyntheticRollout(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            g = torch.Generator().manual_seed(0)
+            ids = torch.randint(5, 60, (B, P + C), generator=g)
+            exp = Experience(input_ids=ids, attention_mask=torch.ones(B, P + C, dtype=torch.long),
+                             loss_mask=torch.ones(B, C, dtype=torch.bool), prompt_len=P,
+                             group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
+                             valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
+                             horizon=C, prompts=[None] * B, domains=["default"] * B)
+            _reset_peak_rss()
+            st["rss0"], t0, c0 = _rss("VmRSS"), time.perf_counter(), _cpu_s()
+            pl_module.on_experience(trainer, pl_module, exp)
+            for hook in experience_hooks(trainer):
+                hook.on_experience(trainer, pl_module, exp)
+            batch.metrics = pl_module.compute_advantages(exp)
+            batch.experience = exp
+            st["hooks_s"], st["hooks_peak"] = time.perf_counter() - t0, _rss("VmHWM") - st["rss0"]
+            st["hooks_cpu"] = _cpu_s() - c0
+            _reset_peak_rss()
+            st["rss1"], st["t1"], st["c1"] = _rss("VmRSS"), time.perf_counter(), _cpu_s()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            st["step_s"], st["step_peak"] = time.perf_counter() - st["t1"], _rss("VmHWM") - st["rss1"]
+            st["step_cpu"] = _cpu_s() - st["c1"]
+
+    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[SyntheticRollout(), *callbacks])
+    trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
+    return {"variant": variant, "path": path, "step_mib": st["step_peak"] / 2**20, "step_s": st["step_s"],
+            "step_cpu": st["step_cpu"], "hooks_mib": st["hooks_peak"] / 2**20, "hooks_s": st["hooks_s"],
+            "hooks_cpu": st["hooks_cpu"]}
+
+
+def _cpu_s() -> float:
+    """User + system CPU seconds of this process (all its threads): robust to other load on a shared machine,
+    where wall time mostly measures the scheduler."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
+def _limit_memory(gib: float) -> None:
+    import resource
+
+    lim = int(gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+
+def _available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 16.0
+
+
+def _head_main(args) -> None:
+    import shutil
+
+    from lit_rl.models.tiny import build_tiny_model
+
+    tmp = tempfile.mkdtemp(prefix="bench_memory_vocab_")
+    d = build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
+                         heads=max(2, args.hidden // 64), tokenizer="char", seed=0)
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(d)
+    m.resize_token_embeddings(args.vocab, mean_resizing=False)  # tied head: the (V, H) weight is the embedding
+    m.save_pretrained(d)
+    del m
+    max_gb = args.max_gb if args.max_gb else max(2.0, _available_gib() - 2.0)
+    rows = []
+    for variant in HEAD_VARIANTS:
+        for path in ("chunked", "materialised"):
+            cmd = [sys.executable, __file__, "--one-head", f"{variant}@{path}", "--model", str(d), "--rows",
+                   str(args.rows), "--completion-len", str(args.completion_len), "--max-gb", str(max_gb)]
+            out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
+            line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+            if out.returncode or not line:
+                err = out.stderr.strip().splitlines()[-1:] or ["?"]
+                print(f"{variant}@{path} failed (rc {out.returncode}): {err[0][:300]}", flush=True)
+                rows.append({"variant": variant, "path": path, "failed": True})
+                continue
+            rows.append(json.loads(line[-1][len("RESULT "):]))
+            r = rows[-1]
+            print(f"  {variant:<16}{path:<13} step {r['step_mib']:9.1f} MiB {r['step_s']:7.2f} s wall "
+                  f"{r['step_cpu']:7.2f} s CPU   hooks {r['hooks_mib']:9.1f} MiB {r['hooks_s']:6.2f} s wall "
+                  f"{r['hooks_cpu']:6.2f} s CPU", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\none training micro-step ({args.rows} rows x {args.completion_len} completion tokens, vocab "
+          f"{args.vocab}, hidden {args.hidden}, {args.layers} layers, float32, CPU): peak RSS above the RSS "
+          f"before the phase (VmHWM reset via /proc/self/clear_refs); wall time and CPU time (getrusage, user+sys of "
+          f"the child's threads); child address space <= {max_gb:.1f} GiB")
+    print(f"{'variant':<17}{'chunked MiB':>12}{'mat. MiB':>10}{'ratio':>7}{'chunked s':>11}{'mat. s':>8}{'ratio':>7}"
+          f"{'chunked CPU s':>15}{'mat. CPU s':>12}{'ratio':>7}{'hooks MiB c/m':>16}")
+    for variant in HEAD_VARIANTS:
+        new = next(r for r in rows if r["variant"] == variant and r["path"] == "chunked")
+        old = next(r for r in rows if r["variant"] == variant and r["path"] == "materialised")
+        if new.get("failed") or old.get("failed"):
+            print(f"{variant:<17}{'failed' if new.get('failed') else format(new['step_mib'], '.1f'):>12}"
+                  f"{'failed' if old.get('failed') else format(old['step_mib'], '.1f'):>10}")
+            continue
+        print(f"{variant:<17}{new['step_mib']:>12.1f}{old['step_mib']:>10.1f}{new['step_mib'] / old['step_mib']:>7.2f}"
+              f"{new['step_s']:>11.2f}{old['step_s']:>8.2f}{new['step_s'] / old['step_s']:>7.2f}"
+              f"{new['step_cpu']:>15.2f}{old['step_cpu']:>12.2f}{new['step_cpu'] / old['step_cpu']:>7.2f}"
+              f"{new['hooks_mib']:>8.0f}/{old['hooks_mib']:<7.0f}")
+
+
 def _rss(field: str) -> int:
     """Bytes of /proc/self/status ``field`` (VmRSS = now, VmHWM = high-water mark); 0 when unavailable."""
     try:
@@ -113,13 +275,24 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--rows", type=int, default=32)
-    ap.add_argument("--completion-len", type=int, default=64)
+    ap.add_argument("--completion-len", "--completion", type=int, default=64)
+    ap.add_argument("--vocab", type=int, default=None,
+                    help="compare the chunked LM-head path with materialised logits at this vocabulary size")
+    ap.add_argument("--max-gb", type=float, default=None, help="address-space cap of each --vocab child (GiB)")
+    ap.add_argument("--one-head", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--micro-batch-size", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one config, print JSON
     args = ap.parse_args()
     if args.one:
         print("RESULT " + json.dumps(_one(args.one, args)))
+        return
+    if args.one_head:
+        _limit_memory(args.max_gb)
+        print("RESULT " + json.dumps(_one_head(args.one_head, args)))
+        return
+    if args.vocab:
+        _head_main(args)
         return
     tmp = None
     if args.model is None:

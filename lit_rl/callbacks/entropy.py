@@ -55,15 +55,15 @@ class EntropyRegularization(L.Callback):
 
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
         mask = fwd["mask"]
-        chunk = getattr(module.hparams, "logprob_chunk_size", None)
-        temperature = getattr(module, "temperature", 1.0)
-        if self.coef == 0.0:  # nothing to differentiate: measure only
-            with torch.no_grad():
-                ent = entropy_from_logits(fwd["logits"].detach(), chunk, temperature)  # (b, C)
-            self._accumulate(ent, mask, micro.batch_size)
-            return {"entropy": torch.zeros((), device=ent.device)}
-        ent = entropy_from_logits(fwd["logits"], chunk, temperature)  # (b, C)
+        ent = fwd.get("entropy")  # (b, C) from the module's chunked pass through the LM head (differentiable)
+        if ent is None:  # materialised path: from the logits
+            chunk = getattr(module.hparams, "logprob_chunk_size", None)
+            temperature = getattr(module, "temperature", 1.0)
+            logits = fwd["logits"] if self.coef != 0.0 else fwd["logits"].detach()
+            ent = entropy_from_logits(logits, chunk, temperature)  # (b, C)
         self._accumulate(ent.detach(), mask, micro.batch_size)
+        if self.coef == 0.0:  # nothing to differentiate: measure only
+            return {"entropy": torch.zeros((), device=ent.device)}
         return {"entropy": -self.coef * module.aggregate(ent, mask, fwd)}
 
     def _accumulate(self, ent: torch.Tensor, mask: torch.Tensor, rows: int) -> None:

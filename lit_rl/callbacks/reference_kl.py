@@ -32,7 +32,6 @@ import torch
 from lit_rl.callbacks._sync import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
-from lit_rl.core.logprobs import token_logprobs
 from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
@@ -52,7 +51,8 @@ class ReferenceKL(L.Callback):
             measured over all ranks' tokens, with ``n_steps`` = the rows of the global batch.
         horizon, kl_clip: controller horizon (in rows) and error clip.
         device: where the reference lives (``cpu`` saves accelerator memory); None = the policy's device.
-        dtype: reference dtype when loading ``path`` (default: the policy's ``dtype``).
+        dtype: reference dtype; None = the dtype of the policy's weights at the first reference forward (so
+            a copy taken at ``setup`` follows a later precision conversion, e.g. Lightning's ``64-true``).
         micro_batch_size: rows per reference forward; None = the policy's ``micro_batch_size``.
         log_ratio_clamp: |log π_ref − log π| clamp of the estimator (None disables).
 
@@ -120,11 +120,18 @@ class ReferenceKL(L.Callback):
         return ref
 
     def _place(self, module) -> None:
+        """Reference on its device and in its dtype. Without ``dtype`` it takes the policy's weight dtype
+        now, not at ``setup``: the copy is taken before the strategy's precision plugin converts the policy
+        (``precision="64-true"`` makes the policy float64 after ``setup``), and a float32 reference under a
+        float64 policy would round every ``ref_logprobs`` to float32."""
         if self.ref is None:
             self.build_reference(module)
         target = torch.device(self.device) if self.device is not None else module.device
-        if next(self.ref.parameters()).device != target:
-            self.ref.to(target)
+        policy_dtype = module.model.get_input_embeddings().weight.dtype
+        dtype = resolve_dtype(self.dtype) if self.dtype is not None else policy_dtype
+        p = next(self.ref.parameters())
+        if p.device != target or p.dtype != dtype:
+            self.ref.to(device=target, dtype=dtype)
 
     @torch.no_grad()
     def reference_logprobs(self, module, exp) -> torch.Tensor:
@@ -134,9 +141,7 @@ class ReferenceKL(L.Callback):
         size = self.micro_batch_size or module.hparams.micro_batch_size
         chunks = []
         for micro in exp.micro_batches(size):
-            logits = module.forward_logits(micro, model=self.ref)  # (b, C, V)
-            ids = micro.completion_ids.to(logits.device)
-            lp = token_logprobs(logits, ids, module.hparams.logprob_chunk_size, module.temperature)
+            lp = module.completion_logprobs(micro, model=self.ref)  # (b, C), chunked through the ref's LM head
             chunks.append((lp.double() if lp.dtype == torch.float64 else lp.float()).to(exp.input_ids.device))
         return torch.cat(chunks)  # (B, C)
 

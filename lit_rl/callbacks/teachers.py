@@ -22,6 +22,7 @@ import lightning as L
 import torch
 
 from lit_rl.core.distill import teacher_topk
+from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.data.prompts import Prompt, render_prompt
@@ -334,6 +335,27 @@ class TeacherRouter(L.Callback):
 
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
+    def teacher_heads(self, module, micro: Experience, loss: str = "reverse_kl_full") -> list[tuple[list[int], Any]]:
+        """Per teacher group: ``(row indices into micro, source)``, the source being the teacher's
+        ``core.fused_logprobs.Projection`` (hidden states (b', C, H_T) at the student's completion positions + its
+        LM head) so full-vocabulary losses compute the teacher's logits chunk by chunk too, or its (b', C, V)
+        logits when the teacher's model needs the materialised path (``modules.heads.projection_blocker``)."""
+        out = []
+        for key, (teacher, idx) in self._groups(micro).items():
+            model, tok = self._acquire(module, teacher)
+            self.check_full_vocab(module, teacher, tok, loss)
+            with _eval(model):
+                fo = module.forward_outputs(teacher_view(module, teacher, micro.select(idx), tok), model=model)
+            self._release(teacher)
+            src = fo["head"] if fo["head"] is not None else fo["logits"]
+            V = src.vocab_size if fo["head"] is not None else src.shape[-1]
+            if V != _student_vocab(module):
+                raise ValueError(f"teacher {teacher!r} has {V} logits per position, the student "
+                                 f"{_student_vocab(module)}: full-vocabulary losses need identical vocabularies")
+            out.append((idx, src))
+        return out
+
+    @torch.no_grad()
     def teacher_logits(self, module, micro: Experience, loss: str = "reverse_kl_full") -> torch.Tensor:
         """Teacher logits over the student's completion positions, (b, C, V) on the micro-batch's device,
         each row from its own domain's teacher (full-vocabulary losses; the tokenizers must be identical)."""
@@ -375,10 +397,18 @@ class TeacherRouter(L.Callback):
                 part = idx[start:start + (size or len(idx))]
                 micro = rows.select(list(range(start, start + len(part))))
                 with _eval(model):
-                    if same:
-                        lg = module.forward_logits(teacher_view(module, teacher, micro, tok), model=model)  # (b, C, V)
-                        lp = token_logprobs(lg, micro.completion_ids.to(lg.device), module.hparams.logprob_chunk_size,
-                                            module.temperature)  # (b, C)
+                    if same and k:  # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
+                        fo = module.forward_outputs(teacher_view(module, teacher, micro, tok), model=model)
+                        lg = fo["head"] if fo["head"] is not None else fo["logits"]  # Projection | (b, C, V)
+                        if fo["head"] is not None:
+                            ids = micro.completion_ids.to(lg.hidden.device)
+                            lp = linear_logprobs(lg.hidden, lg.weight, ids, lg.bias, module.temperature,
+                                                 module.hparams.logprob_chunk_size, entropy=False)[0]
+                        else:
+                            lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
+                                                module.hparams.logprob_chunk_size, module.temperature)  # (b, C)
+                    elif same:  # chunked through the teacher's LM head
+                        lp = module.completion_logprobs(teacher_view(module, teacher, micro, tok), model=model)
                     else:
                         lp = self._cross_logprobs(module, teacher, micro, model, tok)
                 if k:
@@ -396,8 +426,7 @@ class TeacherRouter(L.Callback):
     def _cross_logprobs(self, module, teacher, micro, model, tok) -> torch.Tensor:
         view, owner = _cross_tokenizer_view(module, teacher, micro, tok)
         view = view.to(next(model.parameters()).device)
-        lg = module.forward_logits(view, model=model)  # (b, Ct, V_teacher)
-        lp = token_logprobs(lg, view.completion_ids, module.hparams.logprob_chunk_size, module.temperature)
+        lp = module.completion_logprobs(view, model=model)  # (b, Ct), chunked through the teacher's LM head
         out = torch.zeros((micro.batch_size, micro.completion_len), dtype=torch.float32)
         own = owner.clamp(min=0)
         out.scatter_add_(1, own, lp.float().cpu().masked_fill(owner < 0, 0.0))  # sum teacher tokens per owner
@@ -492,3 +521,7 @@ class _eval:
 
 
 __all__ = ["Teacher", "TeacherRouter", "privileged_prompt", "same_tokenizer", "teacher_view"]
+
+
+def _student_vocab(module) -> int:
+    return module.model.get_output_embeddings().weight.shape[0]

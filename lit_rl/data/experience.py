@@ -199,18 +199,38 @@ class Experience:
             kw[f.name] = v
         return Experience(**kw)
 
-    def trim(self) -> "Experience":
-        """Drop completion columns that are padding in every row (saves compute after row selection)."""
+    def row_extents(self) -> tuple[list[int], list[int]]:
+        """Per row: prompt columns from its first real token to P, and completion columns up to its last real
+        token (the widths a block of these rows needs: left-padded prompts, right-padded completions)."""
+        att = self.attention_mask.bool()
+        P, C = self.prompt_len, self.completion_len
+        cols_p = torch.arange(P, device=att.device)
+        first = torch.where(att[:, :P], cols_p, P).min(-1).values if P else torch.zeros(len(att), dtype=torch.long)
+        cols_c = torch.arange(1, C + 1, device=att.device)
+        last = torch.where(att[:, P:], cols_c, 0).max(-1).values if C else torch.zeros(len(att), dtype=torch.long)
+        return (P - first).tolist(), last.tolist()
+
+    def trim(self, prompt: bool = False) -> "Experience":
+        """Drop completion columns that are padding in every row (saves compute after row selection); with
+        ``prompt`` also the leading prompt columns that are padding in every row (``prompt_len`` shrinks).
+        Position ids come from the attention mask and padded keys are masked, so the model computes the same
+        values on the trimmed rows."""
         real = self.attention_mask[:, self.prompt_len :].bool().any(0)  # (C,)
-        if real.all() or not real.any():
+        drop_p = 0
+        if prompt and self.prompt_len:
+            real_p = self.attention_mask[:, : self.prompt_len].bool().any(0)  # (P,)
+            drop_p = int(real_p.long().argmax()) if real_p.any() else self.prompt_len - 1
+        if (real.all() or not real.any()) and drop_p == 0:
             return self
-        keep_c = int(real.nonzero().max()) + 1
+        keep_c = int(real.nonzero().max()) + 1 if real.any() else self.completion_len
         L = self.prompt_len + keep_c
         kw = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
             if f.name in ("input_ids", "attention_mask"):
-                v = v[:, :L]
+                v = v[:, drop_p:L]
+            elif f.name == "prompt_len":
+                v = v - drop_p
             elif f.name == "loss_mask" or (f.name in TOKEN_FIELDS and v is not None):
                 v = v[:, :keep_c]
             elif f.name == "extras":

@@ -31,11 +31,13 @@ from torch import Tensor
 
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.core.aggregation import aggregate
-from lit_rl.core.distill import FULL_VOCAB_LOSSES, check_losses, masked_cross_entropy, topk_reverse_kl
+from lit_rl.core.distill import check_losses, masked_cross_entropy, topk_reverse_kl, topk_reverse_kl_linear
+from lit_rl.core.fused_logprobs import Projection, linear_divergence, linear_logprobs
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
+from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.policy import PolicyModule
 
 KD_ON = ("student", "teacher", "both")
@@ -119,9 +121,13 @@ class DistillModule(PolicyModule):
     # ---------------------------------------------------------------- loss
     def extra_loss_terms(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
         """Student-rollout distillation terms of one micro-batch, each coefficient-weighted and aggregated with
-        the module's ``loss_agg`` over the minibatch's denominators (accumulation-exact)."""
+        the module's ``loss_agg`` over the minibatch's denominators (accumulation-exact).
+
+        Full-vocabulary terms go through the student's ``fwd["head"]`` (hidden states + LM head) chunk by chunk,
+        with the teacher's logits computed chunk-wise from its own hidden states: no (b, C, V) tensor is built
+        (``fwd["logits"]`` is read only on the materialised path)."""
         h, c = self.hparams, self.losses
-        logits, lp, mask = fwd["logits"], fwd["logprobs"], fwd["mask"]  # (b, C, V), (b, C), (b, C)
+        lp, mask, head = fwd["logprobs"], fwd["mask"], fwd.get("head")  # (b, C), (b, C), Projection | None
         out: dict[str, Tensor] = {}
         if "reverse_kl_sampled" in c:
             old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
@@ -133,24 +139,48 @@ class DistillModule(PolicyModule):
         if "topk_reverse_kl" in c:
             C = mask.shape[1]
             ex = micro.extras
-            kl = topk_reverse_kl(logits, ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
-                                 ex["teacher_tail_logprob"][:, :C], mask, self.temperature, h.micro_batch_size)
+            teacher = (ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
+                       ex["teacher_tail_logprob"][:, :C])
+            if head is not None:
+                kl = topk_reverse_kl_linear(head, *teacher, mask, self.temperature, h.logprob_chunk_size)
+            else:
+                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, self.temperature, h.micro_batch_size)
             out["topk_reverse_kl"] = c["topk_reverse_kl"] * self.aggregate(kl, mask, fwd)
         full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
                 and (n == "reverse_kl_full" or self.kd_on != "teacher")]
         if full:
-            t_logits = self.router().teacher_logits(self, micro, full[0])  # (b, C, V), no grad
-            out.update(self._full_vocab_terms(full, logits, t_logits, mask, fwd))
+            out.update(self._full_vocab_terms(full, micro, mask, fwd))
         return out
 
-    def _full_vocab_terms(self, names, logits, t_logits, mask, fwd) -> dict[str, Tensor]:
+    def _full_vocab_terms(self, names, micro, mask, fwd) -> dict[str, Tensor]:
         h, c, out = self.hparams, self.losses, {}
+        head = fwd.get("head")
+        if head is None:  # materialised path: student and teacher logits as (b, C, V) tensors
+            logits = fwd["logits"]
+            t_logits = self.router().teacher_logits(self, micro, names[0])  # (b, C, V), no grad
+            for n in names:
+                if n == "jsd":
+                    d = generalized_jsd(logits, t_logits, self.jsd_beta, mask, h.logprob_chunk_size, self.temperature)
+                else:
+                    d = kl_from_logits(logits, t_logits, mask, "reverse" if n == "reverse_kl_full" else "forward",
+                                       h.logprob_chunk_size, self.temperature)
+                out[n] = c[n] * self.aggregate(d, mask, fwd)
+            return out
+        groups = self.router().teacher_heads(self, micro, names[0])  # [(rows, Projection | (b', C, V) logits)]
+        kinds = {"reverse_kl_full": "reverse", "forward_kl": "forward", "jsd": "jsd"}
         for n in names:
-            if n == "jsd":
-                d = generalized_jsd(logits, t_logits, self.jsd_beta, mask, h.logprob_chunk_size, self.temperature)
-            else:
-                d = kl_from_logits(logits, t_logits, mask, "reverse" if n == "reverse_kl_full" else "forward",
-                                   h.logprob_chunk_size, self.temperature)
+            parts = []
+            for idx, teacher in groups:
+                rows = torch.as_tensor(idx, device=head.hidden.device)
+                student = head if len(groups) == 1 else Projection(head.hidden[rows], head.weight, head.bias)
+                parts.append((rows, linear_divergence(kinds[n], student, teacher, mask[rows.to(mask.device)],
+                                                      self.temperature, self.jsd_beta, h.logprob_chunk_size)))
+            if len(parts) == 1:
+                d = parts[0][1]
+            else:  # rows of several teachers: put each group's (b', C) back in place (differentiable)
+                d = torch.zeros(mask.shape, dtype=parts[0][1].dtype, device=parts[0][1].device)
+                for rows, dg in parts:
+                    d = d.index_put((rows.to(d.device),), dg)
             out[n] = c[n] * self.aggregate(d, mask, fwd)
         return out
 
@@ -202,8 +232,15 @@ class DistillModule(PolicyModule):
         """Loss terms of one micro-batch of teacher rollouts (the ``micro_loss`` of ``_optimizer_step``)."""
         h, c = self.hparams, self.losses
         mask = micro.train_mask
-        logits = self.forward_logits(micro)  # (b, C, V)
-        lp = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
+        out = self.forward_outputs(micro)
+        fwd = LazyLogits(fwd, head=out["head"])
+        if out["head"] is not None:
+            hd = out["head"]
+            lp = linear_logprobs(hd.hidden, hd.weight, micro.completion_ids.to(hd.hidden.device), hd.bias,
+                                 self.temperature, h.logprob_chunk_size, entropy=False)[0]
+        else:
+            fwd["logits"] = out["logits"]
+            lp = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
         parts: dict[str, Tensor] = {}
         if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
             ce = masked_cross_entropy(lp, mask)
@@ -211,10 +248,8 @@ class DistillModule(PolicyModule):
                 ce, mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
         kd = [n for n in ("forward_kl", "jsd") if n in c and self.kd_on != "student"]
         if kd:
-            t_logits = self.router().teacher_logits(self, micro, kd[0])
-            f = dict(fwd, logits=logits)
             parts.update({f"{k}_teacher_rollouts": v for k, v in
-                          self._full_vocab_terms(kd, logits, t_logits, mask, f).items()})
+                          self._full_vocab_terms(kd, micro, mask, fwd).items()})
         return parts
 
 

@@ -19,13 +19,16 @@ from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
 from lit_rl.core.advantages import ADVANTAGES, AdvantageInputs, compute_advantages
 from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
+from lit_rl.core.fused_logprobs import Projection, linear_logprobs
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
 from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
+from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
 
@@ -110,7 +113,15 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
-        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch.
+        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
+            ``micro_batch_tokens`` it caps the rows of a token-budget micro-batch; it also sizes the no-grad
+            passes over the Experience (old log-probs, reference, values).
+        micro_batch_tokens: token budget per training forward/backward instead of a row count: each minibatch's
+            rows are sorted by length and cut so that rows × (trimmed width) ≤ the budget, each micro-batch
+            trimmed to its own longest prompt and completion (``core.microbatch``). A row longer than the
+            budget forms a micro-batch alone. The loss is still the minibatch loss (global denominators), and
+            every rank runs the same number of micro-batches (the count is agreed with an all-reduce; a rank
+            with fewer runs zero-weight ones). None = fixed ``micro_batch_size`` rows.
         max_grad_norm: gradient clipping; a non-finite norm skips the step.
         max_nonfinite_steps: this many skipped steps in a row raise.
         rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
@@ -144,6 +155,7 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,
+        micro_batch_tokens: int | None = None,
         max_grad_norm: float = 1.0,
         max_nonfinite_steps: int = 5,
         rollout_correction: CorrectionMode = "none",
@@ -172,6 +184,10 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         for name, v in (("minibatch_size", minibatch_size), ("micro_batch_size", micro_batch_size)):
             if v is not None and v < 1:
                 raise ValueError(f"{name} must be >= 1 or null, got {v}")
+        if micro_batch_tokens is not None and (isinstance(micro_batch_tokens, bool)
+                                               or not isinstance(micro_batch_tokens, int) or micro_batch_tokens < 1):
+            raise ValueError(f"micro_batch_tokens must be a positive integer (padded tokens per micro-batch) or "
+                             f"null, got {micro_batch_tokens!r}")
         if minibatch_size and micro_batch_size and minibatch_size % micro_batch_size:
             raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
         if not 0 <= clip_low <= 1:
@@ -259,32 +275,73 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
     def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
         """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.
 
-        ``model`` defaults to the policy (a reference model or a separate critic backbone may be passed, on its
-        own device). With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states at the same
-        positions, (b, C, H): a value head on the shared backbone reads them from this one forward pass.
+        Materialises the full logits: only for consumers that need them (tests, a model without a plain output
+        projection); the training path uses ``forward_outputs``' ``head`` instead. ``model`` defaults to the
+        policy. With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states (b, C, H).
         """
-        out = self.forward_outputs(micro, model, hidden=return_hidden)
+        out = self.forward_outputs(micro, model, hidden=return_hidden, materialize=True)
         return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
 
-    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False
-                        ) -> dict[str, Any]:
-        """One forward over the micro-batch: ``logits`` (b, C, V) as ``forward_logits``; ``hidden`` (b, C, H) or
-        None; ``cache`` — the key/value cache of the whole sequence (a yes/no value head asks its question
-        after each prefix from it, ``CriticModule``) or None."""
+    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False,
+                        materialize: bool = False) -> dict[str, Any]:
+        """One forward over the micro-batch, without the vocabulary logits when the model allows it.
+
+        Returns a dict with ``head`` — a ``core.fused_logprobs.Projection`` (hidden (b, C, H) at the positions
+        predicting the completion tokens, the LM head's weight and bias) from which log-probs, entropy and
+        divergences are computed chunk by chunk — or None when the model needs the materialised path
+        (``lm_head_projection`` says why); ``hidden`` (b, C, H) (always, on the projection path); ``cache`` (the
+        key/value cache when asked, for a yes/no value head) or None; and ``logits`` (b, C, V), computed only
+        when read (``LazyLogits``) so a consumer that still needs them keeps working. ``materialize`` forces
+        the old path (the full logits from the CausalLM; the test reference).
+        """
         model = self.model if model is None else model
         dev = next(model.parameters()).device
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
-        out = model(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos,
-                    logits_to_keep=micro.completion_len + 1, use_cache=cache, output_hidden_states=hidden)
         C = micro.completion_len
+        materialize = materialize or self.materialize_logits
+        kw = dict(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos, use_cache=cache)
+        proj = None if materialize else lm_head_projection(model, sharded_ok=True)
+        if proj is None:
+            return self._materialised_outputs(model, kw, C, hidden, cache)
+        seen: dict[str, Tensor] = {}
+        # The decoder's output is exactly what the CausalLM feeds its lm_head (final norm applied); the
+        # CausalLM itself runs (hooks of FSDP / PEFT wrappers included) but projects no position (an empty
+        # ``logits_to_keep`` index), so no (b, L, V) tensor is created.
+        hook = model.get_decoder().register_forward_hook(
+            lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+        try:
+            out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
+        finally:
+            hook.remove()
+        proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
+        if proj is None:
+            return self._materialised_outputs(model, kw, C, hidden, cache)
+        weight, bias = proj
+        h = seen["h"][:, -(C + 1):-1]  # (b, C, H)
+        return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
+
+    @staticmethod
+    def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:
+        """The old path: the CausalLM's own (b, C, V) logits (the reference, and the fallback)."""
+        out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
         return {"logits": out.logits[:, :-1],  # (b, C, V)
                 "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
-                "cache": out.past_key_values if cache else None}
+                "cache": out.past_key_values if cache else None, "head": None}
 
-    def completion_logprobs(self, micro: Experience, logits: Tensor | None = None) -> Tensor:
-        logits = self.forward_logits(micro) if logits is None else logits
-        return token_logprobs(logits, micro.completion_ids, self.hparams.logprob_chunk_size, self.temperature)
+    def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
+        """log π(y_t) of every completion token at the module's temperature, (b, C); chunked through the LM
+        head (no logits materialised) unless ``logits`` are given or the model needs the materialised path."""
+        if logits is None:
+            out = self.forward_outputs(micro, model)
+            if out["head"] is not None:
+                head = out["head"]
+                ids = micro.completion_ids.to(head.hidden.device)
+                return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
+                                       self.hparams.logprob_chunk_size, entropy=False)[0]
+            logits = out["logits"]
+        return token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
+                              self.temperature)
 
     # ------------------------------------------------------------ experience
     @property
@@ -431,9 +488,14 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         per_micro: dict[str, list[float]] = {}
         self._last_metrics = {}
         ds = _deepspeed_engine(self)
-        for micro in mb.micro_batches(h.micro_batch_size):
+        for micro in self.train_micro_batches(mb):
             if ds is not None:  # what DeepSpeed's engine.forward does first (the model is called directly here):
                 ds.optimizer.clear_backward_seen_flag()  # a new micro step; ZeRO-3 would overwrite, not add, grads
+            if micro is None:  # this rank has fewer token-budget micro-batches: a zero-weight pass keeps the
+                # ranks' collectives (DDP gradient all-reduce, FSDP all-gathers) in step
+                parts = micro_loss(self._zero_weight_micro(mb), fwd_common)
+                self.manual_backward(sum(parts.values()) * 0.0)
+                continue
             parts = micro_loss(micro, fwd_common)
             loss = sum(parts.values())
             self.manual_backward(loss)
@@ -473,6 +535,28 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             sched.step()
         return stats
 
+    def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
+        """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
+        ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
+        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks."""
+        h = self.hparams
+        budget = h.get("micro_batch_tokens")
+        if budget is None:
+            return list(mb.micro_batches(h.micro_batch_size))
+        plens, clens = mb.row_extents()
+        groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
+        n = int(self._all_reduce_sum(torch.tensor([float(len(groups))]), op="max")[0])
+        micros: list[Experience | None] = [mb.select(g).trim(prompt=True) for g in groups]
+        return micros + [None] * (n - len(micros))
+
+    @staticmethod
+    def _zero_weight_micro(mb: Experience) -> Experience:
+        """One real row with nothing to train (``trainable`` False): a forward/backward whose loss is scaled
+        by 0, so it adds exactly nothing to the gradient but takes part in every collective."""
+        one = mb.select([0]).trim(prompt=True)
+        one.trainable = torch.zeros(1, dtype=torch.bool, device=one.valid.device)
+        return one
+
     def _denominators(self, mb: Experience) -> dict[str, Any]:
         """Token and sequence counts that ``loss_agg`` divides by, with global semantics across ranks, and the
         constant horizon of ``seq_mean_token_sum_norm``.
@@ -498,8 +582,13 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
         out = self.forward_outputs(micro, hidden=critic is not None and critic.wants_hidden,
                                    cache=critic is not None and critic.wants_cache)
-        logits, hidden = out["logits"], out["hidden"]  # (b, C, V), (b, C, H) | None
-        logprobs = token_logprobs(logits, micro.completion_ids, h.logprob_chunk_size, self.temperature)
+        head, hidden = out["head"], out["hidden"]  # Projection | None, (b, C, H) | None
+        if head is not None:  # chunked through the LM head: no (b, C, V) tensor in forward or backward
+            logprobs, entropy = linear_logprobs(head.hidden, head.weight, micro.completion_ids.to(head.hidden.device),
+                                                head.bias, self.temperature, h.logprob_chunk_size)
+        else:  # materialised path (lm_head_projection says why)
+            logprobs = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
+            entropy = None
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
         is_w, metrics = None, {}
@@ -514,7 +603,12 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
             rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
             dual_clip=h.dual_clip))
-        fwd = dict(common, logits=logits, logprobs=logprobs, mask=mask, hidden=hidden, cache=out["cache"])
+        # ``entropy`` (b, C) is differentiable (an entropy bonus backpropagates through the same chunked pass);
+        # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits).
+        fwd = LazyLogits(common, logprobs=logprobs, entropy=entropy, mask=mask, hidden=hidden, head=head,
+                         cache=out["cache"])
+        if head is None:
+            fwd["logits"] = out["logits"]
         parts = {"policy": self.aggregate(per_token, mask, fwd)}
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         if self.critic is not None:
@@ -525,7 +619,8 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             parts = {k: v if k == "value" else v * 0.0 for k, v in parts.items()}
         with torch.no_grad():
             if mask.any():
-                ent = entropy_from_logits(logits.detach(), h.logprob_chunk_size, self.temperature)
+                ent = entropy.detach() if entropy is not None else entropy_from_logits(
+                    out["logits"].detach(), h.logprob_chunk_size, self.temperature)
                 metrics["actor/entropy"] = float(ent[mask].mean())
                 if micro.rollout_logprobs is not None:
                     metrics["rollout/logprob_mismatch_kl"] = k3_mismatch_kl(logprobs.detach(),
@@ -562,5 +657,8 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         return batch
 
     _pending_rng: PendingRNG | None = None
+    # True = every forward materialises the (b, C, V) logits (the pre-chunking path): the reference the tests
+    # compare the chunked path against. Not a user option.
+    materialize_logits: bool = False
     _last_metrics: dict[str, float] = {}
     _old_logprob_s: float = 0.0

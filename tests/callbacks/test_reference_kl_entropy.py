@@ -71,6 +71,40 @@ def test_reference_is_a_frozen_copy_and_matches_the_initial_policy(tiny_model_di
     assert not torch.equal(next(mod.model.parameters()), next(cb.ref.parameters()))
 
 
+def test_reference_copy_follows_the_policy_into_float64_under_64_true(tiny_model_dir):
+    """The copy is taken at setup, before Lightning converts the policy to float64: the reference must follow
+    (a float32 reference rounded every ref_logprobs to float32; seen as a 2e-8 gradient difference)."""
+    seen = {}
+
+    class Spy(L.Callback):  # after ReferenceKL: the Experience already carries ref_logprobs
+        def on_experience(self, trainer, module, exp):
+            with torch.no_grad():
+                seen["policy"] = module.completion_logprobs(exp)
+            seen["ref"] = exp.ref_logprobs
+
+    mod = _module(tiny_model_dir)
+    cb = ReferenceKL(where="loss", kind="k3", beta=0.1)
+    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", precision="64-true", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=[_rollout(), cb, Spy()])
+    trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
+    assert {p.dtype for p in cb.ref.parameters()} == {torch.float64}
+    assert seen["ref"].dtype == torch.float64 and seen["policy"].dtype == torch.float64
+    # reference == initial policy, both float64: equal to float64 rounding, not float32's 1e-7
+    assert float((seen["ref"] - seen["policy"]).abs().max()) < 1e-12
+
+
+def test_explicit_reference_dtype_is_kept(tiny_model_dir):
+    mod = _module(tiny_model_dir)  # float32 policy
+    cb = ReferenceKL(dtype="bfloat16")  # also for the copy of the policy (path=None)
+    exp = _experience()
+    cb.on_experience(None, mod, exp)
+    assert {p.dtype for p in cb.ref.parameters()} == {torch.bfloat16} and exp.ref_logprobs.dtype == torch.float32
+    with torch.no_grad():
+        gap = float((exp.ref_logprobs - mod.completion_logprobs(exp)).abs().max())
+    assert 0 < gap < 0.5  # a bf16 copy of the same weights: close, not equal
+
+
 @pytest.mark.parametrize("kind, k", [("k1", 0.25), ("k2", 0.5 * 0.25 ** 2), ("k3", math.exp(-0.25) - 1 + 0.25)])
 def test_where_reward_adds_exactly_minus_beta_k(tiny_model_dir, kind, k):
     mod = _module(tiny_model_dir)

@@ -58,6 +58,23 @@ def test_trim_drops_all_padding_columns():
     assert torch.equal(t.rollout_logprobs, exp.rollout_logprobs[:, :2])
 
 
+def test_row_extents_and_trim_of_the_prompt_padding():
+    exp = make_exp(B=3, P=4, C=4)
+    exp.attention_mask[0, :2] = 0  # row 0: prompt of 2 tokens, completion of 2 (make_exp cuts it)
+    exp.attention_mask[1, :1] = 0  # row 1: prompt of 3 tokens, completion of 4
+    exp.attention_mask[2, :2] = 0  # row 2: prompt of 2, completion of 3 with a hole (an observation gap)
+    exp.attention_mask[2, 4 + 1] = 0
+    exp.attention_mask[2, 4 + 3:] = 0
+    exp.loss_mask[2, 3:] = False
+    assert exp.row_extents() == ([2, 3, 2], [2, 4, 3])
+    sub = exp.select([0, 2]).trim(prompt=True)  # widest prompt 2, longest completion 3
+    assert sub.prompt_len == 2 and sub.input_ids.shape == (2, 5) and sub.completion_len == 3
+    assert torch.equal(sub.input_ids, exp.input_ids[[0, 2], 2:7])
+    assert torch.equal(sub.rollout_logprobs, exp.rollout_logprobs[[0, 2], :3])
+    assert exp.trim(prompt=True).prompt_len == 3  # row 1 needs 3 prompt columns
+    assert exp.select([1]).trim().prompt_len == 4  # without prompt=True the prompt side stays
+
+
 def test_render_prompt_chat_and_text(tiny_model_dir):
     from transformers import AutoTokenizer
 
