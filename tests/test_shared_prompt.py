@@ -1,4 +1,4 @@
-"""Shared-prompt forward (modules/shared_prompt.py): same log-probs and gradients as the plain forward, in
+"""Shared-prompt forward (models/shared_prompt.py): same log-probs and gradients as the plain forward, in
 float64, while each distinct prompt runs once."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.modules import PolicyModule
-from lit_rl.modules.shared_prompt import distinct_prompts, shared_prompt_logits
+from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
 
 
 def _experience(prompts, completions) -> Experience:
@@ -146,3 +146,37 @@ def test_shared_prompt_logits_declines_without_repeats(module64):
     att = exp.attention_mask
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     assert shared_prompt_logits(module64.model, exp.input_ids, att, pos, exp.prompt_len) is None
+
+
+# ------------------------------------------------------------------ HFEngine: one prefill per distinct prompt
+def _engine_run(module, share: bool, sampling, prompts, n):
+    from lit_rl.rollout import HFEngine
+
+    eng = HFEngine(share_prefill=share)
+    eng.bind(module)
+    seen = []
+    hook = module.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    try:
+        torch.manual_seed(11)  # the unseeded path samples from the global generator
+        comps = eng.generate(prompts, n, sampling)
+    finally:
+        hook.remove()
+    return comps, seen
+
+
+@pytest.mark.parametrize("seed", [None, 5])  # one batched generate call | one call per prompt (seeded)
+def test_hf_engine_shared_prefill_samples_the_same_tokens(module64, seed):
+    from lit_rl.rollout import SamplingConfig
+
+    prompts, n = [[5, 6, 7, 8], [9, 10]], 3
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=6, seed=seed)
+    plain, seen0 = _engine_run(module64, False, sp, prompts, n)
+    shared, seen1 = _engine_run(module64, True, sp, prompts, n)
+    for g0, g1 in zip(plain, shared):
+        for c0, c1 in zip(g0, g1):
+            assert c1.token_ids == c0.token_ids and c1.finish_reason == c0.finish_reason
+            torch.testing.assert_close(torch.tensor(c1.logprobs), torch.tensor(c0.logprobs), rtol=1e-10, atol=1e-12)
+    if seed is None:  # 6 rows, 2 distinct prompts: prefill 2 x (P-1) tokens, then the last prompt token per row
+        assert seen0[0] == (6, 4) and seen1[:2] == [(2, 3), (6, 1)]
+    else:  # per prompt: its n rows share one prefill
+        assert seen0[0] == (3, 4) and seen1[:2] == [(1, 3), (3, 1)]

@@ -27,7 +27,7 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.protocols import loss_term_providers
-from lit_rl.modules.shared_prompt import shared_prompt_logits
+from lit_rl.models.shared_prompt import shared_prompt_logits
 from lit_rl.modules.validation import HeldoutValidation
 
 def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
@@ -95,7 +95,7 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         correction_low: lower bound of the ``mis`` band [low, cap] (IcePop, arXiv 2510.18855); None = 1/cap.
         logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
         share_prompt_forward: run each distinct prompt of a micro-batch once and let its group's completions
-            reuse the prompt's key/value cache (``modules/shared_prompt.py``): the same log-probs and gradients
+            reuse the prompt's key/value cache (``models/shared_prompt.py``): the same log-probs and gradients
             up to float summation order, about 3/8 fewer forward/backward FLOPs at G=4 with prompts as long
             as completions. Applies to the policy, reference and old-log-prob forwards (not a critic's
             hidden-state / cache reads, which keep the plain forward).
@@ -259,7 +259,7 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
         if self.hparams.get("share_prompt_forward", True) and not hidden and not cache:
-            # a group's rows share their prompt: compute it once (modules/shared_prompt.py), same logits
+            # a group's rows share their prompt: compute it once (models/shared_prompt.py), same logits
             logits = shared_prompt_logits(model, micro.input_ids.to(dev), att, pos, micro.prompt_len)
             if logits is not None:
                 return {"logits": logits, "hidden": None, "cache": None}

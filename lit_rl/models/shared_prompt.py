@@ -42,7 +42,7 @@ def distinct_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_len: int)
     return first, inverse
 
 
-def _gatherable(cache) -> bool:
+def gatherable(cache) -> bool:
     """A cache whose layers are plain (batch, heads, tokens, dim) key/value tensors (no sliding window,
     no recurrent state): gathering its batch dimension is exactly repeating the prompt rows."""
     try:
@@ -73,7 +73,7 @@ def shared_prompt_logits(model, input_ids: Tensor, attention_mask: Tensor, posit
     head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
                  position_ids=position_ids[first, :P], use_cache=True, logits_to_keep=1)
     cache = head.past_key_values
-    if not _gatherable(cache):
+    if not gatherable(cache):
         return None
     first_logits = head.logits.index_select(0, inverse)  # (B, 1, V): predicts completion token 0
     if C == 1:
