@@ -45,6 +45,7 @@ def module64(tiny_model_dir):
 def _build64(tiny_model_dir):
     m = PolicyModule(model=str(tiny_model_dir))
     m.model.double()  # float64: the two paths must agree to summation-order rounding (~1e-15)
+    m.hparams.share_prompt_forward = True  # auto (None) leaves float64 models on the plain forward
     m.temperature = 0.7
     return m
 
@@ -76,6 +77,23 @@ def _plain_and_shared(module, exp, backward: bool):
         out.append((lp.detach(), grads))
     module.hparams.share_prompt_forward = True
     return out
+
+
+def test_auto_keeps_float64_models_on_the_plain_forward(tiny_model_dir):
+    """share_prompt_forward=None: float32 shares the prompt pass, float64 (exact invariance checks) does not."""
+    m = PolicyModule(model=str(tiny_model_dir))
+    exp = _experience(PROMPTS, COMPLETIONS)
+    for dtype, expect in ((torch.float32, [(2, exp.prompt_len), (6, exp.completion_len - 1)]),
+                          (torch.float64, [(6, exp.prompt_len + exp.completion_len)])):
+        m.model.to(dtype)
+        seen = []
+        hook = m.model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
+        try:
+            with torch.no_grad():
+                m.completion_logprobs(exp)
+        finally:
+            hook.remove()
+        assert seen == expect, dtype
 
 
 def test_shared_prompt_logprobs_and_gradients_match_plain_forward_float64(module64):

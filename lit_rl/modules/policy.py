@@ -98,7 +98,10 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             reuse the prompt's key/value cache (``models/shared_prompt.py``): the same log-probs and gradients
             up to float summation order, about 3/8 fewer forward/backward FLOPs at G=4 with prompts as long
             as completions. Applies to the policy, reference and old-log-prob forwards (not a critic's
-            hidden-state / cache reads, which keep the plain forward).
+            hidden-state / cache reads, which keep the plain forward). None (default) = on, except for a float64
+            model: transformers' RMSNorm computes in float32 inside, so summing a group's gradients before it
+            (shared) or after it (plain) differs by float32 rounding (~1e-7), and float64 runs are the exact
+            (1e-12) invariance checks. True / False force it.
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
@@ -133,7 +136,7 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         correction_cap: float = 2.0,
         correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
-        share_prompt_forward: bool = True,
+        share_prompt_forward: bool | None = None,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
@@ -258,7 +261,10 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
         dev = next(model.parameters()).device
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
-        if self.hparams.get("share_prompt_forward", True) and not hidden and not cache:
+        share = self.hparams.get("share_prompt_forward")
+        if share is None:  # auto: float64 models are exact checks, see the argument's doc
+            share = next(model.parameters()).dtype != torch.float64
+        if share and not hidden and not cache:
             # a group's rows share their prompt: compute it once (models/shared_prompt.py), same logits
             logits = shared_prompt_logits(model, micro.input_ids.to(dev), att, pos, micro.prompt_len)
             if logits is not None:
