@@ -79,3 +79,21 @@ def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatc
         main([*args, "--trainer.default_root_dir", str(tmp_path / "a")])
     cli = main([*args, "--imports", f"[{module}]", "--trainer.default_root_dir", str(tmp_path / "b")])
     assert cli.model.hparams.advantage == name and cli.model.iteration == 1
+
+
+def test_inspect_does_not_import_lightning(tmp_path):
+    # `lit-rl inspect` only reads JSONL files: the console script must dispatch it before importing Lightning
+    # (~13 s of imports on a 2-core machine), while `lit_rl.cli.main` stays importable from the package.
+    code = ("import sys; sys.argv = ['lit-rl', 'inspect', '--help']\n"
+            "from lit_rl.cli import console_main\n"
+            "try:\n    console_main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch', 'transformers'))\n"
+            "print('HEAVY', heavy)\n"
+            "from lit_rl.cli import main, ConfigError\n"
+            "import lit_rl.cli.app as app\n"
+            "assert app.ConfigError is ConfigError and app.main is main\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: lit-rl inspect" in proc.stdout
+    assert "HEAVY []" in proc.stdout

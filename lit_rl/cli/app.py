@@ -22,6 +22,7 @@ from typing import Any
 from jsonargparse import Namespace, set_parsing_settings
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
 
+from lit_rl.cli import ConfigError
 from lit_rl.runs import (
     CHECKPOINT_SUBDIR,
     IterationCheckpoint,
@@ -33,10 +34,6 @@ from lit_rl.runs import (
 
 ROLLOUT = "lit_rl.callbacks.RolloutCallback"
 _ROLLOUT_PATHS = {ROLLOUT, "lit_rl.callbacks.rollout.RolloutCallback"}
-
-
-class ConfigError(ValueError):
-    """A configuration problem found before training; the console script prints it as one line."""
 
 
 def _patch_jsonargparse_serialization() -> None:
@@ -340,26 +337,3 @@ def main(args: list[str] | None = None) -> LitRLCLI:
         parser_class=LitRLParser, parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True}, args=args,
     )
-
-
-def console_main() -> None:
-    """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
-    a configuration error exits 2 with one line on stderr. The working directory is importable (as with
-    ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``."""
-    if sys.argv[1:2] == ["inspect"]:  # `lit-rl inspect RUN_DIR`: the rollout report, not a LightningCLI subcommand
-        from lit_rl.report import main as inspect_main
-
-        sys.exit(inspect_main(sys.argv[2:]))
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        main()
-    except ConfigError as e:
-        if os.environ.get("LIT_RL_TRACEBACK"):
-            raise
-        print(f"lit-rl: error: {e}", file=sys.stderr)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    console_main()
