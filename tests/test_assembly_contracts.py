@@ -162,9 +162,13 @@ def test_refill_prompts_differ_per_rank_and_repeat_per_iteration(tiny_model_dir)
         prompts = dm.train_prompts[:2]
         ids = [rc.engine.tokenizer.encode(p.prompt) for p in prompts]
         from lit_rl.rewards.pool import RewardBatch
+        from lit_rl.rollout.rollouts import Rollouts
 
         flat = RewardBatch(torch.zeros(4), torch.ones(4, dtype=torch.bool), {}, [None] * 4)  # nothing informative
-        P, *_ = rc._refill(trainer, module, prompts, ids, [[None, None]] * 2, flat)
+        batch = Rollouts(prompts, ids, [[None, None]] * 2, flat)
+        out, _ = rc.pipeline.refill(batch, lambda ps, rc=rc: rc.pipeline.sample(module.tokenizer, ps), dm.train_prompts,
+                                    rc.pipeline.refill.rng(trainer.global_rank, getattr(module, "iteration", 0)))
+        P = out.prompts
         drawn.setdefault(rank, []).append([p.uid for p in P])
     assert drawn[0][0] != drawn[1][0]
     # the same rank + iteration draws the same candidate prompts; which survive depends on rewards, so compare

@@ -158,11 +158,11 @@ def test_overlong_prompts_truncate_drop_error(tiny_model_dir):
     prompts = [Prompt(prompt="1+1="), Prompt(prompt="123456789+1=")]
     for mode, expect_n, counter in (("truncate", 2, "prompts_truncated"), ("drop", 1, "prompts_dropped")):
         rc = RolloutCallback(rewards=ExactAnswerReward(), max_prompt_len=5, overlong_prompts=mode)
-        kept, ids = rc._prepare(tok, prompts, {})
-        assert len(kept) == expect_n and rc.counters[counter] == 1 and max(map(len, ids)) <= 5
+        kept, ids = rc.pipeline.render(tok, prompts)
+        assert len(kept) == expect_n and rc.pipeline.render.counters[counter] == 1 and max(map(len, ids)) <= 5
     rc = RolloutCallback(rewards=ExactAnswerReward(), max_prompt_len=5, overlong_prompts="error")
     with pytest.raises(ValueError, match="max_prompt_len=5"):
-        rc._prepare(tok, prompts, {})
+        rc.pipeline.render(tok, prompts)
 
 
 def test_metric_reduction_keeps_extremes_across_micro_batches():

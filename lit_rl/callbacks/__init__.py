@@ -1,3 +1,4 @@
+from lit_rl.callbacks.agent import AgentRolloutCallback, ObservationLoss
 from lit_rl.callbacks.curriculum import Curriculum
 from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot, SaveHFModel
@@ -10,4 +11,5 @@ from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 
 __all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel", "ReferenceKL",
            "EntropyRegularization", "RLHealthMonitor", "Curriculum",
-           "Teacher", "TeacherRouter", "RolloutInspector", "IterationProgressBar", "RichIterationProgressBar"]
+           "Teacher", "TeacherRouter", "RolloutInspector", "IterationProgressBar", "RichIterationProgressBar",
+           "AgentRolloutCallback", "ObservationLoss"]

@@ -212,6 +212,31 @@ class AsyncProducer:
             self.error = e
 
 
+def take_fresh(prod: AsyncProducer, max_staleness: int, stale_policy: str, counts: dict[str, int],
+               rows: Callable[[Any], int], regenerate: Callable[[Any], Any]) -> tuple[Slot, float]:
+    """The next item within the staleness bound, and the seconds waited for it (trainer thread).
+
+    A too-stale item is handled per ``stale_policy``: ``drop`` skips it (it takes no iteration) and takes the
+    next; ``regenerate`` rebuilds its payload with ``regenerate(payload)`` from the newest weights, loaded first
+    under the engine lock (staleness 0). ``counts["dropped"]`` / ``counts["regenerated"]`` grow by ``rows(payload)``.
+    """
+    slot, waited = prod.get()
+    while not split_fresh([slot], prod.learner_version, max_staleness)[0]:
+        n = rows(slot.payload)
+        if stale_policy == "drop":
+            counts["dropped"] += n
+            prod.skip()
+            slot, w = prod.get()
+            waited += w
+            continue
+        counts["regenerated"] += n
+        with prod.engine_lock:  # same prompts, the newest weights: staleness 0
+            prod.apply_pending()
+            slot.payload = regenerate(slot.payload)
+        slot.version = prod.engine_version
+    return slot, waited
+
+
 class PromptStream:
     """The prompt batches ``PromptDataModule``'s training loader yields, drawn independently of it.
 

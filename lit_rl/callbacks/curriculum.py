@@ -23,8 +23,9 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
 
 MODES = ("window", "ema")
 KEYS = ("uid", "family")
@@ -135,7 +136,7 @@ def prompt_key(prompt, key: str) -> str:
     return prompt.prompt if prompt.prompt is not None else repr(prompt.messages)
 
 
-class Curriculum(L.Callback):
+class Curriculum(PromptEditor):
     """Retire or down-weight prompts (or task families) the policy always or never solves.
 
     Args:
@@ -168,10 +169,8 @@ class Curriculum(L.Callback):
 
     # ---------------------------------------------------------------- setup
     def setup(self, trainer, pl_module, stage: str) -> None:
-        from lit_rl.callbacks.rollout import RolloutCallback
-
         cbs = list(trainer.callbacks)
-        rc = next((i for i, c in enumerate(cbs) if isinstance(c, RolloutCallback)), None)
+        rc = next((i for i, c in enumerate(cbs) if isinstance(c, RolloutProducer)), None)
         if rc is None:
             raise RuntimeError("Curriculum needs a RolloutCallback in trainer.callbacks (it filters its prompts)")
         if cbs.index(self) > rc:

@@ -136,8 +136,8 @@ class HeldoutEval(L.Callback):
     @torch.no_grad()
     def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
         """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
-        comps, rb, _ = rc._rollout(ids, prompts)  # sampled, as in training: returns vary within a prompt
-        exp = rc._experience(pl_module, prompts, ids, comps, rb)
+        rollouts = rc.pipeline.generate_and_score(prompts, ids)  # sampled as in training: returns vary in a prompt
+        exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id)
         pl_module.critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
         if exp.returns is None:

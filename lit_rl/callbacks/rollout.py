@@ -1,10 +1,14 @@
 """`RolloutCallback`: turns each batch of prompts into an annotated `Experience` before the training step.
 
+The callback wires the rollout pipeline (``lit_rl/rollout/pipeline.py``) to Lightning's hooks and keeps what
+outlives one batch: the rollout state a checkpoint saves, the weight-sync schedule and the async producer.
+
 Order inside ``on_train_batch_start`` (documented contract, DESIGN §1):
   1. render + length-check prompts → 2. ``engine.generate`` (n = group_size) → 3. rewards (RewardPool)
-  → 4. optional dynamic sampling (refill zero-variance groups) → 5. ``Experience``
-  → 6. ExperienceHooks: the module's own (old log-probs, critic values), then every callback implementing
-  ``on_experience`` in ``trainer.callbacks`` order → 7. advantages (``module.compute_advantages``).
+  → 4. overlong filter, optional dynamic sampling (refill zero-variance groups) → 5. ``Experience``
+  (steps 1-5: ``RolloutPipeline.run``, Lightning-free) → 6. ExperienceHooks: the module's own (old log-probs,
+  critic values), then every callback implementing ``on_experience`` in ``trainer.callbacks`` order
+  → 7. advantages (``module.compute_advantages``).
 After the optimizer steps (``on_train_batch_end``) weights are pushed to the engine every ``sync_every``
 optimizer steps.
 
@@ -16,30 +20,34 @@ critic values are always the learner's.
 """
 from __future__ import annotations
 
-import random
 import threading
 import time
 from typing import Any, Callable
 
-import lightning as L
-import torch
-
-from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, split_fresh, staleness
+from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, staleness, take_fresh
+from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
-from lit_rl.core.shaping import overlong_penalty
-from lit_rl.data.experience import Experience, pad_prompts_completions
-from lit_rl.data.prompts import Prompt, render_prompt
+from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import Prompt
 from lit_rl.models.loading import merged_state_items
 from lit_rl.modules.protocols import experience_hooks
-from lit_rl.rewards.pool import RewardBatch, RewardPool
+from lit_rl.rewards.pool import RewardPool
+from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
+from lit_rl.rollout.filter import DynamicSampling, check_resample_tries
+from lit_rl.rollout.generate import Generator, decode_with
+from lit_rl.rollout.pipeline import RolloutPipeline
+from lit_rl.rollout.render import PromptRenderer
+from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor
 
-OVERLONG = ("truncate", "drop", "error")
 MODES = ("sync", "async")
 
 
-class RolloutCallback(L.Callback):
+class RolloutCallback(RolloutProducer):
     """Generate, score and annotate rollouts for every training batch.
+
+    ``pipeline`` (a ``RolloutPipeline``) holds the stages built from these arguments; a subclass swaps stages
+    (``AgentRolloutCallback``: episodes and environment rewards).
 
     Args:
         engine: a ``RolloutEngine`` (``HFEngine`` default, ``VLLMEngine``).
@@ -97,20 +105,14 @@ class RolloutCallback(L.Callback):
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-        if max_prompt_len < 1:
-            raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
-        if overlong_prompts not in OVERLONG:
-            raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
-        if max_resample_tries < 0:
-            raise ValueError(f"max_resample_tries must be >= 0, got {max_resample_tries}")
-        if dynamic_sampling and group_size < 2:
-            raise ValueError("dynamic_sampling needs group_size >= 2 (a group of one has no reward variance)")
-        max_new = (sampling or SamplingConfig()).max_new_tokens
-        if overlong_buffer is not None and not 0 < overlong_buffer <= max_new:
-            raise ValueError(f"overlong_buffer must be in [1, sampling.max_new_tokens={max_new}] or null, "
-                             f"got {overlong_buffer}")
-        if not overlong_penalty_factor >= 0:
-            raise ValueError(f"overlong_penalty_factor must be >= 0, got {overlong_penalty_factor}")
+        self.sampling = sampling or SamplingConfig()
+        # Each stage checks its own arguments (same order as the signature: the first bad one is named).
+        render = PromptRenderer(max_prompt_len, overlong_prompts)
+        check_resample_tries(max_resample_tries)
+        refill = DynamicSampling(group_size, max_resample_tries, seed) if dynamic_sampling else None
+        shaping = (OverlongShaping(self.sampling.max_new_tokens, overlong_buffer, overlong_penalty_factor)
+                   if overlong_buffer is not None else None)
+        check_penalty_factor(overlong_penalty_factor)
         _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
@@ -120,15 +122,20 @@ class RolloutCallback(L.Callback):
         self._stream: PromptStream | None = None
         self._async_state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
         self.rewards = rewards if isinstance(rewards, RewardPool) else RewardPool(rewards)
-        self.group_size, self.sampling = group_size, sampling or SamplingConfig()
-        self.sync_every, self.max_prompt_len, self.overlong = sync_every, max_prompt_len, overlong_prompts
+        self.group_size, self.sync_every = group_size, sync_every
+        # The settings as given (CLI round trips and users read them); the stages below are built from them once,
+        # so changing one of these after construction changes nothing.
+        self.max_prompt_len, self.overlong, self.seed = max_prompt_len, overlong_prompts, seed
         self.dynamic_sampling, self.max_resample_tries = dynamic_sampling, max_resample_tries
-        self.seed = seed
         self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
         self.last_sync_step = 0
-        self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
-        self._next_group = 0
+        decode = decode_with(self.engine)
+        self.pipeline = RolloutPipeline(
+            render=render, generate=Generator(self.engine, group_size, self.sampling, self.engine_lock),
+            score=Scorer(self.rewards, decode, shaping),
+            build=ExperienceBuilder(self.engine, decode, horizon=self.sampling.max_new_tokens),
+            group_size=group_size, refill=refill, overlong_filter=overlong_filter)
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -161,12 +168,11 @@ class RolloutCallback(L.Callback):
                 "or max_staleness: 0 (synchronous)")
 
     def _check_async_setup(self, trainer, dm) -> None:
-        from lit_rl.callbacks.curriculum import Curriculum
-
-        if any(isinstance(cb, Curriculum) for cb in trainer.callbacks):
-            raise ValueError("mode='async' cannot be combined with a Curriculum callback: the async producer draws "
-                             "its own prompt batches ahead of the trainer, so batch.prompts edits are never seen; "
-                             "use mode='sync' with a curriculum")
+        editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
+        if editor is not None:
+            raise ValueError(f"mode='async' cannot be combined with a {type(editor).__name__} callback: the async "
+                             "producer draws its own prompt batches ahead of the trainer, so batch.prompts edits are "
+                             "never seen; use mode='sync' with a curriculum")
         for attr in ("train_prompts", "batch_size", "seed"):
             if not hasattr(dm, attr):
                 raise ValueError(f"mode='async' needs a datamodule with {attr!r} (e.g. PromptDataModule): the "
@@ -191,19 +197,9 @@ class RolloutCallback(L.Callback):
 
     def _build(self, trainer, pl_module, prompts: list[Prompt]) -> tuple[Experience, dict[str, float]]:
         """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread)."""
-        metrics: dict[str, float] = {}
-        prompts, ids = self._prepare(pl_module.tokenizer, prompts, metrics)
-        comps, rb, gen_s = self._rollout(ids, prompts)
-        metrics["rollout/zero_std_frac"] = _zero_std_frac(rb, self.group_size)
-        if self.dynamic_sampling:
-            prompts, ids, comps, rb, extra_s, tries = self._refill(trainer, pl_module, prompts, ids, comps, rb)
-            gen_s += extra_s
-            metrics["rollout/resample_tries"] = float(tries)
-        exp = self._experience(pl_module, prompts, ids, comps, rb)
-        metrics.update(_rollout_metrics(exp, rb))
-        metrics["perf/generate_s"] = gen_s
-        metrics.update({f"rollout/{k}": float(v) for k, v in self.counters.items()})
-        return exp, metrics
+        pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
+        return self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
+                                 iteration=getattr(pl_module, "iteration", 0))
 
     def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
         """Steps 6-7, always in the trainer thread with the current learner."""
@@ -211,112 +207,6 @@ class RolloutCallback(L.Callback):
         for hook in experience_hooks(trainer):
             hook.on_experience(trainer, pl_module, exp)
         metrics.update(pl_module.compute_advantages(exp))
-
-    def _prepare(self, tokenizer, prompts: list[Prompt], metrics) -> tuple[list[Prompt], list[list[int]]]:
-        kept, ids = [], []
-        for p in prompts:
-            t = render_prompt(p, tokenizer)
-            if len(t) > self.max_prompt_len:
-                if self.overlong == "error":
-                    raise ValueError(f"prompt {p.uid!r} has {len(t)} tokens > max_prompt_len={self.max_prompt_len}")
-                if self.overlong == "drop":
-                    self.counters["prompts_dropped"] += 1
-                    continue
-                self.counters["prompts_truncated"] += 1
-                t = t[-self.max_prompt_len:]  # keep the end: it holds the question and the generation prompt
-            kept.append(p)
-            ids.append(t)
-        if not kept:
-            raise ValueError(f"every prompt of the batch exceeded max_prompt_len={self.max_prompt_len} and was dropped")
-        return kept, ids
-
-    def _rollout(self, ids, prompts) -> tuple[list[list[Completion]], RewardBatch, float]:
-        t0 = time.perf_counter()
-        with self.engine_lock:
-            comps = self.engine.generate(ids, self.group_size, self.sampling)
-        gen_s = time.perf_counter() - t0
-        texts = [self._decode(c) for group in comps for c in group]
-        rows = [p for p in prompts for _ in range(self.group_size)]
-        rb = self.rewards.score(rows, texts)
-        if self.overlong_buffer is not None:
-            rb = self._overlong_penalty(rb, [len(c.token_ids) for group in comps for c in group])
-        return comps, rb, gen_s
-
-    def _overlong_penalty(self, rb: RewardBatch, lengths: list[int]) -> RewardBatch:
-        """DAPO soft overlong punishment added to every valid reward, kept as its own component."""
-        pen = overlong_penalty(torch.tensor(lengths), self.sampling.max_new_tokens, self.overlong_buffer,
-                               self.overlong_penalty_factor)  # (B,) float64
-        pen = torch.where(rb.valid, pen, torch.full_like(pen, float("nan")))
-        total = torch.where(rb.valid, rb.total.double() + pen.nan_to_num(0.0), rb.total.double())
-        return RewardBatch(total.to(rb.total.dtype), rb.valid, {**rb.components, "overlong_penalty": pen},
-                           rb.errors, rb.metrics)
-
-    def _decode(self, c: Completion) -> str:
-        return self._tokenizer.decode(c.token_ids, skip_special_tokens=True)
-
-    def _refill(self, trainer, pl_module, prompts, ids, comps, rb):
-        """DAPO dynamic sampling: replace zero-variance groups with groups from newly drawn prompts until the
-        batch holds as many informative groups as it had prompts; raise after ``max_resample_tries``."""
-        G, target = self.group_size, len(prompts)
-        keep = _informative_groups(rb, G)
-        pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None) or prompts
-        # Own stream per rank and iteration: ranks never draw the same refill prompts, and a resumed run
-        # draws exactly what the uninterrupted one drew (no RNG state to checkpoint per rank).
-        rng = random.Random(f"lit_rl.refill:{self.seed}:{trainer.global_rank}:{getattr(pl_module, 'iteration', 0)}")
-        P, I, C, R = [], [], [], []
-        for g in keep:
-            P.append(prompts[g]), I.append(ids[g]), C.append(comps[g]), R.append(_rows(rb, g, G))
-        tries, extra_s = 0, 0.0
-        while len(P) < target and tries < self.max_resample_tries:
-            tries += 1
-            new_p = [rng.choice(pool) for _ in range(target - len(P))]
-            new_p, new_i = self._prepare(pl_module.tokenizer, new_p, {})
-            new_c, new_rb, s = self._rollout(new_i, new_p)
-            extra_s += s
-            for g in _informative_groups(new_rb, G):
-                P.append(new_p[g]), I.append(new_i[g]), C.append(new_c[g]), R.append(_rows(new_rb, g, G))
-        if len(P) < target:
-            raise RuntimeError(
-                f"dynamic_sampling: after max_resample_tries={self.max_resample_tries} extra generations only "
-                f"{len(P)} of {target} groups had reward variance (the rest were all-equal rewards); the batch "
-                "cannot be filled to its size, which every rank must keep. Raise max_resample_tries, or turn "
-                "dynamic_sampling off while the task is too hard or too easy for the model")
-        P, I, C, R = P[:target], I[:target], C[:target], R[:target]
-        merged = RewardBatch(
-            total=torch.cat([r.total for r in R]), valid=torch.cat([r.valid for r in R]),
-            components={k: torch.cat([r.components[k] for r in R]) for k in rb.components},
-            errors=[e for r in R for e in r.errors], metrics=rb.metrics)
-        return P, I, C, merged, extra_s, tries
-
-    def _experience(self, pl_module, prompts, ids, comps, rb: RewardBatch) -> Experience:
-        tok = pl_module.tokenizer
-        G = self.group_size
-        rows_p = [p for p in ids for _ in range(G)]
-        rows_c = [c for group in comps for c in group]
-        input_ids, att, loss_mask, P = pad_prompts_completions(tok.pad_token_id, rows_p,
-                                                               [c.token_ids for c in rows_c])
-        B, C = loss_mask.shape
-        rlp = torch.zeros((B, C), dtype=torch.float32)
-        for i, c in enumerate(rows_c):
-            if c.token_ids:
-                rlp[i, :len(c.token_ids)] = torch.tensor(c.logprobs, dtype=torch.float32)
-        first = self._next_group
-        self._next_group += len(ids)
-        group_ids = torch.arange(first, first + len(ids)).repeat_interleave(G)
-        rec = [p for p in prompts for _ in range(G)]
-        finish = [c.finish_reason for c in rows_c]
-        trainable = torch.tensor([f != "length" for f in finish], dtype=torch.bool) if self.overlong_filter else None
-        return Experience(
-            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
-            rewards=rb.total.float(), valid=rb.valid, policy_version=torch.full((B,), self.engine.policy_version),
-            reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
-            finish_reasons=finish, domains=[p.domain for p in rec], prompts=rec,
-            texts=[self._decode(c) for c in rows_c], trainable=trainable, horizon=self.sampling.max_new_tokens,
-            reward_errors=list(rb.errors))
-
-    @property
-    def _tokenizer(self):
-        return self.engine.tokenizer
 
     def eval_generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         """Generate with the learner's latest pushed weights, safely while an async producer runs (evaluation)."""
@@ -374,20 +264,11 @@ class RolloutCallback(L.Callback):
     def _take_async(self, trainer, pl_module) -> tuple[Experience, dict[str, float]]:
         """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
         prod, st = self._producer, self._async_state
-        slot, waited = prod.get()
-        while not split_fresh([slot], prod.learner_version, self.max_staleness)[0]:
-            rows = len(slot.payload[0])
-            if self.stale_policy == "drop":
-                st["dropped"] += rows
-                prod.skip()
-                slot, w = prod.get()
-                waited += w
-                continue
-            st["regenerated"] += rows
-            with self.engine_lock:  # same prompts, the newest weights: staleness 0
-                prod.apply_pending()
-                exp, metrics = self._build(trainer, pl_module, slot.payload[2])
-            slot.payload, slot.version = (exp, metrics, slot.payload[2], slot.payload[3]), prod.engine_version
+
+        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them)
+            return (*self._build(trainer, pl_module, payload[2]), payload[2], payload[3])
+
+        slot, waited = take_fresh(prod, self.max_staleness, self.stale_policy, st, lambda p: len(p[0]), regenerate)
         exp, metrics, _, pos = slot.payload
         st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
         stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)
@@ -408,18 +289,20 @@ class RolloutCallback(L.Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._stop_producer()
 
+    # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """Async: the learner's version, the prompt position after the last *trained* batch and the counters.
+        """The sync schedule, the render counters, the run-wide group counter, the engine's version and state;
+        async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
-        return {"last_sync_step": self.last_sync_step, "counters": dict(self.counters),
-                "next_group": self._next_group, "policy_version": self.engine.policy_version,
+        return {"last_sync_step": self.last_sync_step, "counters": dict(self.pipeline.render.counters),
+                "next_group": self.pipeline.build.next_group, "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
                 "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else {}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
-        self.counters = dict(state["counters"])
-        self._next_group = state["next_group"]
+        self.pipeline.render.counters = dict(state["counters"])
+        self.pipeline.build.next_group = state["next_group"]
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
         if state.get("engine") and hasattr(self.engine, "load_state_dict"):
@@ -440,46 +323,3 @@ def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size,
         raise ValueError("engine HFEngine(share_weights=True) is a sync-only engine option: in mode='async' the "
                          "producer must generate from a snapshot, not the weights being trained; use "
                          "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")
-
-
-def _rows(rb: RewardBatch, g: int, G: int) -> RewardBatch:
-    s = slice(g * G, (g + 1) * G)
-    return RewardBatch(rb.total[s], rb.valid[s], {k: v[s] for k, v in rb.components.items()}, rb.errors[s])
-
-
-def _informative_groups(rb: RewardBatch, G: int) -> list[int]:
-    out = []
-    for g in range(len(rb.total) // G):
-        r = rb.total[g * G:(g + 1) * G][rb.valid[g * G:(g + 1) * G]]
-        if len(r) >= 2 and float(r.max() - r.min()) > 0:
-            out.append(g)
-    return out
-
-
-def _zero_std_frac(rb: RewardBatch, G: int) -> float:
-    n = len(rb.total) // G
-    return 1.0 - len(_informative_groups(rb, G)) / max(n, 1)
-
-
-def _rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
-    v = exp.valid
-    r = exp.rewards[v]
-    lens = exp.loss_mask.sum(-1).float()
-    m = {
-        "reward/mean": float(r.mean()) if len(r) else float("nan"),
-        "reward/std": float(r.std()) if len(r) > 1 else 0.0,
-        "rollout/response_len_mean": float(lens.mean()),
-        "rollout/response_len_max": float(lens.max()),
-        "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
-        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
-        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
-        "rollout/rows": float(len(exp)),
-        # rows out of every loss term: failed rewards (valid False) and filtered rows (trainable False)
-        "rollout/untrained_rows": float((~exp.train_rows).sum()),
-        "rollout/overlong_filtered": float((~exp.trainable).sum()) if exp.trainable is not None else 0.0,
-    }
-    m.update(rb.metrics)
-    for name, comp in exp.reward_components.items():
-        ok = ~comp.isnan()
-        m[f"reward/{name}"] = float(comp[ok].mean()) if ok.any() else float("nan")
-    return m

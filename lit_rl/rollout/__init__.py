@@ -1,15 +1,15 @@
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 
 __all__ = ["RolloutEngine", "HFEngine", "SamplingConfig", "Completion", "VLLMEngine", "AgentLoop",
-           "AgentRolloutCallback", "ObservationLoss", "Environment", "RetryRepoEnv"]
+           "Environment", "RetryRepoEnv", "RolloutPipeline"]
 
 _LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "AgentLoop": "lit_rl.rollout.agent",
-         "AgentRolloutCallback": "lit_rl.rollout.agent", "ObservationLoss": "lit_rl.rollout.agent",
-         "Environment": "lit_rl.rollout.env", "RetryRepoEnv": "lit_rl.rollout.env"}
+         "Environment": "lit_rl.rollout.env", "RetryRepoEnv": "lit_rl.rollout.env",
+         "RolloutPipeline": "lit_rl.rollout.pipeline"}
 
 
 def __getattr__(name: str):
-    # Lazy: vllm is optional and agent.py imports the callbacks package (which imports this one).
+    # Lazy: vllm is optional, and the agent / environment modules pull in the sandboxed code rewards.
     if name in _LAZY:
         import importlib
 

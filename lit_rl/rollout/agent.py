@@ -15,25 +15,25 @@ r_1..r_{K-1} and ``rewards`` holds the reward that lands on the row's last actio
 core estimators see the episode return ``rewards + sum(token_rewards)`` (grpo, rloo, ...) or a per-turn
 reward-to-go (``reinforce``, ``gae``: gamma applies per action token, observation tokens are skipped).
 
-``AgentRolloutCallback`` plugs the loop into Lightning training: a ``RolloutCallback`` whose rollouts are
-episodes and whose rewards come from the environment.
+The loop plugs into the rollout pipeline (``rollout/pipeline.py``) as three stages: ``AgentGenerator`` (episodes
+instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and
+``AgentExperienceBuilder``; ``lit_rl.callbacks.agent.AgentRolloutCallback`` wires them to Lightning.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import lightning as L
 import torch
-from torch import Tensor
 
-from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
+from lit_rl.rollout.rollouts import Rollouts
 
 
 @dataclass
@@ -200,61 +200,35 @@ def _segments(e: Episode) -> tuple[list[int], list[str]]:
     return ids, kinds
 
 
-class ObservationLoss(L.Callback):
-    """World-model auxiliary loss: ``coef`` x negative log-likelihood of observation tokens.
+class AgentGenerator:
+    """Generate stage of the agent path: ``n = group_size`` episodes per prompt with ``AgentLoop.run``.
 
-    Trains the policy to predict the environment's responses as well (the "agents learn a world model
-    for free" idea from the seeds); off by default (``coef=0`` adds nothing). A ``LossTerm``: add it to
-    ``trainer.callbacks`` next to an ``AgentRolloutCallback``.
-
-    The NLL of the observation tokens (``extras["obs_mask"]``, (b, C)) is aggregated like every other term,
-    with ``module.aggregate`` and the minibatch denominators in ``fwd`` (``num_tokens`` / ``num_seqs``, global
-    over ranks): with ``token_mean`` it is Σ obs-token NLL / (trainable tokens of the minibatch). The micro-batch
-    terms then sum to the minibatch term, so its weight does not depend on ``micro_batch_size`` or the number
-    of ranks (a per-micro-batch mean would count once per micro-batch).
+    The episodes render their own first observation (``env.reset(prompt)``), so the rendered ``prompt_ids``
+    are not used; the render stage still applies the prompt-length policy and its counters.
     """
 
-    def __init__(self, coef: float = 0.0):
-        if coef < 0:
-            raise ValueError(f"ObservationLoss.coef must be >= 0, got {coef}")
-        self.coef = coef
+    def __init__(self, agent: AgentLoop, group_size: int, sampling: SamplingConfig,
+                 lock: threading.RLock | None = None):
+        self.agent, self.group_size, self.sampling = agent, group_size, sampling
+        self.lock = lock if lock is not None else threading.RLock()
 
-    def loss_terms(self, module, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
-        obs = micro.extras.get("obs_mask")
-        if self.coef == 0 or obs is None:
-            return {}
-        obs = obs.to(fwd["logprobs"].device).bool()
-        return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
-
-
-class _EnvRewardsOnly:
-    """Placeholder reward for the base class: an AgentRolloutCallback scores with the environment."""
-
-    name = "env"
-
-    def __call__(self, prompt, completion):
-        raise RuntimeError("AgentRolloutCallback takes rewards from the environment; this is never called")
-
-
-class AgentRolloutCallback(RolloutCallback):
-    """``RolloutCallback`` whose rollouts are ``AgentLoop`` episodes and whose rewards are the environment's.
-
-    Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync) is the base
-    callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's engine is used).
-    """
-
-    def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
-                 sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
-                 max_resample_tries: int = 3, seed: int = 0):
-        super().__init__(engine=agent.engine, rewards=_EnvRewardsOnly(), group_size=group_size, sampling=sampling,
-                         sync_every=sync_every, max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
-                         max_resample_tries=max_resample_tries, seed=seed)
-        self.agent = agent
-
-    def _rollout(self, ids, prompts):
+    def __call__(self, prompts: list[Any], prompt_ids: Any = None) -> tuple[list[list[Episode]], float]:
+        """(N groups of G ``Episode``, wall seconds)."""
         t0 = time.perf_counter()
-        groups = self.agent.run(prompts, self.group_size, self.sampling)
-        gen_s = time.perf_counter() - t0
+        with self.lock:
+            groups = self.agent.run(prompts, self.group_size, self.sampling)
+        return groups, time.perf_counter() - t0
+
+
+class EnvRewards:
+    """Score stage of the agent path: an episode's reward is its environment return.
+
+    An episode with an infrastructure error is invalid (reward NaN, counted in ``reward/infra_errors``, with
+    its reason in ``errors``), never scored 0. Metrics: ``rollout/turns_mean``, ``rollout/episodes_done_frac``
+    and ``reward/hack_detected`` (episodes in which the environment detected a reward hack, ``env.py``).
+    """
+
+    def __call__(self, prompts: list[Any], groups: list[list[Episode]]) -> RewardBatch:
         rows = [e for g in groups for e in g]
         valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
         ret = torch.tensor([e.total_reward for e in rows], dtype=torch.float64)
@@ -262,18 +236,27 @@ class AgentRolloutCallback(RolloutCallback):
         metrics = {"reward/infra_errors": float((~valid).sum()), "reward/timeouts": 0.0,
                    "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
                    "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1),
-                   # episodes in which the environment detected a reward hack (env.py: info["hack_detected"])
                    "reward/hack_detected": float(sum(any(t.info.get("hack_detected", 0.0) for t in e.turns)
                                                      for e in rows))}
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
-        return groups, RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics), gen_s
+        return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
 
-    def _experience(self, pl_module, prompts, ids, comps, rb: RewardBatch) -> Experience:
-        first = self._next_group
-        self._next_group += len(prompts)
-        exp = self.agent.to_experience(prompts, comps, pl_module.tokenizer.pad_token_id, first,
-                                       self.engine.policy_version)
-        # Dr. GRPO's constant horizon for an episode: the action-token budget of all its turns.
+
+class AgentExperienceBuilder:
+    """Build stage of the agent path: ``AgentLoop.to_experience`` with run-wide group ids and the agent horizon.
+
+    Dr. GRPO's constant horizon for an episode is the action-token budget of all its turns,
+    ``max_turns x sampling.max_new_tokens``.
+    """
+
+    def __init__(self, agent: AgentLoop, sampling: SamplingConfig):
+        self.agent, self.sampling = agent, sampling
+        self.next_group = 0
+
+    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None) -> Experience:
+        first = self.next_group
+        self.next_group += len(batch)
+        exp = self.agent.to_experience(batch.prompts, batch.groups, pad_id, first, self.agent.engine.policy_version)
         exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
-        exp.reward_errors = list(rb.errors)  # the inspector shows why a row has no reward
+        exp.reward_errors = list(batch.rewards.errors)  # the inspector shows why a row has no reward
         return exp

@@ -9,13 +9,14 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from lit_rl.callbacks.agent import AgentRolloutCallback, ObservationLoss
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.data import PromptDataModule
 from lit_rl.data.prompts import Prompt
 from lit_rl.modules import PolicyModule
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
-from lit_rl.rollout.agent import AgentLoop, AgentRolloutCallback, ObservationLoss
+from lit_rl.rollout.agent import AgentLoop
 from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
 from lit_rl.rollout.env import RETRY_FIXED, RetryRepoEnv
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoTokenizer
 
+from lit_rl.callbacks.agent import AgentRolloutCallback
 from lit_rl.data.prompts import Prompt
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
-from lit_rl.rollout.agent import AgentLoop, AgentRolloutCallback
+from lit_rl.rollout.agent import AgentLoop
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.env import RETRY_FIXED, RETRY_SOURCE, RETRY_TEST_FILE, RetryRepoEnv
 
@@ -133,7 +134,7 @@ def test_hack_detected_metric_counts_episodes(tok, verifier):
     agent = AgentLoop(lambda: RetryRepoEnv(verifier=verifier), TwoPolicies(tok, []), max_turns=2,
                       max_context_tokens=1 << 16)
     cb = AgentRolloutCallback(agent, group_size=2, sampling=SP)
-    _groups, rb, _ = cb._rollout(None, [Prompt(prompt="fix it")])
+    rb = cb.pipeline.generate_and_score([Prompt(prompt="fix it")], None).rewards
     assert rb.metrics["reward/hack_detected"] == 1.0 and rb.total.tolist() == [0.0, 0.0]
 
 

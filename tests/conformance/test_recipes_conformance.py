@@ -73,7 +73,7 @@ def test_dapo_matches_the_paper(tiny_model_dir):
                          overlong_buffer=cache, overlong_filter=True)
 
     def through_callback(exp, trainer):  # the RolloutCallback's own shaping and filter
-        rb = rc._overlong_penalty(RewardBatch(exp.rewards, exp.valid, {}, [None] * len(exp)), lengths.tolist())
+        rb = rc.pipeline.score.shaping(RewardBatch(exp.rewards, exp.valid, {}, [None] * len(exp)), lengths.tolist())
         exp.rewards = rb.total
         exp.trainable = torch.tensor([f != "length" for f in exp.finish_reasons])
         return exp

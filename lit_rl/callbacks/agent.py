@@ -1,0 +1,76 @@
+"""Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts) and ``ObservationLoss``.
+
+``AgentRolloutCallback`` is a ``RolloutCallback`` whose pipeline runs ``AgentLoop`` episodes
+(``lit_rl/rollout/agent.py``: ``AgentGenerator``, ``EnvRewards``, ``AgentExperienceBuilder``) in place of
+single completions; rendering, dynamic sampling, ExperienceHooks, advantages, weight sync and checkpointed state
+are the base callback's.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from torch import Tensor
+
+from lit_rl.callbacks.rollout import RolloutCallback
+from lit_rl.data.experience import Experience
+from lit_rl.rollout.agent import AgentExperienceBuilder, AgentGenerator, AgentLoop, EnvRewards
+from lit_rl.rollout.engine import SamplingConfig
+from lit_rl.rollout.pipeline import RolloutPipeline
+
+
+class ObservationLoss(L.Callback):
+    """World-model auxiliary loss: ``coef`` x negative log-likelihood of observation tokens.
+
+    Trains the policy to predict the environment's responses as well (the "agents learn a world model
+    for free" idea from the seeds); off by default (``coef=0`` adds nothing). A ``LossTerm``: add it to
+    ``trainer.callbacks`` next to an ``AgentRolloutCallback``.
+
+    The NLL of the observation tokens (``extras["obs_mask"]``, (b, C)) is aggregated like every other term,
+    with ``module.aggregate`` and the minibatch denominators in ``fwd`` (``num_tokens`` / ``num_seqs``, global
+    over ranks): with ``token_mean`` it is Σ obs-token NLL / (trainable tokens of the minibatch). The micro-batch
+    terms then sum to the minibatch term, so its weight does not depend on ``micro_batch_size`` or the number
+    of ranks (a per-micro-batch mean would count once per micro-batch).
+    """
+
+    def __init__(self, coef: float = 0.0):
+        if coef < 0:
+            raise ValueError(f"ObservationLoss.coef must be >= 0, got {coef}")
+        self.coef = coef
+
+    def loss_terms(self, module, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
+        obs = micro.extras.get("obs_mask")
+        if self.coef == 0 or obs is None:
+            return {}
+        obs = obs.to(fwd["logprobs"].device).bool()
+        return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
+
+
+class _EnvRewardsOnly:
+    """Placeholder reward for the base class: an AgentRolloutCallback scores with the environment."""
+
+    name = "env"
+
+    def __call__(self, prompt, completion):
+        raise RuntimeError("AgentRolloutCallback takes rewards from the environment; this is never called")
+
+
+class AgentRolloutCallback(RolloutCallback):
+    """``RolloutCallback`` whose rollouts are ``AgentLoop`` episodes and whose rewards are the environment's.
+
+    Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync) is the base
+    callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's engine is used).
+    """
+
+    def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
+                 sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
+                 max_resample_tries: int = 3, seed: int = 0):
+        super().__init__(engine=agent.engine, rewards=_EnvRewardsOnly(), group_size=group_size, sampling=sampling,
+                         sync_every=sync_every, max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
+                         max_resample_tries=max_resample_tries, seed=seed)
+        self.agent = agent
+        base = self.pipeline  # keep its render and refill stages; swap generate, score and build
+        self.pipeline = RolloutPipeline(
+            render=base.render, generate=AgentGenerator(agent, group_size, self.sampling, self.engine_lock),
+            score=EnvRewards(), build=AgentExperienceBuilder(agent, self.sampling), group_size=group_size,
+            refill=base.refill)

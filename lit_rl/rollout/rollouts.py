@@ -1,0 +1,65 @@
+"""`Rollouts`: the batch handed from one rollout stage to the next.
+
+The stages (``render`` → ``generate`` → ``score`` → ``filter/refill`` → ``build``, see ``pipeline.py``) pass one
+group-major batch along: N prompts, G samples of each, N·G rows. Row ``g*G + j`` of every per-row field is
+sample ``j`` of prompt ``g``, which is the order the engine returns and the order the Experience keeps.
+Keeping prompts, their token ids, the samples and their rewards in one object lets the refill stage keep or
+drop whole groups with one ``select`` instead of four parallel lists.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from lit_rl.rewards.pool import RewardBatch
+
+
+@dataclass
+class Rollouts:
+    """One group-major rollout batch.
+
+    Fields (N prompts, G samples per prompt):
+        prompts: N ``Prompt`` objects (those the render stage kept).
+        prompt_ids: N rendered prompt token lists.
+        groups: N lists of G samples: ``Completion`` (single turn) or ``Episode`` (agents).
+        rewards: ``RewardBatch`` over the N·G rows (``total``/``valid``/components (N·G,)), None before scoring.
+        generate_s: wall seconds spent generating these rows (refills add theirs).
+    """
+
+    prompts: list[Any]
+    prompt_ids: list[list[int]]
+    groups: list[list[Any]]
+    rewards: RewardBatch | None = None
+    generate_s: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def select(self, idx: list[int]) -> Rollouts:
+        """The groups ``idx`` (in that order) with their reward rows; reward-pool metrics are kept."""
+        rb = self.rewards
+        if rb is not None:
+            G = len(rb.total) // max(len(self.prompts), 1)
+            rows = torch.tensor([g * G + j for g in idx for j in range(G)], dtype=torch.long)
+            rb = RewardBatch(rb.total[rows], rb.valid[rows], {k: v[rows] for k, v in rb.components.items()},
+                             [rb.errors[int(r)] for r in rows], rb.metrics)
+        return Rollouts([self.prompts[g] for g in idx], [self.prompt_ids[g] for g in idx],
+                        [self.groups[g] for g in idx], rb, self.generate_s)
+
+    @staticmethod
+    def concat(parts: list[Rollouts]) -> Rollouts:
+        """Groups of ``parts`` one after another. Reward components are those of the first part (the batch
+        the parts were refilled for) and so are the reward-pool metrics; generation seconds add up."""
+        first = parts[0].rewards
+        rb = RewardBatch(
+            total=torch.cat([p.rewards.total for p in parts]), valid=torch.cat([p.rewards.valid for p in parts]),
+            components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in first.components},
+            errors=[e for p in parts for e in p.rewards.errors], metrics=first.metrics)
+        return Rollouts([x for p in parts for x in p.prompts], [x for p in parts for x in p.prompt_ids],
+                        [x for p in parts for x in p.groups], rb, sum(p.generate_s for p in parts))
+
+    def rows(self) -> list[Any]:
+        """The N·G samples in row order."""
+        return [s for group in self.groups for s in group]
