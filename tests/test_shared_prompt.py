@@ -198,3 +198,33 @@ def test_hf_engine_shared_prefill_samples_the_same_tokens(module64, seed):
         assert seen0[0] == (6, 4) and seen1[:2] == [(2, 3), (6, 1)]
     else:  # per prompt: its n rows share one prefill
         assert seen0[0] == (3, 4) and seen1[:2] == [(1, 3), (3, 1)]
+
+
+def test_shared_prompt_hidden_states_match_plain_forward_float64(module64):
+    """project=False returns the LM head's input at the completion-predicting positions, (B, C, H), equal to the
+    plain forward's last hidden states there, and its gradient equals the plain one's."""
+    from lit_rl.models.shared_prompt import shared_prompt_outputs
+
+    exp = _experience(PROMPTS, COMPLETIONS)
+    att = exp.attention_mask.long()
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    P, C = exp.prompt_len, exp.completion_len
+    model = module64.model
+    w = torch.randn(C, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    res = []
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        if shared:
+            h = shared_prompt_outputs(model, exp.input_ids, att, pos, P, project=False)
+        else:
+            h = model(input_ids=exp.input_ids, attention_mask=att, position_ids=pos,
+                      output_hidden_states=True).hidden_states[-1][:, P - 1:-1]
+        assert h.shape == (len(PROMPTS), C, model.config.hidden_size)
+        (h * w * exp.loss_mask[..., None]).sum().backward()
+        res.append((h.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (h0, g0), (h1, g1) = res
+    m = exp.loss_mask
+    torch.testing.assert_close(h1[m], h0[m], rtol=1e-10, atol=1e-12)
+    assert set(g0) == set(g1) and len(g0) > 0
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)

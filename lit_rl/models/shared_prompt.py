@@ -52,17 +52,36 @@ def gatherable(cache) -> bool:
     return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def shared_prompt_logits(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                         prompt_len: int) -> Tensor | None:
-    """Logits predicting every completion token, computing each distinct prompt once; None = not applicable.
+def _pass(model, project: bool, **kw) -> tuple[object, Tensor]:
+    """One CausalLM call; returns (output, logits) or, without ``project``, (output, LM-head input): the
+    decoder's final-norm output, taken by a hook while the CausalLM projects no position (an empty
+    ``logits_to_keep`` index), so no (b, L, V) tensor is created."""
+    if project:
+        out = model(**kw)
+        return out, out.logits
+    seen: dict[str, Tensor] = {}
+    hook = model.get_decoder().register_forward_hook(
+        lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+    try:
+        out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=kw["input_ids"].device))
+    finally:
+        hook.remove()
+    return out, seen["h"]
 
-    Entry t of the result predicts token ``P + t`` (read at position ``P + t - 1``), exactly as
+
+def shared_prompt_outputs(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                          prompt_len: int, project: bool = True) -> Tensor | None:
+    """What predicts every completion token, computing each distinct prompt once; None = not applicable.
+
+    ``project=True``: the logits (B, C, V). ``project=False``: the LM head's input (B, C, H) (the decoder's
+    final-norm hidden states), for the chunked log-prob path (``core.fused_logprobs``) that never builds the
+    logits. Entry t predicts token ``P + t`` (read at position ``P + t - 1``), exactly as
     ``model(...).logits[:, P-1:-1]`` of the plain forward: entry 0 comes from the last prompt position of the
     shared prompt pass, entries 1..C-1 from the completion pass over tokens ``P .. P+C-2`` (the last
     completion token predicts nothing, so it is never fed).
 
     Shapes:
-        input_ids, attention_mask, position_ids: (B, P+C). Returns (B, C, V).
+        input_ids, attention_mask, position_ids: (B, P+C). Returns (B, C, V) or (B, C, H).
     """
     P = prompt_len
     C = input_ids.shape[1] - P
@@ -70,15 +89,22 @@ def shared_prompt_logits(model, input_ids: Tensor, attention_mask: Tensor, posit
     if sel is None or C < 1:
         return None
     first, inverse = sel
-    head = model(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                 position_ids=position_ids[first, :P], use_cache=True, logits_to_keep=1)
+    kw = {"logits_to_keep": 1} if project else {}
+    head, head_out = _pass(model, project, input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
+                           position_ids=position_ids[first, :P], use_cache=True, **kw)
     cache = head.past_key_values
     if not gatherable(cache):
         return None
-    first_logits = head.logits.index_select(0, inverse)  # (B, 1, V): predicts completion token 0
+    first_out = head_out[:, -1:].index_select(0, inverse)  # (B, 1, V|H): predicts completion token 0
     if C == 1:
-        return first_logits
+        return first_out
     cache.reorder_cache(inverse)  # (U, ...) -> (B, ...): differentiable gather, gradients sum into the prompt
-    tail = model(input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
-                 position_ids=position_ids[:, P:-1], past_key_values=cache, use_cache=True)
-    return torch.cat([first_logits, tail.logits], 1)  # (B, C, V)
+    _, tail = _pass(model, project, input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
+                    position_ids=position_ids[:, P:-1], past_key_values=cache, use_cache=True)
+    return torch.cat([first_out, tail], 1)  # (B, C, V|H)
+
+
+def shared_prompt_logits(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+                         prompt_len: int) -> Tensor | None:
+    """``shared_prompt_outputs(..., project=True)``: the logits (B, C, V); None = not applicable."""
+    return shared_prompt_outputs(model, input_ids, attention_mask, position_ids, prompt_len, project=True)
