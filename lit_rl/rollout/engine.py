@@ -91,14 +91,17 @@ class HFEngine:
         allow_truncated_logprobs: accept top-p / top-k sampling; the log-probs are then those of the truncated,
             renormalised distribution actually sampled from (``log_softmax`` of the processed scores), a
             departure from the module convention (as ``VLLMEngine``'s setting of the same name).
+        share_prefill: compute each distinct prompt's prefill once and let its ``n`` samples reuse the
+            key/value cache (vLLM's prefix caching does the same); False = one prefill per row.
     """
 
     def __init__(self, share_weights: bool = True, batch_size: int | None = None,
-                 allow_truncated_logprobs: bool = False):
+                 allow_truncated_logprobs: bool = False, share_prefill: bool = True):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
         self.share_weights, self.batch_size = share_weights, batch_size
         self.allow_truncated_logprobs = allow_truncated_logprobs
+        self.share_prefill = share_prefill
         self.model = None
         self.tokenizer = None
         self.policy_version = 0
@@ -186,10 +189,12 @@ class HFEngine:
             top_k=sp.top_k if not greedy else 0, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
             output_logits=True, output_scores=truncated)
+        extra = self._shared_prefill(rows, ids, att, device) if self.share_prefill else {}
         saved = model.generation_config
         model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         try:
-            out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=cfg)
+            out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=cfg,
+                                 **extra)
         finally:
             model.generation_config = saved
         new = out.sequences[:, P:].cpu()  # (N, C)
@@ -208,6 +213,33 @@ class HFEngine:
             else:
                 result.append(Completion(toks, lp[i].tolist(), "length"))
         return result
+
+
+    def _shared_prefill(self, rows: list[list[int]], ids: Tensor, att: Tensor, device) -> dict:
+        """The n samples of a prompt share its prefill: run each distinct prompt once (all but its last
+        token) and gather the key/value cache out to its rows; ``generate`` then feeds only the last prompt
+        token per row. Same logits as a full prefill (each row's computation is unchanged, only not repeated);
+        {} when no prompt repeats or the model's cache is not a plain per-layer one.
+
+        Shapes:
+            ids, att: (N, P) left-padded rows. Returns ``{"past_key_values": cache of N rows x (P-1) tokens}``.
+        """
+        from lit_rl.models.shared_prompt import gatherable
+
+        index: dict[tuple[int, ...], int] = {}
+        inverse = [index.setdefault(tuple(r), len(index)) for r in rows]
+        P = ids.shape[1]
+        if len(index) == len(rows) or P < 2:
+            return {}
+        first = [inverse.index(u) for u in range(len(index))]  # a row holding each distinct prompt
+        u_ids, u_att = ids[first, :-1].to(device), att[first, :-1].to(device)  # (U, P-1)
+        pos = (u_att.cumsum(-1) - 1).clamp(min=0)
+        cache = self.model(input_ids=u_ids, attention_mask=u_att, position_ids=pos, use_cache=True,
+                           logits_to_keep=1).past_key_values
+        if not gatherable(cache):
+            return {}
+        cache.reorder_cache(torch.tensor(inverse, device=device))  # (U, ...) -> (N, ...)
+        return {"past_key_values": cache}
 
 
 def _stable_seed(seed: int, call: int, tokens: list[int]) -> int:

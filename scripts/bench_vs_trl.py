@@ -1,0 +1,323 @@
+"""lit_rl vs TRL's ``GRPOTrainer``: wall time (and CPU time) of one RL iteration doing the same work.
+
+Setting (issue 19, item 3): an ~18M-parameter Qwen2 model built locally (``lit_rl.models.tiny``: hidden 512,
+4 layers, 8 heads, MLP 2304, 101-token char vocabulary), 8 prompts x 4 samples, 32 new tokens, temperature 1,
+fp32, one optimizer step per iteration (AdamW, lr 1e-6), the same reward function, with and without a reference
+model (k3 KL in the loss, beta 0.04). Each side runs with its own defaults otherwise (lit_rl: PPO-clip,
+token-mean loss, no rollout correction; TRL 1.16: ``loss_type="dapo"``, and with vLLM its default
+``vllm_importance_sampling_correction=True``, which costs TRL one more no-grad forward per iteration).
+
+Engines: ``vllm`` = each side's best (lit_rl ``VLLMEngine``; TRL ``use_vllm=True, vllm_mode="colocate"``),
+``hf`` = both on ``transformers`` ``generate``.
+
+How it measures: for each (engine, beta) one lit_rl worker and one TRL worker process start (start-up is not
+timed) and stop at the top of every iteration; the controller lets them run one iteration at a time, in
+alternation (lit, TRL, TRL, lit, lit, TRL, ...: the order flips every round), so slow phases of a shared machine
+hit both. An iteration is timed from one stop to the next (everything the training loop does). Both workers
+run with the same ``torch`` thread count (``--threads``; also ``OMP_NUM_THREADS``). Medians over ``--iters``
+iterations after ``--warmup``.
+
+TRL runs in its own virtualenv (``~/.cache/lit_rl/trl_venv``, created on first use with
+``--system-site-packages``, so it reuses this environment's CPU ``torch``, ``transformers`` and ``vllm`` and
+adds only ``trl`` and what it lacks).
+
+    python scripts/bench_vs_trl.py                      # both engines, beta 0 and 0.04
+    python scripts/bench_vs_trl.py --engines hf --betas 0 --iters 3 --warmup 1
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("LIT_RL_BENCH_CACHE", "~/.cache/lit_rl")).expanduser()
+TRL_VERSION = "1.16.0"
+MODEL_SHAPE = {"hidden": 512, "layers": 4, "heads": 8, "intermediate": 2304}  # 18.4M parameters
+PROMPTS, GROUP, NEW_TOKENS, LR = 8, 4, 32, 1e-6
+
+
+# ------------------------------------------------------------------ shared setup (both sides)
+def prompt_records(n: int = 64) -> list[dict]:
+    """Fixed addition prompts (plain text, no chat template: both sides feed the text as-is)."""
+    out = []
+    for i in range(n):
+        a, b = (i * 37) % 90 + 10, (i * 53) % 90 + 10
+        out.append({"prompt": f"What is {a} + {b}? Answer:", "answer": str(a + b)})
+    return out
+
+
+def reward(answer: str, completion: str) -> float:
+    """The same cheap reward on both sides: 1 for the right number, plus a small bonus per digit emitted."""
+    digits = sum(ch.isdigit() for ch in completion)
+    return float(answer in completion) + 0.01 * digits
+
+
+def ensure_model() -> Path:
+    from lit_rl.models.tiny import ensure_tiny_model
+
+    return ensure_tiny_model(CACHE / "bench_vs_trl" / "qwen2_18m", **MODEL_SHAPE)
+
+
+def ensure_trl_venv() -> Path:
+    """The TRL virtualenv's python; created (with this environment's site packages visible) on first use."""
+    venv = CACHE / "trl_venv"
+    py = venv / "bin" / "python"
+    if py.exists() and subprocess.run([py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"],
+                                      capture_output=True).returncode == 0:
+        return py
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    import torch
+
+    # Never let pip pull a CUDA torch: pin the CPU build this environment already has.
+    torch_pin = f"torch=={torch.__version__.split('+')[0]}"
+    subprocess.run([py, "-m", "pip", "install", "-q", f"trl=={TRL_VERSION}", torch_pin], check=True)
+    return py
+
+
+# ------------------------------------------------------------------ worker side
+class Gate:
+    """Stops the training loop at the top of each iteration until the controller writes a line on stdin; reports
+    the previous iteration's wall and CPU seconds on stdout (``ITER {...}``)."""
+
+    def __init__(self, total: int, profile: str | None = None):
+        self.total, self.k, self.t0, self.c0 = total, 0, None, None
+        self.profile, self.prof = profile, None  # cProfile of every iteration after the first
+
+
+    def stop(self, final: bool = False) -> None:
+        now, cpu = time.perf_counter(), time.process_time()
+        if self.t0 is not None:
+            print("ITER " + json.dumps({"wall": now - self.t0, "cpu": cpu - self.c0}), flush=True)
+            self.t0 = None
+        self.k += 1
+        if final or self.k > self.total:  # the measured iterations are done: skip the unmeasured extra one
+            if self.prof is not None:
+                self.prof.disable()
+                self.prof.dump_stats(self.profile)
+            sys.stdout.flush()
+            os._exit(0)
+        print("READY", flush=True)
+        if sys.stdin.readline().strip() != "go":
+            os._exit(1)
+        if self.profile and self.k == 2:
+            import cProfile
+
+            self.prof = cProfile.Profile(time.process_time)  # CPU seconds: robust on a shared machine
+            self.prof.enable()
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+
+def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None) -> None:
+    import functools
+
+    import lightning as L
+    import torch
+
+    from lit_rl.callbacks import RolloutCallback
+    from lit_rl.callbacks.reference_kl import ReferenceKL
+    from lit_rl.data import PromptDataModule
+    from lit_rl.modules import PolicyModule
+    from lit_rl.rollout import HFEngine, SamplingConfig
+
+    gate = Gate(total, profile)
+
+    class GateCb(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            gate.stop()
+
+        def on_train_end(self, trainer, pl_module):
+            gate.stop(final=True)
+
+    if engine == "vllm":
+        from lit_rl.rollout.vllm import VLLMEngine
+
+        eng = VLLMEngine(max_model_len=128, kv_cache_memory_bytes=256 << 20)
+    else:
+        eng = HFEngine()
+    module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0))
+    rc = RolloutCallback(engine=eng, rewards={"r": lambda p, c: reward(p.answer, c)}, group_size=GROUP,
+                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS))
+    cbs = [GateCb(), rc] + ([ReferenceKL(kind="k3", where="loss", beta=beta)] if beta > 0 else [])
+    trainer = L.Trainer(max_steps=total + 1, max_epochs=-1, accelerator="cpu", logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=cbs)
+    dm = PromptDataModule(train_files=[prompts_file], batch_size=PROMPTS, seed=0)
+    trainer.fit(module, datamodule=dm)
+
+
+def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None) -> None:
+    import warnings
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    warnings.filterwarnings("ignore")
+    gate = Gate(total, profile)
+
+    class GateCb(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            gate.stop()
+
+        def on_train_end(self, args, state, control, **kw):
+            gate.stop(final=True)
+
+    rows = [json.loads(line) for line in Path(prompts_file).read_text().splitlines()]
+
+    def reward_fn(prompts, completions, answer, **kw):
+        return [reward(a, c) for a, c in zip(answer, completions)]
+
+    extra = {}
+    if engine == "vllm":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 128}
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_bench_"), per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=LR, weight_decay=0.0, beta=beta, num_iterations=1, gradient_accumulation_steps=1,
+        max_steps=total + 1, use_cpu=True, bf16=False, fp16=False, logging_steps=1, report_to="none",
+        save_strategy="no", dataloader_num_workers=0, seed=0, disable_tqdm=True, **extra)
+    trainer = GRPOTrainer(model=model_dir, reward_funcs=[reward_fn], args=cfg, train_dataset=Dataset.from_list(rows),
+                          callbacks=[GateCb()])
+    trainer.train()
+
+
+# ------------------------------------------------------------------ controller
+class Worker:
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
+        self.name = name
+        self.err = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
+                                     env=env, bufsize=1)
+        self.times: list[dict[str, float]] = []
+
+    def wait_ready(self) -> None:
+        for line in self.proc.stdout:
+            if line.startswith("ITER "):
+                self.times.append(json.loads(line[5:]))
+            elif line.strip() == "READY":
+                return
+        self.err.seek(0)
+        tail = self.err.read().decode(errors="replace")[-4000:]
+        raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) before its next iteration:\n{tail}")
+
+    def step(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        self.wait_ready()
+
+    def finish(self) -> None:
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("ITER "):
+                self.times.append(json.loads(line[5:]))
+        self.proc.wait(timeout=120)
+
+
+def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path, trl_py: Path) -> dict:
+    total = args.warmup + args.iters
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONWARNINGS="ignore")
+    common = ["--model", str(model_dir), "--engine", engine, "--beta", str(beta), "--total", str(total),
+              "--prompts-file", str(prompts_file), "--threads", str(args.threads)]
+    me = [os.path.abspath(__file__)]
+    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", *common], env),
+               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", *common], env)}
+    try:
+        for w in workers.values():  # start-up (model load, vLLM start) happens here, untimed
+            w.wait_ready()
+        order = ["lit_rl", "trl"]
+        for _ in range(total):
+            for name in order:
+                if len(workers[name].times) < total - 1:
+                    workers[name].step()
+            order.reverse()
+        for w in workers.values():
+            w.finish()
+    finally:
+        for w in workers.values():
+            if w.proc.poll() is None:
+                w.proc.kill()
+    out = {}
+    for name, w in workers.items():
+        t = w.times[args.warmup:]
+        out[name] = {"wall": statistics.median(x["wall"] for x in t), "cpu": statistics.median(x["cpu"] for x in t),
+                     "n": len(t), "all_wall": [round(x["wall"], 3) for x in w.times]}
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--engines", default="vllm,hf", help="comma list of: vllm, hf")
+    p.add_argument("--betas", default="0,0.04", help="comma list of KL coefficients (0 = no reference model)")
+    p.add_argument("--iters", type=int, default=6, help="measured iterations per side")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side first")
+    p.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads on both sides")
+    p.add_argument("--json", default=None, help="also write the raw numbers here")
+    # worker mode (internal)
+    p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
+    p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--engine", help=argparse.SUPPRESS)
+    p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
+    p.add_argument("--total", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    p.add_argument("--profile", default=None, help="worker only: cProfile of the iterations after the first, written here")
+    a = p.parse_args()
+    engines = [e for e in a.engines.split(",") if e]
+    bad = [e for e in engines if e not in ("vllm", "hf")]
+    if bad:
+        p.error(f"--engines: unknown {bad}; allowed: vllm, hf")
+    if a.iters < 1 or a.warmup < 0 or a.threads < 1:
+        p.error("--iters must be >= 1, --warmup >= 0, --threads >= 1")
+
+    if a.worker:
+        import torch
+
+        torch.set_num_threads(a.threads)
+        if a.worker == "lit":
+            run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile)
+        else:
+            run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile)
+        return
+
+    model_dir = ensure_model()
+    prompts_file = CACHE / "bench_vs_trl" / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps(r) + "\n" for r in prompt_records()))
+    trl_py = ensure_trl_venv()
+    import torch
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(model_dir)
+    n_params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
+        str(model_dir / "model.safetensors")).values())
+    print(f"model: qwen2 hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} vocab={cfg.vocab_size} "
+          f"params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, fp32, "
+          f"threads={a.threads}, torch {torch.__version__}; medians of {a.iters} iterations after {a.warmup}")
+    results = []
+    for engine in engines:
+        for beta in [float(b) for b in a.betas.split(",")]:
+            r = measure(engine, beta, a, model_dir, prompts_file, trl_py)
+            results.append({"engine": engine, "beta": beta, **r})
+            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']}", flush=True)
+    head = f"{'engine':<7} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        lw, tw, lc, tc = r["lit_rl"]["wall"], r["trl"]["wall"], r["lit_rl"]["cpu"], r["trl"]["cpu"]
+        print(f"{r['engine']:<7} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
+              f"{lc / tc:>9.2f}")
+    print("ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
+          "colocate, hf = both transformers generate")
+    if a.json:
+        Path(a.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
