@@ -24,7 +24,9 @@ def two_teachers(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def student(tiny_model_dir):
-    return PolicyModule(model=str(tiny_model_dir))
+    # The spy teachers record whole rows: the plain forward (one (B, P+C) pass), not the shared-prompt pass
+    # whose prompt and completion passes have other widths (tests/test_shared_prompt.py covers that one).
+    return PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False)
 
 
 def _exp(tok, rows):

@@ -228,3 +228,28 @@ def test_shared_prompt_hidden_states_match_plain_forward_float64(module64):
     assert set(g0) == set(g1) and len(g0) > 0
     for n in g0:
         torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
+def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_model_dir):
+    """The default path composes both savings: the shared prompt pass returns the LM head's input, and the
+    log-probs come chunk by chunk through the head (no (B, C, V) logits read), equal to the plain forward's."""
+    from lit_rl.modules.heads import LazyLogits
+
+    m = PolicyModule(model=str(tiny_model_dir))  # float32, share_prompt_forward=None (auto: on)
+    exp = _experience(PROMPTS, COMPLETIONS)
+    seen = []
+    hook = m.model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
+    before = LazyLogits.materialized
+    try:
+        with torch.no_grad():
+            out = m.forward_outputs(exp)
+            lp = m.completion_logprobs(exp)
+    finally:
+        hook.remove()
+    assert out["head"] is not None and out["head"].hidden.shape == (6, exp.completion_len, m.model.config.hidden_size)
+    assert LazyLogits.materialized == before
+    assert seen == [(2, exp.prompt_len), (6, exp.completion_len - 1)] * 2
+    m.hparams.share_prompt_forward = False
+    with torch.no_grad():
+        plain = m.completion_logprobs(exp)
+    torch.testing.assert_close(lp[exp.loss_mask], plain[exp.loss_mask], rtol=1e-5, atol=1e-5)

@@ -17,9 +17,9 @@ import torch
 from torch import Tensor
 
 from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
-from lit_rl.core.advantages import ADVANTAGES, AdvantageInputs, compute_advantages
-from lit_rl.core.aggregation import AGG_MODES, aggregate
-from lit_rl.core.fused_logprobs import Projection, linear_logprobs
+from lit_rl.core.advantages import ADVANTAGES
+from lit_rl.core.aggregation import AGG_MODES
+from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.microbatch import token_budget_groups
@@ -28,18 +28,12 @@ from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_p
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
-from lit_rl.models.shared_prompt import shared_prompt_outputs
+from lit_rl.modules.assembly import PolicyAssembly, store_dtype
 from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
+from lit_rl.modules.forward import PolicyForward
+from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
-
-
-def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
-    """Per-token annotations are stored in float32, or float64 when the model / the Experience's rewards are
-    float64 (exact float64 checks of the whole step, tests/conformance)."""
-    wide = t.dtype == torch.float64 or (like is not None and like.dtype == torch.float64)
-    return t.double() if wide else t.float()
 
 
 def _reduce(key: str, values: list[float]) -> float:
@@ -90,7 +84,7 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
-class PolicyModule(HeldoutValidation, L.LightningModule):
+class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
     Args:
@@ -284,100 +278,6 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
 
-    def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
-        """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.
-
-        Materialises the full logits: only for consumers that need them (tests, a model without a plain output
-        projection); the training path uses ``forward_outputs``' ``head`` instead. ``model`` defaults to the
-        policy. With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states (b, C, H).
-        """
-        out = self.forward_outputs(micro, model, hidden=return_hidden, materialize=True)
-        return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
-
-    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False,
-                        materialize: bool = False) -> dict[str, Any]:
-        """One forward over the micro-batch, without the vocabulary logits when the model allows it.
-
-        Returns a dict with ``head`` — a ``core.fused_logprobs.Projection`` (hidden (b, C, H) at the positions
-        predicting the completion tokens, the LM head's weight and bias) from which log-probs, entropy and
-        divergences are computed chunk by chunk — or None when the model needs the materialised path
-        (``lm_head_projection`` says why); ``hidden`` (b, C, H) (always, on the projection path); ``cache`` (the
-        key/value cache when asked, for a yes/no value head) or None; and ``logits`` (b, C, V), computed only
-        when read (``LazyLogits``) so a consumer that still needs them keeps working. ``materialize`` forces
-        the old path (the full logits from the CausalLM; the test reference).
-        """
-        model = self.model if model is None else model
-        dev = next(model.parameters()).device
-        att = micro.attention_mask.long().to(dev)
-        pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
-        C = micro.completion_len
-        materialize = materialize or self.materialize_logits
-        kw = dict(input_ids=micro.input_ids.to(dev), attention_mask=att, position_ids=pos, use_cache=cache)
-        proj = None if materialize else lm_head_projection(model, sharded_ok=True)
-        if not (hidden or cache) and self._shares_prompt(model):
-            # a group's rows share their prompt: compute it once (models/shared_prompt.py), same outputs
-            shared = shared_prompt_outputs(model, kw["input_ids"], att, pos, micro.prompt_len, project=proj is None)
-            if shared is not None and proj is None:
-                return {"logits": shared, "hidden": None, "cache": None, "head": None}  # (b, C, V)
-            if shared is not None:
-                weight, bias = proj
-                return LazyLogits(hidden=shared, head=Projection(shared, weight, bias), cache=None)  # (b, C, H)
-        if proj is None:
-            return self._materialised_outputs(model, kw, C, hidden, cache)
-        seen: dict[str, Tensor] = {}
-        # The decoder's output is exactly what the CausalLM feeds its lm_head (final norm applied); the
-        # CausalLM itself runs (hooks of FSDP / PEFT wrappers included) but projects no position (an empty
-        # ``logits_to_keep`` index), so no (b, L, V) tensor is created.
-        hook = model.get_decoder().register_forward_hook(
-            lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
-        try:
-            out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
-        finally:
-            hook.remove()
-        proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
-        if proj is None:
-            return self._materialised_outputs(model, kw, C, hidden, cache)
-        weight, bias = proj
-        h = seen["h"][:, -(C + 1):-1]  # (b, C, H)
-        return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
-
-    def _shares_prompt(self, model) -> bool:
-        """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the
-        argument's doc); never for a sharded model (FSDP2 DTensor or ZeRO-3 parameters), whose units gather
-        and free weights once per forward and backward (two forwards before one backward are not tested)."""
-        share = self.hparams.get("share_prompt_forward")
-        if share is None:
-            share = next(model.parameters()).dtype != torch.float64
-        if not share:
-            return False
-        try:
-            from torch.distributed.tensor import DTensor
-        except ImportError:  # pragma: no cover
-            DTensor = ()
-        return not any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
-
-    @staticmethod
-    def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:
-        """The old path: the CausalLM's own (b, C, V) logits (the reference, and the fallback)."""
-        out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
-        return {"logits": out.logits[:, :-1],  # (b, C, V)
-                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
-                "cache": out.past_key_values if cache else None, "head": None}
-
-    def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
-        """log π(y_t) of every completion token at the module's temperature, (b, C); chunked through the LM
-        head (no logits materialised) unless ``logits`` are given or the model needs the materialised path."""
-        if logits is None:
-            out = self.forward_outputs(micro, model)
-            if out["head"] is not None:
-                head = out["head"]
-                ids = micro.completion_ids.to(head.hidden.device)
-                return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                                       self.hparams.logprob_chunk_size, entropy=False)[0]
-            logits = out["logits"]
-        return token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
-                              self.temperature)
-
     # ------------------------------------------------------------ experience
     @property
     def needs_old_logprobs(self) -> bool:
@@ -395,83 +295,6 @@ class PolicyModule(HeldoutValidation, L.LightningModule):
             self._old_logprob_s = time.perf_counter() - t0
         if self.critic is not None:
             self.critic.attach_values(self, exp)
-
-    def compute_advantages(self, exp: Experience) -> dict[str, float]:
-        """Advantages (and returns) of every row, zero off ``exp.train_mask``.
-
-        Group statistics use every ``valid`` row (a row filtered by ``trainable`` still tells its group what
-        the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
-        """
-        h = self.hparams
-        out = compute_advantages(h.advantage, AdvantageInputs(
-            rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
-            values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
-            bootstrap=self._bootstrap_rows(exp)))
-        train = exp.train_mask
-        adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
-        metrics = dict(out.metrics)
-        if self.whitens:
-            adv, wm = self._whiten(adv, train)
-            metrics.update(wm)
-        exp.advantages = store_dtype(adv, exp.rewards)
-        exp.returns = None if out.returns is None else store_dtype(out.returns, exp.rewards)
-        if self.critic is not None:
-            return {**metrics, **self.critic.advantage_metrics(exp)}
-        return metrics
-
-    def _bootstrap_rows(self, exp: Experience) -> Tensor | None:
-        """Rows whose last value is bootstrapped (GAE on a truncated completion); None = none. Hook of the
-        critic option ``bootstrap_truncated``."""
-        if self.critic is None or not getattr(self.critic, "bootstrap_truncated", False) or not exp.finish_reasons:
-            return None
-        return torch.tensor([f == "length" for f in exp.finish_reasons], dtype=torch.bool)
-
-    @property
-    def whitens(self) -> bool:
-        w = self.hparams.whiten_advantages
-        return self.hparams.advantage == "gae" if w is None else bool(w)
-
-    def _whiten(self, adv: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """(A − μ) / sqrt(σ² + 1e-8) over the trainable tokens of every rank (population variance, float64),
-        so each rank applies the same μ, σ (the single-process result on the global batch)."""
-        a = adv.double()
-        stats = torch.stack([a[mask].sum(), (a[mask] ** 2).sum(), mask.sum().double()])  # (3,)
-        stats = self._all_reduce_sum(stats)
-        n = float(stats[2])
-        if n == 0:
-            return adv, {}
-        mean = stats[0] / n
-        var = (stats[1] / n - mean ** 2).clamp_min(0.0)
-        out = torch.where(mask, (a - mean) * torch.rsqrt(var + 1e-8), torch.zeros((), dtype=a.dtype))
-        return out.to(adv.dtype), {"adv/raw_mean": float(mean), "adv/raw_std": float(var.sqrt())}
-
-    def _all_reduce_sum(self, t: Tensor, op: str = "sum") -> Tensor:
-        """Reduce a small CPU tensor over ranks with ``op`` (sum | max; identity in one process)."""
-        trainer = self._trainer
-        if trainer is None or trainer.world_size <= 1:
-            return t
-        dev = self.device if self.device.type != "cpu" else torch.device("cpu")
-        return trainer.strategy.reduce(t.to(dev), reduce_op=op).cpu()
-
-    def horizon_for(self, exp: Experience) -> int | None:
-        """H of ``seq_mean_token_sum_norm``: ``loss_horizon``, else the Experience's; an error without either."""
-        h = self.hparams
-        if h.loss_agg != "seq_mean_token_sum_norm":
-            return None
-        H = h.loss_horizon if h.loss_horizon is not None else exp.horizon
-        if H is None:
-            raise ValueError(
-                "loss_agg='seq_mean_token_sum_norm' divides by a constant horizon, but neither "
-                "PolicyModule.loss_horizon nor the Experience's horizon is set (RolloutCallback sets it to "
-                "sampling.max_new_tokens; an Experience built by hand needs horizon=...)")
-        return int(H)
-
-    def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
-        """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators
-        (``num_tokens`` / ``num_seqs`` of the trainable tokens of all ranks) and the run's constant horizon."""
-        return aggregate(values, mask, self.hparams.loss_agg, forward_out.get("horizon"),
-                         num_tokens=forward_out["num_tokens"], num_seqs=forward_out["num_seqs"])
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):

@@ -225,5 +225,12 @@ def test_distill_recipe_matches_reverse_kl(tiny_model_dir, tmp_path):
 def test_every_recipe_is_covered():
     from _conformance import RECIPES, ROOT
 
-    algorithmic = {p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"quickstart", "grpo_vllm"}
+    import yaml
+
+    # Engine variants: the same `model:` section (the same loss) as the recipe named, another rollout engine.
+    engine_variants = {"grpo_vllm": "quickstart", "grpo_server": "grpo_vllm", "async_server": "async"}
+    for variant, same_as in engine_variants.items():
+        models = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"] for n in (variant, same_as)]
+        assert models[0] == models[1], f"configs/{variant}.yaml's model section differs from {same_as}.yaml's"
+    algorithmic = {p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"quickstart"} - set(engine_variants)
     assert set(RECIPES) >= algorithmic, f"recipes without a conformance test: {algorithmic - set(RECIPES)}"

@@ -1,0 +1,119 @@
+"""How the policy reads a micro-batch: one forward to the LM head's input, log-probs chunked through the head.
+
+``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.hparams``, ``self.temperature``
+and the class flag ``materialize_logits``); it is its own file because the forward has three shapes: the
+chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct prompt once) and
+the materialised path (the test reference, and the fallback for heads the chunked path cannot read).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lit_rl.core.fused_logprobs import Projection, linear_logprobs
+from lit_rl.core.logprobs import token_logprobs
+from lit_rl.data.experience import Experience
+from lit_rl.models.shared_prompt import shared_prompt_outputs
+from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
+
+
+class PolicyForward:
+    """Forward and log-prob methods of ``PolicyModule`` (see the module doc)."""
+
+    materialize_logits: bool = False  # PolicyModule's class flag (the test reference path); see there
+
+    def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
+        """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.
+
+        Materialises the full logits: only for consumers that need them (tests, a model without a plain output
+        projection); the training path uses ``forward_outputs``' ``head`` instead. ``model`` defaults to the
+        policy. With ``return_hidden`` returns ``(logits, hidden)``, hidden = last-layer states (b, C, H).
+        """
+        out = self.forward_outputs(micro, model, hidden=return_hidden, materialize=True)
+        return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
+
+    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False,
+                        materialize: bool = False) -> dict[str, Any]:
+        """One forward over the micro-batch, without the vocabulary logits when the model allows it.
+
+        Returns a dict with ``head`` — a ``core.fused_logprobs.Projection`` (hidden (b, C, H) at the positions
+        predicting the completion tokens, the LM head's weight and bias) from which log-probs, entropy and
+        divergences are computed chunk by chunk — or None when the model needs the materialised path
+        (``lm_head_projection`` says why); ``hidden`` (b, C, H) (always, on the projection path); ``cache`` (the
+        key/value cache when asked, for a yes/no value head) or None; and ``logits`` (b, C, V), computed only
+        when read (``LazyLogits``) so a consumer that still needs them keeps working. ``materialize`` forces
+        the old path (the full logits from the CausalLM; the test reference).
+        """
+        model = self.model if model is None else model
+        dev = next(model.parameters()).device
+        att = micro.attention_mask.long().to(dev)
+        pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
+        C = micro.completion_len
+        materialize = materialize or self.materialize_logits
+        kw = {"input_ids": micro.input_ids.to(dev), "attention_mask": att, "position_ids": pos, "use_cache": cache}
+        proj = None if materialize else lm_head_projection(model, sharded_ok=True)
+        if not (hidden or cache) and self._shares_prompt(model):
+            # a group's rows share their prompt: compute it once (models/shared_prompt.py), same outputs
+            shared = shared_prompt_outputs(model, kw["input_ids"], att, pos, micro.prompt_len, project=proj is None)
+            if shared is not None and proj is None:
+                return {"logits": shared, "hidden": None, "cache": None, "head": None}  # (b, C, V)
+            if shared is not None:
+                weight, bias = proj
+                return LazyLogits(hidden=shared, head=Projection(shared, weight, bias), cache=None)  # (b, C, H)
+        if proj is None:
+            return self._materialised_outputs(model, kw, C, hidden, cache)
+        seen: dict[str, Tensor] = {}
+        # The decoder's output is exactly what the CausalLM feeds its lm_head (final norm applied); the
+        # CausalLM itself runs (hooks of FSDP / PEFT wrappers included) but projects no position (an empty
+        # ``logits_to_keep`` index), so no (b, L, V) tensor is created.
+        hook = model.get_decoder().register_forward_hook(
+            lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+        try:
+            out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
+        finally:
+            hook.remove()
+        proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
+        if proj is None:
+            return self._materialised_outputs(model, kw, C, hidden, cache)
+        weight, bias = proj
+        h = seen["h"][:, -(C + 1):-1]  # (b, C, H)
+        return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
+
+    def _shares_prompt(self, model) -> bool:
+        """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the
+        argument's doc); never for a sharded model (FSDP2 DTensor or ZeRO-3 parameters), whose units gather
+        and free weights once per forward and backward (two forwards before one backward are not tested)."""
+        share = self.hparams.get("share_prompt_forward")
+        if share is None:
+            share = next(model.parameters()).dtype != torch.float64
+        if not share:
+            return False
+        try:
+            from torch.distributed.tensor import DTensor
+        except ImportError:  # pragma: no cover
+            DTensor = ()
+        return not any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+
+    @staticmethod
+    def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:
+        """The old path: the CausalLM's own (b, C, V) logits (the reference, and the fallback)."""
+        out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
+        return {"logits": out.logits[:, :-1],  # (b, C, V)
+                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
+                "cache": out.past_key_values if cache else None, "head": None}
+
+    def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
+        """log π(y_t) of every completion token at the module's temperature, (b, C); chunked through the LM
+        head (no logits materialised) unless ``logits`` are given or the model needs the materialised path."""
+        if logits is None:
+            out = self.forward_outputs(micro, model)
+            if out["head"] is not None:
+                head = out["head"]
+                ids = micro.completion_ids.to(head.hidden.device)
+                return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
+                                       self.hparams.logprob_chunk_size, entropy=False)[0]
+            logits = out["logits"]
+        return token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
+                              self.temperature)
