@@ -19,14 +19,19 @@ TINY = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char"}
 
 
 class Spy(torch.nn.Module):
-    """Wraps a real teacher model and records every batch of input ids it is asked to score."""
+    """Wraps a real teacher model and records every batch of input ids it is asked to score.
+
+    Only passes that start their sequences are recorded: under the shared-prompt forward a teacher sees each
+    distinct prompt once (recorded) and then the completion tokens on top of that prompt's KV cache
+    (``past_key_values`` given: no prompt text in them to attribute, not recorded)."""
 
     def __init__(self, inner):
         super().__init__()
         self.inner, self.seen = inner, []
 
     def forward(self, input_ids=None, **kw):
-        self.seen.append(input_ids.detach().cpu().clone())
+        if kw.get("past_key_values") is None:
+            self.seen.append(input_ids.detach().cpu().clone())
         return self.inner(input_ids=input_ids, **kw)
 
 

@@ -32,7 +32,8 @@ def test_quickstart_learns_through_servers(mode, tmp_path, monkeypatch):
     first, last = sum(reward[:25]) / 25, sum(reward[-25:]) / 25
     assert last >= first + 0.30, (first, last)
     assert max(acc[-3:]) >= acc[0] + 0.25, acc
-    assert rows[-1]["rollout/server_errors"] == 0.0
+    counted = [r["rollout/server_errors"] for r in rows if "rollout/server_errors" in r]  # eval rows have none
+    assert len(counted) == len(reward) and counted[-1] == 0.0
     if mode == "sync":  # fp32 server and trainer agree on the sampled tokens' log-probs
         assert float(cli.trainer.callback_metrics["rollout/logprob_mismatch_kl"]) < 1e-6
     else:
