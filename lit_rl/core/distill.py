@@ -89,6 +89,17 @@ def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
     return vals, ids, tail
 
 
+def _check_topk_args(topk_logprobs, topk_ids, tail_logprob, mask, temperature: float, B: int, T: int) -> float:
+    """Shape checks shared by both top-k reverse-KL entry points; returns the checked temperature."""
+    if topk_ids.shape != topk_logprobs.shape or topk_ids.shape[:2] != (B, T):
+        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
+                         f"(B, T, k) with (B, T) = {(B, T)}")
+    if tail_logprob.shape != (B, T):
+        raise ValueError(f"tail_logprob shape {tuple(tail_logprob.shape)} != (B, T) = {(B, T)}")
+    _check_mask(mask, (B, T))
+    return _check_temperature(temperature)
+
+
 def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor,
                     tail_logprob: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
                     chunk_size: int | None = None) -> torch.Tensor:
@@ -115,13 +126,7 @@ def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, t
     if student_logits.dim() != 3:
         raise ValueError(f"student_logits must be (B, T, V), got shape {tuple(student_logits.shape)}")
     B, T, V = student_logits.shape
-    if topk_ids.shape != topk_logprobs.shape or topk_ids.shape[:2] != (B, T):
-        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
-                         f"(B, T, k) with (B, T) = {(B, T)}")
-    if tail_logprob.shape != (B, T):
-        raise ValueError(f"tail_logprob shape {tuple(tail_logprob.shape)} != (B, T) = {(B, T)}")
-    _check_mask(mask, (B, T))
-    t = _check_temperature(temperature)
+    t = _check_topk_args(topk_logprobs, topk_ids, tail_logprob, mask, temperature, B, T)
     cdt = _compute_dtype(student_logits.dtype)
     k = topk_ids.shape[-1]
     step = chunk_size or B
@@ -170,13 +175,7 @@ def topk_reverse_kl_linear(student, topk_logprobs: torch.Tensor, topk_ids: torch
     from lit_rl.core.fused_logprobs import linear_rowwise
 
     B, T = student.hidden.shape[:2]
-    if topk_ids.shape != topk_logprobs.shape or topk_ids.shape[:2] != (B, T):
-        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
-                         f"(B, T, k) with (B, T) = {(B, T)}")
-    if tail_logprob.shape != (B, T):
-        raise ValueError(f"tail_logprob shape {tuple(tail_logprob.shape)} != (B, T) = {(B, T)}")
-    _check_mask(mask, (B, T))
-    t = _check_temperature(temperature)
+    t = _check_topk_args(topk_logprobs, topk_ids, tail_logprob, mask, temperature, B, T)
     kl = linear_rowwise(lambda a, lq, ids, tail: _topk_kl_rows(a, lq, ids, tail, t), student,
                         [topk_logprobs, topk_ids, tail_logprob], chunk_size)
     m = mask.to(kl.device)
