@@ -112,3 +112,26 @@ class DeepSpeedZeROStrategy(DeepSpeedStrategy):
                                  f"max_grad_norm={clip}: set only max_grad_norm")
             self.config["gradient_clipping"] = float(clip)
         super()._format_batch_size_and_grad_accum_config()
+
+
+# ---------------------------------------------- DeepSpeed helpers used by PolicyModule's optimizer step
+def deepspeed_engine(module):
+    """The DeepSpeed engine training ``module``, or None under any other strategy (or before setup)."""
+    trainer = module._trainer
+    if trainer is None or not isinstance(trainer.strategy, DeepSpeedStrategy):
+        return None
+    return trainer.strategy.deepspeed_engine
+
+
+def uncount_optimizer_step(trainer) -> None:
+    """Take back the trainer step Lightning counted for an optimizer step DeepSpeed skipped (non-finite norm).
+
+    On the other strategies a skipped step never calls ``opt.step()``, so it is not a ``global_step`` (nor a
+    ``max_steps`` unit); under DeepSpeed the skip is only known after ``opt.step()`` ran, and Lightning's manual
+    optimization loop has counted it by then. Counting it would shift every later step-based schedule
+    (max_steps, weight-sync and checkpoint intervals) against a DDP/FSDP run of the same config.
+    """
+    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
+    for tracker in (progress.total, progress.current):
+        tracker.ready -= 1
+        tracker.completed -= 1

@@ -34,6 +34,8 @@ from lit_rl.modules.forward import PolicyForward
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
+from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
+from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
 
 
 def _reduce(key: str, values: list[float]) -> float:
@@ -50,30 +52,6 @@ def _reduce(key: str, values: list[float]) -> float:
 def _reduce_fx(key: str) -> str:
     name = key.rsplit("/", 1)[-1]
     return "max" if "max" in name else "min" if "min" in name else "mean"
-
-
-def _deepspeed_engine(module: L.LightningModule):
-    """The DeepSpeed engine training ``module``, or None under any other strategy (or before setup)."""
-    from lightning.pytorch.strategies import DeepSpeedStrategy
-
-    trainer = module._trainer
-    if trainer is None or not isinstance(trainer.strategy, DeepSpeedStrategy):
-        return None
-    return trainer.strategy.deepspeed_engine
-
-
-def _uncount_optimizer_step(trainer) -> None:
-    """Take back the trainer step Lightning counted for an optimizer step DeepSpeed skipped (non-finite norm).
-
-    On the other strategies a skipped step never calls ``opt.step()``, so it is not a ``global_step`` (nor a
-    ``max_steps`` unit); under DeepSpeed the skip is only known after ``opt.step()`` ran, and Lightning's manual
-    optimization loop has counted it by then. Counting it would shift every later step-based schedule
-    (max_steps, weight-sync and checkpoint intervals) against a DDP/FSDP run of the same config.
-    """
-    progress = trainer.fit_loop.epoch_loop.manual_optimization.optim_step_progress
-    for tracker in (progress.total, progress.current):
-        tracker.ready -= 1
-        tracker.completed -= 1
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
