@@ -43,6 +43,13 @@ from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor
 MODES = ("sync", "async")
 
 
+def _sync_items(engine, model):
+    """The weights ``engine.update_weights`` takes: the engine's own choice when it has one (a LoRA adapter
+    alone for ``VLLMServerEngine``'s adapter path), else the merged model."""
+    pick = getattr(engine, "sync_items", None)
+    return pick(model) if pick is not None else merged_state_items(model)
+
+
 class RolloutCallback(RolloutProducer):
     """Generate, score and annotate rollouts for every training batch.
 
@@ -225,9 +232,10 @@ class RolloutCallback(RolloutProducer):
         if trainer.global_step - self.last_sync_step >= self.sync_every:
             t0 = time.perf_counter()
             if self._producer is not None:  # async: snapshot now, the producer loads it between items
-                self._async_state["version"] = self._producer.push_weights(merged_state_items(pl_module.model))
+                weights = _sync_items(self.engine, pl_module.model)
+                self._async_state["version"] = self._producer.push_weights(weights)
             else:
-                self.engine.update_weights(merged_state_items(pl_module.model))
+                self.engine.update_weights(_sync_items(self.engine, pl_module.model))
             self.last_sync_step = trainer.global_step
             pl_module.log("perf/weight_sync_s", time.perf_counter() - t0, on_step=True, batch_size=1)
         if self._producer is not None:
@@ -240,14 +248,14 @@ class RolloutCallback(RolloutProducer):
                 # Resumed: an engine with its own weights was bound in setup, before the checkpoint restored
                 # the learner; give it the restored weights under the checkpointed version.
                 version = self.engine.policy_version
-                self.engine.update_weights(merged_state_items(pl_module.model))
+                self.engine.update_weights(_sync_items(self.engine, pl_module.model))
                 self.engine.policy_version = version
             return
         self._stop_producer()
         st, dm = self._async_state, trainer.datamodule
         # The engine may hold weights from before a checkpoint restore: load the learner's, keep the version.
         with self.engine_lock:
-            self._load_weights(dict(merged_state_items(pl_module.model)), st["version"])
+            self._load_weights(dict(_sync_items(self.engine, pl_module.model)), st["version"])
         self._stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
                                     template=getattr(dm, "_sampler", None))
         rows = dm.batch_size * self.group_size

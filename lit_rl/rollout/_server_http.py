@@ -27,7 +27,8 @@ class Server:
     model: str = ""
     max_model_len: int = 0
     max_num_seqs: int | None = None
-    lora: bool = False
+    lora: bool = False  # started with --enable-lora
+    lora_rank: int = 0  # its --max-lora-rank
     alive: bool = True
     outstanding: int = 0
     served: int = 0  # requests answered
@@ -79,6 +80,7 @@ class ServerPool:
             s.info = mc
             s.max_num_seqs = (cfg.get("scheduler_config") or {}).get("max_num_seqs")
             s.lora = cfg.get("lora_config") is not None
+            s.lora_rank = int((cfg.get("lora_config") or {}).get("max_lora_rank") or 0)
             if mc.get("logprobs_mode") != PROCESSED:
                 raise ValueError(
                     f"VLLMServerEngine.{setting}: server {s.url} runs with logprobs_mode={mc.get('logprobs_mode')!r}; "

@@ -15,6 +15,8 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
   (``GET /weight_info``); a server that does not fails the step. Transport ``nccl`` (GPU, across hosts):
   vLLM's weight-transfer engine (``/init_weight_transfer_engine`` + ``/update_weights``; the servers need
   ``--weight-transfer-config '{"backend": "nccl"}'``) broadcasts every tensor from trainer rank 0.
+* LoRA (``lora_sync``): a LoRA policy's sync can write only its adapter, which every server loads as
+  ``policy-vN`` beside its base weights; requests then name it. See ``_server_lora`` for when this path runs.
 * Load balancing and failures: each prompt is one request sent to the live server with the fewest requests in
   flight. A server that refuses connections, times out (``request_timeout_s``), answers 5xx or returns a
   malformed body is marked dead for the rest of the run (a restarted server would hold the base weights) and
@@ -32,12 +34,14 @@ import os
 import shutil
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from torch import Tensor
 
+from lit_rl.rollout import _server_lora as lora
 from lit_rl.rollout._server_http import ServerPool
 from lit_rl.rollout._vllm_common import (
     architectures,
@@ -79,12 +83,16 @@ class VLLMServerEngine:
         overlong_prompts: ``truncate`` | ``drop`` | ``error`` (as ``VLLMEngine``).
         allow_truncated_logprobs: accept top-p / top-k (log-probs then of the truncated distribution).
         max_concurrency: requests in flight from this engine at once (threads).
+        lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
+            weights) | ``adapter`` (the adapter path or an error at setup) | ``merged`` (always merged weights).
+            Launched servers get the LoRA flags unless ``merged``. Chosen at ``bind``: ``sync_path``, and why
+            in ``sync_path_reason``.
     """
 
     def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
                  request_timeout_s: float = 120.0, sync_timeout_s: float = 300.0, weight_transport: str = "file",
                  sync_dir: str | None = None, seed: int = 0, overlong_prompts: str = "truncate",
-                 allow_truncated_logprobs: bool = False, max_concurrency: int = 64):
+                 allow_truncated_logprobs: bool = False, max_concurrency: int = 64, lora_sync: str = "auto"):
         if (urls is None) == (launch is None):
             raise ValueError("VLLMServerEngine needs exactly one of urls (running servers) or launch (start them)")
         if urls is not None and (isinstance(urls, str) or not urls or not all(
@@ -108,12 +116,22 @@ class VLLMServerEngine:
             raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if lora_sync not in lora.LORA_SYNC:
+            raise ValueError(f"lora_sync={lora_sync!r}; valid values: {', '.join(lora.LORA_SYNC)}")
+        if lora_sync == "adapter" and weight_transport != "file":
+            raise ValueError(f"lora_sync='adapter' needs weight_transport='file' (servers load the adapter from a "
+                             f"path), got weight_transport={weight_transport!r}")
         self.urls = [u.rstrip("/") for u in urls] if urls is not None else None
         self.launch = dict(launch) if launch is not None else None
         self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
         self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, seed
         self.overlong, self.allow_truncated_logprobs = overlong_prompts, allow_truncated_logprobs
         self.max_concurrency = max_concurrency
+        self.lora_sync = lora_sync
+        self.sync_path: str | None = None  # "adapter" | "merged", chosen at bind
+        self.sync_path_reason = ""
+        self._lora: lora.AdapterSync | None = None
+        self.last_sync_bytes = 0
         self.tokenizer = None
         self.policy_version = 0
         self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
@@ -134,12 +152,10 @@ class VLLMServerEngine:
 
     # ------------------------------------------------------------------ start
     def bind(self, module) -> None:
-        """Start (``launch``) or reach (``urls``) the servers and check them against the policy; the first
-        ``generate`` pushes the module's weights (so checkpoint-restored weights are what the servers use)."""
-        from lit_rl.models.loading import merged_state_items
-
+        """Start (``launch``) or reach (``urls``) the servers, check them against the policy and choose the
+        sync path (``lora_sync``); the first ``generate`` pushes the module's weights (so checkpoint-restored
+        weights are what the servers use)."""
         self.tokenizer, self._module = module.tokenizer, module
-        self._expected_names = {n for n, _ in merged_state_items(module.model)}
         if self.pool is None:
             urls = self.urls if self.urls is not None else self._start_servers(module)
             self.pool = ServerPool(urls, self.request_timeout_s)
@@ -152,7 +168,52 @@ class VLLMServerEngine:
         # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
         # rank's own, so every rank pushes to its own.
         self._group = _ddp_group() if self.urls is not None else None
+        self._choose_sync_path(module)
+        self._expected_names = {n for n, _ in self.sync_items(module.model)}
         self._needs_initial_sync = True
+
+    def _choose_sync_path(self, module) -> None:
+        """Adapter or merged weights (``_server_lora.choose``); with DDP rank 0 decides and tells the others."""
+        import torch.distributed as dist
+
+        rank0 = self._group is None or dist.get_rank() == 0
+        box = [None]
+        if rank0:
+            try:
+                found = lora.choose(self.lora_sync, module.model, self.pool, self._ensure_sync_dir,
+                                    self.weight_transport, tag=str(os.getpid()))
+                # adapter names carry a run token: two runs sharing a server never load over each other's
+                box = [("adapter" if found[0] else "merged", found[1], f"policy-{uuid.uuid4().hex[:8]}-v")]
+            except BaseException as exc:
+                box = [("error", str(exc), "")]
+                if self._group is None:
+                    self.close()
+                    raise
+        if self._group is not None:
+            dist.broadcast_object_list(box, src=0, group=self._group)
+        path, self.sync_path_reason, prefix = box[0]
+        if path == "error":
+            self.close()
+            raise ValueError(box[0][1])
+        self.sync_path = path
+        if path != "adapter":
+            self._lora = None
+        elif self._lora is None:  # a second bind on the same servers keeps the adapter they serve
+            self._lora = lora.AdapterSync(lora.policy_lora(module.model), prefix)
+        _log.info("VLLMServerEngine weight sync: %s weights (%s)", path, self.sync_path_reason)
+
+    def sync_items(self, model):
+        """What ``update_weights`` takes for ``model``: its LoRA adapter's tensors (PEFT names) on the adapter
+        path, else its merged weights (``merged_state_items``). RolloutCallback syncs with this."""
+        from lit_rl.models.loading import merged_state_items
+
+        return lora.adapter_state_items(model) if self._lora is not None else merged_state_items(model)
+
+    def _ensure_sync_dir(self) -> str:
+        if self._sync_dir is None:
+            self._sync_dir = self.sync_dir_arg or make_sync_dir()
+            os.makedirs(self._sync_dir, exist_ok=True)
+        return self._sync_dir
 
     def _start_servers(self, module) -> list[str]:
         from lit_rl.rollout._server_http import launch_servers
@@ -160,7 +221,8 @@ class VLLMServerEngine:
         model = str(getattr(module, "model_path", "") or "")
         if not model:
             raise ValueError("VLLMServerEngine.launch needs a policy module with model_path (the servers load it)")
-        urls, self._procs = launch_servers(model, self.launch, dtype_name(module.model))
+        launch = lora.launch_with_lora(self.launch, module.model, self.lora_sync)
+        urls, self._procs = launch_servers(model, launch, dtype_name(module.model))
         return urls
 
     def _check_rollout_settings(self, module) -> None:
@@ -234,9 +296,7 @@ class VLLMServerEngine:
         self.check_request_shape(n, sampling.max_new_tokens)
         with self._lock:
             if self._needs_initial_sync and self._module is not None:
-                from lit_rl.models.loading import merged_state_items
-
-                self._sync(merged_state_items(self._module.model))
+                self._sync(self.sync_items(self._module.model))
                 self._needs_initial_sync = False
             if self._stale is not None:
                 raise RuntimeError(f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again.")
@@ -257,7 +317,8 @@ class VLLMServerEngine:
         seed = (base + self._seed_cursor) % _SEED_MOD  # one seed per prompt; vLLM gives sample k seed + k
         self._seed_cursor += n
         greedy = sp.temperature == 0
-        return {"prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens, "temperature": sp.temperature,
+        model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
+        return {**model, "prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens, "temperature": sp.temperature,
                 "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1, "logprobs": 0, "seed": seed,
                 "return_token_ids": True, "skip_special_tokens": False, "ignore_eos": False, "min_tokens": 0,
                 "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
@@ -267,7 +328,9 @@ class VLLMServerEngine:
         pool = self.pool
         return {"rollout/server_errors": float(pool.errors if pool else 0),
                 "rollout/retries": float(pool.retries if pool else 0),
-                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0)}
+                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
+                "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
+                "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
 
     def state_dict(self) -> dict:
         return {"seed_cursor": self._seed_cursor}
@@ -277,7 +340,8 @@ class VLLMServerEngine:
 
     # ----------------------------------------------------------- weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Push new weights (checkpoint names, e.g. ``merged_state_items(model)``) to every live server.
+        """Push new weights (``sync_items(model)``: merged checkpoint names, or the adapter's on the adapter
+        path) to every live server.
 
         Raises ``ValueError`` on missing / unknown names (servers untouched); ``RuntimeError`` when any server
         fails to load them or reports another version, ``TimeoutError`` after ``sync_timeout_s``; after those
@@ -299,12 +363,16 @@ class VLLMServerEngine:
         if rank0:
             try:
                 items = list(named_tensors)
-                check_weight_names(items, self._expected_names)
-                if self.weight_transport == "file":
-                    if self._sync_dir is None:
-                        self._sync_dir = self.sync_dir_arg or make_sync_dir()
-                        os.makedirs(self._sync_dir, exist_ok=True)
-                    write_weights_file(items, self._sync_dir)
+                try:
+                    check_weight_names(items, self._expected_names)
+                except ValueError as exc:
+                    raise ValueError(f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))")
+                if self._lora is not None:
+                    self._lora.push(self.pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
+                    self.last_sync_bytes = self._lora.bytes_written
+                elif self.weight_transport == "file":
+                    path = write_weights_file(items, self._ensure_sync_dir())
+                    self.last_sync_bytes = os.path.getsize(path)
                     self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
                 else:
                     self._sync_nccl(items, version)
@@ -321,6 +389,8 @@ class VLLMServerEngine:
             if err is None and not rank0:
                 try:
                     self.pool.check_versions(version)
+                    if self._lora is not None:
+                        self._lora.check(self.pool, version)
                 except BaseException as exc:  # noqa: BLE001
                     err = exc
         if err is not None:
