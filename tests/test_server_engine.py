@@ -300,6 +300,38 @@ def test_server_with_another_model_is_refused_at_setup(pair, tiny_llama_dir, tmp
         VLLMServerEngine(urls=urls).bind(_module(other))
 
 
+def test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syncs_merged(pair, tiny_model_dir):
+    """The pair runs without LoRA: lora_sync=adapter fails at setup naming the setting; auto (the default)
+    syncs the LoRA policy's merged weights, which the servers then serve (tests/test_server_lora.py has the
+    adapter path on a LoRA server)."""
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    urls = [s.url for s in pair[0].pool.servers]
+    module = _module(tiny_model_dir, load_causal_lm(str(tiny_model_dir), lora={"r": 4, "lora_alpha": 8}))
+    with torch.no_grad():
+        for n, p in module.model.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.05)
+    with pytest.raises(ValueError, match=rf"VLLMServerEngine.lora_sync='adapter' cannot run: server {urls[0]} "
+                                         r"runs without LoRA; start it with --enable-lora"):
+        VLLMServerEngine(urls=urls, lora_sync="adapter").bind(module)
+    auto = VLLMServerEngine(urls=urls, request_timeout_s=30)
+    try:
+        auto.bind(module)
+        assert auto.sync_path == "merged" and "runs without LoRA" in auto.sync_path_reason
+        ids = _ids(module)
+        out = auto.generate(ids, 1, SamplingConfig(temperature=1.0, max_new_tokens=5))
+        for p, (c,) in zip(ids, out):
+            ref = _hf_logprobs(module.model, p, c.token_ids, 1.0)
+            assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4)
+        m = auto.metrics()
+        assert m["rollout/weight_sync_adapter"] == 0.0
+        assert m["rollout/weight_sync_bytes"] > 4 * sum(p.numel() for p in module.model.parameters()) * 0.9
+    finally:
+        auto.close()
+        pair[0].update_weights(merged_state_items(pair[1].model))  # the pair's own weights back
+
+
 def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, tiny_model_dir):
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.rollout.server import VLLMServerEngine

