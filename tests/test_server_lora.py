@@ -185,6 +185,8 @@ def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tin
     assert [b for b, _, _ in checked] == [1, 2]
     for _, name, served in checked:  # this engine's adapter, alone beside the module engine's one
         assert name in served and len([m for m in served if m.startswith("policy-")]) == 2
+    # teardown took this run's adapter off the server (given by URL, it outlives the run)
+    assert [m for m in _served(server[0].pool.servers[0].url) if m.startswith("policy-")] == [server[0]._lora.current]
 
 
 def test_a_rank_above_the_servers_max_fails_adapter_and_falls_back_in_auto(server, tiny_model_dir):
@@ -209,3 +211,41 @@ def test_an_adapter_the_server_refuses_fails_adapter_at_setup(server, tiny_model
                                          r"policy's LoRA adapter.*DoRA"):
         VLLMServerEngine(urls=[url], lora_sync="adapter").bind(_module(tiny_model_dir, {**LORA, "use_dora": True}))
     assert [m for m in _served(url) if "probe" in m] == []
+
+
+def test_two_rank_ddp_trainer_syncs_the_adapter_from_rank_0(server, tiny_model_dir, tmp_path):
+    """2 DDP ranks share the LoRA server by URL with lora_sync=adapter: rank 0 pushes each version, rank 1
+    checks the server lists it, and both generate through it. The adapter starts non-trivial
+    (init_lora_weights: false), so a rank sampling from anything but the current adapter would show in the
+    trainer-vs-rollout log-prob mismatch (averaged over both ranks)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    url = server[0].pool.servers[0].url
+    before = _served(url)
+    cfg = yaml.safe_load((root / "configs/grpo_server.yaml").read_text())
+    cfg["rollout"]["engine"]["init_args"] = {"urls": [url], "request_timeout_s": 60, "lora_sync": "adapter"}
+    cfg["trainer"]["callbacks"] = []
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "ddp.pt"
+    env = {**os.environ, "PYTHONPATH": str(root), "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run(
+        [sys.executable, str(root / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
+         str(root / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
+         "--trainer.default_root_dir", str(tmp_path / "run"), "--model.init_args.model", str(tiny_model_dir),
+         "--model.init_args.lora", "{r: 4, lora_alpha: 8, init_lora_weights: false}", "--trainer.logger", "false",
+         "--trainer.enable_progress_bar", "false", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
+         "--rollout.sampling.max_new_tokens", "4", "--trainer.val_check_interval", "null", "--trainer.check_val_every_n_epoch", "null"],
+        check=False, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = torch.load(out)
+    assert res["world_size"] == 2 and res["metrics"]["rollout/weight_sync_adapter"] == 1.0
+    assert res["metrics"]["rollout/logprob_mismatch_kl"] < 1e-5, res["metrics"]["rollout/logprob_mismatch_kl"]
+    # initial push + one per step: version 3; teardown unloaded this run's adapter
+    assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == "3"
+    assert _served(url) == before

@@ -138,12 +138,17 @@ class AdapterSync:
         self.current = name
         self._drop_older(pool, timeout)
 
-    def _drop_older(self, pool, timeout: float) -> None:
+    def release(self, pool, timeout: float = 10.0) -> None:
+        """Unload every adapter this engine loaded (at close: servers given by URL outlive the run)."""
+        self._drop_older(pool, timeout, keep_current=False)
+        self.current = None
+
+    def _drop_older(self, pool, timeout: float, keep_current: bool = True) -> None:
         """Unload adapters older than the current one (best effort: a failure leaves an idle adapter on a
         server, never a wrong answer, since requests name the current one)."""
-        keep = [(n, p) for n, p in self._loaded if n == self.current]
+        keep = [(n, p) for n, p in self._loaded if keep_current and n == self.current]
         for n, p in self._loaded:
-            if n == self.current:
+            if keep_current and n == self.current:
                 continue
             for s in pool.servers:
                 if s.alive:

@@ -260,6 +260,9 @@ class VLLMServerEngine:
                 except Exception as exc:  # noqa: BLE001 - best effort at teardown
                     _log.debug("NCCL weight-transfer shutdown failed: %s", exc)
             self._nccl = None
+        if self._lora is not None and self.pool is not None and not self._procs:
+            self._lora.release(self.pool)  # servers by URL outlive us: take our adapter off them
+        self._lora = None
         for p in self._procs:
             p.stop()
         self._procs = []
