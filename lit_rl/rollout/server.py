@@ -16,9 +16,10 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
   vLLM's weight-transfer engine (``/init_weight_transfer_engine`` + ``/update_weights``; the servers need
   ``--weight-transfer-config '{"backend": "nccl"}'``) broadcasts every tensor from trainer rank 0.
 * Load balancing and failures: each prompt is one request sent to the live server with the fewest requests in
-  flight. A server that refuses connections, times out (``request_timeout_s``), answers 5xx or returns a
-  malformed body is marked dead for the rest of the run (a restarted server would hold the base weights) and
-  its requests go to another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
+  flight (ties round-robin; ``rollout/server{i}_requests`` counts each server's answers). A server that
+  refuses connections, times out (``request_timeout_s``), answers 5xx or returns a malformed body is marked
+  dead for the rest of the run (a restarted server would hold the base weights) and its requests go to
+  another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
   no live server left, ``generate`` raises naming every URL: never a hang.
 
 With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
@@ -263,11 +264,15 @@ class VLLMServerEngine:
                 "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
     def metrics(self) -> dict[str, float]:
-        """Cumulative failure counts and the last sync's seconds (logged by RolloutCallback every step)."""
+        """Cumulative failure counts and, per server i (in ``urls`` / launch order), the group requests it
+        answered for this engine (``rollout/server{i}_requests``; logged by RolloutCallback every step)."""
         pool = self.pool
-        return {"rollout/server_errors": float(pool.errors if pool else 0),
-                "rollout/retries": float(pool.retries if pool else 0),
-                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0)}
+        out = {"rollout/server_errors": float(pool.errors if pool else 0),
+               "rollout/retries": float(pool.retries if pool else 0),
+               "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0)}
+        for i, s in enumerate(pool.servers if pool else []):
+            out[f"rollout/server{i}_requests"] = float(s.served)
+        return out
 
     def state_dict(self) -> dict:
         return {"seed_cursor": self._seed_cursor}
