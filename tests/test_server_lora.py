@@ -233,7 +233,7 @@ def test_two_rank_ddp_trainer_syncs_the_adapter_from_rank_0(server, tiny_model_d
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out = tmp_path / "ddp.pt"
-    env = {**os.environ, "PYTHONPATH": str(root), "MASTER_ADDR": "127.0.0.1"}
+    env = {**os.environ, "PYTHONPATH": str(root), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(tmp_path)}
     proc = subprocess.run(
         [sys.executable, str(root / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
          str(root / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
@@ -244,7 +244,10 @@ def test_two_rank_ddp_trainer_syncs_the_adapter_from_rank_0(server, tiny_model_d
         check=False, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = torch.load(out)
-    assert res["world_size"] == 2 and res["metrics"]["rollout/weight_sync_adapter"] == 1.0
+    assert res["world_size"] == 2
+    for rank in (0, 1):  # each rank's own engine took the adapter path
+        rank_metrics = json.loads((tmp_path / f"rank{rank}.json").read_text())["metrics"]
+        assert rank_metrics["rollout/weight_sync_adapter"] == 1.0, (rank, rank_metrics)
     assert res["metrics"]["rollout/logprob_mismatch_kl"] < 1e-5, res["metrics"]["rollout/logprob_mismatch_kl"]
     # initial push + one per step: version 3; teardown unloaded this run's adapter
     assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == "3"
