@@ -156,6 +156,9 @@ def main() -> None:
                    help="latency: HFEngine + simulated per-rollout latency (G >> T by default); server: a vLLM "
                         "server process, compared with thread-based async at the same sizes")
     p.add_argument("--server-threads", type=int, default=1, help="--engine server: CPU threads of the server")
+    p.add_argument("--server-executor", choices=("uni", "mp"), default="uni",
+                   help="--engine server on CPU: uni (the launch default: model in the EngineCore) or mp (vLLM's "
+                        "default: a separate Worker process the EngineCore busy-polls)")
     p.add_argument("--repeats", type=int, default=1, help="sync/async pairs per engine, alternating (median shown)")
     args = p.parse_args()
     if args.threads:
@@ -170,7 +173,9 @@ def main() -> None:
         if args.engine == "server":  # launched once and shared by the runs (each run pushes its weights first)
             from lit_rl.rollout._server_http import launch_servers
 
-            args.server_urls, procs = launch_servers(str(model_dir), {**SERVER_LAUNCH,
+            mp = {"extra_args": ["--distributed-executor-backend", "mp"],
+                  "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}} if args.server_executor == "mp" else {}
+            args.server_urls, procs = launch_servers(str(model_dir), {**SERVER_LAUNCH, **mp,
                                                                       "threads_per_server": args.server_threads},
                                                      "float32")
         try:
@@ -188,7 +193,7 @@ def main() -> None:
     print(f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x {args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
           + (f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
              f"{args.latency_order} the real generation), concurrent rollouts; " if args.engine == "latency" else
-             f"server: 1 vLLM server process with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); ")
+             f"server: 1 vLLM server ({args.server_executor} executor) with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); ")
           + f"{args.steps} iterations ({args.warmup} warm-up untimed); GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n")
     print("| engine | mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
           "| ideal (G+T)/max(G,T) | fraction of ideal | staleness mean / max | dropped rows | reward mean |")
