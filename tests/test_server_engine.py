@@ -6,11 +6,8 @@ one. Setup tests that start servers of their own are in ``test_server_setup.py``
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 import types
@@ -19,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 import torch
-import yaml
+from _server_helpers import run_ddp_on_servers
 
 from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
 from lit_rl.rollout.engine import SamplingConfig
@@ -290,32 +287,11 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
     got answers from both servers (its own ``rollout/server{i}_requests``, written per rank by dist_runner)."""
     urls = [s.url for s in pair[0].pool.servers]
     before = [_completions_served(p) for p in pair[0]._procs]
-    cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
-    cfg["rollout"]["engine"]["init_args"] = {"urls": urls, "request_timeout_s": 60}
-    cfg["trainer"]["callbacks"] = []
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "ddp.pt"
-    per_rank = tmp_path / "per_rank"
-    per_rank.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(per_rank)}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
-         str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
-         "--trainer.default_root_dir", str(tmp_path / "run"), "--model.init_args.model", str(tiny_model_dir),
-         "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-         "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "null",
-         "--trainer.check_val_every_n_epoch", "null"],
-        check=False, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = torch.load(out)
-    assert res["world_size"] == 2
+    res, ranks = run_ddp_on_servers({"urls": urls, "request_timeout_s": 60}, tiny_model_dir, tmp_path)
     assert res["metrics"]["rollout/server_errors"] == 0.0
     after = [_completions_served(p) for p in pair[0]._procs]
     # 2 ranks x 2 steps x 4 prompts = 16 group requests, spread over both servers
     assert sum(after) - sum(before) == 16 and all(a > b for a, b in zip(after, before)), (before, after)
-    ranks = {p.name: json.loads(p.read_text()) for p in per_rank.iterdir()}
-    assert sorted(ranks) == ["rank0.json", "rank1.json"]
     for name, r in ranks.items():  # each rank: both servers answered it, 2 steps x 4 prompts in all
         got = [r["metrics"][f"rollout/server{i}_requests"] for i in range(2)]
         assert r["urls"] == urls and min(got) >= 1 and sum(got) == 8, (name, got)

@@ -14,6 +14,7 @@ import types
 import pytest
 import requests
 import torch
+from _server_helpers import run_ddp_on_servers
 
 from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
 from lit_rl.rollout.engine import SamplingConfig
@@ -218,35 +219,13 @@ def test_two_rank_ddp_trainer_syncs_the_adapter_from_rank_0(server, tiny_model_d
     checks the server lists it, and both generate through it. The adapter starts non-trivial
     (init_lora_weights: false), so a rank sampling from anything but the current adapter would show in the
     trainer-vs-rollout log-prob mismatch (averaged over both ranks)."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    import yaml
-
-    root = Path(__file__).resolve().parents[1]
     url = server[0].pool.servers[0].url
     before = _served(url)
-    cfg = yaml.safe_load((root / "configs/grpo_server.yaml").read_text())
-    cfg["rollout"]["engine"]["init_args"] = {"urls": [url], "request_timeout_s": 60, "lora_sync": "adapter"}
-    cfg["trainer"]["callbacks"] = []
-    path = tmp_path / "cfg.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    out = tmp_path / "ddp.pt"
-    env = {**os.environ, "PYTHONPATH": str(root), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(tmp_path)}
-    proc = subprocess.run(
-        [sys.executable, str(root / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
-         str(root / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
-         "--trainer.default_root_dir", str(tmp_path / "run"), "--model.init_args.model", str(tiny_model_dir),
-         "--model.init_args.lora", "{r: 4, lora_alpha: 8, init_lora_weights: false}", "--trainer.logger", "false",
-         "--trainer.enable_progress_bar", "false", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-         "--rollout.sampling.max_new_tokens", "4", "--trainer.val_check_interval", "null", "--trainer.check_val_every_n_epoch", "null"],
-        check=False, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    res = torch.load(out)
-    assert res["world_size"] == 2
+    res, ranks = run_ddp_on_servers(
+        {"urls": [url], "request_timeout_s": 60, "lora_sync": "adapter"}, tiny_model_dir, tmp_path,
+        "--model.init_args.lora", "{r: 4, lora_alpha: 8, init_lora_weights: false}", "--rollout.sampling.max_new_tokens", "4")
     for rank in (0, 1):  # each rank's own engine took the adapter path
-        rank_metrics = json.loads((tmp_path / f"rank{rank}.json").read_text())["metrics"]
+        rank_metrics = ranks[rank]["metrics"]
         assert rank_metrics["rollout/weight_sync_adapter"] == 1.0, (rank, rank_metrics)
     assert res["metrics"]["rollout/logprob_mismatch_kl"] < 1e-5, res["metrics"]["rollout/logprob_mismatch_kl"]
     # initial push + one per step: version 3; teardown unloaded this run's adapter
