@@ -11,7 +11,8 @@ faster; the target is async/sync >= 0.9 x that bound. The first ``--warmup`` ite
 
     python scripts/bench_async.py                      # ~2 minutes on 2 CPU cores
     python scripts/bench_async.py --latency-median 0.15 --max-staleness 1   # G closer to T: a higher bound
-    python scripts/bench_async.py --engine server     # generation in a vLLM server process, G ~ T, no latency
+    python scripts/bench_async.py --engine server     # generation in a vLLM server process, G ~ T (4 x 256 model,
+                                                      # 8 x 8 x 32 tokens), 3 alternating sync/async repeats
 
 ``--engine server``: no simulated latency; generation is real vLLM work in a launched server process
 (``VLLMServerEngine``, ``--server-threads`` CPU threads) while the trainer process trains with ``--threads``
@@ -136,18 +137,18 @@ def _median_pair(pairs):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=24)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per iteration")
-    p.add_argument("--group-size", type=int, default=16)
-    p.add_argument("--max-new-tokens", type=int, default=1)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=None, help="prompts per iteration")
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=None)
     p.add_argument("--max-staleness", type=int, default=2)
     p.add_argument("--latency-median", type=float, default=0.3, help="seconds, per rollout")
     p.add_argument("--latency-sigma", type=float, default=0.5, help="log-normal sigma (tail heaviness)")
     p.add_argument("--latency-order", choices=("before", "after", "split"), default="split",
                    help="latency before the real generation, after it, or half each (a multi-turn agent)")
-    p.add_argument("--hidden", type=int, default=64, help="tiny model width (bigger: kernels dominate Python)")
-    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=None, help="tiny model width (bigger: kernels dominate Python)")
+    p.add_argument("--layers", type=int, default=None)
     p.add_argument("--switch-interval", type=float, default=None,
                    help="sys.setswitchinterval (s; Python's default 0.005): shorter GIL hand-offs between the producer "
                         "and trainer threads (tiny models are Python-bound, each torch op re-acquires the GIL)")
@@ -159,8 +160,16 @@ def main() -> None:
     p.add_argument("--server-executor", choices=("uni", "mp"), default="uni",
                    help="--engine server on CPU: uni (the launch default: model in the EngineCore) or mp (vLLM's "
                         "default: a separate Worker process the EngineCore busy-polls)")
-    p.add_argument("--repeats", type=int, default=1, help="sync/async pairs per engine, alternating (median shown)")
+    p.add_argument("--repeats", type=int, default=None, help="sync/async pairs per engine, alternating (median shown)")
     args = p.parse_args()
+    # Unset sizes follow the engine: the latency default is G >> T; the server default is G ~ T (a 4 x 256
+    # model, 32 new tokens: about 0.7 s of generation against 1 s of update here), 3 alternating repeats.
+    sizes = (dict(steps=8, warmup=2, batch_size=8, group_size=8, max_new_tokens=32, hidden=256, layers=4, repeats=3)
+             if args.engine == "server" else
+             dict(steps=24, warmup=3, batch_size=16, group_size=16, max_new_tokens=1, hidden=64, layers=2, repeats=1))
+    for k, v in sizes.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.switch_interval:
