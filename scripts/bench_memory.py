@@ -43,6 +43,21 @@ CONFIGS = {
 }
 
 
+def _synthetic_experience(B: int, P: int, C: int, **extra):
+    """A fixed random Experience of B rows (P prompt + C completion tokens, groups of 4), as a rollout would
+    hand it over, without generating."""
+    import torch
+
+    from lit_rl.data.experience import Experience
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 60, (B, P + C), generator=g)
+    return Experience(input_ids=ids, attention_mask=torch.ones(B, P + C, dtype=torch.long),
+                      loss_mask=torch.ones(B, C, dtype=torch.bool), prompt_len=P,
+                      group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
+                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long), **extra)
+
+
 def _one(name: str, args) -> dict:
     import resource
 
@@ -50,7 +65,6 @@ def _one(name: str, args) -> dict:
     import torch
 
     from lit_rl.data import PromptDataModule
-    from lit_rl.data.experience import Experience
     from lit_rl.modules import PolicyModule
     from lit_rl.modules.critic import CriticModule
     from lit_rl.modules.protocols import experience_hooks
@@ -66,12 +80,7 @@ def _one(name: str, args) -> dict:
         """Stands in for RolloutCallback: a fixed random Experience, same hook order, no generation."""
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            g = torch.Generator().manual_seed(0)
-            ids = torch.randint(5, 60, (B, P + C), generator=g)
-            exp = Experience(input_ids=ids, attention_mask=torch.ones(B, P + C, dtype=torch.long),
-                             loss_mask=torch.ones(B, C, dtype=torch.bool), prompt_len=P,
-                             group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
-                             valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long))
+            exp = _synthetic_experience(B, P, C)
             exp.rollout_logprobs = torch.zeros(B, C)
             exp = exp.to(pl_module.device)
             if pl_module.device.type == "cuda":
@@ -111,12 +120,11 @@ def _one_head(spec: str, args) -> dict:
     import torch
 
     from lit_rl.data import PromptDataModule
-    from lit_rl.data.experience import Experience
     from lit_rl.modules import PolicyModule
     from lit_rl.modules.protocols import experience_hooks
 
     variant, path = spec.split("@")
-    sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731  no optimizer state: the step is fwd+bwd
+    sgd = lambda params: torch.optim.SGD(params, lr=0.0)
     callbacks = []
     if variant == "reverse_kl_full":
         from lit_rl.callbacks.teachers import Teacher, TeacherRouter
@@ -137,13 +145,7 @@ def _one_head(spec: str, args) -> dict:
 
     class SyntheticRollout(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            g = torch.Generator().manual_seed(0)
-            ids = torch.randint(5, 60, (B, P + C), generator=g)
-            exp = Experience(input_ids=ids, attention_mask=torch.ones(B, P + C, dtype=torch.long),
-                             loss_mask=torch.ones(B, C, dtype=torch.bool), prompt_len=P,
-                             group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
-                             valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
-                             horizon=C, prompts=[None] * B, domains=["default"] * B)
+            exp = _synthetic_experience(B, P, C, horizon=C, prompts=[None] * B, domains=["default"] * B)
             _reset_peak_rss()
             st["rss0"], t0, c0 = _rss("VmRSS"), time.perf_counter(), _cpu_s()
             pl_module.on_experience(trainer, pl_module, exp)

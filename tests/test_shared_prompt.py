@@ -7,8 +7,8 @@ import torch
 
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience, pad_prompts_completions
-from lit_rl.modules import PolicyModule
 from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
+from lit_rl.modules import PolicyModule
 
 
 def _experience(prompts, completions) -> Experience:
@@ -96,14 +96,19 @@ def test_auto_keeps_float64_models_on_the_plain_forward(tiny_model_dir):
         assert seen == expect, dtype
 
 
+def _assert_same_grads(g0: dict, g1: dict) -> None:
+    """The same parameters got gradients in both passes, equal to float64 round-off."""
+    assert set(g0) == set(g1) and len(g0) > 0
+    for n in g0:
+        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+
+
 def test_shared_prompt_logprobs_and_gradients_match_plain_forward_float64(module64):
     exp = _experience(PROMPTS, COMPLETIONS)
     (lp0, g0), (lp1, g1) = _plain_and_shared(module64, exp, backward=True)
     mask = exp.loss_mask
     torch.testing.assert_close(lp1[mask], lp0[mask], rtol=1e-10, atol=1e-12)
-    assert set(g0) == set(g1) and len(g0) > 0
-    for n in g0:
-        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+    _assert_same_grads(g0, g1)
 
 
 def test_shared_prompt_single_completion_column(module64):
@@ -225,9 +230,7 @@ def test_shared_prompt_hidden_states_match_plain_forward_float64(module64):
     (h0, g0), (h1, g1) = res
     m = exp.loss_mask
     torch.testing.assert_close(h1[m], h0[m], rtol=1e-10, atol=1e-12)
-    assert set(g0) == set(g1) and len(g0) > 0
-    for n in g0:
-        torch.testing.assert_close(g1[n], g0[n], rtol=1e-9, atol=1e-12, msg=n)
+    _assert_same_grads(g0, g1)
 
 
 def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_model_dir):
