@@ -1,5 +1,5 @@
 """Property-based config validation: every generated invalid setting is rejected at construction, and the
-error names the offending field (DESIGN §3 "Config"). One invalid field per example, the rest valid."""
+error names the offending field (docs/architecture.md "Contracts"). One invalid field per example, the rest valid."""
 from __future__ import annotations
 
 import functools

@@ -19,7 +19,7 @@ from lit_rl.core.logprobs import entropy_from_logits
 
 
 class EntropyRegularization(L.Callback):
-    """Entropy bonus as a LossTerm (DESIGN §3): adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
+    """Entropy bonus as a LossTerm (docs/architecture.md "Contracts"): adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
 
     Args:
         coef: α (the initial α in adaptive mode). 0 with no band logs the entropy and adds nothing.

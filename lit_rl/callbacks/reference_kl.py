@@ -38,7 +38,7 @@ KL_WHERE = ("reward", "loss")
 
 
 class ReferenceKL(L.Callback):
-    """Frozen reference model + KL penalty (an ExperienceHook and a LossTerm, DESIGN §3).
+    """Frozen reference model + KL penalty (an ExperienceHook and a LossTerm, docs/architecture.md "Contracts").
 
     Args:
         path: reference model directory / hub id; None = a frozen copy of the policy taken at ``setup``

@@ -3,7 +3,7 @@
 The callback wires the rollout pipeline (``lit_rl/rollout/pipeline.py``) to Lightning's hooks and keeps what
 outlives one batch: the rollout state a checkpoint saves, the weight-sync schedule and the async producer.
 
-Order inside ``on_train_batch_start`` (documented contract, DESIGN §1):
+Order inside ``on_train_batch_start`` (documented contract, docs/architecture.md "Data flow of one RL iteration"):
   1. render + length-check prompts → 2. ``engine.generate`` (n = group_size) → 3. rewards (RewardPool)
   → 4. overlong filter, optional dynamic sampling (refill zero-variance groups) → 5. ``Experience``
   (steps 1-5: ``RolloutPipeline.run``, Lightning-free) → 6. ExperienceHooks: the module's own (old log-probs,

@@ -94,7 +94,7 @@ class Teacher:
 
 
 class TeacherRouter(L.Callback):
-    """Score every Experience row with the teacher of its ``domain`` (an ExperienceHook, DESIGN §3).
+    """Score every Experience row with the teacher of its ``domain`` (an ExperienceHook, docs/architecture.md "Contracts").
 
     Args:
         teachers: domain → teacher: a model directory / hub id, ``"self"`` / ``"self_frozen"`` (OPSD), or a

@@ -128,7 +128,7 @@ class Experience:
 
     @property
     def train_mask(self) -> Tensor:
-        """(B, C) bool: the one owner of "which tokens train" (DESIGN §3 masks; issue: trainable tokens).
+        """(B, C) bool: the one owner of "which tokens train" (docs/architecture.md "Contracts": trainable tokens).
 
         ``loss_mask`` (generated tokens) restricted to ``train_rows``. A row whose reward failed (``valid``
         False) or that a filter excluded (``trainable`` False) is out of every loss term and every loss

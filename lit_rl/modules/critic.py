@@ -236,7 +236,7 @@ class CriticModule(nn.Module):
 
     # ------------------------------------------------------------------ loss
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, Tensor]:
-        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, DESIGN §3)."""
+        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, docs/architecture.md "Contracts")."""
         if micro.returns is None or micro.values is None:
             raise RuntimeError("CriticModule needs Experience.values and .returns: use a return-producing advantage "
                                "estimator (advantage='gae' or 'reinforce') with PolicyModule(critic=...)")

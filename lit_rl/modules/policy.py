@@ -1,7 +1,7 @@
 """`PolicyModule`: the policy-gradient learner (GRPO family, PPO-clip, GSPO, CISPO, REINFORCE).
 
 One Lightning training step = one RL iteration over the Experience that RolloutCallback attached to the
-batch (DESIGN §1). Optimisation is manual: ``ppo_epochs`` × minibatches optimizer steps per iteration,
+batch (docs/architecture.md "Data flow of one RL iteration"). Optimisation is manual: ``ppo_epochs`` × minibatches optimizer steps per iteration,
 each accumulated over micro-batches.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The two optional protocols lit_rl adds to Lightning callbacks (DESIGN §3).
+"""The two optional protocols lit_rl adds to Lightning callbacks (docs/architecture.md "Contracts").
 
 - ``ExperienceHook.on_experience(trainer, module, experience)``: annotate a freshly generated Experience
   (reference log-probs, teacher log-probs, values, token rewards) *before* advantages are computed.
