@@ -1,15 +1,22 @@
 # One-step install and the test command used by README and CI.
 PYTHON ?= python3
 
-.PHONY: install test test-all quickstart bench
+.PHONY: install test test-slow quickstart bench
 
 install:
 	bash scripts/install.sh
 
-# Default suite: everything that runs on a CPU (gpu-marked tests skip themselves without CUDA).
+# Default suite: every test not marked `slow` (under 20 min on 2 cores; gpu-marked tests skip themselves without
+# CUDA). `make test-slow`: the `slow` ones (end-to-end learning runs, minutes each); CI (.ci/run) runs both.
 # pytest's exit code 5 ("no tests collected") is a failure, like any other non-zero code.
+PYTEST = $(PYTHON) -m pytest -q -p no:cacheprovider
+
 test:
-	$(PYTHON) -m pytest -q -p no:cacheprovider; rc=$$?; \
+	$(PYTEST) -m "not slow"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
+
+test-slow:
+	$(PYTEST) -m slow; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
 
 quickstart:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from _learning import seed
 
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
@@ -108,7 +109,7 @@ def write_jsonl(path, prompts: list[Prompt]) -> str:
 
 
 def fit(module, datamodule, callbacks: list, steps: int) -> L.Trainer:
-    L.seed_everything(0, verbose=False)  # rollout sampling draws from the global RNG
+    L.seed_everything(seed(0), verbose=False)  # rollout sampling draws from the global RNG
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         callbacks=callbacks, log_every_n_steps=1)

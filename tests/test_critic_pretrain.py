@@ -4,6 +4,7 @@ import functools
 import lightning as L
 import pytest
 import torch
+from _learning import record, seed
 from torch.utils.data import DataLoader
 
 from lit_rl.core.value import explained_variance
@@ -37,7 +38,7 @@ def test_value_record_errors_name_index_and_field():
 
 
 def test_pretrained_critic_fits_and_loads_into_ppo(tiny_model_dir, tmp_path):
-    torch.manual_seed(0)
+    torch.manual_seed(seed(0))
     mod = CriticPretrainModule(model=str(tiny_model_dir), critic=CriticModule(),
                                optimizer=functools.partial(torch.optim.AdamW, lr=3e-3, weight_decay=0.0))
     recs = _records()
@@ -49,6 +50,7 @@ def test_pretrained_critic_fits_and_loads_into_ppo(tiny_model_dir, tmp_path):
     with torch.no_grad():
         _, v1, exp = mod.value_loss(recs)
     ev1 = explained_variance(v1, exp.returns, exp.loss_mask)
+    record("critic_pretrain/explained_variance", before=float(ev0), after=float(ev1))
     assert ev1 > 0.5 > ev0
     mod.save(str(tmp_path))
     ppo = PolicyModule(model=str(tmp_path), critic=CriticModule(init_from=str(tmp_path)), advantage="gae")

@@ -5,6 +5,7 @@ import json
 import lightning as L
 import pytest
 import torch
+from _learning import record, seed
 
 from lit_rl.data.preferences import PreferenceDataModule, load_preferences, parse_preferences, prefers
 from lit_rl.modules.reward_model import RewardModelModule
@@ -19,9 +20,10 @@ def _trainer(**kw):
 @pytest.fixture(scope="module")
 def trained_rm(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rm")
-    mod = RewardModelModule(model=str(tiny_model_dir), save_dir=str(out),
+    mod = RewardModelModule(model=str(tiny_model_dir), save_dir=str(out), seed=seed(0),
                             optimizer=functools.partial(torch.optim.AdamW, lr=3e-3))
-    dm = PreferenceDataModule(synthetic={"n": 300, "prop": "larger"}, batch_size=32)
+    dm = PreferenceDataModule(synthetic={"n": 300, "prop": "larger", "seed": seed(0)}, batch_size=32,
+                              seed=seed(0))
     trainer = _trainer(max_epochs=3)
     trainer.fit(mod, datamodule=dm)
     return out, dm, {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -39,6 +41,7 @@ def test_missing_field_names_record_and_field(tmp_path):
 
 def test_bradley_terry_rm_reaches_90_percent_heldout_and_scores_as_a_reward(trained_rm):
     path, dm, metrics = trained_rm
+    record("reward_model/bradley_terry", val_accuracy=metrics["rm/val_accuracy"])
     assert metrics["rm/val_accuracy"] >= 0.9
     rm = RewardModelReward(str(path))  # reloaded from the saved HF directory
     held = dm.heldout_pairs
@@ -58,6 +61,7 @@ def test_grpo_against_the_rm_raises_its_score(trained_rm, tiny_model_dir):
     from lit_rl.modules import PolicyModule
     from lit_rl.rollout import SamplingConfig
 
+    L.seed_everything(seed(0), verbose=False)
     rm = RewardModelReward(str(trained_rm[0]))
     pol = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
     pdm = PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=4)
@@ -74,5 +78,5 @@ def test_grpo_against_the_rm_raises_its_score(trained_rm, tiny_model_dir):
     rc = RolloutCallback(rewards={"rm": rm}, group_size=8, sampling=SamplingConfig(max_new_tokens=1))
     _trainer(max_steps=30, max_epochs=-1, callbacks=[rc]).fit(pol, datamodule=pdm)
     after = greedy_rm_score()
-    print(f"greedy RM score {before:.3f} -> {after:.3f}")
+    record("reward_model/grpo_against_rm", before=before, after=after)
     assert after > before + 1.0, (before, after)

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _learning import record, seed_args
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -22,7 +23,8 @@ def test_quickstart_learns_through_servers(mode, tmp_path, monkeypatch):
     extra = ([] if mode == "sync" else ["--rollout.mode", "async", "--rollout.max_staleness", "2",
                                         "--model.init_args.rollout_correction", "tis"])
     cli = main(["fit", "-c", str(ROOT / "configs/grpo_server.yaml"), "--trainer.max_steps", "150",
-                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", *extra])
+                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", *extra,
+                *seed_args(0, "--rollout.engine.init_args.seed")])
     rc = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutCallback))
     assert isinstance(rc.engine, VLLMServerEngine) and rc.engine.pool is None  # servers stopped at teardown
     acc = [h["eval/accuracy"] for h in next(cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval)).history]
@@ -30,6 +32,7 @@ def test_quickstart_learns_through_servers(mode, tmp_path, monkeypatch):
     rows = [json.loads(line) for line in (tmp_path / "runs/grpo_server/rollouts/metrics.jsonl").open()]
     reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
     first, last = sum(reward[:25]) / 25, sum(reward[-25:]) / 25
+    record(f"server/{mode}", reward_first25=first, reward_last25=last, acc_first=acc[0], acc_best_last3=max(acc[-3:]))
     assert last >= first + 0.30, (first, last)
     assert max(acc[-3:]) >= acc[0] + 0.25, acc
     counted = [r["rollout/server_errors"] for r in rows if "rollout/server_errors" in r]  # eval rows have none

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _learning import record, seed_args
 
 from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
@@ -174,6 +175,7 @@ def test_gpu_bf16_engine_syncs_and_matches_transformers(model_dir):
 
 
 # ---------------------------------------------------------- end to end (CLI)
+@pytest.mark.slow  # 150 iterations through a vLLM engine: minutes on 2 cores
 @pytest.mark.vllm
 def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
     """configs/grpo_vllm.yaml (the quickstart with a VLLMEngine) under the same CI variant as the HF quickstart
@@ -184,7 +186,8 @@ def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
 
     monkeypatch.chdir(tmp_path)  # the recipe writes runs/grpo_vllm/... relative to the working directory
     cli = main(["fit", "-c", str(ROOT / "configs/grpo_vllm.yaml"), "--trainer.max_steps", "150",
-                "--trainer.logger", "false"])
+                "--trainer.logger", "false",
+                *seed_args(0, "--rollout.engine.init_args.seed")])
     rc = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutCallback))
     try:
         assert isinstance(rc.engine, VLLMEngine)
@@ -198,6 +201,8 @@ def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
         rows = [json.loads(line) for line in (tmp_path / "runs/grpo_vllm/rollouts/metrics.jsonl").open()]
         reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
         first, last = sum(reward[:25]) / 25, sum(reward[-25:]) / 25
+        record("vllm/quickstart", reward_first25=first, reward_last25=last, acc_first=acc[0],
+               acc_best_last3=max(acc[-3:]))
         assert last >= first + 0.30, (first, last)  # measured 0.02 -> 0.41 and 0.02 -> 0.59
         assert max(acc[-3:]) >= acc[0] + 0.25, acc  # at least 3 of the 11 held-out prompts learned
         assert rc.engine.policy_version == 150  # one weight sync per optimizer step (sync_every=1)

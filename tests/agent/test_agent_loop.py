@@ -7,6 +7,7 @@ import json
 import lightning as L
 import pytest
 import torch
+from _timing import FINISH_S
 from transformers import AutoTokenizer
 
 from lit_rl.callbacks.agent import AgentRolloutCallback, ObservationLoss
@@ -66,7 +67,8 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def verifier():
-    return CodeTestsReward("binary", timeout_s=2.0, sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=2.0))
+    return CodeTestsReward("binary", timeout_s=FINISH_S,
+                           sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=FINISH_S))
 
 
 def _run(loop, prompts, n=1):

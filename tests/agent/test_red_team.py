@@ -7,6 +7,7 @@ detected and counted (``info["hack/<kind>"]``, ``reward/hack_detected``); a corr
 from __future__ import annotations
 
 import pytest
+from _timing import FINISH_S
 from transformers import AutoTokenizer
 
 from lit_rl.callbacks.agent import AgentRolloutCallback
@@ -82,7 +83,8 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def verifier():
-    return CodeTestsReward("binary", timeout_s=5.0, sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=3.0))
+    return CodeTestsReward("binary", timeout_s=FINISH_S,
+                           sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=FINISH_S))
 
 
 def _episode(tok, verifier, actions):

@@ -5,6 +5,7 @@ import json
 import shutil
 
 import pytest
+from _timing import FINISH_S
 
 from lit_rl.data.prompts import Prompt
 from lit_rl.rewards.code import CodeTestsReward, extract_code, json_equal
@@ -20,17 +21,18 @@ HALF = "def add(a, b):\n    return 5 if a == 2 else a - b\n\nif __name__ == '__m
 
 @pytest.fixture(scope="module")
 def sandbox():
-    return Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=2.0)
+    return Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=FINISH_S)
 
 
+# Budgets of FINISH_S (tests/_timing.py): the verdicts below must not depend on how loaded the machine is
 @pytest.fixture(scope="module")
 def partial(sandbox):
-    return CodeTestsReward("partial", timeout_s=2.0, sandbox=sandbox)
+    return CodeTestsReward("partial", timeout_s=FINISH_S, sandbox=sandbox)
 
 
 @pytest.fixture(scope="module")
 def binary(sandbox):
-    return CodeTestsReward("binary", timeout_s=2.0, sandbox=sandbox)
+    return CodeTestsReward("binary", timeout_s=FINISH_S, sandbox=sandbox)
 
 
 def test_correct_solution_scores_one_in_both_modes(partial, binary):
@@ -64,9 +66,10 @@ def test_stdio_whitespace_normalisation(partial):
     assert partial({"tests": tests}, "print('a  b')\nprint(1)\n").score == 0.0
 
 
-def test_timeout_is_a_fail_not_infra(partial):
-    # a sleeping hang: a busy loop may hit the CPU rlimit (also a fail) before the wall clock
-    res = partial({"tests": TESTS[:1]}, "def add(a, b):\n    import time\n    time.sleep(100)\n")
+def test_timeout_is_a_fail_not_infra(sandbox):
+    # a sleeping hang (it times out at any machine speed): a busy loop may hit the CPU rlimit (also a fail) first
+    hang = "def add(a, b):\n    import time\n    time.sleep(100)\n"
+    res = CodeTestsReward("partial", timeout_s=2.0, sandbox=sandbox)({"tests": TESTS[:1]}, hang)
     assert (res.score, res.ok, res.info["timeouts"], res.info["failed"]) == (0.0, True, 1.0, 1.0)
 
 
@@ -79,7 +82,7 @@ def test_infra_error_is_masked_not_scored(sandbox):
 
 
 def test_fail_fast_skips_after_first_failure(sandbox):
-    r = CodeTestsReward("binary", timeout_s=2.0, sandbox=sandbox, fail_fast=True)
+    r = CodeTestsReward("binary", timeout_s=FINISH_S, sandbox=sandbox, fail_fast=True)
     rep = r.run_tests({"solution.py": "def add(a, b):\n    return 0\n"}, TESTS)
     assert rep.outcomes == ["fail"] * 4 and rep.skipped == 3
     assert r.score_report(rep).info["skipped"] == 3.0
