@@ -19,11 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace, set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lit_rl.cli import quiet
 
-from lit_rl.cli import ConfigError
-from lit_rl.runs import (
+quiet.install()  # before Lightning / transformers log anything
+
+from jsonargparse import Namespace, set_parsing_settings  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+
+from lit_rl.cli import ConfigError  # noqa: E402
+from lit_rl.runs import (  # noqa: E402
     CHECKPOINT_SUBDIR,
     IterationCheckpoint,
     NothingToResume,
