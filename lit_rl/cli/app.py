@@ -84,6 +84,15 @@ class RunConfig(SaveConfigCallback):
             self.already_saved = True
 
 
+CKPT_PATH_HELP = {
+    True: ("Resume a run: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none, never a silent "
+           "fresh start); 'last_or_new' = that checkpoint, or a fresh run when there is none; or the path of a "
+           ".ckpt file. Unset: a fresh run (refused when the run directory already holds one)."),
+    False: ("The checkpoint to evaluate: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none); "
+            "'last_or_new' = that checkpoint, or the config's model as it is; or the path of a .ckpt file."),
+}
+
+
 class LitRLParser(LightningArgumentParser):
     """Parse errors on one line (``lit-rl: error: Parser key "model.init_args.loss_agg": Expected ...``)."""
 
@@ -121,6 +130,13 @@ class LitRLCLI(LightningCLI):
                                    sub_configs=True)
         parser.add_class_arguments(IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False,
                                    sub_configs=True)
+
+    def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:  # Lightning's stock text names "hpc" / "registry", which mean nothing here
+            if action.dest == "ckpt_path":
+                action.help = CKPT_PATH_HELP[subcommand == "fit"]
+        return parser
 
     def parse_arguments(self, parser, args) -> None:
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
