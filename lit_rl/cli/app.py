@@ -99,8 +99,29 @@ class LitRLParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_RL_TRACEBACK"):
             return super().error(message, ex)
-        print(f"lit-rl: error: {_condense_parse_error(message)}", file=sys.stderr)
+        print(f"lit-rl: error: {_pointed_parse_error(self, message)}", file=sys.stderr)
         sys.exit(2)
+
+
+# The arguments being parsed (sys.argv's or main(args=...)'s): an unknown key's error names the -c file and line.
+_ARGV: list[str] = []
+
+
+def _pointed_parse_error(parser, message: str) -> str:
+    """The cause first, on one line: an unknown key with its file:line and the closest valid key, a bad import
+    path with what the module has instead; otherwise jsonargparse's innermost error."""
+    from lit_rl.cli import errors
+
+    flat = " ".join(message.split())
+    unknown = errors.unknown_key_message(flat, parser, _ARGV)
+    if unknown:
+        return unknown
+    condensed = _condense_parse_error(message)
+    cause = errors.attribute_error_message(flat)
+    if cause:
+        key = re.match(r'(?:Parser key ")?([\w.]+)"?: ', condensed)
+        return f"{key.group(1)}: {cause}" if key else cause
+    return condensed
 
 
 def _condense_parse_error(message: str) -> str:
@@ -141,6 +162,7 @@ class LitRLCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
         programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
+        _ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)] if isinstance(args, (list, type(None))) else []
         if isinstance(args, (dict, Namespace)):
             self.config = parser.parse_object(args)
         else:
@@ -155,6 +177,8 @@ class LitRLCLI(LightningCLI):
             except ImportError as e:
                 raise ConfigError(f"imports: cannot import {module!r}: {e}") from e
         self._move_rollout_callback(cfg)
+        if self._rollout_enabled:
+            self._check_rollout_first(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
         trainer.default_root_dir = root
@@ -191,6 +215,19 @@ class LitRLCLI(LightningCLI):
             if path and path.rsplit(".", 1)[-1].endswith("RolloutCallback"):  # a subclass (AgentRolloutCallback)
                 self._rollout_enabled = False
                 return
+
+    def _check_rollout_first(self, cfg) -> None:
+        """Settings that need no model, checked before anything is built or written (the quickstart's model
+        builder writes <run dir>/model when the model is instantiated)."""
+        from lit_rl.core.advantages import check_group_size
+
+        model = cfg.get("model")
+        init = model.get("init_args") if isinstance(model, Namespace) else None
+        init = init if isinstance(init, Namespace) else Namespace()
+        try:
+            check_group_size(init.get("advantage"), cfg.rollout.get("group_size"), init.get("rl_coef"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _uses_own_checkpoint(self, cfg) -> bool:
         return cfg.trainer.enable_checkpointing is not False and not _configured_checkpoints(cfg)
