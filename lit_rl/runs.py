@@ -2,7 +2,8 @@
 
 Layout under ``trainer.default_root_dir`` (the *run directory*)::
 
-    config.yaml            the parsed config (re-runnable: ``lit-rl fit -c <run dir>/config.yaml``)
+    config.yaml            the parsed config (``lit-rl fit -c <run dir>/config.yaml --ckpt_path last`` resumes it;
+                           with another ``--trainer.default_root_dir`` it re-runs from scratch)
     checkpoints/last.ckpt  written by ``IterationCheckpoint`` every N iterations and at the end
     logs/metrics.csv       CSVLogger (no version_N folders: the run directory *is* the version)
     tb/                    TensorBoard events
