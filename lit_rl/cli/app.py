@@ -179,6 +179,7 @@ class LitRLCLI(LightningCLI):
         self._move_rollout_callback(cfg)
         if self._rollout_enabled:
             self._check_rollout_first(cfg)
+        _one_prompt_source(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
         trainer.default_root_dir = root
@@ -299,6 +300,17 @@ class LitRLCLI(LightningCLI):
         if "ckpt_path" in kwargs:
             kwargs["ckpt_path"] = self._resolved_ckpt
         return kwargs
+
+
+def _one_prompt_source(cfg) -> None:
+    """Prompt files or a dataset replace the recipe's built-in ``task`` (PromptDataModule ignores it then): the
+    config says so, so the saved config.yaml names one source of prompts, not ``task: addition`` beside them."""
+    data = cfg.get("data")
+    init = data.get("init_args") if isinstance(data, Namespace) else None
+    if isinstance(init, Namespace) and (init.get("train_files") or init.get("dataset")) and init.get("task"):
+        init.task = None
+        if "task_args" in init:
+            init.task_args = {}
 
 
 def _checkpoint_dir(cfg, root: str) -> str:
