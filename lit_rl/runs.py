@@ -2,7 +2,8 @@
 
 Layout under ``trainer.default_root_dir`` (the *run directory*)::
 
-    config.yaml            the parsed config (re-runnable: ``lit-rl fit -c <run dir>/config.yaml``)
+    config.yaml            the parsed config (``lit-rl fit -c <run dir>/config.yaml --ckpt_path last`` resumes it;
+                           with another ``--trainer.default_root_dir`` it re-runs from scratch)
     checkpoints/last.ckpt  written by ``IterationCheckpoint`` every N iterations and at the end
     logs/metrics.csv       CSVLogger (no version_N folders: the run directory *is* the version)
     tb/                    TensorBoard events
@@ -58,6 +59,16 @@ class IterationCheckpoint(ModelCheckpoint):
         if self.dirpath is None:
             self.dirpath = str(Path(trainer.default_root_dir) / CHECKPOINT_SUBDIR)
         super().setup(trainer, pl_module, stage)
+
+    def _ModelCheckpoint__warn_if_dir_not_empty(self, dirpath) -> None:
+        # Lightning warns "exists and is not empty" in setup, before it knows whether the run resumes; a resumed
+        # run writes into its own checkpoint directory by design, so the check moves to on_train_start.
+        pass
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        if trainer.ckpt_path is None and trainer.is_global_zero:
+            super()._ModelCheckpoint__warn_if_dir_not_empty(self.dirpath)
 
     def _iteration(self, trainer, pl_module) -> int:
         return int(getattr(pl_module, "iteration", trainer.global_step))

@@ -25,7 +25,12 @@ $PY -m pip uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || tru
 # Without it that test is skipped with the reason; nothing else needs a browser.
 if [[ ",${EXTRAS}," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo -n"
-  ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium) \
-    || echo "note: could not install chromium (needs root or sudo, and apt); the report's browser test will be skipped" >&2
+  # apt's own last error line is the reason (a held dpkg lock, no sudo, no such package), not a guess
+  APT_LOG=$(mktemp)
+  if ! ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium) >"$APT_LOG" 2>&1; then
+    REASON=$(grep -E '^(E:|sudo:)' "$APT_LOG" | tail -n 1)
+    echo "note: could not install chromium: ${REASON:-$(tail -n 1 "$APT_LOG")}; the report's browser test will be skipped" >&2
+  fi
+  rm -f "$APT_LOG"
 fi
 $PY -c 'import torch, transformers, lightning; from transformers import AutoModelForCausalLM; print("lit_rl install ok: torch", torch.__version__, "transformers", transformers.__version__, "lightning", lightning.__version__)'

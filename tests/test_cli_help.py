@@ -98,3 +98,44 @@ def test_inspect_does_not_import_lightning(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "usage: lit-rl inspect" in proc.stdout
     assert "HEAVY []" in proc.stdout
+
+
+def _console(*args: str, cwd) -> subprocess.CompletedProcess:
+    """The console script in a fresh process; prints which heavy packages it imported."""
+    code = ("import sys\nfrom lit_rl.cli import console_main\n"
+            "try:\n    console_main()\nexcept SystemExit as e:\n    code = e.code\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers', 'vllm', "
+            "'jsonargparse'})\n"
+            "print('HEAVY', heavy, file=sys.stderr)\nsys.exit(code)\n")
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ))
+
+
+def test_top_level_help_lists_every_command_without_heavy_imports(tmp_path):
+    from lit_rl.cli import LIGHT_COMMANDS, LIGHTNING_COMMANDS
+
+    proc = _console("--help", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stderr
+    usage = proc.stdout.splitlines()[0]
+    for cmd in [*LIGHTNING_COMMANDS, *LIGHT_COMMANDS]:
+        assert cmd in usage and f"\n  {cmd} " in proc.stdout
+    assert "inspect" in LIGHT_COMMANDS and "models" in LIGHT_COMMANDS
+    bare = _console(cwd=tmp_path)  # no command: the same help, on stderr, exit 2
+    assert bare.returncode == 2 and usage in bare.stderr
+
+
+def test_unknown_command_suggests_the_close_one_without_heavy_imports(tmp_path):
+    proc = _console("fti", "-c", "x.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    err = proc.stderr.splitlines()
+    assert err[0].startswith("lit-rl: error: unknown command 'fti'; did you mean 'fit'? Commands: fit, validate")
+    assert err[1] == "HEAVY []"
+
+
+def test_ckpt_path_help_says_what_last_means_here(capsys):
+    fit = _help(capsys, "fit", "--help")
+    assert "'last' = <run dir>/checkpoints/last.ckpt" in fit and "'last_or_new' =" in fit
+    ckpt = fit[fit.index("--ckpt_path CKPT_PATH Resume"):][:600]
+    assert "hpc" not in ckpt and "registry" not in ckpt  # Lightning's stock text
+    assert "The checkpoint to evaluate: 'last'" in _help(capsys, "validate", "--help")

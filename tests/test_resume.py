@@ -159,6 +159,8 @@ def test_checkpoint_carries_resume_state(reference):
     (rng,) = ckpt["lit_rl_rng"]["per_rank"]
     assert {"torch", "numpy", "python"} <= rng.keys()
     assert ckpt["PromptDataModule"]["sampler_pos"] == ITERATIONS * 4
+    # the training loader's own state, where Lightning looks before calling a mid-epoch resume exact
+    assert ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"] == [{"sampler_pos": ITERATIONS * 4}]
     names = " ".join(ckpt["callbacks"])
     for cb in ("Curriculum", "RolloutCallback", "ReferenceKL", "EntropyRegularization"):
         assert cb in names
@@ -176,6 +178,7 @@ def test_sigkill_mid_rollout_then_resume_is_exact(reference, tmp_path, tiny_mode
     assert [r["iteration"] for r in _rows(tmp_path)] == list(range(1, kill_at))
     resumed = _fit(cfg, "--ckpt_path", "last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "not resumable" not in resumed.stderr + resumed.stdout  # Lightning's "unreliable results" warning
     _check_resumed(reference, tmp_path, resumed_from=kill_at - 1)
 
 

@@ -246,7 +246,8 @@ class RolloutInspector(L.Callback):
             elif kind == "MLFlowLogger":
                 data = {c: [row[j] for row in table] for j, c in enumerate(TABLE_COLUMNS)}
                 logger.experiment.log_table(logger.run_id, data=data, artifact_file=f"rollouts/step_{step:06d}.json")
-            elif kind not in self._noted:
+            elif kind not in self._noted and not isinstance(logger, L.pytorch.loggers.CSVLogger):
+                # a CSV log (the CLI's default) never holds tables: the rollout files are its counterpart
                 self._noted.add(kind)
                 rank_zero_info(f"RolloutInspector: {kind} has no table API; the rollouts are in {self.dir} "
                                f"(and {self.report_path} at the end)")

@@ -148,6 +148,10 @@ class RolloutCallback(RolloutProducer):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit":
             return
+        from lit_rl.core.advantages import check_group_size
+
+        hp = getattr(pl_module, "hparams", None)
+        check_group_size(getattr(hp, "advantage", None), self.group_size, getattr(hp, "rl_coef", None))
         pl_module.temperature = self.sampling.logprob_temperature
         self.engine.bind(pl_module)
         dm = getattr(trainer, "datamodule", None)

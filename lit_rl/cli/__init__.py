@@ -23,21 +23,74 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'lit_rl.cli' has no attribute {name!r}") from None
 
 
+# The commands, in the order `lit-rl --help` lists them. The LightningCLI ones build models; the others are
+# light commands dispatched before Lightning is imported ("module:function" called with the remaining argv,
+# returning an exit code). A new light command is one entry here (listed in --help, dispatched, suggested).
+LIGHTNING_COMMANDS = {
+    "fit": "train (lit-rl fit -c configs/quickstart.yaml); resume a run with --ckpt_path last",
+    "validate": "held-out evaluation of a checkpoint (lit-rl validate -c CONFIG --ckpt_path last)",
+    "test": "Lightning's test loop on a checkpoint",
+    "predict": "Lightning's predict loop on a checkpoint",
+}
+LIGHT_COMMANDS = {
+    "inspect": ("lit_rl.report:main", "the rollout report of a run directory (lit-rl inspect runs/quickstart)"),
+    "models": ("lit_rl.cli:_models_main", "get a real model as a local directory (lit-rl models smollm2 DIR)"),
+}
+
+
+def _commands() -> dict[str, str]:
+    return {**LIGHTNING_COMMANDS, **{k: v[1] for k, v in LIGHT_COMMANDS.items()}}
+
+
+def top_level_help() -> str:
+    """``lit-rl --help``, without importing Lightning (the full parser takes seconds to build)."""
+    cmds = _commands()
+    width = max(map(len, cmds))
+    rows = "\n".join(f"  {name:<{width}}  {text}" for name, text in cmds.items())
+    return (f"usage: lit-rl [-h] {{{','.join(cmds)}}} ...\n\n"
+            "lit_rl: reinforcement-learning post-training of language models with PyTorch Lightning.\n\n"
+            f"commands:\n{rows}\n\n"
+            "Options of a command: lit-rl COMMAND --help (lit-rl fit --help lists every config field).\n"
+            "A config file goes after the command: lit-rl fit -c configs/quickstart.yaml --trainer.max_steps 100\n")
+
+
+def _models_main(argv: list[str]) -> int:
+    if argv[:1] != ["smollm2"]:
+        print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2", file=sys.stderr)
+        return 2
+    from lit_rl.models.smollm2 import main as smollm2_main
+
+    return smollm2_main(argv[1:])
+
+
+def _light_dispatch(argv: list[str]) -> int | None:
+    """The exit code of a command handled without Lightning, or None for the LightningCLI."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(top_level_help(), end="", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    cmd = argv[0]
+    if cmd in LIGHT_COMMANDS:
+        module, _, func = LIGHT_COMMANDS[cmd][0].partition(":")
+        return getattr(importlib.import_module(module), func)(argv[1:])
+    if not cmd.startswith("-") and cmd not in LIGHTNING_COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(cmd, list(_commands()), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        print(f"lit-rl: error: unknown command {cmd!r}{hint} Commands: {', '.join(_commands())} "
+              "(lit-rl --help)", file=sys.stderr)
+        return 2
+    return None
+
+
 def console_main() -> None:
     """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
     a configuration error exits 2 with one line on stderr. The working directory is importable (as with
-    ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``."""
-    if sys.argv[1:2] == ["inspect"]:  # `lit-rl inspect RUN_DIR`: the rollout report, not a LightningCLI subcommand
-        from lit_rl.report import main as inspect_main
-
-        sys.exit(inspect_main(sys.argv[2:]))
-    if sys.argv[1:2] == ["models"]:  # `lit-rl models smollm2 DIR`: a real checkpoint, without Lightning
-        if sys.argv[2:3] != ["smollm2"]:
-            print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2", file=sys.stderr)
-            sys.exit(2)
-        from lit_rl.models.smollm2 import main as smollm2_main
-
-        sys.exit(smollm2_main(sys.argv[3:]))
+    ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``.
+    ``--help``, the light commands (``inspect``, ``models``) and an unknown command never import Lightning."""
+    code = _light_dispatch(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     from lit_rl.cli.app import main

@@ -19,11 +19,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jsonargparse import Namespace, set_parsing_settings
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback
+from lit_rl.cli import quiet
 
-from lit_rl.cli import ConfigError
-from lit_rl.runs import (
+quiet.install()  # before Lightning / transformers log anything
+
+from jsonargparse import Namespace, set_parsing_settings  # noqa: E402
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
+
+from lit_rl.cli import ConfigError  # noqa: E402
+from lit_rl.runs import (  # noqa: E402
     CHECKPOINT_SUBDIR,
     IterationCheckpoint,
     NothingToResume,
@@ -80,14 +84,44 @@ class RunConfig(SaveConfigCallback):
             self.already_saved = True
 
 
+CKPT_PATH_HELP = {
+    True: ("Resume a run: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none, never a silent "
+           "fresh start); 'last_or_new' = that checkpoint, or a fresh run when there is none; or the path of a "
+           ".ckpt file. Unset: a fresh run (refused when the run directory already holds one)."),
+    False: ("The checkpoint to evaluate: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none); "
+            "'last_or_new' = that checkpoint, or the config's model as it is; or the path of a .ckpt file."),
+}
+
+
 class LitRLParser(LightningArgumentParser):
     """Parse errors on one line (``lit-rl: error: Parser key "model.init_args.loss_agg": Expected ...``)."""
 
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_RL_TRACEBACK"):
             return super().error(message, ex)
-        print(f"lit-rl: error: {_condense_parse_error(message)}", file=sys.stderr)
+        print(f"lit-rl: error: {_pointed_parse_error(self, message)}", file=sys.stderr)
         sys.exit(2)
+
+
+# The arguments being parsed (sys.argv's or main(args=...)'s): an unknown key's error names the -c file and line.
+_ARGV: list[str] = []
+
+
+def _pointed_parse_error(parser, message: str) -> str:
+    """The cause first, on one line: an unknown key with its file:line and the closest valid key, a bad import
+    path with what the module has instead; otherwise jsonargparse's innermost error."""
+    from lit_rl.cli import errors
+
+    flat = " ".join(message.split())
+    unknown = errors.unknown_key_message(flat, parser, _ARGV)
+    if unknown:
+        return unknown
+    condensed = _condense_parse_error(message)
+    cause = errors.attribute_error_message(flat)
+    if cause:
+        key = re.match(r'(?:Parser key ")?([\w.]+)"?: ', condensed)
+        return f"{key.group(1)}: {cause}" if key else cause
+    return condensed
 
 
 def _condense_parse_error(message: str) -> str:
@@ -118,9 +152,17 @@ class LitRLCLI(LightningCLI):
         parser.add_class_arguments(IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False,
                                    sub_configs=True)
 
+    def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
+        parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        for action in parser._actions:  # Lightning's stock text names "hpc" / "registry", which mean nothing here
+            if action.dest == "ckpt_path":
+                action.help = CKPT_PATH_HELP[subcommand == "fit"]
+        return parser
+
     def parse_arguments(self, parser, args) -> None:
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
         programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
+        _ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)] if isinstance(args, (list, type(None))) else []
         if isinstance(args, (dict, Namespace)):
             self.config = parser.parse_object(args)
         else:
@@ -135,6 +177,9 @@ class LitRLCLI(LightningCLI):
             except ImportError as e:
                 raise ConfigError(f"imports: cannot import {module!r}: {e}") from e
         self._move_rollout_callback(cfg)
+        if self._rollout_enabled:
+            self._check_rollout_first(cfg)
+        _one_prompt_source(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
         trainer.default_root_dir = root
@@ -171,6 +216,19 @@ class LitRLCLI(LightningCLI):
             if path and path.rsplit(".", 1)[-1].endswith("RolloutCallback"):  # a subclass (AgentRolloutCallback)
                 self._rollout_enabled = False
                 return
+
+    def _check_rollout_first(self, cfg) -> None:
+        """Settings that need no model, checked before anything is built or written (the quickstart's model
+        builder writes <run dir>/model when the model is instantiated)."""
+        from lit_rl.core.advantages import check_group_size
+
+        model = cfg.get("model")
+        init = model.get("init_args") if isinstance(model, Namespace) else None
+        init = init if isinstance(init, Namespace) else Namespace()
+        try:
+            check_group_size(init.get("advantage"), cfg.rollout.get("group_size"), init.get("rl_coef"))
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
 
     def _uses_own_checkpoint(self, cfg) -> bool:
         return cfg.trainer.enable_checkpointing is not False and not _configured_checkpoints(cfg)
@@ -242,6 +300,17 @@ class LitRLCLI(LightningCLI):
         if "ckpt_path" in kwargs:
             kwargs["ckpt_path"] = self._resolved_ckpt
         return kwargs
+
+
+def _one_prompt_source(cfg) -> None:
+    """Prompt files or a dataset replace the recipe's built-in ``task`` (PromptDataModule ignores it then): the
+    config says so, so the saved config.yaml names one source of prompts, not ``task: addition`` beside them."""
+    data = cfg.get("data")
+    init = data.get("init_args") if isinstance(data, Namespace) else None
+    if isinstance(init, Namespace) and (init.get("train_files") or init.get("dataset")) and init.get("task"):
+        init.task = None
+        if "task_args" in init:
+            init.task_args = {}
 
 
 def _checkpoint_dir(cfg, root: str) -> str:

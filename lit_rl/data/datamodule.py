@@ -69,6 +69,19 @@ class _InfiniteShuffle(DistributedSampler):
         pass
 
 
+class _ResumableLoader(DataLoader):
+    """The training DataLoader with the sampler's position as its state: Lightning saves a loader that has
+    ``state_dict`` / ``load_state_dict`` in the checkpoint and then knows a mid-epoch resume is exact (without
+    them it warns "dataloader is not resumable ... unreliable results"). The same position is also the
+    datamodule's state; restoring it twice sets the same value."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sampler_pos": self.sampler.pos}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.pos = int(state.get("sampler_pos", self.sampler.pos))
+
+
 class PromptDataModule(L.LightningDataModule):
     """Prompt batches for RL.
 
@@ -166,7 +179,7 @@ class PromptDataModule(L.LightningDataModule):
                 raise ValueError(
                     f"PromptDataModule: {len(self.train_prompts)} training prompts cannot fill one global batch of "
                     f"batch_size={self.batch_size} × world_size={trainer.world_size}; lower batch_size or devices")
-        return DataLoader(
+        return _ResumableLoader(
             _ListDataset(self.train_prompts),
             batch_size=self.batch_size,
             sampler=self._sampler,

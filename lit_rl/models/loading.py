@@ -1,6 +1,7 @@
 """Loading causal LMs and tokenizers (local path or hub id), optional LoRA through ``peft``."""
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -36,12 +37,58 @@ def check_model_source(path: str, field: str = "model") -> None:
     if not path:
         raise ValueError(f"{field} is empty; pass a local model directory or a hub id")
     p = Path(path).expanduser()
-    if (p / "config.json").exists() or is_hub_id(path):
+    if (p / "config.json").exists():
+        return
+    if is_hub_id(path):
+        _check_hub_reachable(path, field)
         return
     what = "holds no Hugging Face model (missing config.json)" if p.exists() else "does not exist"
     raise FileNotFoundError(
         f"{field}={path!r}: the local path {what}, and it is not a hub id (org/name). Pass a saved model "
         "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR")
+
+
+_HUB_UP: dict[str, bool] = {}  # endpoint -> reachable, probed once per process
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the hub's endpoint (HF_ENDPOINT, default huggingface.co:443). Without it,
+    ``from_pretrained`` spends over a minute in retries before failing."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    url = urlparse(constants.ENDPOINT)
+    key = f"{url.hostname}:{url.port}"
+    if key not in _HUB_UP:
+        try:
+            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
+                                     timeout=timeout).close()
+            _HUB_UP[key] = True
+        except OSError:
+            _HUB_UP[key] = False
+    return _HUB_UP[key]
+
+
+def _check_hub_reachable(repo_id: str, field: str) -> None:
+    """A hub id without network: use the local hub cache offline (no retries) when it holds the model, else
+    fail now, naming the field, instead of after ``from_pretrained``'s retries."""
+    if _hub_reachable():
+        return
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "config.json")
+    if isinstance(cached, str):
+        os.environ["HF_HUB_OFFLINE"] = "1"  # read by processes started later (workers, servers)
+        constants.HF_HUB_OFFLINE = True  # read by this process's already imported hub client
+        return
+    raise OSError(
+        f"{field}={repo_id!r} is not a local directory, so it is a Hugging Face hub id, but the hub "
+        f"({constants.ENDPOINT}) is unreachable from here (no network access) and the model is not in the local "
+        "hub cache. Download it where there is network access and pass its local directory instead.")
 
 
 def _from_pretrained(loader, path: str, field: str = "model", **kw):

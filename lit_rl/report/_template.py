@@ -102,13 +102,18 @@ function chart(title, keys, w = 440, h = 160) {
   for (let i = 0; i <= 4; i++) {
     const yv = y0 + (y1 - y0) * i / 4, xv = Math.round(x0 + (x1 - x0) * i / 4);
     g += `<line x1="${L}" x2="${w - R}" y1="${Y(yv)}" y2="${Y(yv)}" stroke="#eceff3"/><text x="2" y="${Y(yv) + 3}">${+yv.toPrecision(3)}</text>`;
-    if (xv !== lastX) g += `<text x="${X(xv) - 8}" y="${h - 5}">${xv}</text>`;  // few steps: no repeated labels
+    // the last label ends at the plot's right edge (centred it was clipped); few steps: no repeated labels
+    const anchor = i === 0 ? "start" : i === 4 ? "end" : "middle";
+    if (xv !== lastX) g += `<text x="${X(xv)}" y="${h - 5}" text-anchor="${anchor}">${xv}</text>`;
     lastX = xv;
   }
   series.forEach(([k, s], i) => {
     const c = COLORS[i % COLORS.length];
-    g += `<polyline class="curve" data-key="${esc(k)}" fill="none" stroke="${c}" stroke-width="1.5" points="${s.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" ")}"/>`;
-    if (s.length < 60) g += s.map(p => `<circle cx="${X(p[0])}" cy="${Y(p[1])}" r="2.2" fill="${c}"/>`).join("");
+    // Curves can coincide (eval/accuracy equals eval/reward_mean under an exact-answer reward): each later one is
+    // thinner and dashed, with smaller markers, drawn over the earlier ones, so every curve stays visible.
+    const sw = Math.max(1.2, 3.6 - 0.9 * i), dash = ["", "6,3", "2,2", "8,3,2,3"][i % 4], r = Math.max(1.6, 3.4 - 0.7 * i);
+    g += `<polyline class="curve" data-key="${esc(k)}" fill="none" stroke="${c}" stroke-width="${sw}" stroke-dasharray="${dash}" points="${s.map(p => X(p[0]).toFixed(1) + "," + Y(p[1]).toFixed(1)).join(" ")}"/>`;
+    if (s.length < 60) g += s.map(p => `<circle cx="${X(p[0])}" cy="${Y(p[1])}" r="${r}" fill="${c}"/>`).join("");
   });
   const cur = S.step == null ? "" : `<line id="mark-${esc(title)}" x1="${X(S.step)}" x2="${X(S.step)}" y1="${T}" y2="${h - B}" stroke="#888" stroke-dasharray="3,3"/>`;
   const legend = series.map(([k], i) => `<span><i style="background:${COLORS[i % COLORS.length]}"></i>${esc(k)}</span>`).join("");

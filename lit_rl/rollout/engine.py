@@ -182,11 +182,14 @@ class HFEngine:
         truncated = not greedy and (sp.top_p < 1 or sp.top_k > 0)  # only reachable with allow_truncated_logprobs
         # Every sampling field explicit (top_k=0: transformers' global default is 50; repetition_penalty=1):
         # generate() fills unset (None) fields from model.generation_config, which is swapped for an empty one
-        # below, so nothing from the checkpoint's generation_config.json reaches the sampler.
+        # below, so nothing from the checkpoint's generation_config.json reaches the sampler. Not set, because
+        # transformers warns on every call otherwise: min_new_tokens (min_length=0 already means "no minimum";
+        # both set -> "Both min_new_tokens and min_length seem to have been set") and, when greedy, top_k (a
+        # sampling-only flag next to do_sample=False -> "generation flags are not valid: ['top_k']").
         cfg = GenerationConfig(
-            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_new_tokens=0, min_length=0,
+            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_length=0,
             temperature=sp.temperature if not greedy else 1.0, top_p=sp.top_p if not greedy else 1.0,
-            top_k=sp.top_k if not greedy else 0, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+            top_k=sp.top_k if not greedy else None, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
             output_logits=True, output_scores=truncated)
         extra = self._shared_prefill(rows, ids, att, device) if self.share_prefill else {}

@@ -1,0 +1,102 @@
+"""Error messages that point at the cause (issue 24): an unknown key names the file and line it came from and the
+closest valid key; a failed import path names the missing attribute and what the module has instead."""
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+_UNKNOWN = (
+    re.compile(r"does not accept option '([^']+)'"),  # a key in a -c file
+    re.compile(r'Key "([^"]+)" is not expected'),
+    re.compile(r"unrecognized arguments: --([\w.\-]+)"),  # a flag
+)
+
+
+def parser_keys(parser, prefix: str = "") -> list[str]:
+    """Every option key of a (jsonargparse) parser, subcommands included without their name."""
+    keys: list[str] = []
+    for action in getattr(parser, "_actions", []):
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and choices and all(hasattr(p, "_actions") for p in choices.values()):
+            for sub in choices.values():
+                keys.extend(parser_keys(sub, prefix))
+        elif action.dest and action.dest not in ("help", "config", "print_config"):
+            keys.append(prefix + action.dest)
+    return sorted(set(keys))
+
+
+def _config_files(argv: list[str]) -> list[Path]:
+    out = []
+    for i, a in enumerate(argv[:-1]):
+        if a in ("-c", "--config"):
+            out.append(Path(argv[i + 1]))
+    out += [Path(a.split("=", 1)[1]) for a in argv if a.startswith("--config=")]
+    return [p for p in out if p.is_file()]
+
+
+def locate_key(key: str, argv: list[str]) -> str | None:
+    """``file:line`` of the last ``-c`` file that writes ``key``'s last component (the one that won)."""
+    leaf = key.rsplit(".", 1)[-1]
+    pattern = re.compile(rf"^\s*(- )?{re.escape(leaf)}\s*:|[{{,]\s*{re.escape(leaf)}\s*:")
+    found = None
+    for path in _config_files(argv):
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if pattern.search(line.split("#", 1)[0]):
+                found = f"{path}:{n}"
+    return found
+
+
+def suggest(key: str, keys: list[str]) -> str | None:
+    """The closest valid key: among the same section's keys first (``rollout.group_sise`` -> ``rollout.group_size``)."""
+    parent = key.rpartition(".")[0]
+    siblings = [k for k in keys if k.rpartition(".")[0] == parent]
+    for pool in (siblings, keys):
+        close = difflib.get_close_matches(key, pool, n=1, cutoff=0.75)
+        if close:
+            return close[0]
+    return None
+
+
+def unknown_key_message(message: str, parser, argv: list[str]) -> str | None:
+    """A one-line replacement for jsonargparse's unknown-key errors, or None when ``message`` is another error."""
+    for rx in _UNKNOWN:
+        m = rx.search(message)
+        if m:
+            key = m.group(1)
+            break
+    else:
+        return None
+    close = suggest(key, parser_keys(parser))
+    where = locate_key(key, argv) if not message.startswith("unrecognized arguments") else None
+    text = f"{where}: " if where else ""
+    text += f"{key} is not an option" if where else f"--{key} is not an option"
+    if close:
+        text += f"; did you mean {close}?"
+    section = key.rpartition(".")[0]
+    if section:
+        text += f" (lit-rl fit --help lists the {section} options)"
+    return text
+
+
+def attribute_error_message(message: str) -> str | None:
+    """``module 'my_reward' has no attribute 'maxdigit'`` (buried in a union-type dump) -> one line naming what the
+    module has instead: ``my_reward has no attribute 'maxdigit'; it has: max_digit``."""
+    m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
+    if not m:
+        missing = re.search(r"No module named '([\w.]+)'", message)
+        if missing:
+            return (f"no module named {missing.group(1)!r} (the working directory is importable: "
+                    f"{missing.group(1).replace('.', '/')}.py would be found there)")
+        return None
+    module, attr = m.groups()
+    import importlib
+
+    try:
+        names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
+    except Exception:
+        names = []
+    close = difflib.get_close_matches(attr, names, n=3, cutoff=0.5)
+    callables = close or names[:10]
+    has = f"; it has: {', '.join(callables)}" if callables else ""
+    return f"{module} has no attribute {attr!r}{has}"
