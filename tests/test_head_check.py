@@ -27,7 +27,7 @@ def test_unknown_logit_transform_falls_back_to_materialised_logits(tiny_model_di
 
     plain = load_causal_lm(str(tiny_model_dir))
     assert heads.projection_blocker(plain) is None
-    w, b = heads.lm_head_projection(plain)  # exact: the chunked path stays on
+    w, _ = heads.lm_head_projection(plain)  # exact: the chunked path stays on
     assert w is plain.get_output_embeddings().weight
     scaled = load_causal_lm(str(tiny_model_dir))
     scaled.config.logit_width_multiplier = 3.0  # a name no list knows; the hook does the scaling

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 
-from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.runs import run_path
@@ -94,8 +94,9 @@ class HeldoutEval(L.Callback):
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
         rc = _rollout_cb(trainer)
-        ids = [render_prompt(p, pl_module.tokenizer) for p in prompts]
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
+        # the run's prompt-length policy (and the engine's context), not counted as training truncations
+        prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
