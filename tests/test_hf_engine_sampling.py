@@ -1,5 +1,6 @@
 """HFEngine samples from exactly the distribution its log-probs describe, whatever the checkpoint's
-``generation_config.json`` says (here: repetition_penalty=2.0, top_k=5, as hub checkpoints ship such defaults).
+``generation_config.json`` says (here: repetition_penalty=2.0, top_k=5, top_p=0.5, min_p=0.5, temperature=0.2, as
+hub checkpoints ship such defaults).
 
 - reported log-probs == a teacher-forced forward's log_softmax(logits / T) at the sampled tokens;
 - over many samples of one position, the frequencies follow the untruncated softmax(logits / T): tokens outside
@@ -24,7 +25,8 @@ T = 0.5
 def bound(tmp_path_factory):
     d = build_tiny_model(tmp_path_factory.mktemp("gencfg") / "m", layers=2, hidden=64, heads=2, tokenizer="char",
                          seed=0)
-    GenerationConfig(repetition_penalty=2.0, top_k=5, do_sample=True, eos_token_id=1, pad_token_id=0).save_pretrained(d)
+    GenerationConfig(repetition_penalty=2.0, top_k=5, top_p=0.5, min_p=0.5, temperature=0.2, do_sample=True,
+                     eos_token_id=1, pad_token_id=0).save_pretrained(d)
     module = PolicyModule(model=str(d))
     assert module.model.generation_config.repetition_penalty == 2.0  # the checkpoint's defaults were loaded
     assert module.model.generation_config.top_k == 5
