@@ -1,5 +1,6 @@
 """HFEngine samples from exactly the distribution its log-probs describe, whatever the checkpoint's
-``generation_config.json`` says (here: repetition_penalty=2.0, top_k=5, as hub checkpoints ship such defaults).
+``generation_config.json`` says (here: repetition_penalty=2.0, top_k=5, top_p=0.5, min_p=0.5, temperature=0.2, as
+hub checkpoints ship such defaults).
 
 - reported log-probs == a teacher-forced forward's log_softmax(logits / T) at the sampled tokens;
 - over many samples of one position, the frequencies follow the untruncated softmax(logits / T): tokens outside
@@ -24,7 +25,8 @@ T = 0.5
 def bound(tmp_path_factory):
     d = build_tiny_model(tmp_path_factory.mktemp("gencfg") / "m", layers=2, hidden=64, heads=2, tokenizer="char",
                          seed=0)
-    GenerationConfig(repetition_penalty=2.0, top_k=5, do_sample=True, eos_token_id=1, pad_token_id=0).save_pretrained(d)
+    GenerationConfig(repetition_penalty=2.0, top_k=5, top_p=0.5, min_p=0.5, temperature=0.2, do_sample=True,
+                     eos_token_id=1, pad_token_id=0).save_pretrained(d)
     module = PolicyModule(model=str(d))
     assert module.model.generation_config.repetition_penalty == 2.0  # the checkpoint's defaults were loaded
     assert module.model.generation_config.top_k == 5
@@ -90,3 +92,34 @@ def test_truncated_sampling_is_refused_unless_allowed(bound):
     for c in comps:
         assert c.token_ids[0] in top.tolist()
         assert c.logprobs[0] == pytest.approx(float(want[c.token_ids[0]]), abs=2e-5)
+
+
+def test_private_copy_of_a_lora_policy_takes_merged_weights(tmp_path):
+    """HFEngine(share_weights=False) (the async default) with a LoRA policy: its first update_weights gets
+    merged checkpoint names (``merged_state_items``) and must load them, not fail on the PEFT-prefixed copy."""
+    from lit_rl.models.loading import merged_state_items
+
+    d = build_tiny_model(tmp_path / "m", layers=2, hidden=64, heads=2, tokenizer="char", seed=0)
+    module = PolicyModule(model=str(d), lora={"r": 4, "lora_alpha": 8, "target_modules": "all-linear"})
+    engine = HFEngine(share_weights=False)
+    engine.bind(module)
+    with torch.no_grad():  # a trained adapter: B != 0, so merged weights differ from the base weights
+        for n, p in module.model.named_parameters():
+            if "lora_B" in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(0)) * 0.5)
+    merged = dict(merged_state_items(module.model))
+    engine.update_weights(merged.items())
+    assert engine.policy_version == 1
+    got = engine.model.state_dict()
+    assert set(got) == set(merged)
+    for n, t in merged.items():
+        assert torch.equal(got[n], t), n
+    ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    greedy = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    with torch.no_grad():  # the engine's greedy tokens are the merged policy's argmax path
+        want = module.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=4, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+    c = engine.generate([ids], 1, greedy)[0][0]
+    assert c.token_ids == want[:len(c.token_ids)] and (c.finish_reason == "stop" or len(c.token_ids) == 4)
+    with pytest.raises(ValueError, match="unknown"):
+        engine.update_weights([("not.a.weight", torch.zeros(1))])

@@ -2,6 +2,7 @@
 evaluates a checkpoint, torchmetrics accumulation is exact across batches."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,18 @@ def test_no_validation_without_heldout_eval(tmp_path, monkeypatch, tiny_model_di
                 "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path / "run"),
                 "--data.init_args.batch_size", "4", *COMMON])
     assert not [k for k in cli.trainer.callback_metrics if k.startswith("eval/")]
+
+
+@pytest.mark.parametrize("weight, accuracy", [(1.0, 1.0), (0.5, 0.0)])
+def test_accuracy_is_the_runs_reward(tmp_path, weight, accuracy):
+    """eval/accuracy counts the run's own reward >= 1 (the recipe's reward replaced by one that accepts every
+    completion, weighted): never a scorer the user did not choose (exact answer would give ~0 here: an
+    untrained model). Weight 0.5: every reward is 0.5 < 1, so nothing is correct while reward_mean is 0.5."""
+    rewards = {"rewards": {"anything": {"class_path": "lit_rl.rewards.verifiers.RegexFormatReward",
+                                        "init_args": {"pattern": "(?s).*"}}}, "weights": {"anything": weight}}
+    cli = main(["validate", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir",
+                str(tmp_path / "run"), "--rollout.rewards.init_args", json.dumps(rewards),
+                "--trainer.logger", "false", *COMMON])
+    m = cli.trainer.callback_metrics
+    assert float(m["eval/reward_mean"]) == pytest.approx(weight)
+    assert float(m["eval/accuracy"]) == accuracy

@@ -430,29 +430,67 @@ def test_policy_rollout_correction_with_vllm_logprobs(bound, model_dir, correcti
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("mode", ["truncate", "drop", "error"])
-def test_overlong_prompts_per_config(bound, mode):
+def test_engine_refuses_overlong_prompts_the_renderer_owns_length(bound):
+    """The engine never shortens a prompt (the Experience is built from the rendered ids: a cut made here would
+    train completions on a context they were not sampled from); the renderer, reading the engine's
+    max_model_len minus max_new_tokens, truncates / drops / refuses and counts."""
     engine, module = bound
-    limit = engine.max_model_len - 6  # prompts must leave room for max_new_tokens=6
+    engine.update_weights(merged_state_items(module.model))
     sp = SamplingConfig(temperature=0.0, max_new_tokens=6)
+    limit = engine.max_model_len - 6  # 90
     long_p = module.tokenizer.encode("1+1=" * 40)[: limit + 3]
-    assert len(long_p) == limit + 3
-    ok_p = module.tokenizer.encode("2+2=")
-    old, before = engine.overlong, dict(engine.counters)
-    engine.overlong = mode
-    try:
+    with pytest.raises(ValueError, match=f"at most {limit} fit max_model_len=96.*engines do not truncate"):
+        engine.generate([module.tokenizer.encode("2+2="), long_p], 2, sp)
+    from lit_rl.data.prompts import Prompt
+    from lit_rl.rollout.render import PromptRenderer, engine_context_len
+
+    text = Prompt(uid="long", prompt="1+1=" * 40)
+    for mode in ("truncate", "drop", "error"):
+        r = PromptRenderer(max_prompt_len=512, overlong=mode, context_len=lambda: engine_context_len(engine),
+                           max_new_tokens=6)
         if mode == "error":
-            with pytest.raises(ValueError, match=f"at most {limit}"):
-                engine.generate([ok_p, long_p], 2, sp)
-            assert engine.counters == before
-            return
-        out = engine.generate([ok_p, long_p], 2, sp)
-    finally:
-        engine.overlong = old
-    assert len(out) == 2 and len(out[0]) == 2 and out[0][0].finish_reason in ("stop", "length")
-    if mode == "truncate":
-        assert engine.counters["prompts_truncated"] == before["prompts_truncated"] + 1
-        assert out[1][0].token_ids == engine.generate([long_p[-limit:]], 1, sp)[0][0].token_ids
-    else:
-        assert engine.counters["prompts_dropped"] == before["prompts_dropped"] + 1
-        assert [(c.token_ids, c.logprobs, c.finish_reason) for c in out[1]] == [([], [], "dropped")] * 2
+            with pytest.raises(ValueError, match=r"160 tokens > 90 \(the engine's max_model_len=96 - max_new_tokens=6\)"):
+                r(module.tokenizer, [text])
+            continue
+        if mode == "drop":
+            kept, ids = r(module.tokenizer, [text, Prompt(uid="ok", prompt="2+2=")])
+            assert [p.uid for p in kept] == ["ok"] and r.counters == {"prompts_truncated": 0, "prompts_dropped": 1}
+            continue
+        kept, ids = r(module.tokenizer, [text])
+        assert ids == [module.tokenizer("1+1=" * 40, add_special_tokens=False)["input_ids"][-limit:]]
+        assert r.counters == {"prompts_truncated": 1, "prompts_dropped": 0}
+        assert r(module.tokenizer, [text], max_new_tokens=16)[1][0] == ids[0][-(limit - 10):]  # eval's own budget
+        out = engine.generate(ids, 1, sp)[0][0]  # fits exactly: sampled from the very ids the Experience gets
+        ref = _hf_token_logprobs(module.model, ids[0], out.token_ids, 1.0)
+        assert float((torch.tensor(out.logprobs, dtype=torch.float64) - ref).abs().max()) <= 1e-4
+
+
+@pytest.mark.vllm
+def test_seed_cursor_is_checkpoint_state(bound):
+    """A resumed run continues the per-prompt seed sequence: state_dict() after some calls, more calls, then
+    load_state_dict() of the saved state replays exactly the calls made after the save (as the HF and server
+    engines' state does); a fresh engine state would instead replay the run's first samples."""
+    engine, module = bound
+    engine.update_weights(merged_state_items(module.model))
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=6)  # seed None: the engine's own base seed
+    ids = _ids(module.tokenizer)[:3]
+    engine.generate(ids, 2, sp)
+    saved = engine.state_dict()
+    assert saved == {"seed_cursor": engine._seed_cursor} and saved["seed_cursor"] > 0
+    after = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]
+    engine.load_state_dict({"seed_cursor": 0})
+    first = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]
+    engine.load_state_dict(saved)
+    assert [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)] == after
+    assert first != after  # the cursor is what makes them differ
+
+
+@pytest.mark.vllm
+def test_every_sampling_field_is_explicit(bound):
+    """vLLM fills any unset field from the checkpoint's generation_config.json: every field is set."""
+    from lit_rl.rollout.vllm import import_vllm
+
+    engine, _ = bound
+    p = engine._params(import_vllm(), 4, SamplingConfig(temperature=0.7, max_new_tokens=5))
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.min_tokens) == (4, 0.7, 1.0, -1, 0.0, 5, 0)
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.ignore_eos) == (1.0, 0.0, 0.0, False)

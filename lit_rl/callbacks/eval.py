@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import lightning as L
 import torch
 
-from lit_rl.data.prompts import render_prompt
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.runs import run_path
@@ -30,8 +30,9 @@ class HeldoutEval(L.Callback):
     greedily with the RolloutCallback's engine and accumulates, with ``torchmetrics`` (summed over batches
     and ranks):
 
-    - ``eval/accuracy``: fraction of prompts whose completion scores ``>= 1`` with ``scorer`` (exact answer
-      by default);
+    - ``eval/accuracy``: fraction of prompts whose greedy completion is correct: the run's own reward (the
+      RolloutCallback's reward pool total) ``>= correct_threshold`` (1.0), a row without a valid reward being
+      incorrect; with ``scorer`` set, that scorer's value ``>= correct_threshold`` instead (the user chose it);
     - ``eval/reward_mean``: mean valid reward of the RolloutCallback's reward pool;
     - ``eval/critic_explained_variance`` (a PPO critic, ``critic_eval``): the critic's values against the
       returns of ``group_size`` sampled rollouts per held-out prompt (a memorising critic scores ~0).
@@ -46,14 +47,16 @@ class HeldoutEval(L.Callback):
 
     def __init__(self, every_n_steps: int | None = None, max_prompts: int | None = None,
                  max_new_tokens: int | None = None, scorer: Callable | None = None, critic_eval: bool = True,
-                 baseline: bool = True):
+                 baseline: bool = True, correct_threshold: float = 1.0):
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1 or null, got {every_n_steps}")
         if max_prompts is not None and max_prompts < 1:
             raise ValueError(f"max_prompts must be >= 1 or null, got {max_prompts}")
         self.every_n_steps, self.max_prompts, self.max_new_tokens = every_n_steps, max_prompts, max_new_tokens
         self.critic_eval, self.baseline = critic_eval, baseline
-        self.scorer = scorer or ExactAnswerReward()
+        # None = the run's reward: accuracy must never come from a scorer the user did not choose (a run
+        # rewarded by its own scorer read "0 % accuracy" from a silent exact-answer default).
+        self.scorer, self.correct_threshold = scorer, float(correct_threshold)
         self.history: list[dict[str, float]] = []
         self._metrics: dict[str, Any] = {}
         self._seen = 0
@@ -91,14 +94,19 @@ class HeldoutEval(L.Callback):
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
         rc = _rollout_cb(trainer)
-        ids = [render_prompt(p, pl_module.tokenizer) for p in prompts]
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
+        # the run's prompt-length policy (and the engine's context), not counted as training truncations
+        prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
-        correct = torch.tensor([float(self.scorer(p, t)) >= 1.0 for p, t in zip(prompts, texts)], device=dev)
-        self._metrics["eval/accuracy"].update(correct.float())
         rb = rc.rewards.score(prompts, texts)
+        if self.scorer is None:
+            correct = (rb.valid & (rb.total >= self.correct_threshold)).to(dev)  # NaN (invalid) is never >=
+        else:
+            correct = torch.tensor([float(self.scorer(p, t)) >= self.correct_threshold
+                                    for p, t in zip(prompts, texts)], device=dev)
+        self._metrics["eval/accuracy"].update(correct.float())
         ok = rb.total[rb.valid]
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))

@@ -37,7 +37,7 @@ from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingC
 from lit_rl.rollout.filter import DynamicSampling, check_resample_tries
 from lit_rl.rollout.generate import Generator, decode_with
 from lit_rl.rollout.pipeline import RolloutPipeline
-from lit_rl.rollout.render import PromptRenderer
+from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor
 
 MODES = ("sync", "async")
@@ -114,7 +114,10 @@ class RolloutCallback(RolloutProducer):
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         self.sampling = sampling or SamplingConfig()
         # Each stage checks its own arguments (same order as the signature: the first bad one is named).
-        render = PromptRenderer(max_prompt_len, overlong_prompts)
+        # The one owner of prompt length: max_prompt_len and the engine's context (read when rendering, as
+        # engines start at setup) minus the completion budget.
+        render = PromptRenderer(max_prompt_len, overlong_prompts, context_len=lambda: engine_context_len(self.engine),
+                                max_new_tokens=self.sampling.max_new_tokens)
         check_resample_tries(max_resample_tries)
         refill = DynamicSampling(group_size, max_resample_tries, seed) if dynamic_sampling else None
         shaping = (OverlongShaping(self.sampling.max_new_tokens, overlong_buffer, overlong_penalty_factor)

@@ -9,6 +9,7 @@ module keeps the materialised path (stated once in the log, with the reason).
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import torch
@@ -66,11 +67,56 @@ def _warn_once(model, why: str) -> None:
         log.warning("lit_rl: vocabulary logits are materialised for %s: %s", type(model).__name__, why)
 
 
+_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> None (exact) | why not
+CHECK_POSITIONS = 8
+
+
+@torch.no_grad()
+def logits_mismatch(model) -> str | None:
+    """Why ``lm_head(hidden)`` is not the model's own logits, checked on ``CHECK_POSITIONS`` positions of one
+    forward; None = equal (to 1e-3 relative to the largest logit).
+
+    The config names in ``_LOGIT_TRANSFORMS`` are only the known ways a CausalLM changes its logits after the
+    head; a model that soft-caps or scales under another name (a config field, a subclass's forward, a forward
+    hook) would otherwise get silently wrong log-probs on the chunked path.
+    """
+    dev = next(model.parameters()).device
+    V = model.get_output_embeddings().weight.shape[0]
+    ids = (torch.arange(CHECK_POSITIONS, device=dev) * 7919 % V).unsqueeze(0)  # (1, L) spread over the vocabulary
+    seen: dict[str, Tensor] = {}
+    hook = model.get_decoder().register_forward_hook(
+        lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+    try:
+        out = model(input_ids=ids, use_cache=False)
+    finally:
+        hook.remove()
+    proj = head_weight_after_forward(model)
+    if proj is None or "h" not in seen or getattr(out, "logits", None) is None:
+        return "the model's own logits could not be compared with lm_head(hidden)"
+    weight, bias = proj
+    ref = out.logits[0].double()  # (L, V)
+    got = torch.nn.functional.linear(seen["h"][0].to(weight.dtype), weight, bias).double()  # (L, V)
+    if got.shape != ref.shape:
+        return f"lm_head(hidden) has shape {tuple(got.shape)}, the model's logits {tuple(ref.shape)}"
+    err = float((got - ref).abs().max())
+    if err > 1e-3 * max(1.0, float(ref.abs().max())):
+        return (f"lm_head(hidden) differs from the model's own logits by up to {err:.3g} (a logit transform "
+                "after the head, e.g. soft-capping or scaling)")
+    return None
+
+
 def lm_head_projection(model, sharded_ok: bool = False) -> tuple[Tensor, Tensor | None] | None:
     """(weight (V, H), bias (V,) | None) of ``model``'s output projection, or None (materialised path; the
     reason is logged once per reason). With ``sharded_ok`` a DTensor weight passes (see ``projection_blocker``):
-    the caller must read the weight again after the forward (``head_weight_after_forward``)."""
+    the caller must read the weight again after the forward (``head_weight_after_forward``).
+
+    The first call for a model also checks numerically that its logits are ``lm_head(hidden)``
+    (``logits_mismatch``); the verdict is kept for the model's lifetime."""
     why = projection_blocker(model, sharded_ok)
+    if why is None:
+        if model not in _checked:
+            _checked[model] = logits_mismatch(model)
+        why = _checked[model]
     if why is not None:
         _warn_once(model, why)
         return None

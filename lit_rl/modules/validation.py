@@ -28,7 +28,12 @@ class HeldoutValidation:
         from lit_rl.callbacks.eval import _rollout_cb
 
         if self.trainer.state.fn != "fit":  # validate/test: RolloutCallback.setup binds its engine for fit only
-            _rollout_cb(self.trainer).engine.bind(self)
+            import torch
+
+            # Lightning runs this hook under inference mode; an engine's own weights (a private copy, vLLM's)
+            # made here would be inference tensors that its weight loads cannot write in place.
+            with torch.inference_mode(False):
+                _rollout_cb(self.trainer).engine.bind(self)
         self._heldout_eval().start(self)
 
     def validation_step(self, batch, batch_idx: int) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import requests
 
 PROCESSED = "processed_logprobs"
+RESET_TRIES = 5  # /reset_prefix_cache attempts per server and sync (the later ones preempt running requests)
 
 
 class ServerError(RuntimeError):
@@ -47,6 +48,7 @@ class ServerPool:
         self.request_timeout_s = request_timeout_s
         self.errors = 0
         self.retries = 0
+        self.cache_reset_retries = 0  # /reset_prefix_cache answers of success=false (each retried)
         self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -171,14 +173,33 @@ class ServerPool:
         def one(s: Server) -> None:
             self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
                                                   "timeout": timeout}, timeout)
-            self._post(s.url, "/reset_prefix_cache", None, timeout)  # cached KV came from the old weights
+            self._reset_prefix_cache(s, timeout)  # cached KV came from the old weights
             self._set_and_check(s, version, timeout)
 
         self._each_live(one, timeout)
 
     def set_versions(self, version: str, timeout: float = 60.0) -> None:
-        self._each_live(lambda s: (self._post(s.url, "/reset_prefix_cache", None, timeout),
+        self._each_live(lambda s: (self._reset_prefix_cache(s, timeout),
                                    self._set_and_check(s, version, timeout)), timeout)
+
+    def _reset_prefix_cache(self, s: Server, timeout: float) -> None:
+        """Drop every cached KV block of server ``s``, or raise: a sync is never done with old-weight blocks left.
+
+        vLLM answers ``{"success": false}`` with status 200 while requests hold KV blocks (another rank's or a
+        client's). Then the reset is repeated with ``reset_running_requests=true``, which preempts those
+        requests (they are recomputed, with the new weights) so their blocks are freed; a bounded number of
+        tries, each failure counted in ``cache_reset_retries``. An empty answer (older vLLM) counts as done.
+        """
+        for attempt in range(RESET_TRIES):
+            path = "/reset_prefix_cache" + ("?reset_running_requests=true" if attempt else "")
+            if self._post(s.url, path, None, timeout).get("success", True) is True:
+                return
+            with self._lock:
+                self.cache_reset_retries += 1
+            time.sleep(0.05 * attempt)
+        raise RuntimeError(f"server {s.url}: /reset_prefix_cache answered success=false {RESET_TRIES} times (also "
+                           "with reset_running_requests=true); KV blocks computed with the old weights could be "
+                           "reused, so the weight sync is not done")
 
     def _set_and_check(self, s: Server, version: str, timeout: float) -> None:
         self._post(s.url, "/update_weight_version", {"new_version": version}, timeout)

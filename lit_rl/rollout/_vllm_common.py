@@ -1,6 +1,6 @@
 """Pieces shared by the in-process `VLLMEngine` (``rollout/vllm.py``) and the server engine
-(``rollout/server.py``): prompt fitting, the truncated-log-prob guard, weight-name checks, safetensors weight
-files and model-config reads. No vLLM import here."""
+(``rollout/server.py``): the prompt-length check, the truncated-log-prob guard, the request's sampling fields and seeds
+(checkpointed), weight-name checks, safetensors weight files and model-config reads. No vLLM import here."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from lit_rl.rollout.engine import Completion, SamplingConfig
+from lit_rl.rollout.engine import SamplingConfig
 
 
 def dtype_name(model) -> str:
@@ -34,32 +34,79 @@ def check_truncation(sampling: SamplingConfig, allowed: bool, engine: str) -> No
             f"top_p=1 and top_k=0, set {engine}(allow_truncated_logprobs=True), or use HFEngine.")
 
 
-def fit_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, overlong: str, counters: dict):
-    """Apply ``overlong_prompts``: returns [(index, ids)] to send and the placeholder for dropped ones.
+SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
 
-    A prompt is overlong when ``len(prompt) + max_new_tokens > max_model_len``; ``counters`` gets
-    ``prompts_truncated`` / ``prompts_dropped`` incremented.
+
+class SeededRequests:
+    """Per-prompt sampling seeds from a cursor, and the cursor as checkpoint state (both vLLM engines).
+
+    One seed per prompt; vLLM gives sample k of a prompt seed + k, so each prompt steps the cursor by n (equal
+    seeds across prompts would give every prompt the same sampling noise: correlated groups). The cursor is
+    what ``state_dict`` keeps, so a resumed run continues the seed sequence instead of replaying it.
     """
+
+    seed: int = 0
+    _seed_cursor: int = 0
+
+    def _next_seed(self, sp: SamplingConfig, n: int) -> int:
+        base = self.seed if sp.seed is None else sp.seed
+        seed = (base + self._seed_cursor) % SEED_MOD
+        self._seed_cursor += n
+        return seed
+
+    def state_dict(self) -> dict:
+        """Checkpointed by RolloutCallback (``engine`` entry of its state)."""
+        return {"seed_cursor": self._seed_cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._seed_cursor = int(state.get("seed_cursor", 0))
+
+
+def sampling_fields(sp: SamplingConfig, n: int, seed: int) -> dict:
+    """Every vLLM sampling field of a request, explicitly. A field left unset is filled by vLLM from the
+    checkpoint's ``generation_config.json`` (instruct checkpoints ship ``min_p``, ``top_k``, ``top_p``,
+    ``temperature``, ``repetition_penalty`` there), and the sampled tokens and reported log-probs would then
+    describe another distribution than the trainer's. Greedy asks for one sample (vLLM takes ``n=1`` only)."""
+    return {"n": n if sp.temperature > 0 else 1, "temperature": sp.temperature, "top_p": sp.top_p,
+            "top_k": sp.top_k if sp.top_k > 0 else -1, "min_p": 0.0, "max_tokens": sp.max_new_tokens,
+            "min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+            "ignore_eos": False, "logprobs": 0, "seed": seed}
+
+
+def check_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, engine: str) -> list[list[int]]:
+    """The prompts as int lists; raises for an empty one or one that does not fit ``max_model_len`` with
+    ``max_new_tokens``. Engines never shorten a prompt: the renderer (``rollout/render.py``) owns prompt length,
+    so the Experience is built from exactly the ids that were sampled from."""
     limit = max_model_len - max_new_tokens
     if limit < 1:
         raise ValueError(f"sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt within "
                          f"max_model_len={max_model_len}")
-    sent = []
+    out = []
     for i, ids in enumerate(prompt_ids):
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError(f"prompt {i} is empty; vLLM needs at least one prompt token")
         if len(ids) > limit:
-            if overlong == "error":
-                raise ValueError(f"prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} "
-                                 f"at most {limit} fit max_model_len={max_model_len}")
-            if overlong == "drop":
-                counters["prompts_dropped"] += 1
-                continue
-            counters["prompts_truncated"] += 1
-            ids = ids[-limit:]  # the end holds the question and the generation prompt
-        sent.append((i, ids))
-    return sent, lambda n: [Completion([], [], "dropped") for _ in range(n)]
+            raise ValueError(f"{engine}: prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} at "
+                             f"most {limit} fit max_model_len={max_model_len}. Prompt length is decided when "
+                             "prompts are rendered (RolloutCallback max_prompt_len / overlong_prompts, which "
+                             "read this engine's max_model_len); engines do not truncate")
+        out.append(ids)
+    return out
+
+
+def deprecated_overlong(value, engine: str) -> None:
+    """The engines' former ``overlong_prompts`` setting: accepted (old configs), without effect."""
+    if value is None:
+        return
+    if value not in ("truncate", "drop", "error"):
+        raise ValueError(f"overlong_prompts={value!r}; valid values: truncate, drop, error")
+    import warnings
+
+    warnings.warn(f"{engine}(overlong_prompts=...) has no effect any more: prompts over the engine's context are "
+                  "truncated / dropped / refused when rendered (RolloutCallback overlong_prompts, counted in "
+                  "rollout/prompts_*), and the engine refuses any that still do not fit", FutureWarning,
+                  stacklevel=3)
 
 
 def check_weight_names(items, expected: set[str] | None) -> None:

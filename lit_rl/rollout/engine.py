@@ -117,7 +117,15 @@ class HFEngine:
             # number of generation steps in lock-step. A private full copy, synced by gathering each
             # parameter once per sync, avoids that.
             self.share_weights = False
-        self.model = src if self.share_weights else copy.deepcopy(src).requires_grad_(False)
+        if self.share_weights:
+            self.model = src
+        else:
+            # A LoRA policy syncs merged weights under the base checkpoint's names (``merged_state_items``), so
+            # the private copy is the merged plain model, not a PEFT wrapper with prefixed names.
+            copied = copy.deepcopy(src)
+            if hasattr(copied, "merge_and_unload"):
+                copied = copied.merge_and_unload()
+            self.model = copied.requires_grad_(False)
 
     def state_dict(self) -> dict:
         """Checkpointed by RolloutCallback: the call count keys seeded sampling, so a resumed run samples
@@ -132,8 +140,13 @@ class HFEngine:
             # remove_duplicate=False: tied weights (lm_head = embeddings) appear under every name a state_dict uses
             params = dict(self.model.named_parameters(remove_duplicate=False))
             params.update(dict(self.model.named_buffers(remove_duplicate=False)))
+            items = list(named_tensors)
+            unknown = sorted(n for n, _ in items if n not in params)
+            if unknown:  # checked before any write: a partial load would mix two policies
+                raise ValueError(f"HFEngine.update_weights: unknown weight names {unknown[:5]} (the engine's copy "
+                                 f"has e.g. {sorted(params)[:3]}); pass merged_state_items(model)")
             with torch.no_grad():
-                for name, t in named_tensors:
+                for name, t in items:
                     params[name].copy_(t)
         self.policy_version += 1
 

