@@ -98,7 +98,7 @@ class HeldoutEval(L.Callback):
         dev = pl_module.device
         correct = torch.tensor([float(self.scorer(p, t)) >= 1.0 for p, t in zip(prompts, texts)], device=dev)
         self._metrics["eval/accuracy"].update(correct.float())
-        rb = rc.rewards.score(prompts, texts)
+        rb = rc.rewards.score(prompts, texts, completion_ids=[list(g[0].token_ids) for g in comps])
         ok = rb.total[rb.valid]
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))
