@@ -31,6 +31,10 @@ def console_main() -> None:
         from lit_rl.report import main as inspect_main
 
         sys.exit(inspect_main(sys.argv[2:]))
+    if sys.argv[1:2] == ["export"]:  # `lit-rl export RUN_DIR -o DIR`: a Hugging Face model from a checkpoint
+        from lit_rl.export import main as export_main
+
+        sys.exit(export_main(sys.argv[2:]))
     if sys.argv[1:2] == ["models"]:  # `lit-rl models smollm2 DIR`: a real checkpoint, without Lightning
         if sys.argv[2:3] != ["smollm2"]:
             print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2", file=sys.stderr)
