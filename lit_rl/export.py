@@ -103,12 +103,12 @@ def _model_args(run: Path) -> dict[str, Any]:
 def export(source: str, out: str, adapter: bool = False, base: str | None = None) -> list[Path]:
     import torch
 
-    from lit_rl.models.loading import load_causal_lm, load_tokenizer
+    from lit_rl.models.loading import is_adapter_dir, load_causal_lm, load_tokenizer
 
     ckpt, run = _resolve(source)
     init = _model_args(run)
     lora = init.get("lora")
-    if adapter and not lora:
+    if adapter and not lora and not is_adapter_dir(init["model"]):
         raise ValueError(f"--adapter: the run {str(run)!r} trained without LoRA (model.init_args.lora is null), "
                          "so it has no adapter; export the full model without --adapter")
     base = base or init["model"]

@@ -211,10 +211,24 @@ class SaveHFModel(L.Callback):
         if lora not in LORA_SAVE:
             raise ValueError(f"SaveHFModel: lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
         self.dirpath, self.lora = dirpath, lora
+        self._written = False
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._written = False
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # A finished run resumed with --ckpt_path last has nothing to train: Lightning skips the training loop and
+        # never calls on_train_end, but the restored weights are the final ones -- write them.
+        if not self._written:
+            self._save(trainer, pl_module)
+
+    def _save(self, trainer, pl_module) -> None:
         from lit_rl.export import refuse_sharded, save_hf_model
 
+        self._written = True
         if trainer.global_rank != 0:
             return
         try:
