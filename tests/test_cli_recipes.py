@@ -136,6 +136,8 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     cli = main(["fit", "-c", str(tmp_path / "printed.yaml"), "--trainer.enable_progress_bar", "false"])
     assert cli.model.iteration == 1
     assert (tmp_path / "run" / "config.yaml").exists()
+    # every recipe writes the trained model (issue 26: seven of them left only last.ckpt)
+    assert (tmp_path / "run" / "final_model" / "model.safetensors").exists()
     if recipe != "quickstart":
         return
     # ... and the config the run saved re-runs as well (as a new run: another run directory)

@@ -39,7 +39,9 @@ def test_text_and_conversational_prompts_and_extra_fields(tmp_path):
 def test_column_map(tmp_path):
     f = _jsonl(tmp_path / "d.jsonl", [{"question": CONV, "solution": "5", "answer": "not this one"}])
     (p,) = load_jsonl(f, prompt_key="question", answer_key="solution")
-    assert p.messages == CONV and p.answer == "5" and p.metadata == {"answer": "not this one"}
+    assert p.messages == CONV and p.answer == "5"
+    # every column keeps its original name for TRL-style rewards: `solution` too (issue 26)
+    assert p.metadata == {"answer": "not this one", "solution": "5"}
 
 
 def test_every_bad_record_is_reported_with_its_1_based_line(tmp_path):

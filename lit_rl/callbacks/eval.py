@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +101,7 @@ class HeldoutEval(L.Callback):
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
-        rb = rc.rewards.score(prompts, texts)
+        rb = rc.rewards.score(prompts, texts, completion_ids=[list(g[0].token_ids) for g in comps])
         if self.scorer is None:
             correct = (rb.valid & (rb.total >= self.correct_threshold)).to(dev)  # NaN (invalid) is never >=
         else:
@@ -206,23 +207,44 @@ class RewardCurvePlot(L.Callback):
 
 
 class SaveHFModel(L.Callback):
-    """Saves the final policy (merged if LoRA) and tokenizer in Hugging Face format to ``dirpath``
-    (a relative one is under the run directory, ``trainer.default_root_dir``)."""
+    """Saves the final policy and tokenizer in Hugging Face format to ``dirpath`` (a relative one is under the run
+    directory, ``trainer.default_root_dir``) when training ends -- also when a finished run is resumed with
+    ``--ckpt_path last`` and there is nothing left to train. A LoRA policy: ``lora="both"`` (default) writes the
+    merged model to ``dirpath`` and the PEFT adapter to ``dirpath/adapter``; ``"merged"`` or ``"adapter"`` only
+    one (``lit_rl.export.save_hf_model``, shared with ``lit-rl export``)."""
 
-    def __init__(self, dirpath: str = "final_model"):
-        self.dirpath = dirpath
+    def __init__(self, dirpath: str = "final_model", lora: str = "both"):
+        from lit_rl.export import LORA_SAVE
+
+        if lora not in LORA_SAVE:
+            raise ValueError(f"SaveHFModel: lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
+        self.dirpath, self.lora = dirpath, lora
+        self._written = False
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._written = False
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        # A finished run resumed with --ckpt_path last has nothing to train: Lightning skips the training loop and
+        # never calls on_train_end, but the restored weights are the final ones -- write them.
+        if not self._written:
+            self._save(trainer, pl_module)
+
+    def _save(self, trainer, pl_module) -> None:
+        from lit_rl.export import refuse_sharded, save_hf_model
+
+        self._written = True
         if trainer.global_rank != 0:
             return
-        model = pl_module.model
-        if hasattr(model, "merge_and_unload"):
-            import copy
-
-            model = copy.deepcopy(model).merge_and_unload()
-        out = run_path(trainer, self.dirpath)
-        model.save_pretrained(out, safe_serialization=True)
-        pl_module.tokenizer.save_pretrained(out)
+        try:
+            refuse_sharded(pl_module.model)
+        except NotImplementedError as e:  # the run itself succeeded: say what is missing, keep the checkpoint
+            warnings.warn(f"SaveHFModel: {run_path(trainer, self.dirpath)} not written: {e}", UserWarning, stacklevel=2)
+            return
+        save_hf_model(pl_module.model, pl_module.tokenizer, run_path(trainer, self.dirpath), lora=self.lora)
 
 
 def _ev_from_sums(s: torch.Tensor) -> float:

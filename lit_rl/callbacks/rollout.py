@@ -31,6 +31,7 @@ from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.models.loading import merged_state_items
 from lit_rl.modules.protocols import experience_hooks
+from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
 from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
@@ -158,6 +159,14 @@ class RolloutCallback(RolloutProducer):
         pl_module.temperature = self.sampling.logprob_temperature
         self.engine.bind(pl_module)
         dm = getattr(trainer, "datamodule", None)
+        # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
+        # an error on every row at the first rollout
+        try:
+            self.rewards.check_columns(getattr(dm, "train_prompts", None) or [])
+        except ValueError as e:
+            from lit_rl.cli import ConfigError
+
+            raise ConfigError(f"rollout.rewards: {e}") from None
         prompts_per_step = getattr(dm, "batch_size", None)
         mb = getattr(pl_module.hparams, "minibatch_size", None)
         if prompts_per_step and mb:
@@ -204,6 +213,7 @@ class RolloutCallback(RolloutProducer):
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        self.rewards.trainer_state = TrainerState(trainer.global_step, trainer.current_epoch)
         if self.mode == "async":
             exp, metrics = self._take_async(trainer, pl_module)
         else:

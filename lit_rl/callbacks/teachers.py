@@ -319,7 +319,7 @@ class TeacherRouter(L.Callback):
         from lit_rl.rollout.engine import HFEngine
 
         n, stok = self.teacher_samples, module.tokenizer
-        recs, texts, stops = [], [], []
+        recs, texts, stops, ids = [], [], [], []
         by_teacher: dict[str, tuple[Teacher, list[Prompt]]] = {}
         for p in prompts:
             key, t = self.route(p.domain)
@@ -333,9 +333,10 @@ class TeacherRouter(L.Callback):
                 for c in group:
                     recs.append(p)
                     texts.append(tok.decode(c.token_ids, skip_special_tokens=True))
+                    ids.append(list(c.token_ids))  # the teacher's tokens (TRL-style rewards' completion_ids)
                     stops.append(c.finish_reason == "stop")
             self._release(teacher)
-        rb = rewards.score(recs, texts)
+        rb = rewards.score(recs, texts, completion_ids=ids)
         keep = [i for i in range(len(recs)) if bool(rb.valid[i]) and float(rb.total[i]) >= self.success_threshold]
         metrics = {"distill/teacher_success_rate": len(keep) / max(len(recs), 1),
                    "distill/sft_rows": float(len(keep))}

@@ -91,10 +91,14 @@ class PromptDataModule(L.LightningDataModule):
         task_args: keyword arguments of the task (e.g. ``{max_operand: 9}``).
         train_files / heldout_files: JSONL files of prompt records (README "Your data": ``prompt`` text or a
             TRL-style conversation, ``answer``, optional ``domain``, ``uid``, ``metadata``, anything else).
-        dataset: a Hugging Face ``datasets`` source (the ``datasets`` extra): a local ``.parquet`` /
-            ``.json`` / ``.jsonl`` / ``.arrow`` file, a directory written by ``Dataset.save_to_disk``, or a hub
-            name (needs network access).
-        dataset_split / heldout_split: the dataset's training split and (optional) held-out split.
+        dataset: a Hugging Face ``datasets`` source: a local ``.parquet`` / ``.json`` / ``.jsonl`` / ``.arrow``
+            / ``.csv`` file (one split, ``train``), a directory written by ``save_to_disk``, a directory of data
+            files (with a README ``configs:`` block, or ``train.jsonl`` / ``test.jsonl`` ...), or a hub name
+            (needs network access); from Python also a ``datasets.Dataset`` or ``DatasetDict`` object.
+        dataset_config: the configuration name of ``dataset`` (``load_dataset(name, "main")``); None = the
+            default one.
+        dataset_split / heldout_split: the dataset's training split and (optional) held-out split; a split the
+            dataset does not have is an error naming the splits it has (never a silent fallback).
         prompt_key / answer_key: the columns holding the prompt and the answer (``question`` / ``solution``,
             ...), for JSONL files and datasets alike.
         batch_size: prompts per RL iteration *per rank* (Lightning convention; the global batch is
@@ -111,7 +115,8 @@ class PromptDataModule(L.LightningDataModule):
         task_args: dict[str, Any] | None = None,
         train_files: list[str] | None = None,
         heldout_files: list[str] | None = None,
-        dataset: str | None = None,
+        dataset: str | None = None,  # from Python also a datasets.Dataset / DatasetDict object
+        dataset_config: str | None = None,
         dataset_split: str = "train",
         heldout_split: str | None = None,
         prompt_key: str = "prompt",
@@ -120,23 +125,30 @@ class PromptDataModule(L.LightningDataModule):
         seed: int = 0,
     ):
         super().__init__()
-        if train_files and dataset:
+        if train_files and dataset is not None:
             raise ValueError("PromptDataModule: set one of train_files and dataset, not both")
         if heldout_files and not train_files:
             raise ValueError("PromptDataModule: heldout_files needs train_files (with a dataset use heldout_split)")
-        if heldout_split and not dataset:
+        if heldout_split and dataset is None:
             raise ValueError("PromptDataModule: heldout_split is a split of `dataset`; set dataset too")
+        if dataset_config and dataset is None:
+            raise ValueError("PromptDataModule: dataset_config names a configuration of `dataset`; set dataset too")
+        if heldout_split is not None and heldout_split == dataset_split:
+            raise ValueError(f"PromptDataModule: heldout_split={heldout_split!r} is the training split "
+                             "(dataset_split); evaluating on the training data is not a held-out evaluation")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be a positive number of prompts, got {batch_size}")
         for name, v in (("prompt_key", prompt_key), ("answer_key", answer_key)):
             if not v:
                 raise ValueError(f"{name} must be a non-empty column name")
-        self.task = task if not (train_files or dataset) else None
-        if self.task is None and not (train_files or dataset):
+        has_data = bool(train_files) or dataset is not None
+        self.task = task if not has_data else None
+        if self.task is None and not has_data:
             raise ValueError("PromptDataModule: set one of task, train_files, dataset")
         self.task_args = task_args or {}
         self.train_files, self.heldout_files = train_files, heldout_files
         self.dataset, self.dataset_split, self.heldout_split = dataset, dataset_split, heldout_split
+        self.dataset_config = dataset_config
         self.prompt_key, self.answer_key = prompt_key, answer_key
         self.batch_size, self.seed = batch_size, seed
         self.train_prompts: list[Prompt] = []
@@ -153,12 +165,17 @@ class PromptDataModule(L.LightningDataModule):
             train = [p for f in self.train_files for p in load_jsonl(f, **keys)]
             held = [p for f in (self.heldout_files or []) for p in load_jsonl(f, **keys, require_answer=True)]
             return train, held
-        train = records_from_rows(load_hf_split(self.dataset, self.dataset_split),
-                                  f"{self.dataset}[{self.dataset_split}]", **keys)
+        splits = load_hf_splits(self.dataset, self.dataset_config)
+        name = self.dataset if isinstance(self.dataset, str) else type(self.dataset).__name__
+        for field, split in (("dataset_split", self.dataset_split), ("heldout_split", self.heldout_split)):
+            if split is not None and split not in splits:
+                raise ValueError(f"PromptDataModule: {field}={split!r}: dataset={name!r} has no such split; its "
+                                 f"splits: {', '.join(map(repr, splits))}")
+        train = records_from_rows(splits[self.dataset_split], f"{name}[{self.dataset_split}]", **keys)
         held = []
         if self.heldout_split:
-            held = records_from_rows(load_hf_split(self.dataset, self.heldout_split),
-                                     f"{self.dataset}[{self.heldout_split}]", **keys, require_answer=True)
+            held = records_from_rows(splits[self.heldout_split], f"{name}[{self.heldout_split}]", **keys,
+                                     require_answer=True)
         return train, held
 
     def setup(self, stage: str | None = None) -> None:
@@ -214,35 +231,64 @@ class PromptDataModule(L.LightningDataModule):
 _HF_FORMATS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".arrow": "arrow", ".csv": "csv"}
 
 
-def load_hf_split(source: str, split: str):
-    """One split of a Hugging Face ``datasets`` source: a local data file (by extension), a ``save_to_disk``
-    directory, a directory of data files, or a hub name. Errors say which of these was tried."""
+def load_hf_splits(source, config: str | None = None) -> dict:
+    """The splits (name -> rows) of a Hugging Face ``datasets`` source: a ``Dataset`` (one split, ``train``) or
+    ``DatasetDict`` object, a local data file (by extension; one split, ``train``, as ``load_dataset`` names
+    it), a ``save_to_disk`` directory, a directory of data files, or a hub name (with ``config``). Errors say
+    which of these was tried."""
     try:
         import datasets
     except ImportError:
-        raise ImportError("PromptDataModule(dataset=...) needs the `datasets` package: pip install 'lit_rl[datasets]'") from None
+        raise ImportError("PromptDataModule(dataset=...) needs the `datasets` package: pip install datasets") from None
+    if isinstance(source, datasets.DatasetDict):
+        return dict(source)
+    if isinstance(source, datasets.Dataset):
+        return {"train": source}
+    if not isinstance(source, str):
+        raise TypeError(f"dataset must be a path, a hub name, a datasets.Dataset or a DatasetDict, got "
+                        f"{type(source).__name__}")
     path = Path(source).expanduser()
     if path.is_file():
         fmt = _HF_FORMATS.get(path.suffix)
         if fmt is None:
             raise ValueError(f"dataset={source!r}: unknown file type {path.suffix!r}; one of {', '.join(_HF_FORMATS)}")
-        ds = datasets.load_dataset(fmt, data_files={split: str(path)}, split=split)
-    elif path.is_dir():
-        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise ValueError(f"dataset={source!r} has no split {split!r}; splits: {sorted(ds)}")
-                ds = ds[split]
-        else:
-            ds = datasets.load_dataset(str(path), split=split)
-    elif source.startswith((".", "/", "~")) or source.count("/") > 1:
+        if config:
+            raise ValueError(f"dataset_config={config!r}: dataset={source!r} is one data file, which has no "
+                             "configurations; drop dataset_config")
+        return dict(datasets.load_dataset(fmt, data_files=str(path)))
+    if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+        if config:
+            raise ValueError(f"dataset_config={config!r}: dataset={source!r} is a save_to_disk directory, which "
+                             "has no configurations; drop dataset_config")
+        ds = datasets.load_from_disk(str(path))
+        return dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
+    if path.is_dir():
+        return dict(_load_named(datasets, source, config))
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise FileNotFoundError(f"dataset={source!r}: no such file or directory (and not a hub name org/name)")
-    else:
+    try:
+        return dict(_load_named(datasets, source, config))
+    except (ConnectionError, OSError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise OSError(f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
+                      f"Face hub, which failed (no network access, or no such dataset?): {first}") from None
+
+
+def _load_named(datasets, source: str, config: str | None):
+    """``load_dataset(source, config)``; an unknown configuration is a one-line error naming the ones there are."""
+    try:
+        return datasets.load_dataset(source, config)
+    except ValueError as e:
+        names = None
         try:
-            ds = datasets.load_dataset(source, split=split)
-        except (ConnectionError, OSError, ValueError) as e:
-            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            names = datasets.get_dataset_config_names(source)
+        except Exception:  # noqa: BLE001 - only for the message
+            pass
+        if names and config not in names:
+            raise ValueError(f"dataset_config={config!r}: dataset={source!r} has no such configuration; its "
+                             f"configurations: {', '.join(map(repr, names))}") from None
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if names is None and not Path(source).expanduser().exists():
             raise OSError(f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
                           f"Face hub, which failed (no network access, or no such dataset?): {first}") from None
-    return ds
+        raise ValueError(f"dataset={source!r}: {first}") from None

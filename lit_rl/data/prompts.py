@@ -32,7 +32,8 @@ class Prompt:
                   answer_key: str = "answer", where: str | None = None, require_answer: bool = False) -> "Prompt":
         """Build a record from one row, checking it. ``prompt_key`` holds the prompt: text, or a TRL-style
         conversation (a list of ``{role, content}``), which becomes ``messages``; a ``messages`` column is
-        read as a conversation too. ``answer_key`` holds the answer. Other fields go to ``metadata``.
+        read as a conversation too. ``answer_key`` holds the answer (kept in ``metadata`` under that name too,
+        so rewards read it as ``answer`` or by its column name). Other fields go to ``metadata``.
         Errors start with ``where`` (``file:line``) and name the field."""
         where = where or (f"record {index}" if index is not None else "record")
         if not isinstance(d, dict):
@@ -54,6 +55,8 @@ class Prompt:
             raise ValueError(f"{where}: missing field {answer_key!r}: held-out records need an answer to be scored")
         known = {key, answer_key, "domain", "metadata", "uid"}
         extra = {k: v for k, v in d.items() if k not in known}
+        if answer_key != "answer" and answer_key in d:  # TRL-style rewards get the column under its own name too
+            extra[answer_key] = d[answer_key]
         meta = d.get("metadata") or {}
         if not isinstance(meta, dict):
             raise ValueError(f"{where}: field 'metadata' must be an object, got {type(meta).__name__}")

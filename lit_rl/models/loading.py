@@ -42,6 +42,9 @@ def check_model_source(path: str, field: str = "model") -> None:
     if is_hub_id(path):
         _check_hub_reachable(path, field)
         return
+    if (p / "adapter_config.json").exists():  # a PEFT adapter directory: its base model must be loadable
+        check_model_source(adapter_base(path), f"{field} (the base_model_name_or_path of the adapter {path!r})")
+        return
     what = "holds no Hugging Face model (missing config.json)" if p.exists() else "does not exist"
     raise FileNotFoundError(
         f"{field}={path!r}: the local path {what}, and it is not a hub id (org/name). Pass a saved model "
@@ -106,9 +109,28 @@ def _from_pretrained(loader, path: str, field: str = "model", **kw):
             "access and pass its local directory instead.") from None  # the cause's text is in the message
 
 
+def adapter_base(path: str) -> str:
+    """The base model of a PEFT adapter directory (``adapter_config.json``'s ``base_model_name_or_path``)."""
+    import json
+
+    cfg = json.loads((Path(path).expanduser() / "adapter_config.json").read_text())
+    base = cfg.get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{path}/adapter_config.json has no base_model_name_or_path: which model does the adapter "
+                         "belong to?")
+    return base
+
+
+def is_adapter_dir(path: str) -> bool:
+    p = Path(path).expanduser()
+    return (p / "adapter_config.json").exists() and not (p / "config.json").exists()
+
+
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
+    if is_adapter_dir(path) and not (Path(path).expanduser() / "tokenizer_config.json").exists():
+        path = adapter_base(path)  # an adapter saved without its tokenizer: the base model's
     tok = _from_pretrained(AutoTokenizer, path)
     if tok.pad_token_id is None:  # many base models ship without one; eos is the usual stand-in
         tok.pad_token = tok.eos_token
@@ -117,13 +139,23 @@ def load_tokenizer(path: str):
 
 def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
                    attn_implementation: str | None = "sdpa"):
-    """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it."""
+    """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it. A PEFT
+    adapter directory as ``path`` loads its base model with the adapter on it, trainable (training continues
+    from the adapter; ``lora`` must then be unset: the adapter's own config applies)."""
     from transformers import AutoModelForCausalLM
 
     check_model_source(path)
     kw = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
+    if is_adapter_dir(path):
+        if lora:
+            raise ValueError(f"model={path!r} is a PEFT adapter directory, whose adapter_config.json sets the LoRA "
+                             "settings; drop lora (or pass the base model with lora for a new adapter)")
+        from peft import PeftModel
+
+        base = _from_pretrained(AutoModelForCausalLM, adapter_base(path), **kw)
+        return PeftModel.from_pretrained(base, path, is_trainable=True)
     model = _from_pretrained(AutoModelForCausalLM, path, **kw)
     if lora:
         from peft import LoraConfig, get_peft_model

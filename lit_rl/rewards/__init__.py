@@ -1,5 +1,5 @@
 from lit_rl.rewards.adapters import TRLRewardAdapter
-from lit_rl.rewards.base import RewardFn, RewardResult
+from lit_rl.rewards.base import RewardFn, RewardResult, TrainerState
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.pool import RewardBatch, RewardErrorWarning, RewardFailureError, RewardPool
 from lit_rl.rewards.reward_model import RewardModelReward
@@ -7,6 +7,6 @@ from lit_rl.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailableErr
 from lit_rl.rewards.verifiers import ExactAnswerReward, MathAnswerReward, PrefixMatchReward, RegexFormatReward
 
 __all__ = ["RewardFn", "RewardResult", "RewardPool", "RewardBatch", "RewardErrorWarning", "RewardFailureError",
-           "TRLRewardAdapter", "ExactAnswerReward", "MathAnswerReward",
+           "TRLRewardAdapter", "TrainerState", "ExactAnswerReward", "MathAnswerReward",
            "PrefixMatchReward", "RegexFormatReward", "CodeTestsReward", "Sandbox", "SandboxLimits",
            "SandboxUnavailableError", "RewardModelReward"]

@@ -7,8 +7,9 @@ A reward function is a plain callable ``fn(prompt: Prompt, completion: str) -> f
 failure, masked out of the advantages and counted — never scored 0; ``error`` says why, and that text
 travels with the row into ``Experience.reward_errors``).
 
-TRL-style batched functions ``fn(prompts, completions, **columns) -> list[float]`` are recognised by
-``RewardPool`` and adapted (``lit_rl.rewards.adapters``).
+A ``None`` return means "this reward does not apply to this row" (TRL's convention): skipped in the weighted
+sum. TRL-style batched functions ``fn(prompts, completions, **kwargs) -> list[float | None]`` are recognised by
+``RewardPool`` and called once per batch (``lit_rl.rewards.adapters``).
 """
 from __future__ import annotations
 
@@ -23,6 +24,14 @@ class RewardResult:
     ok: bool = True  # False: the verifier failed (sandbox crashed, service down); the row is masked
     info: dict[str, float] = field(default_factory=dict)  # optional sub-scores, logged
     error: str | None = None  # with ok=False: why the verifier could not judge (shown to the user)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What TRL-style rewards get as ``trainer_state`` (the parts of TRL's ``TrainerState`` rewards read)."""
+
+    global_step: int = 0
+    epoch: int = 0
 
 
 @runtime_checkable

@@ -1,6 +1,6 @@
 """`RewardPool`: run reward functions with per-call timeouts, weights and infra-error masking.
 
-Every (completion, reward function) pair is one call. A call that raises, returns a non-number, reports
+Every (completion, per-row reward function) pair is one call. A call that raises, returns a non-number, reports
 ``ok=False`` or runs past ``timeout_s`` is an *infrastructure error*: the row's reward becomes NaN with
 ``valid=False`` (masked out of advantages downstream) and is counted — never silently scored 0.
 
@@ -17,7 +17,13 @@ truncated to ``max_error_chars``) in ``RewardBatch.errors`` (the rollout puts it
 ``Experience.reward_errors``); every scoring call with errors emits one ``RewardErrorWarning`` quoting the
 first few; and when more than ``max_invalid_frac`` of the rows of the last ``window`` scoring calls had no
 reward, ``score`` raises ``RewardFailureError`` quoting the most frequent error, so a run whose reward never
-works stops within ``window`` steps instead of finishing green.
+works stops instead of finishing green: at the first scoring call where no row has a reward, and within
+``window`` steps when only some rows do.
+
+TRL-style rewards (``fn(prompts, completions, **kwargs)``) are one call per scoring call with the whole batch
+(``timeout_s`` then limits that call; a failed call fails every row); per-row rewards are one call per row.
+A ``None`` score means "not applicable": skipped in the weighted sum (as TRL), counted in
+``reward/<name>/none_frac``; a row no reward applies to has no reward.
 """
 from __future__ import annotations
 
@@ -34,8 +40,8 @@ from typing import Any, Callable
 
 import torch
 
-from lit_rl.rewards.adapters import adapt_reward
-from lit_rl.rewards.base import RewardResult, as_result
+from lit_rl.rewards.adapters import TRLRewardAdapter, adapt_reward, record_columns
+from lit_rl.rewards.base import RewardResult, TrainerState, as_result
 
 EXECUTORS = ("auto", "thread", "process")
 
@@ -183,7 +189,8 @@ class RewardPool:
             gets a copy per worker process -- give it its own pool or set ``executor``), ``"thread"`` or
             ``"process"`` (see module doc).
         max_invalid_frac: stop (``RewardFailureError``) when more than this fraction of the rows scored by
-            the last ``window`` calls had no reward; ``None`` never stops. In [0, 1).
+            the last ``window`` calls had no reward, or when one call has no row with a reward; ``None`` never
+            stops. In [0, 1).
         window: number of scoring calls (one per training step) the fraction is measured over; the check
             starts once that many calls were made, so a reward that always fails stops the run at step ``window``.
         max_error_chars: error texts are cut to this many characters.
@@ -239,6 +246,7 @@ class RewardPool:
         self.max_error_chars, self.warn_rows = max_error_chars, warn_rows
         self._recent: deque[tuple[int, int, Counter]] = deque(maxlen=window)  # (invalid rows, rows, error texts)
         self._workers = None
+        self.trainer_state = TrainerState()  # what TRL-style rewards get as trainer_state (RolloutCallback updates it)
 
     def _pool(self):
         if self._workers is None:
@@ -252,40 +260,81 @@ class RewardPool:
             self._workers.close()
             self._workers = None
 
-    def __call__(self, prompts: list[Any], completions: list[str]) -> RewardBatch:
-        return self.score(prompts, completions)
+    def __call__(self, prompts: list[Any], completions: list[str], **kw) -> RewardBatch:
+        return self.score(prompts, completions, **kw)
 
-    def score(self, prompts: list[Any], completions: list[str]) -> RewardBatch:
+    def check_columns(self, records: list[Any]) -> None:
+        """Refuse, at setup, a TRL-style reward with a required parameter that neither the trainer passes nor
+        the data has as a column (``records``: the prompt records); the error names what is available."""
+        columns = {k for r in records for k in record_columns(r)}
+        for fn in self.rewards.values():
+            if isinstance(fn, TRLRewardAdapter):
+                fn.check_columns(columns)
+
+    def score(self, prompts: list[Any], completions: list[str], completion_ids: list[list[int]] | None = None,
+              trainer_state: TrainerState | None = None) -> RewardBatch:
+        """Score B rows. Per-row rewards are called once per row, TRL-style ones once with the whole batch
+        (with ``completion_ids`` and ``trainer_state``; default: the pool's ``trainer_state``, which the
+        RolloutCallback keeps current). A ``None`` score is "not applicable": skipped in the weighted sum."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
+        if completion_ids is not None and len(completion_ids) != len(completions):
+            raise ValueError(f"score: {len(completion_ids)} completion_ids but {len(completions)} completions")
+        state = trainer_state if trainer_state is not None else self.trainer_state
         names = list(self.rewards)
-        calls = [(k, (p, c)) for p, c in zip(prompts, completions) for k in range(len(names))]
-        t0 = time.monotonic()
-        raw = self._run(calls, names)
-        wall = time.monotonic() - t0
         B = len(prompts)
+        calls, where = [], []  # where[j]: (reward index, row or None for a whole-batch call)
+        for k, n in enumerate(names):
+            if getattr(self.rewards[n], "batched", False):
+                calls.append((k, (list(prompts), list(completions), completion_ids, state)))
+                where.append((k, None))
+            else:
+                calls += [(k, (p, c)) for p, c in zip(prompts, completions)]
+                where += [(k, i) for i in range(B)]
+        t0 = time.monotonic()
+        raw = self._run(calls, names) if B else []
+        wall = time.monotonic() - t0
         comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
+        applies = torch.zeros(B, dtype=torch.bool)  # some reward returned a score (not None) for the row
         errors: list[str | None] = [None] * B
         latency = {n: 0.0 for n in names}
+        n_calls = {n: 0 for n in names}
         n_timeouts = n_errors = 0
-        for j, (ok, val, dt) in enumerate(raw):
-            row, k = divmod(j, len(names))
-            latency[names[k]] += dt
-            if ok:
-                try:
-                    res = as_result(val)
-                except TypeError as e:
-                    ok, val = False, f"TypeError: {e}"
-                else:
-                    if res.ok:
-                        comps[names[k]][row] = res.score
-                        continue
-                    ok, val = False, _not_ok_text(res)
+        none_rows = {n: 0 for n in names}
+
+        def fail(k: int, row: int, why: str) -> None:
+            nonlocal n_errors, n_timeouts
             n_errors += 1
-            n_timeouts += "timed out" in str(val)
-            errors[row] = errors[row] or _cut(f"{names[k]}: {val}", self.max_error_chars)
+            n_timeouts += "timed out" in why
+            errors[row] = errors[row] or _cut(f"{names[k]}: {why}", self.max_error_chars)
+
+        for (k, row), (ok, val, dt) in zip(where, raw):
+            latency[names[k]] += dt
+            n_calls[names[k]] += 1
+            rows = range(B) if row is None else [row]
+            vals = val if (ok and row is None) else [val] * len(rows)
+            for r, v in zip(rows, vals):
+                if not ok:
+                    fail(k, r, str(v))
+                    continue
+                if v is None:  # not applicable (TRL): skipped in the weighted sum
+                    none_rows[names[k]] += 1
+                    continue
+                try:
+                    res = as_result(v)
+                except TypeError as e:
+                    fail(k, r, f"TypeError: {e}")
+                    continue
+                if not res.ok:
+                    fail(k, r, _not_ok_text(res))
+                    continue
+                comps[names[k]][r] = res.score
+                applies[r] = True
+        for r in range(B):
+            if errors[r] is None and not applies[r]:
+                errors[r] = "no reward applies to this row (every reward returned None)"
         valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
-        total = sum(self.weights[n] * comps[n] for n in names)
+        total = sum(self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
         total = torch.where(valid, total, torch.full_like(total, float("nan")))
         n_invalid = B - int(valid.sum())
         metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
@@ -293,7 +342,9 @@ class RewardPool:
         for n in names:
             ok_mask = ~comps[n].isnan()
             metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan
-            metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(B, 1)
+            metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(n_calls[n], 1)
+            if none_rows[n]:
+                metrics[f"reward/{n}/none_frac"] = none_rows[n] / max(B, 1)
         self._report(errors)
         return RewardBatch(total, valid, comps, errors, metrics)
 
@@ -305,7 +356,15 @@ class RewardPool:
             warnings.warn(f"RewardPool: {len(bad)}/{len(errors)} rows have no reward (masked out of training); "
                           f"first {min(len(bad), self.warn_rows)}: {shown}", RewardErrorWarning, stacklevel=3)
         self._recent.append((len(bad), len(errors), Counter(e for _, e in bad)))
-        if self.max_invalid_frac is None or len(self._recent) < self.window:
+        if self.max_invalid_frac is None:
+            return
+        if bad and len(bad) == len(errors):  # not one row scored: no point waiting for the window
+            err, times = Counter(e for _, e in bad).most_common(1)[0]
+            raise RewardFailureError(
+                f"RewardPool: none of the {len(errors)} rows of this scoring call has a reward. Most frequent error "
+                f"({times}x): {err}. Fix the reward function (or the data it reads); set max_invalid_frac to null "
+                "to train on whatever rows do get a reward.")
+        if len(self._recent) < self.window:
             return
         n_bad = sum(b for b, _, _ in self._recent)
         n_rows = sum(n for _, n, _ in self._recent)

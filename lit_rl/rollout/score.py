@@ -63,7 +63,8 @@ class Scorer:
         """Rewards of the N·G rows (row g*G + j = completion j of prompt g)."""
         G = len(groups[0]) if groups else 0
         texts = [self.decode(c) for group in groups for c in group]
-        rb = self.rewards.score([p for p in prompts for _ in range(G)], texts)
+        ids = [list(c.token_ids) for group in groups for c in group]
+        rb = self.rewards.score([p for p in prompts for _ in range(G)], texts, completion_ids=ids)
         if self.shaping is not None:
             rb = self.shaping(rb, [len(c.token_ids) for group in groups for c in group])
         return rb

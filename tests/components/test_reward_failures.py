@@ -164,7 +164,7 @@ def test_invalid_fraction_at_or_below_the_limit_keeps_going():
     pool = RewardPool(f, max_invalid_frac=0.5, window=2, warn_rows=0)
     for _ in range(5):
         pool.score([P("a")] * 4, ["bad", "bad", "ok", "ok"])  # exactly 50 %: not more than the limit
-    never = RewardPool(f, max_invalid_frac=None, window=1, warn_rows=0)
+    never = RewardPool(f, max_invalid_frac=None, window=1, warn_rows=0)  # not even a call without any reward
     for _ in range(3):
         assert not never.score([P("a")], ["bad"]).valid.any()
 
@@ -176,10 +176,21 @@ def test_window_is_a_sliding_window():
         return 0.0
 
     pool = RewardPool(f, max_invalid_frac=0.5, window=2, warn_rows=0)
-    pool.score([P("a")] * 2, ["ok", "ok"])
-    pool.score([P("a")] * 2, ["bad", "bad"])  # window: 2 of 4 = 50 %: fine
-    with pytest.raises(RewardFailureError, match="4/4 rows"):  # the good call slid out
-        pool.score([P("a")] * 2, ["bad", "bad"])
+    pool.score([P("a")] * 4, ["ok"] * 4)
+    pool.score([P("a")] * 4, ["bad", "bad", "bad", "ok"])  # window: 3 of 8: fine
+    with pytest.raises(RewardFailureError, match="6/8 rows"):  # the good call slid out
+        pool.score([P("a")] * 4, ["bad", "bad", "bad", "ok"])
+
+
+def test_a_call_where_no_row_has_a_reward_stops_at_once():
+    """Issue 26: a reward failing on every row ended a 2-step run rc 0 (window 5 never filled)."""
+    def broken(prompt, completion):
+        raise KeyError("solution")
+
+    pool = RewardPool({"broken": broken}, window=5, warn_rows=0)
+    with pytest.raises(RewardFailureError, match=r"none of the 3 rows of this scoring call has a reward. Most "
+                                                 r"frequent error \(3x\): broken: KeyError: 'solution'"):
+        pool.score([P("a")] * 3, ["x", "y", "z"])
 
 
 @pytest.mark.parametrize("field,value", [("max_invalid_frac", 1.0), ("max_invalid_frac", -0.1),
@@ -201,19 +212,24 @@ def test_trl_style_function_is_adapted_with_columns():
     pool = RewardPool(accuracy)
     rb = pool.score([P("3", level=2), P("4", level=1)], ["3", " 5"])
     assert rb.total.tolist() == [1.0, 0.0] and rb.valid.all()
-    assert seen["prompts"] == ["q"] and seen["kwargs"] == ["domain", "level", "uid"]
+    assert seen["prompts"] == ["q", "q"] and seen["kwargs"] == ["domain", "level", "trainer_state", "uid"]
 
 
-def test_trl_style_chat_prompts_get_message_lists_and_none_is_an_error():
-    def fmt(completions, **kwargs):
-        return [None if kwargs["prompts"][0][0]["content"] == "skip" else float(len(c[0]["content"]))
-                for c in completions]
+def test_trl_style_chat_prompts_get_message_lists_and_none_is_not_applicable():
+    def fmt(prompts, completions, **kwargs):
+        return [None if p[0]["content"] == "skip" else float(len(c[0]["content"])) for p, c in zip(prompts, completions)]
 
     chat = [Prompt(messages=[{"role": "user", "content": "hi"}]), Prompt(messages=[{"role": "user", "content": "skip"}])]
-    pool = RewardPool({"fmt": fmt}, max_invalid_frac=None)
+    pool = RewardPool({"fmt": fmt, "one": lambda prompt, completion: 1.0}, weights={"fmt": 2.0}, max_invalid_frac=None)
+    rb = pool.score(chat, ["abc", "abc"])
+    # row 1: fmt does not apply, so its total is the other reward alone (TRL's nansum), and the row is valid
+    assert rb.total.tolist() == [7.0, 1.0] and rb.valid.all() and rb.errors == [None, None]
+    assert rb.metrics["reward/fmt/none_frac"] == 0.5
+    alone = RewardPool({"fmt": fmt}, max_invalid_frac=None)
     with pytest.warns(RewardErrorWarning):
-        rb = pool.score(chat, ["abc", "abc"])
-    assert rb.total[0] == 3.0 and rb.errors[1] == "fmt: TRL-style reward returned None (not applicable to this row)"
+        rb = alone.score(chat, ["abc", "abc"])
+    assert rb.valid.tolist() == [True, False]  # no reward applies: no reward, never a silent 0
+    assert rb.errors[1] == "no reward applies to this row (every reward returned None)"
 
 
 def test_trl_style_function_without_kwargs_gets_only_what_it_names():
@@ -232,7 +248,7 @@ def test_wrong_signatures_are_refused_when_the_pool_is_built():
     msg = str(e.value)
     assert "reward 'one' has signature (completion)" in msg
     assert "fn(prompt, completion) -> float | RewardResult" in msg
-    assert "fn(prompts, completions, **columns) -> list[float]" in msg
+    assert "fn(prompts, completions, **kwargs) -> list[float] (one call per batch)" in msg
     with pytest.raises(TypeError, match="reward 'three'"):
         RewardPool({"three": lambda a, b, c: 1.0})
 

@@ -1,0 +1,157 @@
+"""Getting the trained model out: one save function (``save_hf_model``) shared by ``SaveHFModel`` (the end of every
+recipe) and ``lit-rl export`` (any checkpoint, later).
+
+    lit-rl export RUN_DIR_OR_CKPT -o DIR [--adapter] [--base MODEL]
+
+writes a Hugging Face model directory (``AutoModelForCausalLM.from_pretrained(DIR)``; a LoRA run's adapter merged
+into the base weights) and the tokenizer; ``--adapter`` writes a LoRA run's PEFT adapter directory instead
+(``PeftModel.from_pretrained(base, DIR)``). The run's ``config.yaml`` says which base model and LoRA settings the
+checkpoint belongs to; ``--base`` overrides the base model's path (e.g. when the run was started from another
+working directory). Sharded checkpoints (FSDP2 / DeepSpeed ZeRO-3 directories) are refused: gathering them is
+not implemented yet.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ADAPTER_SUBDIR = "adapter"
+LORA_SAVE = ("both", "merged", "adapter")
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
+
+
+def refuse_sharded(model, what: str = "the policy") -> None:
+    """Sharded parameters (FSDP2 DTensors, ZeRO-3 partitions) cannot be written by one rank yet."""
+    for name, p in model.state_dict(keep_vars=True).items():
+        if hasattr(p, "ds_id") or hasattr(p, "full_tensor"):
+            raise NotImplementedError(
+                f"{what} is sharded ({name} is a {'ZeRO-3 partition' if hasattr(p, 'ds_id') else 'DTensor shard'}); "
+                "saving a Hugging Face model from sharded weights is not implemented yet: train with DDP or "
+                "ZeRO-2 to get final_model/, or gather the weights first")
+
+
+def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list[Path]:
+    """Write ``model`` and ``tokenizer`` in Hugging Face format under ``out``; returns the directories written.
+
+    A full model goes to ``out``. A LoRA (PEFT) model: ``lora="both"`` writes the merged model to ``out`` and the
+    adapter (with the tokenizer) to ``out/adapter``; ``"merged"`` only the merged model; ``"adapter"`` only the
+    adapter, to ``out`` itself. The training model is never modified (merging works on a copy)."""
+    if lora not in LORA_SAVE:
+        raise ValueError(f"lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
+    refuse_sharded(model)
+    out = Path(out)
+    written = []
+    if is_peft(model):
+        if lora in ("both", "adapter"):
+            adir = out if lora == "adapter" else out / ADAPTER_SUBDIR
+            model.save_pretrained(adir, safe_serialization=True)
+            tokenizer.save_pretrained(adir)
+            written.append(adir)
+        if lora == "adapter":
+            return written
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return [out, *written]
+
+
+# ------------------------------------------------------------------------------------------- lit-rl export
+def _resolve(source: str) -> tuple[Path, Path]:
+    """(checkpoint file, run directory) of a run directory or a ``.ckpt`` path."""
+    p = Path(source).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"{source!r} does not exist: pass a run directory or a .ckpt file")
+    if p.is_dir() and (p / "checkpoint").is_dir() or p.is_dir() and p.suffix == ".ckpt":
+        raise NotImplementedError(f"{source!r} is a sharded checkpoint (a directory); exporting sharded FSDP2 / "
+                                  "ZeRO-3 checkpoints is not implemented yet")
+    if p.is_dir():
+        ckpt = p / "checkpoints" / "last.ckpt"
+        if not ckpt.exists():
+            found = sorted(str(c) for c in (p / "checkpoints").glob("*.ckpt")) if (p / "checkpoints").is_dir() else []
+            raise FileNotFoundError(f"run directory {source!r} has no checkpoints/last.ckpt"
+                                    + (f"; checkpoints there: {', '.join(found)}" if found else
+                                       " (nothing to export: was it trained with checkpointing on?)"))
+        if ckpt.is_dir():
+            raise NotImplementedError(f"{ckpt} is a sharded checkpoint (a directory); exporting sharded FSDP2 / "
+                                      "ZeRO-3 checkpoints is not implemented yet")
+        return ckpt, p
+    run = p.parent.parent if p.parent.name == "checkpoints" else p.parent
+    return p, run
+
+
+def _model_args(run: Path) -> dict[str, Any]:
+    cfg_path = run / "config.yaml"
+    if not cfg_path.exists():
+        raise FileNotFoundError(f"{cfg_path} not found: the run's config says which base model the checkpoint "
+                                "belongs to (pass the run directory, or a .ckpt inside <run>/checkpoints)")
+    import yaml
+
+    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    init = ((cfg.get("model") or {}).get("init_args")) or {}
+    if "model" not in init:
+        raise ValueError(f"{cfg_path}: no model.init_args.model (the base model of the run)")
+    return init
+
+
+def export(source: str, out: str, adapter: bool = False, base: str | None = None) -> list[Path]:
+    import torch
+
+    from lit_rl.models.loading import is_adapter_dir, load_causal_lm, load_tokenizer
+
+    ckpt, run = _resolve(source)
+    init = _model_args(run)
+    lora = init.get("lora")
+    if adapter and not lora and not is_adapter_dir(init["model"]):
+        raise ValueError(f"--adapter: the run {str(run)!r} trained without LoRA (model.init_args.lora is null), "
+                         "so it has no adapter; export the full model without --adapter")
+    base = base or init["model"]
+    if not Path(base).expanduser().exists():  # a relative path of the run's working directory: try beside the run
+        for cand in (run / base, run.parent / base, run.parent.parent / base):
+            if (cand / "config.json").exists() or (cand / "adapter_config.json").exists():
+                base = str(cand)
+                break
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    sd = state.get("state_dict")
+    if not isinstance(sd, dict):
+        raise ValueError(f"{ckpt} is not a Lightning checkpoint (no state_dict)")
+    weights = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
+    if not weights:
+        raise ValueError(f"{ckpt} holds no policy weights (no 'model.*' keys); keys start with: "
+                         f"{sorted({k.split('.')[0] for k in sd})}")
+    model = load_causal_lm(base, init.get("dtype") or "float32", lora)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"{ckpt} does not match the base model {base!r} with lora={lora}: "
+                         f"{len(missing)} missing keys (e.g. {missing[:2]}), {len(unexpected)} unexpected "
+                         f"(e.g. {unexpected[:2]}); pass the run's base model with --base")
+    return save_hf_model(model, load_tokenizer(base), out, lora="adapter" if adapter else "merged")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="lit-rl export", description="Write a Hugging Face model (or, with "
+                                 "--adapter, a LoRA run's PEFT adapter) from a run directory or a .ckpt file.")
+    ap.add_argument("source", help="a run directory (its checkpoints/last.ckpt) or a .ckpt file")
+    ap.add_argument("-o", "--output", required=True, help="the directory to write")
+    ap.add_argument("--adapter", action="store_true", help="a LoRA run: write the PEFT adapter, not the merged model")
+    ap.add_argument("--base", default=None, help="the base model (default: model.init_args.model of the run's "
+                    "config.yaml)")
+    a = ap.parse_args(argv)
+    try:
+        written = export(a.source, a.output, adapter=a.adapter, base=a.base)
+    except (FileNotFoundError, ValueError, NotImplementedError, OSError) as e:
+        print(f"lit-rl export: error: {e}", file=sys.stderr)
+        return 2
+    for d in written:
+        print(f"wrote {d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""README "Coming from TRL", run as written: its reward module (the README's python block, unchanged), a dataset
+directory with a `main` configuration and a `test` split, its `lit-rl fit` and `lit-rl export` commands (shortened
+to one iteration of small batches); then the adapter and the merged model load in PEFT / transformers."""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lit_rl.cli import console_main, main
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = re.search(r"## Coming from TRL\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.S).group(1)
+SHORT = ["--trainer.max_steps", "1", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
+         "--trainer.enable_progress_bar", "false"]
+CONFIGS = """---
+configs:
+- config_name: main
+  data_files:
+  - split: train
+    path: main/train.jsonl
+  - split: test
+    path: main/test.jsonl
+---
+"""
+
+
+def section_commands() -> list[str]:
+    (block,) = re.findall(r"```bash\n(.*?)```", SECTION, re.S)
+    return [line.strip() for line in block.splitlines() if line.strip()]
+
+
+def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    pytest.importorskip("datasets")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "configs").symlink_to(ROOT / "configs")
+    shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")  # what the quickstart leaves
+    (tmp_path / "trl_rewards.py").write_text(re.search(r"```python\n(.*?)```", SECTION, re.S).group(1))
+    for split, n in (("train", 8), ("test", 2)):
+        rows = [{"question": [{"role": "user", "content": f"{a}+1="}], "solution": str(a + 1)} for a in range(n)]
+        path = tmp_path / "my_dataset/main" / f"{split}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "my_dataset/README.md").write_text(CONFIGS)
+
+    fit, export = section_commands()
+    cli = main([*shlex.split(fit)[1:], *SHORT])
+    assert cli.model.iteration == 1 and len(cli.datamodule.heldout_prompts) == 2
+    assert {"reward/acc", "reward/brevity"} <= set(cli.trainer.callback_metrics)
+    monkeypatch.setattr(sys, "argv", shlex.split(export))
+    with pytest.raises(SystemExit) as e:
+        console_main()
+    assert e.value.code == 0, capsys.readouterr().err
+    ids = torch.tensor([[5, 6, 7]])
+    with torch.no_grad():
+        want = cli.model.model.eval()(ids).logits
+        base = AutoModelForCausalLM.from_pretrained("runs/quickstart/final_model")
+        adapter = PeftModel.from_pretrained(base, "from_trl_adapter")(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained("runs/from_trl/final_model")(ids).logits
+    assert torch.allclose(adapter, want, atol=1e-5) and torch.allclose(merged, want, atol=1e-5)
