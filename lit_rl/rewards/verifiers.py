@@ -38,14 +38,14 @@ class LastIntReward:
 
     name = "last_int"
 
-    def __call__(self, prompt: Any, completion: str) -> RewardResult:
+    def __call__(self, prompt: Any, completion: str) -> float | RewardResult:
         gold = _answer_of(prompt).strip()
         try:
             want = int(gold)
         except ValueError:
             return RewardResult(0.0, ok=False, error=f"gold answer {gold[:80]!r} is not an integer")
         found = _INT.findall(completion)
-        return RewardResult(float(bool(found) and int(found[-1]) == want))
+        return float(bool(found) and int(found[-1]) == want)  # a plain float: usable as HeldoutEval's scorer
 
 
 class PrefixMatchReward:

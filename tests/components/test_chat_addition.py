@@ -16,12 +16,12 @@ def _p(answer):
     ("-42", 0.0), ("42.5", 0.0),
 ])
 def test_last_int_reads_the_last_integer_only(completion, score):
-    assert LastIntReward()(_p("42"), completion).score == score
+    assert LastIntReward()(_p("42"), completion) == score
 
 
 def test_last_int_negative_answers_and_a_broken_gold_answer():
     r = LastIntReward()
-    assert r(_p("-3"), "2 - 5 = -3").score == 1.0
+    assert r(_p("-3"), "2 - 5 = -3") == 1.0
     bad = r(_p("forty"), "40")
     assert not bad.ok and "not an integer" in bad.error  # a data error is masked, not a wrong answer
 
