@@ -19,8 +19,9 @@ reset through ``/proc/self/clear_refs``):
         --configs full,lora,full_gc,lora_kv32
 
 Configurations (``--configs``, comma-separated): ``full`` / ``lora`` (rank 16) with the engine's KV cache as
-the recipe sets it (``--kv-mib``, default 256), ``*_kvdefault`` with vLLM's default (``kv_cache_memory_bytes``
-unset: on CPU vLLM reserves ``VLLM_CPU_KVCACHE_SPACE`` GiB, 4 by default at the time of writing), ``*_kv32``
+the recipe sets it (``--kv-mib``, default 256), ``*_kvdefault`` with ``kv_cache_memory_bytes`` unset (lit_rl's
+CPU default, ``rollout/_vllm_memory.py``), ``*_kvvllm`` with vLLM's own CPU default instead (the KV cache gets
+``gpu_memory_utilization`` (0.3) x RAM minus what the process holds: the 8.8 GB of issue 25), ``*_kv32``
 with 32 MiB, ``*_gc`` with ``gradient_checkpointing``, ``*_hf`` with ``HFEngine`` instead of vLLM. Prints one
 table (MiB) and writes JSON with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in its
 in-process engine count, pages it only reserves do not.
@@ -52,7 +53,8 @@ def _reset_peak() -> None:
 def _parse(name: str, args) -> dict:
     parts = name.split("_")
     cfg = {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
-           "kv": None if "kvdefault" in parts else 32 * 2**20 if "kv32" in parts else args.kv_mib * 2**20}
+           "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else 32 * 2**20 if "kv32" in parts
+           else args.kv_mib * 2**20, "vllm_default": "kvvllm" in parts}
     if parts[0] not in ("full", "lora"):
         raise SystemExit(f"configuration {name!r} must start with full or lora")
     return cfg
@@ -96,6 +98,10 @@ def _child(name: str, args) -> dict:
 
         ref = load_causal_lm(args.model).eval().requires_grad_(False)
     stage("reference")
+    if cfg["vllm_default"]:  # vLLM's own CPU default: gpu_memory_utilization x RAM (what lit_rl no longer uses)
+        import lit_rl.rollout.vllm as vllm_mod
+
+        vllm_mod.cpu_kv_cache_bytes = lambda *a, **k: None
     if cfg["engine"] == "vllm":
         eng = VLLMEngine(kv_cache_memory_bytes=cfg["kv"], max_model_len=128, seed=0)
     else:
