@@ -22,7 +22,7 @@ Configurations (``--configs``, comma-separated): ``full`` / ``lora`` (rank 16) w
 the recipe sets it (``--kv-mib``, default 256), ``*_kvdefault`` with ``kv_cache_memory_bytes`` unset (lit_rl's
 CPU default, ``rollout/_vllm_memory.py``), ``*_kvvllm`` with vLLM's own CPU default instead (the KV cache gets
 ``gpu_memory_utilization`` (0.3) x RAM minus what the process holds: the 8.8 GB of issue 25), ``*_kv32``
-with 32 MiB, ``*_gc`` with ``gradient_checkpointing``, ``*_hf`` with ``HFEngine`` instead of vLLM. Prints one
+with 32 MiB, ``*_mb8`` with micro-batches of 8 rows (``micro_batch_size: 8``; default: all rows at once), ``*_gc`` with ``gradient_checkpointing``, ``*_hf`` with ``HFEngine`` instead of vLLM. Prints one
 table (MiB) and writes JSON with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in its
 in-process engine count, pages it only reserves do not.
 """
@@ -54,7 +54,8 @@ def _parse(name: str, args) -> dict:
     parts = name.split("_")
     cfg = {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
            "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else 32 * 2**20 if "kv32" in parts
-           else args.kv_mib * 2**20, "vllm_default": "kvvllm" in parts}
+           else args.kv_mib * 2**20, "vllm_default": "kvvllm" in parts,
+           "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None)}
     if parts[0] not in ("full", "lora"):
         raise SystemExit(f"configuration {name!r} must start with full or lora")
     return cfg
@@ -129,8 +130,12 @@ def _child(name: str, args) -> dict:
     _reset_peak()
     before = _rss()
     mod.model.train()
-    lp = mod.completion_logprobs(exp)
-    (-(lp * adv * mask).sum() / mask.sum()).backward()
+    step = cfg["micro"] or B  # rows per forward/backward (PolicyModule's micro_batch_size)
+    for i in range(0, B, step):
+        sl = slice(i, i + step)
+        lp = mod.completion_logprobs(exp.select(torch.arange(B)[sl]))
+        (-(lp * adv[sl] * mask[sl]).sum() / mask.sum()).backward()
+        del lp
     opt.step()
     out["step_peak"] = _rss("VmHWM") - before
     stage("optimizer")

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs/smollm2_addition.yaml")
 STEPS = 8
 K = 3  # reward rose: mean over the last K iterations vs the first K
-# Held-out eval on 16 prompts (the recipe uses 100), before training and after the last step.
+# Held-out eval on 16 prompts (the recipe uses 64), before training and after the last step.
 EVAL = """trainer:
-  callbacks:
+  callbacks+:
     - class_path: lit_rl.callbacks.HeldoutEval
       init_args:
         max_prompts: 16
