@@ -36,8 +36,12 @@ def _cb(cli, name):
 def _fit(tmp, model_dir, *extra):
     frag = tmp / "eval.yaml"
     frag.write_text(EVAL)
-    return main(["fit", "-c", RECIPE, "-c", str(frag), "--model.init_args.model", str(model_dir),
-                 "--trainer.default_root_dir", str(tmp / "run"), *extra])
+    cli = main(["fit", "-c", RECIPE, "-c", str(frag), "--model.init_args.model", str(model_dir),
+                "--trainer.default_root_dir", str(tmp / "run"), *extra])
+    # Free the in-process vLLM engine (weights, KV cache): three fits in one pytest process otherwise reach
+    # 11.5 GB resident, which a shared 24 GB machine's OOM killer ended once.
+    _cb(cli, "RolloutCallback").engine.close()
+    return cli
 
 
 @pytest.fixture(scope="module")
