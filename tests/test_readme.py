@@ -71,7 +71,7 @@ ELSEWHERE = {
     "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml":
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
     ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct "
-     "--configs lora,full,full_gc,lora_kvdefault"): "a benchmark script (minutes); the table in README",
+     "--configs lora,full,full_gc,lora_kvdefault,lora_mb8"): "a benchmark script (minutes); the table in README",
 }
 
 
