@@ -11,6 +11,10 @@ from lit_rl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce", "async"]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+# Recipes on the real checkpoint (lit_rl.models.smollm2) run only where it is built (marker real_ckpt).
+REAL = {"smollm2_addition": "last_int"}
+CONFIG_PARAMS = [pytest.param(c, marks=[pytest.mark.real_ckpt, pytest.mark.slow]) if c in REAL else c
+                 for c in CONFIGS]
 # Keep every run cheap: 1-2 iterations of 4 prompts x 2 samples, 1 new token.
 SMALL = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--rollout.sampling.max_new_tokens", "1"]
 
@@ -114,13 +118,16 @@ def _print_config(capsys, args) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("recipe", CONFIGS)
+@pytest.mark.parametrize("recipe", CONFIG_PARAMS)
 def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny_model_dir, request):
     """`--print_config` → a file → `lit-rl fit -c that file` trains one iteration, for every recipe (the reward
     pools are dicts: their specs must survive the dump, not turn into 'Unable to serialize instance')."""
-    if recipe in ("grpo_vllm", "grpo_server", "async_server"):  # the server recipes launch a vLLM server
+    if recipe in ("grpo_vllm", "grpo_server", "async_server", *REAL):  # vLLM in-process or in a server
         pytest.importorskip("vllm")
     monkeypatch.chdir(tmp_path)
+    if recipe in REAL:  # the recipe's model: `lit-rl models smollm2 runs/smollm2` (here: a link to the cache)
+        (tmp_path / "runs").mkdir()
+        (tmp_path / "runs/smollm2").symlink_to(request.getfixturevalue("smollm2_dir"))
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/model")  # the recipes' default model
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")  # distill's teacher
     shutil.copytree(tiny_model_dir, tmp_path / "runs/distill/student")  # distill's student
@@ -131,7 +138,14 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
                                      *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else [])])
     assert "Unable to serialize" not in printed
     cfg = yaml.safe_load(printed)
-    assert cfg["rollout"]["rewards"]["init_args"]["rewards"]["exact"]["class_path"] == "lit_rl.rewards.ExactAnswerReward"
+    reward = REAL.get(recipe, "exact")
+    cls = {"exact": "ExactAnswerReward", "last_int": "LastIntReward"}[reward]
+    assert cfg["rollout"]["rewards"]["init_args"]["rewards"][reward]["class_path"] == f"lit_rl.rewards.{cls}"
+    if recipe in REAL:  # a baseline evaluation of 4 held-out prompts, not the recipe's 100
+        for cb in cfg["trainer"]["callbacks"]:
+            if cb["class_path"].endswith("HeldoutEval"):
+                cb["init_args"]["max_prompts"] = 4
+        printed = yaml.safe_dump(cfg)
     (tmp_path / "printed.yaml").write_text(printed)
     cli = main(["fit", "-c", str(tmp_path / "printed.yaml"), "--trainer.enable_progress_bar", "false"])
     assert cli.model.iteration == 1

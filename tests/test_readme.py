@@ -74,6 +74,11 @@ ELSEWHERE = {
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
     "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":
         "SLURM",
+    "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
+    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml":
+        "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
+    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct "
+     "--configs lora,full,full_gc,lora_kvdefault,lora_mb8"): "a benchmark script (minutes); the table in README",
 }
 
 

@@ -100,6 +100,33 @@ def reverse(length: int = 3, alphabet: str = "abcde", heldout_frac: float = 0.2,
     return [rec(w) for w in train], [rec(w) for w in held]
 
 
+@_task("chat_addition")
+def chat_addition(low: int = 10, high: int = 99, heldout: int = 200, seed: int = 1234,
+                  template: str = "What is {a} + {b}? Reply with only the number.", system: str | None = None,
+                  **_) -> tuple[list, list]:
+    """Chat prompts ``"What is A + B? Reply with only the number."`` (a user turn, rendered with the
+    tokenizer's chat template) for every ordered pair A, B in ``low..high``; the answer is ``str(A + B)``.
+
+    ``heldout`` pairs (a fixed, seeded choice) are never trained on: with the defaults 200 of the 8,100 pairs.
+    The answer is the integer only; score it with a reward that reads the completion's last integer
+    (``lit_rl.rewards.LastIntReward``), since an instruct model often writes ``"17 + 25 = 42"``.
+    ``system`` adds a system turn first.
+    """
+    if not low <= high:
+        raise ValueError(f"chat_addition: low={low} must be <= high={high}")
+    pairs = list(itertools.product(range(low, high + 1), repeat=2))
+    if not 1 <= heldout < len(pairs):
+        raise ValueError(f"chat_addition: heldout={heldout} must be in [1, {len(pairs) - 1}]")
+    train, held = _split(pairs, heldout / len(pairs), seed)
+
+    def rec(a, b):
+        msgs = ([{"role": "system", "content": system}] if system else []) + [
+            {"role": "user", "content": template.format(a=a, b=b)}]
+        return Prompt(messages=msgs, answer=str(a + b), domain="addition", uid=f"chatadd-{a}-{b}")
+
+    return [rec(*p) for p in train], [rec(*p) for p in held]
+
+
 def get_task(name: str, **kwargs) -> tuple[list[Prompt], list[Prompt]]:
     if name not in TASKS:
         raise ValueError(f"task={name!r} is not a built-in task; valid names: {', '.join(sorted(TASKS))}")

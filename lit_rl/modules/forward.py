@@ -7,6 +7,7 @@ the materialised path (the test reference, and the fallback for heads the chunke
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -17,6 +18,45 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.models.shared_prompt import shared_prompt_outputs
 from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
+
+
+def _checkpoint_layers(model) -> list[torch.nn.Module]:
+    """The modules transformers checkpoints (its ``GradientCheckpointingLayer`` decoder layers) when enabled."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+
+
+def enable_gradient_checkpointing(model, enabled: bool = True) -> None:
+    """Transformers' gradient checkpointing on every decoder layer, non-reentrant (``use_reentrant=False``:
+    exact gradients, no ``requires_grad`` input needed, works under a PEFT wrapper). Each layer's activations
+    are recomputed in the backward instead of kept, in training mode only (the engines generate in eval mode).
+
+    A checkpointed layer drops its key/value cache (a replay would write it twice), so ``PolicyForward`` runs
+    the shared-prompt pass only without checkpointing, and a forward that must return a cache (a critic's
+    yes/no value head) runs with checkpointing off. Dropout stays off (``disable_dropout``), so the replay
+    computes the same function as the first forward."""
+    if not enabled:
+        return
+    if not getattr(model, "supports_gradient_checkpointing", True):
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it (transformers' "
+                         "supports_gradient_checkpointing is False)")
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not _checkpoint_layers(model):
+        raise ValueError(f"gradient_checkpointing: {type(model).__name__} has no checkpointable decoder layer")
+
+
+@contextmanager
+def checkpointing_off(model):
+    """Run the enclosed forward without gradient checkpointing (its backward then needs no replay)."""
+    layers = _checkpoint_layers(model)
+    for m in layers:
+        m.gradient_checkpointing = False
+    try:
+        yield
+    finally:
+        for m in layers:
+            m.gradient_checkpointing = True
 
 
 class PolicyForward:
@@ -47,6 +87,9 @@ class PolicyForward:
         the old path (the full logits from the CausalLM; the test reference).
         """
         model = self.model if model is None else model
+        if cache and model.training and _checkpoint_layers(model):  # a checkpointed layer returns no cache
+            with checkpointing_off(model):
+                return self.forward_outputs(micro, model, hidden=hidden, cache=cache, materialize=materialize)
         dev = next(model.parameters()).device
         att = micro.attention_mask.long().to(dev)
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
@@ -84,7 +127,10 @@ class PolicyForward:
     def _shares_prompt(self, model) -> bool:
         """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the
         argument's doc); never for a sharded model (FSDP2 DTensor or ZeRO-3 parameters), whose units gather
-        and free weights once per forward and backward (two forwards before one backward are not tested)."""
+        and free weights once per forward and backward (two forwards before one backward are not tested); never
+        under gradient checkpointing (its layers drop the prompt's cache: ``enable_gradient_checkpointing``)."""
+        if model.training and _checkpoint_layers(model):
+            return False
         share = self.hparams.get("share_prompt_forward")
         if share is None:
             share = next(model.parameters()).dtype != torch.float64

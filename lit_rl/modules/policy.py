@@ -30,7 +30,7 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
 from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.forward import PolicyForward
+from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
@@ -111,6 +111,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             model: transformers' RMSNorm computes in float32 inside, so summing a group's gradients before it
             (shared) or after it (plain) differs by float32 rounding (~1e-7), and float64 runs are the exact
             (1e-12) invariance checks. True / False force it.
+        gradient_checkpointing: recompute each decoder layer's activations in the backward instead of keeping
+            them (transformers', non-reentrant; exact gradients; the shared-prompt pass is then skipped).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
@@ -147,6 +149,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
         share_prompt_forward: bool | None = None,
+        gradient_checkpointing: bool = False,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
@@ -225,6 +228,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
         if self.hparams.disable_dropout:
             disable_dropout(self.model)
+        enable_gradient_checkpointing(self.model, self.hparams.get("gradient_checkpointing", False))
         self.tokenizer = load_tokenizer(self.model_path)
 
     def configure_model(self) -> None:

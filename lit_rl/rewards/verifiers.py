@@ -25,6 +25,29 @@ class ExactAnswerReward:
         return float(completion.strip() == _answer_of(prompt).strip())
 
 
+_INT = re.compile(r"-?\d+")
+
+
+class LastIntReward:
+    """1.0 when the last integer in the completion equals ``prompt.answer`` (an integer), else 0.0.
+
+    For instruct models that answer in a sentence (``"17 + 25 = 42"`` scores 1 for 42). Thousands separators
+    are not read (``"1,024"`` ends in 24); no integer at all scores 0. A gold answer that is not an integer is
+    a data error (``ok=False``), not a wrong completion.
+    """
+
+    name = "last_int"
+
+    def __call__(self, prompt: Any, completion: str) -> float | RewardResult:
+        gold = _answer_of(prompt).strip()
+        try:
+            want = int(gold)
+        except ValueError:
+            return RewardResult(0.0, ok=False, error=f"gold answer {gold[:80]!r} is not an integer")
+        found = _INT.findall(completion)
+        return float(bool(found) and int(found[-1]) == want)  # a plain float: usable as HeldoutEval's scorer
+
+
 class PrefixMatchReward:
     """Partial credit: fraction of the answer's characters matched from the left, scaled by ``weight``;
     a completion longer than the answer loses the excess (shaping for from-scratch tasks)."""

@@ -65,6 +65,7 @@ from lit_rl.rollout._vllm_common import (
 from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
 )
+from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
 from lit_rl.rollout.engine import Completion, SamplingConfig
 
 _log = logging.getLogger(__name__)
@@ -93,14 +94,15 @@ class VLLMEngine(SeededRequests):
         model: model directory or hub id; None (default) = the bound module's ``model_path``.
         dtype: vLLM weight dtype (``float32``, ``bfloat16``, ``float16``, ``auto``); None = the policy's dtype.
         gpu_memory_utilization: fraction of accelerator memory vLLM may take (weights + KV cache). Colocated
-            with a trainer, so lower than vLLM's 0.9. On CPU vLLM reads it as the fraction of RAM to reserve
-            unless ``kv_cache_memory_bytes`` is set.
+            with a trainer, so lower than vLLM's 0.9. On CPU vLLM would read it as the fraction of RAM to give
+            the KV cache; there the default KV cache is sized from the model instead (``_vllm_memory``).
         tensor_parallel_size: GPUs per engine (weights then sync through a file, see ``sync_transport``).
         max_model_len: context length (prompt + completion); None = the model config's.
         enforce_eager: skip CUDA graphs / torch.compile. None = True on CPU (compiling costs minutes there and
             buys little), False on GPU.
         seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
-        kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache).
+        kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache). None
+            on CPU: room for 2 sequences of ``max_model_len`` tokens, at least 256 MiB.
         overlong_prompts: deprecated, no effect. A prompt that does not fit ``max_model_len`` with
             ``max_new_tokens`` raises ``ValueError``: prompt length is decided when prompts are rendered
             (``RolloutCallback(max_prompt_len, overlong_prompts)``, which reads this engine's ``max_model_len``).
@@ -200,6 +202,9 @@ class VLLMEngine(SeededRequests):
             kw["max_model_len"] = self.max_model_len_arg
         if self.kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
+        elif on_cpu and (kv := cpu_kv_cache_bytes(path, dtype, self.max_model_len_arg)) is not None:
+            kw["kv_cache_memory_bytes"] = kv  # not gpu_memory_utilization x RAM (rollout/_vllm_memory.py)
+            _log.info("VLLMEngine on CPU: %d MiB of KV cache (set kv_cache_memory_bytes to change it)", kv >> 20)
         kw.update(self.llm_kwargs)
         saved = _HostState.save()
         # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.

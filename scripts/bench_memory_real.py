@@ -1,0 +1,195 @@
+"""Resident memory per component of a real-checkpoint fit (policy, optimizer, reference, engine, KV cache).
+
+One fresh subprocess per configuration builds, in order, what ``lit-rl fit`` builds for a GRPO recipe such as
+``configs/smollm2_addition.yaml`` and reads the process's resident set size (Linux ``/proc/self/status``
+VmRSS) after each stage; the step's transient peak is VmHWM above the RSS before it (the high-water mark is
+reset through ``/proc/self/clear_refs``):
+
+* ``imports``  torch, transformers, lightning (and vllm with ``--engine vllm``): the floor of any run;
+* ``policy``   ``PolicyModule`` loading the checkpoint (``--lora R``: a peft LoRA of rank R on all linears);
+* ``reference`` a frozen reference copy, only with ``--reference`` (the smollm2 recipe has no KL term: none);
+* ``engine``   ``VLLMEngine.bind`` (vLLM's own model copy, its KV cache, workspace) or ``HFEngine``
+  (shares the policy's weights);
+* ``generate`` one rollout: ``--prompts`` chat prompts x ``--group`` samples, ``--new-tokens`` tokens;
+* ``sync``     one weight sync (a LoRA policy is merged on the fly);
+* ``step``     one policy-gradient step on those rows (forward + backward through the chunked LM head, AdamW):
+  ``step peak`` = transient high-water mark, ``optimizer`` = what stays (Adam's two moments + gradients).
+
+    python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct \
+        --configs full,lora,full_gc,lora_kv32
+
+Configurations (``--configs``, comma-separated): ``full`` / ``lora`` (rank 16) with the engine's KV cache as
+the recipe sets it (``--kv-mib``, default 256), ``*_kvdefault`` with ``kv_cache_memory_bytes`` unset (lit_rl's
+CPU default, ``rollout/_vllm_memory.py``), ``*_kvvllm`` with vLLM's own CPU default instead (the KV cache gets
+``gpu_memory_utilization`` (0.3) x RAM minus what the process holds: the 8.8 GB of issue 25), ``*_kv32``
+with 32 MiB, ``*_mb8`` with micro-batches of 8 rows (``micro_batch_size: 8``; default: all rows at once), ``*_gc`` with ``gradient_checkpointing``, ``*_hf`` with ``HFEngine`` instead of vLLM. Prints one
+table (MiB) and writes JSON with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in its
+in-process engine count, pages it only reserves do not.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+STAGES = ("imports", "policy", "reference", "engine", "generate", "sync", "step_peak", "optimizer", "total")
+
+
+def _rss(field: str = "VmRSS") -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def _parse(name: str, args) -> dict:
+    parts = name.split("_")
+    cfg = {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
+           "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else 32 * 2**20 if "kv32" in parts
+           else args.kv_mib * 2**20, "vllm_default": "kvvllm" in parts,
+           "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None)}
+    if parts[0] not in ("full", "lora"):
+        raise SystemExit(f"configuration {name!r} must start with full or lora")
+    return cfg
+
+
+def _child(name: str, args) -> dict:
+    cfg = _parse(name, args)
+    out = {"name": name}
+    base = _rss()
+    import lightning  # noqa: F401
+    import torch
+    import transformers  # noqa: F401
+
+    if cfg["engine"] == "vllm":
+        from lit_rl.rollout.vllm import VLLMEngine, import_vllm
+
+        import_vllm()
+    from lit_rl.data.experience import Experience, pad_prompts_completions
+    from lit_rl.data.prompts import render_prompt
+    from lit_rl.data.tasks import get_task
+    from lit_rl.models.loading import merged_state_items
+    from lit_rl.modules import PolicyModule
+    from lit_rl.rollout.engine import HFEngine, SamplingConfig
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    mark = _rss()
+    out["imports"] = mark - base
+
+    def stage(key):
+        nonlocal mark
+        now = _rss()
+        out[key] = now - mark
+        mark = now
+
+    lora = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"} if cfg["lora"] else None
+    mod = PolicyModule(model=args.model, lora=lora, gradient_checkpointing=cfg["gc"])
+    stage("policy")
+    ref = None
+    if args.reference:
+        from lit_rl.models.loading import load_causal_lm
+
+        ref = load_causal_lm(args.model).eval().requires_grad_(False)
+    stage("reference")
+    if cfg["vllm_default"]:  # vLLM's own CPU default: gpu_memory_utilization x RAM (what lit_rl no longer uses)
+        import lit_rl.rollout.vllm as vllm_mod
+
+        vllm_mod.cpu_kv_cache_bytes = lambda *a, **k: None
+    if cfg["engine"] == "vllm":
+        eng = VLLMEngine(kv_cache_memory_bytes=cfg["kv"], max_model_len=128, seed=0)
+    else:
+        eng = HFEngine()
+    eng.bind(mod)
+    stage("engine")
+    train, _ = get_task("chat_addition")
+    prompt_ids = [render_prompt(p, mod.tokenizer) for p in train[:args.prompts]]
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
+    if cfg["engine"] == "vllm":
+        eng.update_weights(merged_state_items(mod.model))  # the first sync happens before the first rollout
+    groups = eng.generate(prompt_ids, args.group, sampling)
+    stage("generate")
+    eng.update_weights(merged_state_items(mod.model))
+    stage("sync")
+    rows_p = [p for p, g in zip(prompt_ids, groups) for _ in g]
+    rows_c = [list(c.token_ids) for g in groups for c in g]
+    ids, att, mask, P = pad_prompts_completions(mod.tokenizer.pad_token_id, rows_p, rows_c)
+    B = len(rows_p)
+    exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
+                     group_ids=torch.arange(B) // args.group, rewards=torch.zeros(B),
+                     valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long))
+    opt = torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad], lr=5e-6)
+    adv = torch.randn(B, 1, generator=torch.Generator().manual_seed(0))
+    _reset_peak()
+    before = _rss()
+    mod.model.train()
+    step = cfg["micro"] or B  # rows per forward/backward (PolicyModule's micro_batch_size)
+    for i in range(0, B, step):
+        sl = slice(i, i + step)
+        lp = mod.completion_logprobs(exp.select(torch.arange(B)[sl]))
+        (-(lp * adv[sl] * mask[sl]).sum() / mask.sum()).backward()
+        del lp
+    opt.step()
+    out["step_peak"] = _rss("VmHWM") - before
+    stage("optimizer")
+    out["total"] = _rss()
+    out["peak_total"] = _rss("VmHWM")
+    out["rows"], out["width"] = B, ids.shape[1]
+    out["trainable"] = sum(p.numel() for p in mod.parameters() if p.requires_grad)
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="checkpoint directory (default: the smollm2 cache, built if missing)")
+    ap.add_argument("--configs", default="full,lora,lora_kvdefault,lora_kv32,full_gc")
+    ap.add_argument("--kv-mib", type=int, default=256)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--reference", action="store_true", help="also hold a frozen reference copy")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.model is None:
+        from lit_rl.models.smollm2 import build
+
+        args.model = str(build())
+    if args.child:
+        print("RESULT " + json.dumps(_child(args.child, args)), flush=True)
+        return
+    rows = []
+    for name in args.configs.split(","):
+        cmd = [sys.executable, __file__, "--child", name, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in (
+            ("model", args.model), ("kv_mib", args.kv_mib), ("prompts", args.prompts), ("group", args.group),
+            ("new_tokens", args.new_tokens))), [])] + (["--reference"] if args.reference else [])
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        res = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        if p.returncode or not res:
+            print(f"{name}: failed (rc {p.returncode})\n{p.stderr[-3000:]}", file=sys.stderr)
+            continue
+        rows.append(json.loads(res[-1][7:]))
+        print(f"{name}: done", file=sys.stderr, flush=True)
+    mib = 2**20
+    head = ["config"] + list(STAGES) + ["peak_total"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join([r["name"]] + [f"{r.get(k, 0) / mib:,.0f}" for k in STAGES[:-1]] +
+                                [f"{r['total'] / mib:,.0f}", f"{r['peak_total'] / mib:,.0f}"]) + " |")
+    print(f"(MiB of resident memory; rows per step = {rows[0]['rows'] if rows else '?'}, "
+          f"sequence width = {rows[0]['width'] if rows else '?'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
