@@ -37,7 +37,7 @@ class Spy(torch.nn.Module):
 
 
 def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int = 0, lr: float = 3e-3,
-              base: str | None = None, **tiny) -> Path:
+              base: str | None = None, decay: bool = False, **tiny) -> Path:
     """A tiny model trained with CE on ``pairs`` (prompt text, completion text; eos appended), saved to out_dir."""
     out_dir = Path(out_dir)
     path = base or build_tiny_model(out_dir, seed=seed, overwrite=True, **{**TINY, **tiny})
@@ -59,10 +59,10 @@ def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int
         att[i, s:] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    # Linear decay to 0: at a constant 3e-3 the loss spikes late (add teacher, default kernels: held-out 0.98 at
+    # decay=True: linear decay to 0. At a constant 3e-3 the loss spikes late (add teacher, default kernels: held-out 0.98 at
     # step 75, 0.68 at step 100), so the last step's accuracy depended on which CPU kernels ran. Decaying lets
     # the final iterate settle (docs/learning_tests.md has the sweep).
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / steps if decay else 1.0)
     for _ in range(steps):
         loss = model(input_ids=ids, attention_mask=att, position_ids=pos, labels=labels).loss
         opt.zero_grad()

@@ -46,7 +46,8 @@ def tasks():
 @pytest.fixture(scope="module")
 def add_teacher(tmp_path_factory, tasks):
     tr, he = tasks["addition"]
-    path = sft_model(tmp_path_factory.mktemp("t_add"), [(p.prompt, p.answer) for p in tr], steps=100, seed=seed(1))
+    path = sft_model(tmp_path_factory.mktemp("t_add"), [(p.prompt, p.answer) for p in tr], steps=100, seed=seed(1),
+                     decay=True)
     acc = greedy_accuracy(path, he, 1)
     record("distill/add_teacher", accuracy=acc)
     assert acc >= 0.9, acc

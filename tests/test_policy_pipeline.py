@@ -139,7 +139,7 @@ def test_rollout_config_errors():
 
 
 def test_datamodule_errors(tmp_path):
-    with pytest.raises(ValueError, match="task='mul' is not a built-in task; valid names: addition, reverse"):
+    with pytest.raises(ValueError, match="task='mul' is not a built-in task; valid names: addition, chat_addition, reverse"):
         PromptDataModule(task="mul")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -232,5 +232,14 @@ def test_every_recipe_is_covered():
     for variant, same_as in engine_variants.items():
         models = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"] for n in (variant, same_as)]
         assert models[0] == models[1], f"configs/{variant}.yaml's model section differs from {same_as}.yaml's"
-    algorithmic = {p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"quickstart"} - set(engine_variants)
+    # Checkpoint variants: the same loss settings as the recipe named, on another model (and its own lr).
+    checkpoint_variants = {"smollm2_addition": "quickstart"}
+    loss_keys = ("advantage", "policy_loss", "loss_agg", "std_normalize", "clip_low", "clip_high", "kl_coef")
+    for variant, same_as in checkpoint_variants.items():
+        args = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"]["init_args"]
+                for n in (variant, same_as)]
+        assert [{k: a.get(k) for k in loss_keys} for a in args] == [{k: args[1].get(k) for k in loss_keys}] * 2, \
+            f"configs/{variant}.yaml's loss settings differ from {same_as}.yaml's"
+    algorithmic = ({p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"quickstart"} - set(engine_variants)
+                   - set(checkpoint_variants))
     assert set(RECIPES) >= algorithmic, f"recipes without a conformance test: {algorithmic - set(RECIPES)}"
