@@ -60,7 +60,10 @@ def rev_teacher(tmp_path_factory, tasks):
     path = sft_model(tmp_path_factory.mktemp("t_rev"), [(p.prompt, p.answer) for p in tr], steps=200, seed=seed(2))
     acc = greedy_accuracy(path, he, 4)
     record("distill/rev_teacher", accuracy=acc)
-    assert acc >= 0.9, acc
+    # 9 runs (kernels default/avx2/avx512 x seeds 0-2, docs/learning_tests.md): 0.84 once, 0.96 twice, else 1.0
+    # (25 held-out words: one word is 0.04). The bar leaves one word below the worst run; the students
+    # learn from a 0.84 teacher too (routed test under default kernels).
+    assert acc >= 0.8, acc
     return str(path)
 
 
