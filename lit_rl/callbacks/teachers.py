@@ -319,7 +319,7 @@ class TeacherRouter(L.Callback):
         from lit_rl.rollout.engine import HFEngine
 
         n, stok = self.teacher_samples, module.tokenizer
-        recs, texts, stops, ids = [], [], [], []
+        recs, texts, stops, comp_ids = [], [], [], []
         by_teacher: dict[str, tuple[Teacher, list[Prompt]]] = {}
         for p in prompts:
             key, t = self.route(p.domain)
@@ -328,15 +328,16 @@ class TeacherRouter(L.Callback):
             model, tok = self._acquire(module, teacher)
             eng = HFEngine()
             eng.bind(SimpleNamespace(model=model, tokenizer=tok))
-            ids = [render_prompt(privileged_prompt(teacher.template, p) if teacher.template else p, tok) for p in ps]
-            for p, group in zip(ps, eng.generate(ids, n, sampling)):
+            prompt_ids = [render_prompt(privileged_prompt(teacher.template, p) if teacher.template else p, tok)
+                          for p in ps]
+            for p, group in zip(ps, eng.generate(prompt_ids, n, sampling)):
                 for c in group:
                     recs.append(p)
                     texts.append(tok.decode(c.token_ids, skip_special_tokens=True))
-                    ids.append(list(c.token_ids))  # the teacher's tokens (TRL-style rewards' completion_ids)
+                    comp_ids.append(list(c.token_ids))  # the teacher's tokens (TRL-style rewards' completion_ids)
                     stops.append(c.finish_reason == "stop")
             self._release(teacher)
-        rb = rewards.score(recs, texts, completion_ids=ids)
+        rb = rewards.score(recs, texts, completion_ids=comp_ids)
         keep = [i for i in range(len(recs)) if bool(rb.valid[i]) and float(rb.total[i]) >= self.success_threshold]
         metrics = {"distill/teacher_success_rate": len(keep) / max(len(recs), 1),
                    "distill/sft_rows": float(len(keep))}
