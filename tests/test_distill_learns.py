@@ -105,13 +105,14 @@ def test_two_domain_routed_student_improves_on_both(add_teacher, rev_teacher, ta
     # on the reversal domain (0.13 train accuracy after 60 reversal-only steps vs 0.86 with forward_kl)
     m = DistillModule(model=str(student), losses={"forward_kl": 1.0}, optimizer=_opt(3e-3))
     dm = PromptDataModule(train_files=[train], heldout_files=[held], batch_size=BATCH)
-    fit(m, dm, [_rollout(4), router], steps=100)
+    # 200 steps: at 100 the reversal domain ended at 0.32 (default kernels) and 0.0 (avx512) held-out
+    fit(m, dm, [_rollout(4), router], steps=200)
     after = {"addition": greedy_accuracy(m.model, a_he, 4, m.tokenizer),
              "reverse": greedy_accuracy(m.model, r_he, 4, m.tokenizer)}
     record("distill/routed_student", **{f"before_{d}": v for d, v in before.items()},
            **{f"after_{d}": v for d, v in after.items()})
     assert set(router.rows_total) == {"addition", "reverse"}
-    assert router.rows_total["addition"] + router.rows_total["reverse"] == 100 * BATCH * GROUP
+    assert router.rows_total["addition"] + router.rows_total["reverse"] == 200 * BATCH * GROUP
     for d in before:
         assert after[d] >= before[d] + 0.3, (d, before, after)
     tok = m.tokenizer
