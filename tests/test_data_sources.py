@@ -83,7 +83,7 @@ def _expected(dm):
 @pytest.mark.parametrize("fmt", ["parquet", "json", "jsonl", "save_to_disk"])
 def test_hf_dataset_local_sources_with_column_map(fmt, tmp_path):
     """The same column map reads local parquet / JSON / JSONL files and a save_to_disk (arrow) directory."""
-    datasets = pytest.importorskip("datasets")
+    import datasets
     want = [("1+1=", None, "2"), (None, CONV, "5")]
     if fmt in ("json", "jsonl"):
         path = _jsonl(tmp_path / f"d.{fmt}", ROWS)
@@ -98,7 +98,7 @@ def test_hf_dataset_local_sources_with_column_map(fmt, tmp_path):
 
 
 def test_hf_dataset_heldout_split_and_row_errors(tmp_path):
-    datasets = pytest.importorskip("datasets")
+    import datasets
     dd = datasets.DatasetDict({
         "train": datasets.Dataset.from_list([{"q": "a", "a": "1"}, {"q": "b", "a": "2"}]),
         "test": datasets.Dataset.from_list([{"q": "c", "a": "3"}, {"q": "d", "a": None}]),
@@ -112,7 +112,7 @@ def test_hf_dataset_heldout_split_and_row_errors(tmp_path):
 
 
 def test_hf_hub_dataset_name_without_network_says_so(tmp_path):
-    pytest.importorskip("datasets")
+    import datasets  # noqa: F401 - a core dependency: fails, never skips, when missing
     code = ("from lit_rl.data import PromptDataModule\n"
             "PromptDataModule(dataset='some-org/some-dataset', batch_size=1)\n")
     proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path,

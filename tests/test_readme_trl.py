@@ -37,7 +37,7 @@ def section_commands() -> list[str]:
 
 
 def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_model_dir):
-    pytest.importorskip("datasets")
+    import datasets  # noqa: F401 - a core dependency: fails, never skips, when missing
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 

@@ -1,8 +1,7 @@
 """`PolicyModule`: the policy-gradient learner (GRPO family, PPO-clip, GSPO, CISPO, REINFORCE).
 
-One Lightning training step = one RL iteration over the Experience that RolloutCallback attached to the
-batch (docs/architecture.md "Data flow of one RL iteration"). Optimisation is manual: ``ppo_epochs`` × minibatches optimizer steps per iteration,
-each accumulated over micro-batches.
+One Lightning training step = one RL iteration over the Experience RolloutCallback attached to the batch
+(docs/architecture.md "Data flow"). Manual optimisation: ``ppo_epochs`` × minibatches steps, each accumulated.
 """
 from __future__ import annotations
 
@@ -38,20 +37,16 @@ from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
 
 
-def _reduce(key: str, values: list[float]) -> float:
-    """Combine a metric over micro-batches / minibatches: extremes stay extremes (a spike in any
+def _reduce_fx(key: str) -> str:
+    """How a metric combines over micro-batches, minibatches and ranks: extremes stay extremes (a spike in any
     micro-batch must stay visible, e.g. ``is/max_weight``); everything else is averaged."""
     name = key.rsplit("/", 1)[-1]
-    if "max" in name:
-        return max(values)
-    if "min" in name:
-        return min(values)
-    return sum(values) / len(values)
-
-
-def _reduce_fx(key: str) -> str:
-    name = key.rsplit("/", 1)[-1]
     return "max" if "max" in name else "min" if "min" in name else "mean"
+
+
+def _reduce(key: str, values: list[float]) -> float:
+    fx = _reduce_fx(key)
+    return max(values) if fx == "max" else min(values) if fx == "min" else sum(values) / len(values)
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -111,8 +106,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             model: transformers' RMSNorm computes in float32 inside, so summing a group's gradients before it
             (shared) or after it (plain) differs by float32 rounding (~1e-7), and float64 runs are the exact
             (1e-12) invariance checks. True / False force it.
-        gradient_checkpointing: recompute each decoder layer's activations in the backward instead of keeping
-            them (transformers', non-reentrant; exact gradients; the shared-prompt pass is then skipped).
+        gradient_checkpointing: recompute decoder layers in backward (non-reentrant; no shared-prompt pass).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
