@@ -115,11 +115,18 @@ def resolve_ckpt_path(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
 
 
 def checkpoint_log_step(path: str) -> int:
-    """The logging step a resumed run logs first: the number of training batches the checkpoint had
-    processed (batch i logs at step i). Lightning's ``_batches_that_stepped`` is one short when the checkpoint
-    was saved in ``on_train_batch_end`` (it increments after), so it is only the fallback. Memory-mapped, so
-    the weights are not read."""
+    """The logging step a run resumed from checkpoint ``path`` logs first.
+
+    An RL run (the checkpoint holds a ``PolicyModule``'s ``iteration`` K) logs iteration i at step i, the
+    numbering of the progress bar and the rollout files (``RolloutCallback`` logs ``step``), so it continues at
+    K + 1. Any other module keeps Lightning's numbering, batch i (0-based) at step i: it continues at the number
+    of batches the checkpoint had processed. (Lightning's ``_batches_that_stepped`` is one short when the
+    checkpoint was saved in ``on_train_batch_end``, as it increments after, so it is only the fallback.)
+    Memory-mapped, so the weights are not read."""
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    iteration = ckpt.get("lit_rl_policy", {}).get("iteration")
+    if iteration is not None:
+        return int(iteration) + 1
     loops = ckpt.get("loops", {}).get("fit_loop", {})
     processed = loops.get("epoch_loop.batch_progress", {}).get("total", {}).get("processed")
     if processed is not None:

@@ -38,10 +38,32 @@ def test_default_root_dir_moves_every_output(tmp_path, monkeypatch):
                 "logs/metrics.csv", "reward_curve.png", "final_model/config.json"):
         assert (run / rel).is_file(), rel
     assert list((run / "tb").glob("events.out.tfevents.*"))
-    assert _steps(run) == [0, 1]
+    assert _steps(run) == [1, 2]  # iteration i at step i, as the progress bar counts
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["trainer"]["default_root_dir"] == str(run)
     assert saved["model"]["init_args"]["model"] == f"{run}/model"  # ${trainer.default_root_dir}/model, resolved
+
+
+def test_one_step_numbering_in_every_output(tmp_path, monkeypatch):
+    """Iteration i is step i everywhere: metrics.csv (training rows and evaluations), the rollout files,
+    rollouts/metrics.jsonl and the held-out history (what the progress bar counts); the baseline is step 0."""
+    import json
+
+    from lit_rl.callbacks import HeldoutEval
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    cli = _quickstart(run, "--trainer.val_check_interval", "2", steps=3)
+    rollout_files = sorted(int(p.stem.split("_")[1]) for p in (run / "rollouts").glob("step_*.jsonl"))
+    assert rollout_files == [1, 2, 3]
+    assert _steps(run) == rollout_files
+    jsonl = [json.loads(line) for line in (run / "rollouts/metrics.jsonl").read_text().splitlines()]
+    assert sorted(r["step"] for r in jsonl if "reward/mean" in r) == rollout_files
+    assert _steps(run, "eval/accuracy") == [0, 2]  # baseline, iteration 2 (validation loop)
+    (ev,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval)]
+    # + the final point HeldoutEval measures in on_train_end, after the loggers closed (not in metrics.csv)
+    assert [int(h["step"]) for h in ev.history] == [0, 2, 3]
+    assert sorted(r["step"] for r in jsonl if "eval/accuracy" in r) == [0, 2, 3]
 
 
 def test_checkpoint_every_n_iterations_and_at_the_end(tmp_path, monkeypatch):
@@ -54,17 +76,17 @@ def test_checkpoint_every_n_iterations_and_at_the_end(tmp_path, monkeypatch):
 
 
 def test_resume_last_continues_the_same_logs(tmp_path, monkeypatch):
-    """A run killed after logging step 2 whose last checkpoint is iteration 2 (simulated: last.ckpt is put back
+    """A run killed after logging step 3 whose last checkpoint is iteration 2 (simulated: last.ckpt is put back
     to iter=2.ckpt): `--ckpt_path last` continues at iteration 3 into the same metrics.csv and TensorBoard
     directory; every step is logged exactly once."""
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     _quickstart(run, "--checkpoint.every_n_iterations", "2", "--checkpoint.save_top_k", "-1", steps=3)
-    assert _steps(run) == [0, 1, 2]
+    assert _steps(run) == [1, 2, 3]
     shutil.copy(run / "checkpoints/iter=2.ckpt", run / "checkpoints/last.ckpt")
     cli = _quickstart(run, "--ckpt_path", "last", steps=5)
     assert cli.model.iteration == 5
-    assert _steps(run) == [0, 1, 2, 3, 4]  # step 2 of the killed process replaced, none missing
+    assert _steps(run) == [1, 2, 3, 4, 5]  # step 3 of the killed process replaced, none missing
     assert _steps(run, "eval/accuracy") == [0]  # the baseline, once (no second one on resume)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 2  # same directory, second file
     assert not list(tmp_path.glob("run/logs/version_*"))
@@ -82,7 +104,7 @@ def test_last_or_new_starts_fresh_then_resumes(tmp_path, monkeypatch):
     run = tmp_path / "run"
     assert _quickstart(run, "--ckpt_path", "last_or_new", steps=1).model.iteration == 1
     assert _quickstart(run, "--ckpt_path", "last_or_new", steps=2).model.iteration == 2
-    assert _steps(run) == [0, 1]
+    assert _steps(run) == [1, 2]
 
 
 def test_fresh_start_into_an_existing_run_is_an_error(tmp_path, monkeypatch):

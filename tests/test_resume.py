@@ -193,7 +193,8 @@ def test_sigkill_during_checkpoint_write_keeps_previous_checkpoint(reference, tm
     last = _state(tmp_path / "ckpt" / "last.ckpt")
     assert last["lit_rl_policy"]["iteration"] == 3 and last["global_step"] == 3 * STEPS_PER_ITER
     names = sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt"))
-    assert names == ["epoch=0-step=6.ckpt", "last.ckpt"], f"a torn checkpoint is visible under its name: {names}"
+    # ModelCheckpoint's {step} is the logged step, the RL iteration (3; global_step is 6): one numbering everywhere
+    assert names == ["epoch=0-step=3.ckpt", "last.ckpt"], f"a torn checkpoint is visible under its name: {names}"
     (torn,) = (tmp_path / "ckpt").glob(".*.tmp")  # the half-written bytes reached the disk, under a temp name
     with pytest.raises(Exception):
         torch.load(torn, map_location="cpu", weights_only=True)

@@ -31,9 +31,9 @@ def test_eval_metrics_appear_only_on_the_steps_they_were_measured(run):
     root, cli = run
     rows = log_rows(root / "logs" / "metrics.csv")
     evals = [(int(r["step"]), r["eval/accuracy"]) for r in rows if "eval/accuracy" in r]
-    # baseline at step 0, then after iterations 2 and 4 (logged at the step of that iteration: 1 and 3)
-    assert [s for s, _ in evals] == [0, 1, 3]
-    assert sorted({int(r["step"]) for r in rows if "reward/mean" in r}) == [0, 1, 2, 3]
+    # baseline at step 0, then after iterations 2 and 4, logged at those steps (iteration i is step i)
+    assert [s for s, _ in evals] == [0, 2, 4]
+    assert sorted({int(r["step"]) for r in rows if "reward/mean" in r}) == [1, 2, 3, 4]
     (ev,) = [cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval)]  # the fragment replaced the recipe's
     assert [h["step"] for h in ev.history] == [0.0, 2.0, 4.0]
     assert [h["eval/accuracy"] for h in ev.history] == pytest.approx([a for _, a in evals], abs=1e-7)

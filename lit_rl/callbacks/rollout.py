@@ -257,6 +257,11 @@ class RolloutCallback(RolloutProducer):
             pl_module.log("perf/weight_sync_s", time.perf_counter() - t0, on_step=True, batch_size=1)
         if self._producer is not None:
             self._producer.end_iteration()
+        _log_iteration_step(trainer, pl_module, on_step=True)
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:  # the sanity pass's baseline is logged at step 0 by the module itself
+            _log_iteration_step(trainer, pl_module, on_step=False)
 
     # ----------------------------------------------------------------- async
     def on_train_start(self, trainer, pl_module) -> None:
@@ -353,3 +358,13 @@ def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size,
         raise ValueError("engine HFEngine(share_weights=True) is a sync-only engine option: in mode='async' the "
                          "producer must generate from a snapshot, not the weights being trained; use "
                          "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")
+
+
+def _log_iteration_step(trainer, pl_module, on_step: bool) -> None:
+    """Every logger's x-axis is the RL iteration (1-based, what the progress bar, the rollout files and
+    ``rollouts/metrics.jsonl`` show): Lightning uses a logged ``step`` as the logging step, else its own
+    0-based batch count, which is one behind. ``lit_rl.runs.checkpoint_log_step`` relies on this numbering."""
+    it = getattr(pl_module, "iteration", None)
+    if it is not None:
+        pl_module.log("step", float(it), on_step=on_step, on_epoch=not on_step, batch_size=1,
+                      sync_dist=trainer.world_size > 1)
