@@ -88,12 +88,19 @@ def console_main() -> None:
     """The ``lit-rl`` console script: runs the CLI and exits 0 (a returned object would become exit code 1);
     a configuration error exits 2 with one line on stderr. The working directory is importable (as with
     ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``.
-    ``--help``, the light commands (``inspect``, ``models``) and an unknown command never import Lightning."""
+    ``--help``, the light commands (``inspect``, ``models``), an unknown command and the configuration errors of
+    ``precheck.py`` never import torch or Lightning."""
     code = _light_dispatch(sys.argv[1:])
     if code is not None:
         sys.exit(code)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
+    from lit_rl.cli.precheck import check
+
+    early = check(sys.argv[1:])  # errors that need no model, found in well under 2 s (before Lightning)
+    if early is not None and not os.environ.get("LIT_RL_TRACEBACK"):
+        print(f"lit-rl: error: {early}", file=sys.stderr)
+        sys.exit(2)
     from lit_rl.cli.app import main
 
     try:

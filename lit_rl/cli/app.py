@@ -402,6 +402,12 @@ def main(args: list[str] | None = None) -> LitRLCLI:
     """Run the CLI; returns the LightningCLI object (its ``trainer`` and ``model``) for programmatic use."""
     import lightning as L
 
+    from lit_rl.cli.precheck import check
+
+    early = check(list(sys.argv[1:] if args is None else args)) if isinstance(args, (list, type(None))) else None
+    if early is not None:  # the console script found it before importing Lightning; the same text here
+        raise ConfigError(early)
+
     return LitRLCLI(
         L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
         parser_class=LitRLParser, parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,

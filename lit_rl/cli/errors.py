@@ -67,8 +67,14 @@ def unknown_key_message(message: str, parser, argv: list[str]) -> str | None:
             break
     else:
         return None
-    close = suggest(key, parser_keys(parser))
-    where = locate_key(key, argv) if not message.startswith("unrecognized arguments") else None
+    return unknown_key_text(key, parser_keys(parser), argv, from_flag=message.startswith("unrecognized arguments"))
+
+
+def unknown_key_text(key: str, keys: list[str], argv: list[str], from_flag: bool) -> str:
+    """``FILE:LINE: KEY is not an option; did you mean CLOSE? (...)``, or ``--KEY ...`` for a command-line flag;
+    shared by the full parser's errors and the early check (``precheck.py``), so both read the same."""
+    close = suggest(key, keys)
+    where = None if from_flag else locate_key(key, argv)
     text = f"{where}: " if where else ""
     text += f"{key} is not an option" if where else f"--{key} is not an option"
     if close:

@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 
 from lit_rl.core.aggregation import masked_mean, masked_var
+from lit_rl.core.group_size import GROUP_RELATIVE, check_group_size  # noqa: F401 (torch-free: the CLI's early check)
 from lit_rl.core.groups import GroupStats, group_stats
 from lit_rl.core.registry import Registry
 
@@ -274,24 +275,6 @@ def _group_output(inp: AdvantageInputs, row_adv: Tensor, stats: GroupStats) -> A
     adv = torch.where(sel, row_adv[:, None], _zero(row_adv))  # (B,) -> (B, T)
     metrics = {**stats.metrics, **_token_metrics(adv, sel, int((~valid).sum()))}
     return AdvantageOutputs(adv, None, _to_floats(metrics))
-
-
-# Estimators whose baseline is the prompt's own group: with one completion per prompt every advantage is 0,
-# so the loss and the gradient are 0 at every step (a run that trains nothing and exits 0).
-GROUP_RELATIVE = frozenset({"grpo", "dr_grpo", "rloo"})
-
-
-def check_group_size(advantage: str | None, group_size: int, rl_coef: float | None = None) -> None:
-    """Refuse ``group_size`` values that cannot train: below 1, or 1 with a group-relative estimator (unless the
-    reward term is off: a ``DistillModule`` with ``rl_coef=0`` never uses the advantage). Called by the CLI
-    before anything is built or written, and by ``RolloutCallback.setup`` for library use."""
-    if not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"rollout.group_size must be an integer >= 1, got {group_size!r}")
-    if group_size == 1 and advantage in GROUP_RELATIVE and rl_coef != 0:
-        raise ValueError(
-            f"rollout.group_size=1 with model.advantage={advantage!r}: a group-relative advantage compares the "
-            "completions of one prompt, so with one each its advantage, loss and gradient are 0 at every step; "
-            "allowed: group_size >= 2, or an advantage with another baseline (reinforce, gae)")
 
 
 # ------------------------------------------------------------------------------------------ estimators
