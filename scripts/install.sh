@@ -28,7 +28,7 @@ if [[ ",${EXTRAS}," == *",dev,"* ]] && ! command -v chromium >/dev/null 2>&1 && 
   # apt's own last error line is the reason (a held dpkg lock, no sudo, no such package), not a guess
   APT_LOG=$(mktemp)
   if ! ($SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium) >"$APT_LOG" 2>&1; then
-    REASON=$(grep -E '^(E:|sudo:)' "$APT_LOG" | tail -n 1)
+    REASON=$(grep -E '^(E:|sudo:)' "$APT_LOG" | tail -n 1 || true)  # no such line: grep's exit 1 must not end the install (set -e)
     echo "note: could not install chromium: ${REASON:-$(tail -n 1 "$APT_LOG")}; the report's browser test will be skipped" >&2
   fi
   rm -f "$APT_LOG"

@@ -33,7 +33,8 @@ def plan(design: str, caps: list[str], seeds: list[int]) -> list[tuple[str, int]
     return [(caps[i % len(caps)], s) for i, s in enumerate(seeds)]  # latin: seed i <-> kernel set i
 
 
-def run_one(tests: list[str], cap: str, seed: int, timeout: float) -> tuple[int, float, list[dict]]:
+def run_one(tests: list[str], cap: str, seed: int, timeout: float,
+            log_dir: str | None = None) -> tuple[int, float, list[dict]]:
     with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
         rec = f.name
     env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "LIT_RL_TEST_SEED": str(seed), "LIT_RL_TEST_RECORD": rec,
@@ -48,8 +49,14 @@ def run_one(tests: list[str], cap: str, seed: int, timeout: float) -> tuple[int,
         code, out = 124, "timed out"
     secs = time.monotonic() - t0
     if code != 0:
-        print(f"--- {' '.join(tests)} [{cap}, seed {seed}] exit {code}; last lines:\n" + "\n".join(out.splitlines()[-15:]),
-              file=sys.stderr)
+        tail = [ln for ln in out.splitlines() if ln.startswith(("E ", "FAILED", "ERROR"))][-15:] or out.splitlines()[-15:]
+        print(f"--- {' '.join(tests)} [{cap}, seed {seed}] exit {code}:\n" + "\n".join(tail), file=sys.stderr)
+        if log_dir:  # the whole pytest output, for the cause (the tail above is often only warnings)
+            name = tests[0].rsplit("::", 1)[-1].replace("/", "_")[:60]
+            path = Path(log_dir) / f"{name}.{cap}.s{seed}.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(out)
+            print(f"    full output: {path}", file=sys.stderr)
     rows = [json.loads(line) for line in Path(rec).read_text().splitlines() if line.strip()]
     os.unlink(rec)
     return code, secs, rows
@@ -72,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--caps", nargs="+", default=CAPS, choices=CAPS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--timeout", type=float, default=3600, help="seconds per run")
+    ap.add_argument("--log-dir", help="write the whole pytest output of every failed run into this folder")
     ap.add_argument("--json", help="append every record (with exit code and seconds) to this JSON-lines file")
     args = ap.parse_args(argv)
     failed = 0
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     groups = [[t] for t in args.tests] if args.each else [args.tests]
     for tests in groups:
         for cap, seed in plan(args.design, args.caps, args.seeds):
-            code, secs, rows = run_one(tests, cap, seed, args.timeout)
+            code, secs, rows = run_one(tests, cap, seed, args.timeout, args.log_dir)
             failed += code != 0
             for r in rows or [{"name": "(no record) " + tests[0].rsplit("::", 1)[-1], "cpu": "?"}]:
                 if r["cpu"] not in ("?", cap.upper()):
