@@ -47,7 +47,7 @@ del{background:#f6d2d2;text-decoration:line-through}ins{background:#c8ecd0;text-
  <label>reward <select id="f-reward"><option value="all">any</option><option value="1">= 1</option>
   <option value="0">= 0</option><option value="other">other</option><option value="none">no reward</option></select></label>
  <label><input type="checkbox" id="f-errors"> errors only</label>
- <label><input type="checkbox" id="f-trunc"> truncated only</label>
+ <label title="rows that stopped at max_new_tokens (finish reason 'length')"><input type="checkbox" id="f-trunc"> budget reached only</label>
  <label>search <input id="f-q" type="search" placeholder="prompt, answer, completion, error"></label>
  <label><input type="checkbox" id="f-all"> all steps</label>
 </section>
@@ -88,6 +88,11 @@ function writeHash() {
   history.replaceState(null, "", "#" + p.join("&"));
 }
 
+// A row that stopped at max_new_tokens says so: "budget reached", not "length" (nor "truncated": for a task whose
+// answer is the whole budget, e.g. one token, every row reaches it and nothing was cut short).
+const finishText = f => f === "length" ? "budget reached" : f;
+const LEGEND = {"rollout/truncation_rate": "rollout/truncation_rate (budget reached)"};
+
 // ---------------------------------------------------------------- curves
 const COLORS = ["#2f6fdb", "#d9480f", "#2b8a3e", "#862e9c", "#c2255c", "#5c940d", "#1098ad"];
 function chart(title, keys, w = 440, h = 160) {
@@ -116,7 +121,7 @@ function chart(title, keys, w = 440, h = 160) {
     if (s.length < 60) g += s.map(p => `<circle cx="${X(p[0])}" cy="${Y(p[1])}" r="${r}" fill="${c}"/>`).join("");
   });
   const cur = S.step == null ? "" : `<line id="mark-${esc(title)}" x1="${X(S.step)}" x2="${X(S.step)}" y1="${T}" y2="${h - B}" stroke="#888" stroke-dasharray="3,3"/>`;
-  const legend = series.map(([k], i) => `<span><i style="background:${COLORS[i % COLORS.length]}"></i>${esc(k)}</span>`).join("");
+  const legend = series.map(([k], i) => `<span><i style="background:${COLORS[i % COLORS.length]}"></i>${esc(LEGEND[k] || k)}</span>`).join("");
   return `<div class="chart"><h3>${esc(title)}</h3><svg width="${w}" height="${h}" data-x0="${x0}" data-x1="${x1}" data-l="${L}" data-r="${R}">${g}${cur}</svg><div class="legend">${legend}</div></div>`;
 }
 function renderCurves() {
@@ -124,7 +129,7 @@ function renderCurves() {
   const rewardKeys = ["reward/mean"].concat(keys.filter(k => k.startsWith("eval/") && !k.includes("variance")));
   const other = keys.includes("rollout/response_len_mean") ? ["rollout/response_len_mean"] : keys.filter(k => !rewardKeys.includes(k)).slice(0, 1);
   const errs = keys.filter(k => k === "reward/invalid_frac" || k === "rollout/truncation_rate");
-  const html = chart("reward (train) and held-out", rewardKeys) + chart("response length", other) + chart("reward errors / truncation", errs);
+  const html = chart("reward (train) and held-out", rewardKeys) + chart("response length", other) + chart("reward errors / budget reached", errs);
   $("curves").innerHTML = html || '<span class="muted">no metric curves (rollouts/metrics.jsonl is empty)</span>';
   for (const svg of $("curves").querySelectorAll("svg")) svg.addEventListener("click", ev => {
     const r = svg.getBoundingClientRect(), d = svg.dataset, L = +d.l, W = r.width - L - (+d.r);
@@ -183,7 +188,7 @@ function rowHtml(r, step) {
   return `<tr class="row" data-step="${step}" data-row="${r[F.row]}" data-err="${err ? 1 : 0}" data-finish="${esc(r[F.finish])}">
    <td class="num">${r[F.row]}</td><td>${showText(r[F.completion])}</td>
    <td><span class="chip ${rewardClass(r[F.reward], err)}">${err ? "none" : fmt(r[F.reward])}</span></td><td>${comps}</td>
-   <td class="num">${fmt(r[F.advantage])}</td><td class="${r[F.finish] === "length" ? "trunc" : ""}">${esc(r[F.finish])}</td>
+   <td class="num">${fmt(r[F.advantage])}</td><td class="${r[F.finish] === "length" ? "trunc" : ""}"${r[F.finish] === "length" ? ' title="stopped at max_new_tokens (finish reason: length)"' : ""}>${esc(finishText(r[F.finish]))}</td>
    <td class="num">${r[F.length]}</td><td class="num">${r[F.policy_version]} / ${r[F.staleness] ?? "–"}</td>
    <td class="num">${fmt(r[F.logprob])}</td><td class="err">${esc(err || "")}</td></tr>`;
 }
