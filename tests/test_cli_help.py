@@ -55,14 +55,19 @@ def test_help_lists_the_choices(capsys):
     assert "--rollout.group_size GROUP_SIZE" in top and "--checkpoint.every_n_iterations" in top
 
 
-def test_parse_error_is_one_line_naming_the_field(tmp_path):
+@pytest.mark.parametrize("precheck, expected", [
+    ("1", "lit-rl: error: model.init_args.loss_agg: 'tokenmean' is not one of: token_mean, seq_mean_token_mean, "
+          "seq_mean_token_sum, seq_mean_token_sum_norm; did you mean 'token_mean'?"),  # before Lightning (precheck.py)
+    ("0", "lit-rl: error: model.loss_agg: Expected a typing.Literal['token_mean', 'seq_mean_token_mean', "
+          "'seq_mean_token_sum', 'seq_mean_token_sum_norm']. Got value: tokenmean"),  # the full parser's, condensed
+])
+def test_parse_error_is_one_line_naming_the_field(tmp_path, precheck, expected):
     proc = subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", "fit", "-c",
                            str(ROOT / "configs/grpo.yaml"), "--model.init_args.loss_agg", "tokenmean"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240, env=dict(os.environ))
+                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "LIT_RL_PRECHECK": precheck})
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
-        "lit-rl: error: model.loss_agg: Expected a typing.Literal['token_mean', 'seq_mean_token_mean', "
-        "'seq_mean_token_sum', 'seq_mean_token_sum_norm']. Got value: tokenmean"]
+    assert proc.stderr.strip().splitlines() == [expected]
 
 
 def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatch, tiny_model_dir):

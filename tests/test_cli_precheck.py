@@ -31,8 +31,8 @@ def _console(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
      "model.init_args.loss_agg: 'token_meen' is not one of: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
      "seq_mean_token_sum_norm; did you mean 'token_mean'?"),
     (["--model.init_args.advantage", "grpoo"],
-     "model.init_args.advantage: 'grpoo' is not one of: grpo, dr_grpo, rloo, reinforce, gae, opd (or a name your "
-     "--imports module registers); did you mean 'grpo'?"),
+     "advantage='grpoo' is not a known advantage; valid names: dr_grpo, gae, grpo, opd, reinforce, rloo (or a name "
+     "registered by a module given with --imports); did you mean 'grpo'?"),
     (["--rollout.overlong_prompts", "cut"], "rollout.overlong_prompts: 'cut' is not one of: truncate, drop, error"),
     (["--trainer.max_stepz", "3"],
      "--trainer.max_stepz is not an option; did you mean trainer.max_steps? (lit-rl fit --help lists the trainer options)"),

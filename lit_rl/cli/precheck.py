@@ -256,8 +256,10 @@ def _check_values(section: str, values: dict, sig: dict, imports: bool) -> str |
         names = [x for x in allowed if x is not None]
         close = difflib.get_close_matches(str(v), [str(x) for x in names], n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        extra = " (or a name your --imports module registers)" if is_open else ""
-        return f"{section}.{k}: {v!r} is not one of: {', '.join(map(str, names))}{extra}{hint}"
+        if is_open:  # a registry name: the registry's own text (core/registry.py), which the module would raise
+            return (f"{k}={v!r} is not a known {k}; valid names: {', '.join(sorted(map(str, names)))} (or a name "
+                    f"registered by a module given with --imports){hint}")
+        return f"{section}.{k}: {v!r} is not one of: {', '.join(map(str, names))}{hint}"
     return None
 
 
@@ -320,6 +322,8 @@ def check(argv: list[str]) -> str | None:
         for key, _ in _walk(init, f"{section}.init_args."):
             if not kwargs and key.rsplit(".", 1)[-1] not in params and key in origin:
                 return _unknown(key, sorted(params), origin, argv, f"{section}.init_args")
+        if section == "data" and (init.get("train_files") or init.get("dataset")):
+            init = {k: v for k, v in init.items() if k != "task"}  # replaced by the files (app._one_prompt_source)
         msg = _check_values(f"{section}.init_args", init, params, imports)
         if msg:
             return msg
