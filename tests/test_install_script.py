@@ -2,7 +2,6 @@
 or sudo" when the real cause was a held dpkg lock). The step runs alone, under bash, with a fake apt-get."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path

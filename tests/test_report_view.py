@@ -36,10 +36,10 @@ def _one_token_run(tmp_path):
 def test_one_token_rows_say_budget_reached_not_length(tmp_path):
     dom = dump_dom(_one_token_run(tmp_path).as_uri() + "#pagesize=100")
     tbody = dom[dom.index('<tbody id="tbody">'):dom.index("</tbody>")]  # the drawn rows, not the script's source
-    rows = re.findall(r'<tr class="row"[^>]*data-finish="([^"]*)">(.*?)</tr>', tbody, flags=re.S)
+    rows = re.findall(r'<tr class="row"[^>]*data-finish="([^"]*)">(.*?)</tr>', tbody, flags=re.DOTALL)
     assert len(rows) == 6, dom[-3000:]  # the last step's 3 groups x 2
     for finish, body in rows:
-        attrs, text = re.findall(r"<td([^>]*)>(.*?)</td>", body, flags=re.S)[5]  # the finish column
+        attrs, text = re.findall(r"<td([^>]*)>(.*?)</td>", body, flags=re.DOTALL)[5]  # the finish column
         assert finish == "length" and text == "budget reached" and "max_new_tokens" in attrs, body
     controls = dom[dom.index('<section id="controls">'):dom.index('<section id="diff"')]
     assert "budget reached only" in controls and "truncated only" not in controls
@@ -49,7 +49,7 @@ def test_one_token_rows_say_budget_reached_not_length(tmp_path):
 def _svgs(dom):
     dom = dom[dom.index('<section id="curves">'):dom.index('<section id="controls">')]
     return re.findall(r'<svg width="(\d+)" height="\d+" data-x0="[^"]*" data-x1="[^"]*" data-l="\d+" data-r="(\d+)">(.*?)</svg>',
-                      dom, flags=re.S)
+                      dom, flags=re.DOTALL)
 
 
 def test_coinciding_eval_curves_both_visible_and_last_x_label_inside(tmp_path):

@@ -21,7 +21,7 @@ import ast
 import difflib
 import importlib.util
 import os
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import yaml
@@ -59,12 +59,12 @@ def _module_file(module: str) -> Path | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _literals() -> dict[str, tuple[str, ...]]:
     """``name -> values`` of every ``Name = Literal[...]`` in lit_rl/core/names.py."""
     out = {}
@@ -127,7 +127,7 @@ def _find_class(module: str, name: str, depth: int = 0) -> ast.ClassDef | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def signature(module: str, name: str) -> tuple[dict, bool] | None:
     """``({param: (default or _NOT_A_VALUE, annotation node)}, takes_kwargs)`` of the class's ``__init__`` (or
     its dataclass fields); None when the class or its ``__init__`` cannot be read from the source."""
