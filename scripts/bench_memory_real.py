@@ -177,10 +177,12 @@ def _child(name: str, args) -> dict:
             sl = slice(i, i + step)
             if i == 0 and it == 0:  # what the first micro-batch's forward keeps for its backward
                 storages: dict[int, int] = {}
+                weights = {p.untyped_storage().data_ptr() for p in mod.model.parameters()}
 
-                def pack(t):  # bytes of every distinct storage autograd saves (outside checkpointed layers)
+                def pack(t):  # bytes of every distinct non-parameter storage autograd saves for the backward
                     st = t.untyped_storage()
-                    storages[st.data_ptr()] = st.nbytes()
+                    if st.data_ptr() not in weights:
+                        storages[st.data_ptr()] = st.nbytes()
                     return t
 
                 with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
