@@ -352,7 +352,8 @@ def main() -> None:
         for beta in [float(b) for b in a.betas.split(",")]:
             r = measure(engine, beta, a, model_dir, prompts_file, trl_py)
             results.append({"engine": engine, "beta": beta, **r})
-            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']}", flush=True)
+            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']} (median cpu s: "
+                  f"lit {r['lit_rl']['cpu']:.2f}, trl {r['trl']['cpu']:.2f})", flush=True)
     head = f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
     print(head)
     print("-" * len(head))
