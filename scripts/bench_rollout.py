@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--server", action=argparse.BooleanOptionalAction, default=True,
                    help="also benchmark VLLMServerEngine (1 and 2 launched servers)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads: in-process torch / vLLM, and per server")
+    p.add_argument("--max-servers", type=int, default=2, choices=[1, 2],
+                   help="server weight sync timed with 1..N launched servers")
     p.add_argument("--model", default=None, help="an existing checkpoint directory (e.g. SmolLM2) instead of a tiny "
                                                  "random model; prompts are chat_addition chat prompts")
     p.add_argument("--prompts", type=int, default=8, help="with --model: prompts per generate call")
@@ -138,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from lit_rl.rollout.server import VLLMServerEngine
 
-        for num in (1, 2):
+        for num in range(1, a.max_servers + 1):
             se = VLLMServerEngine(launch={"num_servers": num, "threads_per_server": a.threads,
                                           "max_model_len": max_len, "max_num_seqs": n_prompts * n,
                                           "kv_cache_gb": max(1, -(-kv_bytes // (1 << 30))),
@@ -154,6 +156,8 @@ def main(argv: list[str] | None = None) -> None:
                         best_vl = max(best_vl, _throughput(vl, prompts, n, sampling, 1), key=lambda r: r[0] / r[1])
                         best_se = max(best_se, _throughput(se, prompts, n, sampling, 1), key=lambda r: r[0] / r[1])
                     (vl_toks, vl_s), (toks, secs) = best_vl, best_se
+                    print(f"tokens/s (best of {a.repeats}): HFEngine {hf_toks / hf_s:.0f}, VLLMEngine "
+                          f"{vl_toks / vl_s:.0f}, VLLMServerEngine (1 server) {toks / secs:.0f}", flush=True)
                 sy = _timed(lambda e=se: e.update_weights(merged_state_items(model)), a.sync_repeats)
             finally:
                 se.close()
