@@ -231,8 +231,11 @@ class Worker:
         raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) before its next iteration:\n{tail}")
 
     def step(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the worker died: wait_ready raises with its stderr
+            pass
         self.wait_ready()
 
     def finish(self) -> None:
