@@ -18,23 +18,31 @@ reset through ``/proc/self/clear_refs``):
     python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct \
         --configs full,lora,full_gc,lora_kv32
 
-Configurations (``--configs``, comma-separated): ``full`` / ``lora`` (rank 16) with the engine's KV cache as
-the recipe sets it (``--kv-mib``, default 256), ``*_kvdefault`` with ``kv_cache_memory_bytes`` unset (lit_rl's
-CPU default, ``rollout/_vllm_memory.py``), ``*_kvvllm`` with vLLM's own CPU default instead (the KV cache gets
-``gpu_memory_utilization`` (0.3) x RAM minus what the process holds: the 8.8 GB of issue 25), ``*_kv32``
-with 32 MiB, ``*_mb8`` with micro-batches of 8 rows (``micro_batch_size: 8``; default: all rows at once), ``*_gc`` with ``gradient_checkpointing``, ``*_hf`` with ``HFEngine`` instead of vLLM. Prints one
-table (MiB) and writes JSON with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in its
-in-process engine count, pages it only reserves do not.
+Configurations (``--configs``, comma-separated): ``full`` / ``lora`` (rank 16, all linears), then any of:
+``kvN`` a KV cache of N MiB (default ``--kv-mib`` 256, the recipe's), ``kvdefault`` ``kv_cache_memory_bytes`` unset
+(lit_rl's CPU default, ``rollout/_vllm_memory.py``), ``kvvllm`` vLLM's own CPU default instead
+(``gpu_memory_utilization`` (0.3) x RAM minus what the process holds: the 8.8 GB of issue 25), ``bf16`` vLLM's
+copy of the weights in bfloat16 (the trainer stays float32), ``mbN`` micro-batches of N rows
+(``micro_batch_size``; default: all rows at once), ``gc`` ``gradient_checkpointing``, ``hf`` ``HFEngine`` instead
+of vLLM, and allocator settings: ``trim`` ``malloc_trim(0)`` after every stage, weight sync and step (what an
+engine could call), ``mmap`` ``MALLOC_MMAP_THRESHOLD_=65536`` (glibc serves every block >= 64 KiB by mmap and
+returns it on free), ``arena2`` ``MALLOC_ARENA_MAX=2``. ``--iterations K`` repeats rollout + step + sync K times.
+Prints one table (MiB), the anonymous / file-backed split and high-water mark after each stage, and writes JSON
+with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in its in-process engine count,
+pages it only reserves do not; ``autograd_saved`` is the bytes of the distinct storages autograd saves in the
+first micro-batch's forward (``saved_tensors_hooks``; inside a checkpointed layer, only what checkpointing keeps).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 
-STAGES = ("imports", "policy", "reference", "engine", "generate", "sync", "step_peak", "optimizer", "total")
+STAGES = ("imports", "policy", "reference", "engine", "first_sync", "generate", "fwd_saved", "step_peak", "optimizer",
+          "sync", "total")
 
 
 def _rss(field: str = "VmRSS") -> int:
@@ -50,15 +58,29 @@ def _reset_peak() -> None:
         f.write("5")
 
 
+def _trim() -> None:
+    """Hand freed heap pages of every glibc arena back to the OS (``malloc_trim(0)``)."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 def _parse(name: str, args) -> dict:
     parts = name.split("_")
-    cfg = {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
-           "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else 32 * 2**20 if "kv32" in parts
-           else args.kv_mib * 2**20, "vllm_default": "kvvllm" in parts,
-           "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None)}
     if parts[0] not in ("full", "lora"):
         raise SystemExit(f"configuration {name!r} must start with full or lora")
-    return cfg
+    kv = args.kv_mib * 2**20
+    for x in parts[1:]:
+        if x.startswith("kv") and x[2:].isdigit():
+            kv = int(x[2:]) * 2**20
+    known = {"gc", "hf", "kvdefault", "kvvllm", "bf16", "trim", "arena2", "mmap"}
+    bad = [x for x in parts[1:] if x not in known and not re.fullmatch(r"(kv|mb)\d+", x)]
+    if bad:
+        raise SystemExit(f"configuration {name!r}: unknown part(s) {bad}; allowed: {sorted(known)}, kvN, mbN")
+    return {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
+            "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else kv, "vllm_default": "kvvllm" in parts,
+            "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None),
+            "dtype": "bfloat16" if "bf16" in parts else None, "trim": "trim" in parts, "arena2": "arena2" in parts}
 
 
 def _child(name: str, args) -> dict:
@@ -80,18 +102,26 @@ def _child(name: str, args) -> dict:
     from lit_rl.modules import PolicyModule
     from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    torch.set_num_threads(args.threads)  # memory does not depend on it; 1 avoids OpenMP spin-waits on a busy machine
     mark = _rss()
     out["imports"] = mark - base
 
+    out["anon_file"], out["stage_peak"] = {}, {}
+
     def stage(key):
         nonlocal mark
+        if cfg["trim"]:
+            _trim()
         now = _rss()
         out[key] = now - mark
+        # anonymous (heap, tensors) vs file-backed (mapped safetensors, libraries) resident MiB after the stage
+        out["anon_file"][key] = (_rss("RssAnon"), _rss("RssFile"))
+        out["stage_peak"][key] = _rss("VmHWM")  # the process's high-water mark so far
         mark = now
 
     lora = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"} if cfg["lora"] else None
     mod = PolicyModule(model=args.model, lora=lora, gradient_checkpointing=cfg["gc"])
+    n_params = sum(p.numel() for n, p in mod.model.named_parameters() if "lora_" not in n)
     stage("policy")
     ref = None
     if args.reference:
@@ -104,20 +134,23 @@ def _child(name: str, args) -> dict:
 
         vllm_mod.cpu_kv_cache_bytes = lambda *a, **k: None
     if cfg["engine"] == "vllm":
-        eng = VLLMEngine(kv_cache_memory_bytes=cfg["kv"], max_model_len=128, seed=0)
+        eng = VLLMEngine(kv_cache_memory_bytes=cfg["kv"], max_model_len=128, seed=0, dtype=cfg["dtype"])
     else:
         eng = HFEngine()
     eng.bind(mod)
     stage("engine")
+    # what the engine stage holds by construction: vLLM's copy of the weights and its KV cache
+    wbytes = 2 if cfg["dtype"] == "bfloat16" else 4
+    out["engine_weights"] = n_params * wbytes if cfg["engine"] == "vllm" else 0
+    out["engine_kv"] = (cfg["kv"] or 0) if cfg["engine"] == "vllm" else 0
     train, _ = get_task("chat_addition")
     prompt_ids = [render_prompt(p, mod.tokenizer) for p in train[:args.prompts]]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
     if cfg["engine"] == "vllm":
         eng.update_weights(merged_state_items(mod.model))  # the first sync happens before the first rollout
+    stage("first_sync")
     groups = eng.generate(prompt_ids, args.group, sampling)
     stage("generate")
-    eng.update_weights(merged_state_items(mod.model))
-    stage("sync")
     rows_p = [p for p, g in zip(prompt_ids, groups) for _ in g]
     rows_c = [list(c.token_ids) for g in groups for c in g]
     ids, att, mask, P = pad_prompts_completions(mod.tokenizer.pad_token_id, rows_p, rows_c)
@@ -125,24 +158,58 @@ def _child(name: str, args) -> dict:
     exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
                      group_ids=torch.arange(B) // args.group, rewards=torch.zeros(B),
                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long))
-    opt = torch.optim.AdamW([p for p in mod.parameters() if p.requires_grad], lr=5e-6)
+    trainable = [p for p in mod.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=5e-6)
     adv = torch.randn(B, 1, generator=torch.Generator().manual_seed(0))
-    _reset_peak()
-    before = _rss()
-    mod.model.train()
     step = cfg["micro"] or B  # rows per forward/backward (PolicyModule's micro_batch_size)
-    for i in range(0, B, step):
-        sl = slice(i, i + step)
-        lp = mod.completion_logprobs(exp.select(torch.arange(B)[sl]))
-        (-(lp * adv[sl] * mask[sl]).sum() / mask.sum()).backward()
-        del lp
-    opt.step()
-    out["step_peak"] = _rss("VmHWM") - before
-    stage("optimizer")
+    out["per_iter_total"], peak = [], 0
+    for it in range(args.iterations):
+        if it:  # later iterations: rollout with the updated weights, as a fit does
+            eng.update_weights(merged_state_items(mod.model))
+            if cfg["trim"]:
+                _trim()
+            eng.generate(prompt_ids, args.group, sampling)
+        peak = max(peak, _rss("VmHWM"))
+        _reset_peak()
+        before = _rss()
+        mod.model.train()
+        for i in range(0, B, step):
+            sl = slice(i, i + step)
+            if i == 0 and it == 0:  # what the first micro-batch's forward keeps for its backward
+                storages: dict[int, int] = {}
+                weights = {p.untyped_storage().data_ptr() for p in mod.model.parameters()}
+
+                def pack(t):  # bytes of every distinct non-parameter storage autograd saves for the backward
+                    st = t.untyped_storage()
+                    if st.data_ptr() not in weights:
+                        storages[st.data_ptr()] = st.nbytes()
+                    return t
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                    lp = mod.completion_logprobs(exp.select(torch.arange(B)[sl]))
+                out["fwd_saved"] = _rss() - before
+                out["autograd_saved"] = sum(storages.values())
+            else:
+                lp = mod.completion_logprobs(exp.select(torch.arange(B)[sl]))
+            (-(lp * adv[sl] * mask[sl]).sum() / mask.sum()).backward()
+            del lp
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if it == 0:
+            out["step_peak"] = _rss("VmHWM") - before
+            stage("optimizer")
+            eng.update_weights(merged_state_items(mod.model))  # the sync after the step
+            stage("sync")
+        elif cfg["trim"]:
+            _trim()
+        out["per_iter_total"].append(_rss())
     out["total"] = _rss()
-    out["peak_total"] = _rss("VmHWM")
+    out["peak_total"] = max(peak, _rss("VmHWM"))
     out["rows"], out["width"] = B, ids.shape[1]
-    out["trainable"] = sum(p.numel() for p in mod.parameters() if p.requires_grad)
+    out["trainable"] = sum(p.numel() for p in trainable)
+    # AdamW's two moments (the gradients are freed by zero_grad(set_to_none=True))
+    out["adam_state"] = 2 * 4 * out["trainable"]
+    out["params"] = n_params
     return out
 
 
@@ -154,6 +221,9 @@ def main(argv=None) -> None:
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=24)
+    ap.add_argument("--iterations", type=int, default=1,
+                    help="rollout + step + sync rounds (later rounds show whether memory keeps growing)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each measured process")
     ap.add_argument("--reference", action="store_true", help="also hold a frozen reference copy")
     ap.add_argument("--json", default=None)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -169,8 +239,12 @@ def main(argv=None) -> None:
     for name in args.configs.split(","):
         cmd = [sys.executable, __file__, "--child", name, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in (
             ("model", args.model), ("kv_mib", args.kv_mib), ("prompts", args.prompts), ("group", args.group),
-            ("new_tokens", args.new_tokens))), [])] + (["--reference"] if args.reference else [])
-        p = subprocess.run(cmd, capture_output=True, text=True)
+            ("new_tokens", args.new_tokens), ("iterations", args.iterations), ("threads", args.threads))), [])] + (["--reference"] if args.reference else [])
+        parts = name.split("_")
+        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
+                   **({"MALLOC_ARENA_MAX": "2"} if "arena2" in parts else {}),
+                   **({"MALLOC_MMAP_THRESHOLD_": "65536"} if "mmap" in parts else {}))
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         res = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
         if p.returncode or not res:
             print(f"{name}: failed (rc {p.returncode})\n{p.stderr[-3000:]}", file=sys.stderr)
@@ -184,6 +258,17 @@ def main(argv=None) -> None:
     for r in rows:
         print("| " + " | ".join([r["name"]] + [f"{r.get(k, 0) / mib:,.0f}" for k in STAGES[:-1]] +
                                 [f"{r['total'] / mib:,.0f}", f"{r['peak_total'] / mib:,.0f}"]) + " |")
+    print("\nresident MiB after each stage, anonymous + file-backed (high-water mark so far):")
+    for r in rows:
+        print(f"  {r['name']}: " + "; ".join(f"{k} {a / mib:,.0f}+{f / mib:,.0f} ({r['stage_peak'][k] / mib:,.0f})"
+                                            for k, (a, f) in r["anon_file"].items()))
+    if any(len(r["per_iter_total"]) > 1 for r in rows):
+        print("\nresident MiB after each iteration: " + "; ".join(
+            f"{r['name']}: " + ", ".join(f"{x / mib:,.0f}" for x in r["per_iter_total"]) for r in rows))
+    print("by construction: " + "; ".join(
+        f"{r['name']}: engine weights {r['engine_weights'] / mib:,.0f}, KV {r['engine_kv'] / mib:,.0f}, "
+        f"Adam state {r['adam_state'] / mib:,.0f} ({r['trainable'] / 1e6:.2f}M trainable), tensors autograd saved "
+        f"in the first micro-batch's forward {r['autograd_saved'] / mib:,.0f}" for r in rows))
     print(f"(MiB of resident memory; rows per step = {rows[0]['rows'] if rows else '?'}, "
           f"sequence width = {rows[0]['width'] if rows else '?'})")
     if args.json:

