@@ -166,6 +166,11 @@ class LitRLCLI(LightningCLI):
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
         programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
         _ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)] if isinstance(args, (list, type(None))) else []
+        from lit_rl.cli.errors import flow_mapping_message
+
+        squashed = flow_mapping_message(_ARGV)  # `{acc:1.0}` parses, as a key with no value: fail at the cause
+        if squashed:
+            parser.error(squashed)
         if isinstance(args, (dict, Namespace)):
             self.config = parser.parse_object(args)
         else:
