@@ -97,7 +97,8 @@ def row_records(exp: Experience, learner_version: int | None = None, max_text_ch
         answer = getattr(p, "answer", None)
         out.append({
             "row": i, "group": int(exp.group_ids[i]), "uid": getattr(p, "uid", None),
-            "prompt": (received[i] if received is not None else prompt_text(p) if p is not None else "")[:max_text_chars],
+            "prompt": (received[i] if received is not None
+                       else prompt_text(p) if p is not None else "")[:max_text_chars],
             "answer": None if answer is None else str(answer)[:max_text_chars],
             "completion": (exp.texts[i] if exp.texts else "")[:max_text_chars],
             "reward": _f(float(exp.rewards[i])) if bool(exp.valid[i]) else None,
