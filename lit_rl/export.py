@@ -100,6 +100,15 @@ def _model_args(run: Path) -> dict[str, Any]:
     return init
 
 
+def _beside(run: Path, path: str) -> str:
+    """``path`` as the run saw it; a relative path of the run's working directory is looked for beside the run."""
+    if not Path(path).expanduser().exists():
+        for cand in (run / path, run.parent / path, run.parent.parent / path):
+            if (cand / "config.json").exists() or (cand / "adapter_config.json").exists():
+                return str(cand)
+    return path
+
+
 def export(source: str, out: str, adapter: bool = False, base: str | None = None) -> list[Path]:
     import torch
 
@@ -107,16 +116,12 @@ def export(source: str, out: str, adapter: bool = False, base: str | None = None
 
     ckpt, run = _resolve(source)
     init = _model_args(run)
-    lora = init.get("lora")
-    if adapter and not lora and not is_adapter_dir(init["model"]):
+    lora, start = init.get("lora"), init.get("adapter")  # start: the adapter directory the run started from
+    if adapter and not lora and not start and not is_adapter_dir(init["model"]):
         raise ValueError(f"--adapter: the run {str(run)!r} trained without LoRA (model.init_args.lora is null), "
                          "so it has no adapter; export the full model without --adapter")
-    base = base or init["model"]
-    if not Path(base).expanduser().exists():  # a relative path of the run's working directory: try beside the run
-        for cand in (run / base, run.parent / base, run.parent.parent / base):
-            if (cand / "config.json").exists() or (cand / "adapter_config.json").exists():
-                base = str(cand)
-                break
+    base = _beside(run, base or init["model"])
+    start = _beside(run, start) if start else None
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     sd = state.get("state_dict")
     if not isinstance(sd, dict):
@@ -125,7 +130,7 @@ def export(source: str, out: str, adapter: bool = False, base: str | None = None
     if not weights:
         raise ValueError(f"{ckpt} holds no policy weights (no 'model.*' keys); keys start with: "
                          f"{sorted({k.split('.')[0] for k in sd})}")
-    model = load_causal_lm(base, init.get("dtype") or "float32", lora)
+    model = load_causal_lm(base, init.get("dtype") or "float32", lora, adapter=start)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise ValueError(f"{ckpt} does not match the base model {base!r} with lora={lora}: "

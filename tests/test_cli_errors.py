@@ -74,3 +74,19 @@ def test_group_size_rules():
     check_group_size("grpo", 1, rl_coef=0.0)  # distillation only: the advantage is never used
     with pytest.raises(ValueError, match="got -2"):
         check_group_size("reinforce", -2)
+
+
+def test_flow_mapping_without_space_points_at_the_missing_space(tmp_path):
+    """`{acc:1.0}` is valid YAML for the key "acc:1.0" with no value; it failed later, far from the cause."""
+    text = (ROOT / "configs/quickstart.yaml").read_text()
+    cfg = tmp_path / "mine.yaml"
+    assert "    init_args:\n      rewards:\n        exact:" in text
+    cfg.write_text(text.replace("    init_args:\n      rewards:\n", "    init_args:\n      weights: {exact:1.0}\n"
+                                "      rewards:\n", 1))
+    line = cfg.read_text().splitlines().index("      weights: {exact:1.0}") + 1
+    assert _fail(tmp_path, "-c", str(cfg)) == (
+        f"{cfg}:{line}: {{exact:1.0}} needs a space after the colon: write {{exact: 1.0}} (YAML reads {{exact:1.0}} "
+        "as the key 'exact:1.0' with no value)")
+    msg = _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "--rollout.rewards.weights", "{exact:0.5}")
+    assert msg.startswith("--rollout.rewards.weights {exact:0.5}: {exact:0.5} needs a space after the colon: "
+                          "write {exact: 0.5}")

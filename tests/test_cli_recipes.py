@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from lit_rl.cli import main
+from lit_rl.runs import log_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce", "async"]
@@ -152,6 +153,9 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     assert (tmp_path / "run" / "config.yaml").exists()
     # every recipe writes the trained model (issue 26: seven of them left only last.ckpt)
     assert (tmp_path / "run" / "final_model" / "model.safetensors").exists()
+    # ... and logs its learning rate and the tokens it trained on (issue 26: TRL logs both)
+    logged = set().union(*log_rows(tmp_path / "run" / "logs" / "metrics.csv"))
+    assert {"lr-AdamW", "tokens_seen", "rollout/response_len_min"} <= logged, sorted(logged)
     if recipe != "quickstart":
         return
     # ... and the config the run saved re-runs as well (as a new run: another run directory)

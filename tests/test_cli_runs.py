@@ -28,6 +28,10 @@ def _steps(run: Path, key: str = "reward/mean") -> list[int]:
     return [int(r["step"]) for r in log_rows(run / "logs" / "metrics.csv") if key in r]
 
 
+def _tokens_seen(run: Path) -> list[float]:
+    return [r["tokens_seen"] for r in log_rows(run / "logs" / "metrics.csv") if "tokens_seen" in r]
+
+
 def test_default_root_dir_moves_every_output(tmp_path, monkeypatch):
     """The quickstart writes nothing outside trainer.default_root_dir: model, logs, checkpoints, plot, export."""
     monkeypatch.chdir(tmp_path)
@@ -83,10 +87,16 @@ def test_resume_last_continues_the_same_logs(tmp_path, monkeypatch):
     run = tmp_path / "run"
     _quickstart(run, "--checkpoint.every_n_iterations", "2", "--checkpoint.save_top_k", "-1", steps=3)
     assert _steps(run) == [1, 2, 3]
+    seen = _tokens_seen(run)
+    assert len(seen) == 3 and 0 < seen[0] < seen[1] < seen[2]
     shutil.copy(run / "checkpoints/iter=2.ckpt", run / "checkpoints/last.ckpt")
     cli = _quickstart(run, "--ckpt_path", "last", steps=5)
     assert cli.model.iteration == 5
     assert _steps(run) == [1, 2, 3, 4, 5]  # step 3 of the killed process replaced, none missing
+    # tokens_seen continues from the checkpoint (resume is exact, so iteration 3 sees the same prompts again)
+    again = _tokens_seen(run)
+    assert again[:3] == seen and again[2] < again[3] < again[4]
+    assert _steps(run, "lr-AdamW") == [1, 2, 3, 4, 5]
     assert _steps(run, "eval/accuracy") == [0]  # the baseline, once (no second one on resume)
     assert len(list((run / "tb").glob("events.out.tfevents.*"))) == 2  # same directory, second file
     assert not list(tmp_path.glob("run/logs/version_*"))

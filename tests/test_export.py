@@ -84,6 +84,24 @@ def test_lora_run_saves_adapter_and_merged_and_restarts_from_the_adapter(tmp_pat
     assert rc == 0
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base"), "ad")
     assert torch.allclose(_logits(again), trained, atol=1e-5)
+    # model.init_args.adapter: the base as model, the adapter on it; the initial weights are the adapter's
+    from lit_rl.modules import PolicyModule
+
+    start = PolicyModule(model="base", adapter="ad").model.eval()
+    assert isinstance(start, PeftModel) and torch.equal(_logits(start), _logits(again))
+    assert not torch.allclose(_logits(start), _logits(AutoModelForCausalLM.from_pretrained("base")))
+    assert {n for n, p in start.named_parameters() if p.requires_grad} == \
+        {n for n, p in cli.model.model.named_parameters() if p.requires_grad}  # the adapter trains, the base not
+    cli3 = _fit("runs/from_ad", "base", "--model.init_args.adapter", "ad")
+    assert isinstance(cli3.model.model, PeftModel) and cli3.model.iteration == 1
+    rc, _ = _lit_rl(monkeypatch, capsys, "export", "runs/from_ad", "-o", "ad3", "--adapter")  # config: base + adapter
+    assert rc == 0
+    again3 = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base"), "ad3")
+    assert torch.allclose(_logits(again3), _logits(cli3.model.model.eval()), atol=1e-5)
+    with pytest.raises(Exception, match="sets the LoRA settings; drop lora"):
+        _fit("runs/ad_lora", "base", "--model.init_args.adapter", "ad", *LORA)
+    with pytest.raises(Exception, match="not a PEFT adapter directory"):
+        _fit("runs/ad_none", "base", "--model.init_args.adapter", "base")
     # a new run from the adapter directory (was: "holds no Hugging Face model (missing config.json)")
     cli2 = _fit("runs/from_adapter", "runs/lora/final_model/adapter")
     assert isinstance(cli2.model.model, PeftModel) and cli2.model.iteration == 1

@@ -65,12 +65,7 @@ ELSEWHERE = {
     ("lit-rl fit -c configs/grpo_server.yaml --trainer.default_root_dir runs/grpo_nodes --model.init_args.model "
      "runs/grpo_server/model --rollout.engine.init_args.launch null --rollout.engine.init_args.urls "
      "'[http://rollout1:8000,http://rollout2:8000]'"): "tests/test_server_setup.py::test_readme_server_commands",
-    ("lit-rl fit -c configs/grpo.yaml --trainer.default_root_dir runs/from_trl --model.init_args.model "
-     "runs/quickstart/final_model --model.init_args.lora '{r: 8, lora_alpha: 16}' --data.init_args.dataset my_dataset "
-     "--data.init_args.dataset_config main --data.init_args.heldout_split test --data.init_args.prompt_key question "
-     "--data.init_args.answer_key solution --rollout.rewards.rewards '{acc: trl_rewards.accuracy, brevity: "
-     "trl_rewards.brevity}' --rollout.rewards.weights '{acc: 1.0, brevity: 0.1}'"):
-        "tests/test_readme_trl.py (the README section's own files and commands, in order)",
+    "lit-rl fit -c trl_grpo.yaml": "tests/test_readme_trl.py (the README section's own files and commands, in order)",
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
     "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":
         "SLURM",

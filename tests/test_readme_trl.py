@@ -1,6 +1,8 @@
-"""README "Coming from TRL", run as written: its reward module (the README's python block, unchanged), a dataset
-directory with a `main` configuration and a `test` split, its `lit-rl fit` and `lit-rl export` commands (shortened
-to one iteration of small batches); then the adapter and the merged model load in PEFT / transformers."""
+"""README "Coming from TRL", run as written (issue 26's done-when): its reward module (the README's python block,
+unchanged), its config (the yaml block: a conversational dataset through `datasets` with a `main` configuration
+and a `test` split, two TRL-signature rewards with weights, LoRA, gradient checkpointing), its `lit-rl fit` and
+`lit-rl export` commands (shortened to one iteration of small batches); then the adapter and the merged model
+load in PEFT / transformers. top_p 0.95 is still commented out in the config (marked TODO(top_p))."""
 from __future__ import annotations
 
 import json
@@ -52,11 +54,21 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "my_dataset/README.md").write_text(CONFIGS)
+    config = re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.S).group(1)
+    assert "# top_p: 0.95" in config  # TODO(top_p): uncomment in the README once top_p works on every engine
+    (tmp_path / "trl_grpo.yaml").write_text(config)
 
     fit, export = section_commands()
     cli = main([*shlex.split(fit)[1:], *SHORT])
     assert cli.model.iteration == 1 and len(cli.datamodule.heldout_prompts) == 2
-    assert {"reward/acc", "reward/brevity"} <= set(cli.trainer.callback_metrics)
+    assert isinstance(cli.model.model, PeftModel) and cli.model.model.is_gradient_checkpointing
+    m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
+    # the weights apply: every row has both rewards, so mean(total) = 1.0 * mean(acc) + 0.1 * mean(brevity)
+    assert m["reward/mean"] == pytest.approx(m["reward/acc"] + 0.1 * m["reward/brevity"], abs=1e-6)
+    assert m["reward/brevity"] < 0 and {"lr-AdamW", "tokens_seen"} <= set(m)
+    # the inspector shows what the model received: the conversation through the tokenizer's chat template
+    row = json.loads((tmp_path / "runs/from_trl/rollouts/step_000001.jsonl").read_text().splitlines()[0])
+    assert re.fullmatch(r"<\|im_start\|>user\n\d\+1=<\|im_end\|>\n<\|im_start\|>assistant\n", row["prompt"])
     monkeypatch.setattr(sys, "argv", shlex.split(export))
     with pytest.raises(SystemExit) as e:
         console_main()

@@ -1,6 +1,7 @@
 """`RolloutInspector`: the samples behind the metrics, written where a user can read them.
 
-Every ``every_n_steps`` RL iterations the step's rows (prompt, completion, reward and its components,
+Every ``every_n_steps`` RL iterations the step's rows (prompt as the model received it -- the rendered chat
+template, special tokens included --, completion, reward and its components,
 advantage, finish reason, length, policy version / staleness, mean sampling log-prob, reward error) go to
 
     <run dir>/rollouts/step_XXXXXX.jsonl      one JSON object per row (XXXXXX = the iteration, 1-based)
@@ -38,7 +39,8 @@ TABLE_COLUMNS = ("step", "group", "pick", "prompt", "completion", "reward", "adv
 
 
 def prompt_text(prompt: Any) -> str:
-    """The prompt as a reader sees it: raw text, or chat turns as ``role: content`` lines."""
+    """The prompt record as written: raw text, or chat turns as ``role: content`` lines (used when no tokenizer
+    is at hand; with one, ``row_records`` shows the tokens the model received instead)."""
     if isinstance(prompt, str):
         return prompt
     if getattr(prompt, "prompt", None) is not None:
@@ -52,10 +54,30 @@ def _f(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else float(x)
 
 
-def row_records(exp: Experience, learner_version: int | None = None, max_text_chars: int = 4000) -> list[dict]:
+def received_prompts(exp: Experience, tokenizer) -> list[str]:
+    """The text each row's model input held before the completion: its prompt tokens (``input_ids[:, :P]`` where
+    ``attention_mask`` is 1, so left padding is left out) decoded with special tokens kept, i.e. the rendered chat
+    template (``<|im_start|>user ...<|im_start|>assistant``) and any truncation the length policy applied.
+    One decode per distinct prompt (a group shares it). Shapes: ``input_ids``, ``attention_mask`` (B, P+C)."""
+    P = exp.prompt_len
+    ids, att = exp.input_ids[:, :P].tolist(), exp.attention_mask[:, :P].bool().tolist()
+    cache: dict[tuple[int, ...], str] = {}
+    out = []
+    for row, keep in zip(ids, att):
+        key = tuple(t for t, k in zip(row, keep) if k)
+        if key not in cache:
+            cache[key] = tokenizer.decode(list(key), skip_special_tokens=False)
+        out.append(cache[key])
+    return out
+
+
+def row_records(exp: Experience, learner_version: int | None = None, max_text_chars: int = 4000,
+                tokenizer=None) -> list[dict]:
     """One dict per row of ``exp`` (B rows). Shapes read: ``loss_mask`` (B, C) bool; ``advantages`` and
     ``rollout_logprobs`` (B, C) (either may be None); ``rewards``, ``valid``, ``group_ids``, ``policy_version``
-    (B,). The advantage and log-prob are means over the row's generated tokens (``loss_mask``)."""
+    (B,). The advantage and log-prob are means over the row's generated tokens (``loss_mask``). ``prompt`` is
+    what the model received (``received_prompts``) when ``tokenizer`` is given, else the record's text."""
+    received = received_prompts(exp, tokenizer) if tokenizer is not None else None
     mask = exp.loss_mask.float()
     n_tok = mask.sum(-1)  # (B,)
     denom = n_tok.clamp(min=1)
@@ -75,7 +97,8 @@ def row_records(exp: Experience, learner_version: int | None = None, max_text_ch
         answer = getattr(p, "answer", None)
         out.append({
             "row": i, "group": int(exp.group_ids[i]), "uid": getattr(p, "uid", None),
-            "prompt": prompt_text(p)[:max_text_chars] if p is not None else "",
+            "prompt": (received[i] if received is not None
+                       else prompt_text(p) if p is not None else "")[:max_text_chars],
             "answer": None if answer is None else str(answer)[:max_text_chars],
             "completion": (exp.texts[i] if exp.texts else "")[:max_text_chars],
             "reward": _f(float(exp.rewards[i])) if bool(exp.valid[i]) else None,
@@ -190,7 +213,8 @@ class RolloutInspector(L.Callback):
         # async: the learner's version is the producer's push count (the engine's own version lags behind it)
         learner = metrics.get("async/policy_version")
         learner = int(learner) if learner is not None else self._learner_version
-        rows = select_groups(row_records(exp, learner, self.max_text_chars), self.max_rows_per_step,
+        rows = select_groups(row_records(exp, learner, self.max_text_chars, getattr(pl_module, "tokenizer", None)),
+                             self.max_rows_per_step,
                              random.Random(f"{self.seed}:{step}"))
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
             for r in rows:

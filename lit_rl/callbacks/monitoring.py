@@ -15,6 +15,9 @@ It reads what other parts already log — ``actor/entropy``, ``is/max_weight`` (
 ``trainer.callback_metrics``), ``rollout/response_len_mean``, ``rollout/truncation_rate``, ``reward/mean``
 (RolloutCallback, ``batch.metrics``) and held-out reward points (``HeldoutEval.history``) — and warns (rank
 zero, category ``RLHealthWarning``) once per episode of trouble, see ``lit_rl.callbacks._health``.
+
+`TokensSeen` logs ``tokens_seen``: the cumulative number of trained tokens (prompt + completion, TRL's
+``num_tokens``), checkpointed; the CLI adds it to every run (``lit_rl/cli/loggers.py``).
 """
 from __future__ import annotations
 
@@ -185,3 +188,33 @@ class RLHealthMonitor(L.Callback):
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.checks.load_state_dict(state["checks"])
         self._heldout_seen = int(state["heldout_seen"])
+
+
+class TokensSeen(L.Callback):
+    """Log ``tokens_seen``: prompt + completion tokens of every Experience trained on so far, summed over ranks
+    (TRL's ``num_tokens``). Padding is not counted (``Experience.attention_mask``); rows that did not train
+    (failed rewards, filtered) are counted, as TRL counts every generated row. Async Experiences dropped for
+    staleness never reach a training batch and are not counted. The count is checkpointed, so a resumed run
+    continues it. Logged as a float64 tensor: a float32 one is exact only up to 2**24 (16.7M) tokens.
+    """
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        exp = getattr(batch, "experience", None)
+        if exp is None:
+            return
+        n = exp.attention_mask.sum().to(torch.float64).reshape(1)
+        if trainer.world_size > 1:  # every rank trains its own rows: the run's count is the sum
+            n = trainer.strategy.reduce(n.to(pl_module.device), reduce_op="sum")
+        self.total += int(n.item())
+        # every rank holds the same total, so no sync_dist (which would average it with itself)
+        pl_module.log("tokens_seen", torch.tensor(float(self.total), dtype=torch.float64), on_step=True,
+                      on_epoch=False, batch_size=1)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"total": self.total}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.total = int(state["total"])

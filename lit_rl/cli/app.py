@@ -6,7 +6,8 @@ What it adds to LightningCLI (see README "Runs"):
   still lists ``lit_rl.callbacks.RolloutCallback`` under ``trainer.callbacks`` has it moved here.
 - ``checkpoint``: an ``IterationCheckpoint`` into ``<run dir>/checkpoints`` (``--checkpoint.every_n_iterations``),
   unless ``trainer.enable_checkpointing`` is false or the callbacks already hold a ``ModelCheckpoint``.
-- One run directory (``trainer.default_root_dir``): default CSV + TensorBoard loggers and ``config.yaml`` there.
+- One run directory (``trainer.default_root_dir``): CSV + TensorBoard loggers (kept beside ``--trainer.logger``'s
+  own, ``lit_rl/cli/loggers.py``) and ``config.yaml`` there; every run logs ``lr-AdamW`` and ``tokens_seen``.
 - ``--ckpt_path last`` is an error when there is nothing to resume; ``last_or_new`` starts fresh then.
 - Configuration errors print one line (``lit-rl: error: ...``); ``LIT_RL_TRACEBACK=1`` shows the traceback.
 """
@@ -32,7 +33,6 @@ from lit_rl.runs import (  # noqa: E402
     IterationCheckpoint,
     NothingToResume,
     checkpoint_log_step,
-    default_loggers,
     resolve_ckpt_path,
 )
 
@@ -141,6 +141,9 @@ class LitRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         from lit_rl.callbacks.rollout import RolloutCallback
 
+        from lit_rl.cli.loggers import RUN_LOGGERS_HELP
+
+        parser.add_argument("--run_loggers", type=bool, default=True, help=RUN_LOGGERS_HELP)
         parser.add_argument("--imports", type=list[str], default=[],
                             help="Modules to import before the config is checked, e.g. the one registering your "
                                  "own advantage or policy loss (@ADVANTAGES.register('mine')): --imports '[my_pkg.rl]'")
@@ -163,6 +166,11 @@ class LitRLCLI(LightningCLI):
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
         programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
         _ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)] if isinstance(args, (list, type(None))) else []
+        from lit_rl.cli.errors import flow_mapping_message
+
+        squashed = flow_mapping_message(_ARGV)  # `{acc:1.0}` parses, as a key with no value: fail at the cause
+        if squashed:
+            parser.error(squashed)
         if isinstance(args, (dict, Namespace)):
             self.config = parser.parse_object(args)
         else:
@@ -284,15 +292,11 @@ class LitRLCLI(LightningCLI):
             from lit_rl.callbacks.progress import IterationProgressBar
 
             cbs.append(IterationProgressBar())
-        config["callbacks"] = _later_wins(cbs)
-        if config.get("logger") in (None, True):
-            root = config["default_root_dir"]
-            if self.subcommand == "fit":
-                config["logger"] = default_loggers(root, self._resume_step)
-            else:
-                from lightning.pytorch.loggers import CSVLogger
+        from lit_rl.cli.loggers import monitoring_callbacks, run_loggers
 
-                config["logger"] = [CSVLogger(root, name=str(self.subcommand), version="")]
+        config["logger"] = run_loggers(config.get("logger"), config["default_root_dir"], str(self.subcommand),
+                                       self._resume_step, keep=sub.get("run_loggers", True) is not False)
+        config["callbacks"] = monitoring_callbacks(_later_wins(cbs), has_logger=bool(config["logger"]))
         return super()._instantiate_trainer(config, callbacks)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:

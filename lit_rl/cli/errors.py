@@ -106,3 +106,60 @@ def attribute_error_message(message: str) -> str | None:
     callables = close or names[:10]
     has = f"; it has: {', '.join(callables)}" if callables else ""
     return f"{module} has no attribute {attr!r}{has}"
+
+
+def _squashed_flow_keys(text: str) -> list[tuple[int, str]]:
+    """(line, key) of every ``{key:value}`` entry written without a space after the colon. YAML reads such an
+    entry as the single key ``"key:value"`` with no value (``{acc:1.0}`` is ``{"acc:1.0": null}``), which later
+    fails far from the cause (an unknown reward name, a null weight). Text YAML cannot parse yields nothing (the
+    parser's own error names it)."""
+    import yaml
+
+    try:
+        docs = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return []
+    found: list[tuple[int, str]] = []
+
+    def walk(node) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if (node.flow_style and isinstance(k, yaml.ScalarNode) and k.style is None and ":" in k.value
+                        and isinstance(v, yaml.ScalarNode) and v.tag.endswith(":null") and v.value == ""):
+                    found.append((k.start_mark.line + 1, k.value))
+                walk(k)
+                walk(v)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item)
+
+    for doc in docs:
+        walk(doc)
+    return found
+
+
+def _flow_fix(key: str) -> str:
+    name, _, value = key.partition(":")
+    return f"{{{name}: {value}}}"
+
+
+def flow_mapping_message(argv: list[str]) -> str | None:
+    """One line for the first ``{key:value}`` (no space after the colon) in a ``-c`` file or a flag's value:
+    where it is, what YAML made of it and the fix; None when there is none."""
+    for path in _config_files(argv):
+        for line, key in _squashed_flow_keys(path.read_text(errors="replace")):
+            return (f"{path}:{line}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
+                    f"{{{key}}} as the key {key!r} with no value)")
+    flag = None
+    for a in argv:
+        name, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
+        if a.startswith("--") and not eq:
+            flag = a
+            continue
+        if value.lstrip().startswith("{"):
+            for _, key in _squashed_flow_keys(value):
+                where = name or flag or "a value"
+                return (f"{where} {value}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
+                        f"{{{key}}} as the key {key!r} with no value)")
+        flag = None
+    return None

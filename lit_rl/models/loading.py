@@ -137,14 +137,33 @@ def load_tokenizer(path: str):
     return tok
 
 
+def check_adapter(adapter: str | None, model: str, lora: dict[str, Any] | None, field: str = "adapter") -> None:
+    """``adapter`` (a PEFT adapter directory to start from) beside ``model`` (its base) and ``lora``: one source
+    of LoRA settings, one adapter, and a directory that holds one. Checked before any weights load."""
+    if adapter is None:
+        return
+    if not (Path(adapter).expanduser() / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{field}={adapter!r}: not a PEFT adapter directory (no adapter_config.json); pass "
+                                "the directory `lit-rl export --adapter` or PeftModel.save_pretrained wrote")
+    if is_adapter_dir(model):
+        raise ValueError(f"model={model!r} is itself a PEFT adapter directory and {field}={adapter!r} is another: "
+                         f"pass the base model as model (or drop {field})")
+    if lora:
+        raise ValueError(f"{field}={adapter!r}: its adapter_config.json sets the LoRA settings; drop lora (or drop "
+                         f"{field} for a new adapter)")
+
+
 def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
-                   attn_implementation: str | None = "sdpa"):
-    """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it. A PEFT
-    adapter directory as ``path`` loads its base model with the adapter on it, trainable (training continues
-    from the adapter; ``lora`` must then be unset: the adapter's own config applies)."""
+                   attn_implementation: str | None = "sdpa", adapter: str | None = None):
+    """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it. With
+    ``adapter`` (a PEFT adapter directory) the model at ``path`` is its base and the adapter goes on it,
+    trainable: training continues from the adapter, whose own config applies (``lora`` must be unset). A PEFT
+    adapter directory as ``path`` itself is the same with the base from its ``adapter_config.json``
+    (``base_model_name_or_path``)."""
     from transformers import AutoModelForCausalLM
 
     check_model_source(path)
+    check_adapter(adapter, path, lora)
     kw = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
@@ -152,10 +171,12 @@ def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | Non
         if lora:
             raise ValueError(f"model={path!r} is a PEFT adapter directory, whose adapter_config.json sets the LoRA "
                              "settings; drop lora (or pass the base model with lora for a new adapter)")
+        path, adapter = adapter_base(path), path
+    if adapter is not None:
         from peft import PeftModel
 
-        base = _from_pretrained(AutoModelForCausalLM, adapter_base(path), **kw)
-        return PeftModel.from_pretrained(base, path, is_trainable=True)
+        base = _from_pretrained(AutoModelForCausalLM, path, **kw)
+        return PeftModel.from_pretrained(base, str(Path(adapter).expanduser()), is_trainable=True)
     model = _from_pretrained(AutoModelForCausalLM, path, **kw)
     if lora:
         from peft import LoraConfig, get_peft_model

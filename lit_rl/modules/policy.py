@@ -66,6 +66,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             with ``lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing)`` (quickstart, tests).
         dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``).
         lora: peft ``LoraConfig`` keyword arguments (e.g. ``{r: 8, lora_alpha: 16}``); None = full fine-tune.
+        adapter: a PEFT adapter directory to continue training (its own LoRA settings; ``model`` is its base).
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
         std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
             opd's leave-one-out per-position group baseline).
@@ -148,6 +149,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
         critic: CriticModule | None = None,
+        adapter: str | None = None,
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
@@ -219,7 +221,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
 
             ensure_tiny_model(self.model_path, **self.tiny_if_missing)
         torch.manual_seed(self.hparams.seed)
-        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora).train()
+        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
+                                    adapter=self.hparams.get("adapter")).train()
         if self.hparams.disable_dropout:
             disable_dropout(self.model)
         enable_gradient_checkpointing(self.model, self.hparams.get("gradient_checkpointing", False))

@@ -14,6 +14,7 @@ from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.engine import Completion, RolloutEngine
 from lit_rl.rollout.rollouts import Rollouts
+from lit_rl.rollout.stats import completion_length_stats
 
 
 class ExperienceBuilder:
@@ -62,15 +63,12 @@ def rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:
     """Reward / length / truncation statistics of one built Experience, plus the reward pool's own metrics."""
     v = exp.valid
     r = exp.rewards[v]
-    lens = exp.loss_mask.sum(-1).float()
+    lens = exp.loss_mask.sum(-1)  # (B,) generated tokens per row
     m = {
         "reward/mean": float(r.mean()) if len(r) else float("nan"),
         "reward/std": float(r.std()) if len(r) > 1 else 0.0,
-        "rollout/response_len_mean": float(lens.mean()),
-        "rollout/response_len_max": float(lens.max()),
+        **completion_length_stats(lens, exp.finish_reasons),  # min/mean/max, stopped-only, veRL aliases
         "rollout/truncation_rate": sum(f == "length" for f in exp.finish_reasons) / max(len(exp), 1),
-        # the names veRL users search for (aliases of the two above; TRL's reward/mean is already ours)
-        "response_length/mean": float(lens.mean()), "response_length/max": float(lens.max()),
         "rollout/rows": float(len(exp)),
         # rows out of every loss term: failed rewards (valid False) and filtered rows (trainable False)
         "rollout/untrained_rows": float((~exp.train_rows).sum()),

@@ -19,6 +19,7 @@ import lightning as L
 import torch
 
 from lit_rl.callbacks import EntropyRegularization, ReferenceKL, RolloutCallback
+from lit_rl.callbacks.monitoring import TokensSeen
 from lit_rl.data import PromptDataModule
 from lit_rl.modules import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
@@ -54,6 +55,19 @@ class EntropyRecorder(EntropyRegularization):
         self.records.append({**rec, "after": self.coef})
 
 
+class TokensRecorder(TokensSeen):
+    """Records this rank's own token count of each step beside the run-wide total."""
+
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        local = int(batch.experience.attention_mask.sum())
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        self.records.append({"local": local, "total": self.total})
+
+
 if __name__ == "__main__":
     out, policy, reference = sys.argv[1:4]
     L.seed_everything(0)
@@ -64,10 +78,11 @@ if __name__ == "__main__":
                               sampling=SamplingConfig(max_new_tokens=3, seed=5))
     trainer = L.Trainer(max_steps=2, max_epochs=-1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rollout, kl, ent])
+                        callbacks=[rollout, kl, ent, tokens := TokensRecorder()])
     module = PolicyModule(model=policy, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
     trainer.fit(module, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
     state = {"kl": kl.state_dict()["controller"]["value"], "entropy": ent.state_dict()["controller"]["value"]}
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("kl/", "entropy/"))}
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("kl/", "entropy/", "tokens_seen"))}
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump({"kl": kl.records, "entropy": ent.records, "state": state, "metrics": metrics}, f)
+        json.dump({"kl": kl.records, "entropy": ent.records, "tokens": tokens.records, "state": state,
+                   "metrics": metrics}, f)

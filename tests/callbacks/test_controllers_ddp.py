@@ -76,3 +76,15 @@ def test_adaptive_entropy_coef_is_updated_from_the_global_mean_on_every_rank(ran
     for r in ranks:
         assert r["metrics"]["entropy/mean"] == pytest.approx(0.1, rel=1e-6)
         assert r["metrics"]["entropy/coef"] == pytest.approx(0.005, rel=1e-6)  # the α used in iteration 2
+
+
+def test_tokens_seen_is_the_sum_over_ranks_on_every_rank(ranks):
+    """TokensSeen (the CLI adds it to every run): the run-wide count of trained tokens, not rank 0's share."""
+    r0, r1 = ranks[0]["tokens"], ranks[1]["tokens"]
+    assert len(r0) == len(r1) == 2
+    total = 0
+    for a, b in zip(r0, r1):
+        total += a["local"] + b["local"]
+        assert a["total"] == b["total"] == total
+    assert r0[0]["local"] > 0 and r1[0]["local"] > 0
+    assert ranks[0]["metrics"]["tokens_seen"] == ranks[1]["metrics"]["tokens_seen"] == total

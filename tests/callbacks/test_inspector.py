@@ -62,6 +62,28 @@ def test_row_records_hand_computed():
     json.dumps(rows, allow_nan=False)  # strict JSON
 
 
+def test_prompt_is_the_text_the_model_received(tiny_model_dir):
+    """Issue 26: the inspector showed chat prompts as "user: ..." lines; the model received the rendered chat
+    template (ChatML here: the tiny tokenizer's), and a plain prompt as its own text, both left-padded."""
+    from lit_rl.data.experience import pad_prompts_completions
+    from lit_rl.data.prompts import Prompt, render_prompt
+    from lit_rl.models.loading import load_tokenizer
+
+    tok = load_tokenizer(str(tiny_model_dir))
+    chat = Prompt(messages=[{"role": "system", "content": "Add."}, {"role": "user", "content": "1+2="}], answer="3")
+    plain = Prompt(prompt="4+4=", answer="8")
+    ids = [render_prompt(p, tok) for p in (chat, chat, plain, plain)]
+    inp, att, loss, P = pad_prompts_completions(tok.pad_token_id, ids, [[5], [6, 7], [5], [8]])
+    exp = Experience(input_ids=inp, attention_mask=att, loss_mask=loss, prompt_len=P, group_ids=torch.tensor([0, 0, 1, 1]),
+                     rewards=torch.zeros(4), valid=torch.ones(4, dtype=torch.bool), policy_version=torch.zeros(4),
+                     prompts=[chat, chat, plain, plain], texts=["a", "b", "c", "d"], finish_reasons=["stop"] * 4)
+    rows = row_records(exp, tokenizer=tok)
+    assert rows[0]["prompt"] == rows[1]["prompt"] == (
+        "<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n")
+    assert rows[2]["prompt"] == rows[3]["prompt"] == "4+4="  # the padding of the shorter prompt is left out
+    assert row_records(exp)[0]["prompt"] == "system: Add.\nuser: 1+2="  # no tokenizer: the record as written
+
+
 def _rows(groups):
     """groups: {gid: (rewards, errors)} -> row dicts as row_records makes them."""
     out, i = [], 0

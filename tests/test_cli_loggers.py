@@ -1,0 +1,53 @@
+"""Issue 26 §5: a logger of the user's own is added to the run directory's CSV / TensorBoard loggers (as
+TRL's report_to adds W&B to what a run writes anyway), --run_loggers false keeps only the user's; every run logs
+the learning rate and tokens seen."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from lit_rl.cli import main
+from lit_rl.runs import log_rows
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false",
+         "--trainer.max_steps", "1"]
+
+
+def _fit(run: Path, *extra: str):
+    return main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(run),
+                 *SMALL, *extra])
+
+
+def test_added_logger_keeps_the_run_directory_loggers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    cli = _fit(run, "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(mine),
+               "--trainer.logger.name", "extra")
+    kinds = [type(lg).__name__ for lg in cli.trainer.loggers]
+    assert kinds[-1] == "CSVLogger" and cli.trainer.loggers[-1].save_dir == str(mine)
+    assert "TensorBoardLogger" in kinds and len(kinds) == 3
+    assert list((run / "tb").glob("events.out.tfevents.*"))
+    for path in (run / "logs/metrics.csv", mine / "extra/version_0/metrics.csv"):  # both get every metric
+        keys = set().union(*log_rows(path))
+        assert {"reward/mean", "lr-AdamW", "tokens_seen", "rollout/response_len_stopped_mean"} <= keys, path
+    # the learning rate of the recipe's AdamW, as logged
+    assert [r["lr-AdamW"] for r in log_rows(run / "logs/metrics.csv") if "lr-AdamW" in r] == [1e-3]
+
+
+def test_run_loggers_false_keeps_only_the_users(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    run, mine = tmp_path / "run", tmp_path / "mine"
+    cli = _fit(run, "--run_loggers", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
+               "--trainer.logger.save_dir", str(mine))
+    assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["CSVLogger"]
+    assert not (run / "logs").exists() and not (run / "tb").exists()
+    assert (mine / "lightning_logs/version_0/metrics.csv").is_file()
+
+
+def test_logger_false_is_no_logger_and_no_lr_monitor(tmp_path, monkeypatch):
+    """LearningRateMonitor refuses a trainer without loggers, so it is only added when there is one."""
+    monkeypatch.chdir(tmp_path)
+    cli = _fit(tmp_path / "run", "--trainer.logger", "false")
+    assert cli.trainer.loggers == [] and cli.model.iteration == 1
+    assert not any(type(c).__name__ == "LearningRateMonitor" for c in cli.trainer.callbacks)
+    assert float(cli.trainer.callback_metrics["tokens_seen"]) > 0
