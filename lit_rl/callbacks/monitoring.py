@@ -27,6 +27,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_warn
 
 from lit_rl.callbacks._health import (
@@ -218,3 +219,18 @@ class TokensSeen(L.Callback):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.total = int(state["total"])
+
+
+class IterationLRMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor``, logging the learning rate that iteration ``i`` trains with at step
+    ``i``, the step every other metric of that iteration has (docs/architecture.md "CLI and runs"). The stock
+    monitor logs it at the count of optimizer steps taken *before* the iteration (``i - 1``), so its rows were
+    one step off and a resumed run wrote the boundary step twice."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any, **kwargs: Any) -> None:
+        if not trainer._logger_connector.should_update_logs or self.logging_interval == "epoch":
+            return
+        stats = self._extract_stats(trainer, "step" if self.logging_interval is None else "any")
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped + 1
+        for logger in trainer.loggers if stats else ():
+            logger.log_metrics(stats, step=step)

@@ -6,7 +6,7 @@ monitoring callbacks every recipe gets.
   *added* to those two, as a TRL user adding ``report_to="wandb"`` still has the run directory's files; a user
   logger writing into the same directory as one of ours replaces it. ``--run_loggers false`` keeps only the
   user's; ``--trainer.logger false`` turns every logger off.
-- Callbacks. A ``LearningRateMonitor`` (``lr-AdamW`` every step) when there is a logger to write to, and
+- Callbacks. A ``LearningRateMonitor`` (``IterationLRMonitor``: ``lr-AdamW`` at each iteration's step) when there is a logger to write to, and
   ``TokensSeen`` (``tokens_seen``), unless the config already has one of the same class.
 """
 from __future__ import annotations
@@ -52,11 +52,11 @@ def monitoring_callbacks(callbacks: list, has_logger: bool) -> list:
     ``TokensSeen``, each unless one of its class is already there."""
     from lightning.pytorch.callbacks import LearningRateMonitor
 
-    from lit_rl.callbacks.monitoring import TokensSeen
+    from lit_rl.callbacks.monitoring import IterationLRMonitor, TokensSeen
 
     out = list(callbacks)
     if has_logger and not any(isinstance(c, LearningRateMonitor) for c in out):
-        out.append(LearningRateMonitor(logging_interval="step"))
+        out.append(IterationLRMonitor(logging_interval="step"))
     if not any(isinstance(c, TokensSeen) for c in out):
         out.append(TokensSeen())
     return out
