@@ -155,8 +155,9 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         self.model = None
         self.tokenizer = None
         self._build()
-        if critic is not None:
-            critic.bind(self)
+        for term in self.loss_modules:  # terms built against the policy (a critic's head, its own backbone)
+            if hasattr(term, "bind"):
+                term.bind(self)
 
     # ----------------------------------------------------------------- model
     def _build(self) -> None:

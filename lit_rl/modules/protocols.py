@@ -12,6 +12,7 @@
 A loss term owned by the module itself (``PolicyModule.loss_modules``: the ``CriticModule``) has the same
 ``loss_terms`` shape and may also declare, each optional:
 
+- ``bind(module)``: called once at the end of the module's ``__init__`` (build against the policy);
 - ``wants_hidden`` / ``wants_cache`` (bool): the shared training forward must return the last hidden states /
   its key/value cache (``forward_out["hidden"]`` / ``["cache"]``);
 - ``on_experience(trainer, module, experience)``: run by the module's own ExperienceHook, after old log-probs;
