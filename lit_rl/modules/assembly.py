@@ -1,7 +1,7 @@
 """The assembly contracts of ``PolicyModule`` (docs/architecture.md, "The three assembly contracts"): advantages
 zeroed off ``Experience.train_mask``, whitening and denominators over the trainable tokens of *all* ranks, and
 the constant horizon of ``seq_mean_token_sum_norm``. ``PolicyAssembly`` is a mixin of ``PolicyModule`` (it uses
-``self.hparams``, ``self.critic`` and ``self._trainer``); ``DistillModule`` inherits it through ``PolicyModule``.
+``self.hparams``, ``self.loss_modules`` and ``self._trainer``); ``DistillModule`` inherits it through ``PolicyModule``.
 """
 from __future__ import annotations
 
@@ -45,16 +45,19 @@ class PolicyAssembly:
             metrics.update(wm)
         exp.advantages = store_dtype(adv, exp.rewards)
         exp.returns = None if out.returns is None else store_dtype(out.returns, exp.rewards)
-        if self.critic is not None:
-            return {**metrics, **self.critic.advantage_metrics(exp)}
+        for term in self.loss_modules:  # e.g. a critic's explained variance
+            if hasattr(term, "advantage_metrics"):
+                metrics.update(term.advantage_metrics(exp))
         return metrics
 
     def _bootstrap_rows(self, exp: Experience) -> Tensor | None:
-        """Rows whose last value is bootstrapped (GAE on a truncated completion); None = none. Hook of the
-        critic option ``bootstrap_truncated``."""
-        if self.critic is None or not getattr(self.critic, "bootstrap_truncated", False) or not exp.finish_reasons:
-            return None
-        return torch.tensor([f == "length" for f in exp.finish_reasons], dtype=torch.bool)
+        """Rows whose last value is bootstrapped (GAE on a truncated completion), from the first loss term that
+        decides it (a critic with ``bootstrap_truncated``); None = none."""
+        for term in self.loss_modules:
+            rows = term.bootstrap_rows(exp) if hasattr(term, "bootstrap_rows") else None
+            if rows is not None:
+                return rows
+        return None
 
     @property
     def whitens(self) -> bool:

@@ -7,9 +7,11 @@ question after each prefix — "is this trajectory good?" — and the value is i
 answering "yes", P(yes) / (P(yes) + P(no))), and one forward pass yields both the policy logits and the values
 (the token head adds one cached pass over the question tokens).
 
-The critic plugs into ``PolicyModule(critic=...)``: ``attach_values`` fills ``Experience.values`` before
-advantages, ``loss_terms`` adds ``vf_coef ·`` value loss to every micro-batch, ``advantage_metrics``
-reports the explained variance of the rollout values against the returns.
+The critic plugs into ``PolicyModule(critic=...)`` as one of the module's own loss terms (``loss_modules``), the
+same shape as the ``ReferenceKL`` callback: ``on_experience`` fills ``Experience.values`` before advantages,
+``loss_terms`` adds ``vf_coef ·`` value loss to every micro-batch (``wants_hidden`` / ``wants_cache`` ask the
+shared forward for what it reads), ``trains_alone`` is the value-only warmup, ``advantage_metrics`` reports the
+explained variance of the rollout values against the returns, ``bootstrap_rows`` feeds GAE.
 """
 from __future__ import annotations
 
@@ -223,6 +225,22 @@ class CriticModule(nn.Module):
         if getattr(out_emb, "bias", None) is not None:
             z = z + (out_emb.bias[yes] - out_emb.bias[no]).detach()
         return z
+
+    def on_experience(self, trainer, module, exp) -> None:
+        """ExperienceHook: the rollout values ``exp.values`` before advantages (``attach_values``)."""
+        self.attach_values(module, exp)
+
+    def bootstrap_rows(self, exp) -> Tensor | None:
+        """(B,) bool: rows whose GAE continues from the last state's value (cut off by the budget, finish
+        reason ``length``) when ``bootstrap_truncated``; None = none."""
+        if not self.bootstrap_truncated or not exp.finish_reasons:
+            return None
+        return torch.tensor([f == "length" for f in exp.finish_reasons], dtype=torch.bool)
+
+    def trains_alone(self, module) -> bool:
+        """During the first ``warmup_steps`` iterations only the value loss trains (the module multiplies every
+        other loss part by 0)."""
+        return getattr(module, "iteration", 0) < self.warmup_steps
 
     @torch.no_grad()
     def attach_values(self, module, exp) -> None:

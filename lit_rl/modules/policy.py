@@ -16,37 +16,29 @@ import torch
 from torch import Tensor
 
 from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
-from lit_rl.core.advantages import ADVANTAGES
-from lit_rl.core.aggregation import AGG_MODES
 from lit_rl.core.fused_logprobs import linear_logprobs
-from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
-from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
-from lit_rl.models.loading import check_model_source, load_causal_lm, load_tokenizer, resolve_dtype
+from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
+from lit_rl.modules.config import PolicyConfig
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
+from lit_rl.modules.optim_step import LossParts, OptimizerStep
 from lit_rl.modules.protocols import loss_term_providers
 from lit_rl.modules.validation import HeldoutValidation
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
 
-
-def _reduce_fx(key: str) -> str:
-    """How a metric combines over micro-batches, minibatches and ranks: extremes stay extremes (a spike in any
-    micro-batch must stay visible, e.g. ``is/max_weight``); everything else is averaged."""
-    name = key.rsplit("/", 1)[-1]
-    return "max" if "max" in name else "min" if "min" in name else "mean"
-
-
-def _reduce(key: str, values: list[float]) -> float:
-    fx = _reduce_fx(key)
-    return max(values) if fx == "max" else min(values) if fx == "min" else sum(values) / len(values)
+# How a metric combines over micro-batches, steps and ranks is declared per metric in ``core.metrics``.
+_reduce_fx = METRICS.reduce_fx
+_reduce = METRICS.reduce
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
@@ -153,66 +145,21 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
-        ADVANTAGES.check(advantage, "advantage")
-        POLICY_LOSSES.check(policy_loss, "policy_loss")
-        if loss_agg not in AGG_MODES:
-            raise ValueError(f"loss_agg={loss_agg!r}; valid values: {', '.join(AGG_MODES)}")
-        if rollout_correction not in CORRECTION_MODES:
-            raise ValueError(f"rollout_correction={rollout_correction!r}; valid values: {', '.join(CORRECTION_MODES)}")
-        if correction_level not in CORRECTION_LEVELS:
-            raise ValueError(f"correction_level={correction_level!r}; valid values: {', '.join(CORRECTION_LEVELS)}")
-        for name, v in (("ppo_epochs", ppo_epochs), ("max_nonfinite_steps", max_nonfinite_steps)):
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        for name, v in (("minibatch_size", minibatch_size), ("micro_batch_size", micro_batch_size)):
-            if v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1 or null, got {v}")
-        if micro_batch_tokens is not None and (isinstance(micro_batch_tokens, bool)
-                                               or not isinstance(micro_batch_tokens, int) or micro_batch_tokens < 1):
-            raise ValueError(f"micro_batch_tokens must be a positive integer (padded tokens per micro-batch) or "
-                             f"null, got {micro_batch_tokens!r}")
-        if minibatch_size and micro_batch_size and minibatch_size % micro_batch_size:
-            raise ValueError(f"micro_batch_size={micro_batch_size} must divide minibatch_size={minibatch_size}")
-        if not 0 <= clip_low <= 1:
-            raise ValueError(f"clip_low must be in [0, 1] (1.0 = no lower bound), got {clip_low}")
-        if not clip_high > 0:  # `not >` also rejects NaN
-            raise ValueError(f"clip_high must be > 0, got {clip_high}")
-        if dual_clip is not None and not dual_clip > 1:
-            raise ValueError(f"dual_clip must be > 1 or null, got {dual_clip}")
-        if not max_grad_norm > 0:
-            raise ValueError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        if not correction_cap > 0:
-            raise ValueError(f"correction_cap must be > 0, got {correction_cap}")
-        if correction_low is not None and not (rollout_correction == "mis" and 0 < correction_low < 1):
-            raise ValueError(f"correction_low={correction_low} needs rollout_correction='mis' and 0 < correction_low "
-                             f"< 1 (null = 1/correction_cap); got rollout_correction={rollout_correction!r}")
-        if rollout_correction == "mis" and not correction_cap > 1:
-            raise ValueError(f"correction_cap={correction_cap} with rollout_correction='mis' must be > 1 (the kept "
-                             "band [correction_low, correction_cap] must contain ratio 1)")
-        for name, v in (("gamma", gamma), ("lam", lam)):
-            if not 0 <= v <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
-        if loss_horizon is not None and (isinstance(loss_horizon, bool) or not loss_horizon >= 1):
-            raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {loss_horizon!r}")
-        if logprob_chunk_size is not None and logprob_chunk_size < 1:
-            raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {logprob_chunk_size}")
-        resolve_dtype(dtype)
-        if tiny_if_missing is None:
-            check_model_source(model)
+        PolicyConfig.from_mapping(self.hparams).validate()  # every setting, before the model is loaded
         self.model_path = model
         self.tiny_if_missing = tiny_if_missing
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
         self.critic = critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
-        self.nonfinite_in_a_row = 0
-        self.skipped_steps = 0
+        self._stepper = OptimizerStep(max_grad_norm, max_nonfinite_steps)  # holds the non-finite counters
         self.iteration = 0
         self.model = None
         self.tokenizer = None
         self._build()
-        if critic is not None:
-            critic.bind(self)
+        for term in self.loss_modules:  # terms built against the policy (a critic's head, its own backbone)
+            if hasattr(term, "bind"):
+                term.bind(self)
 
     # ----------------------------------------------------------------- model
     def _build(self) -> None:
@@ -222,7 +169,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             ensure_tiny_model(self.model_path, **self.tiny_if_missing)
         torch.manual_seed(self.hparams.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
-                                    adapter=self.hparams.get("adapter")).train()
+                                    adapter=self.config.adapter).train()
         if self.hparams.disable_dropout:
             disable_dropout(self.model)
         enable_gradient_checkpointing(self.model, self.hparams.get("gradient_checkpointing", False))
@@ -246,8 +193,9 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             if type(m).__name__.endswith("DecoderLayer"):
                 fully_shard(m, mesh=dp)
         fully_shard(self.model, mesh=dp)
-        if self.critic is not None and any(True for _ in self.critic.parameters()):
-            fully_shard(self.critic, mesh=dp)
+        for term in self.loss_modules:  # a critic's own parameters (head, separate backbone)
+            if isinstance(term, torch.nn.Module) and any(True for _ in term.parameters()):
+                fully_shard(term, mesh=dp)
         self._sharded = True
 
     def configure_optimizers(self):
@@ -266,14 +214,38 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
 
     @torch.no_grad()
     def on_experience(self, trainer, module, exp: Experience) -> None:
-        """ExperienceHook of the module itself: old log-probs (when needed) and critic values."""
+        """ExperienceHook of the module itself: old log-probs (when needed), then each of its own loss terms'
+        ``on_experience`` (a critic's values)."""
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
             chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
             exp.old_logprobs = store_dtype(torch.cat(chunks))
             self._old_logprob_s = time.perf_counter() - t0
-        if self.critic is not None:
-            self.critic.attach_values(self, exp)
+        for term in self.loss_modules:
+            if hasattr(term, "on_experience"):
+                term.on_experience(trainer, self, exp)
+
+    # ------------------------------------------------------------ loss terms
+    @property
+    def loss_modules(self) -> list:
+        """The module's own loss terms, in the order their parts are added: the ``critic`` (PPO's value loss).
+
+        Each has the ``LossTerm`` shape of a callback such as ``ReferenceKL`` (``loss_terms(module, micro, fwd)``)
+        and may also declare (``protocols.py``): ``wants_hidden`` / ``wants_cache`` (what the shared forward must
+        return), ``on_experience`` (annotate each Experience), ``trains_alone(module)`` (while True every other
+        loss part is multiplied by 0), ``advantage_metrics(exp)`` and ``bootstrap_rows(exp)`` (GAE)."""
+        return [self.critic] if self.critic is not None else []
+
+    @property
+    def config(self) -> PolicyConfig:
+        """The settings as a typed ``PolicyConfig`` (a view of ``hparams``, the stored record)."""
+        return PolicyConfig.from_mapping(self.hparams)
+
+    # The non-finite counters are the optimizer step's (checkpointed through _RESUME_ATTRS).
+    skipped_steps = property(lambda self: self._stepper.skipped_steps,
+                             lambda self, v: setattr(self._stepper, "skipped_steps", v))
+    nonfinite_in_a_row = property(lambda self: self._stepper.nonfinite_in_a_row,
+                                  lambda self, v: setattr(self._stepper, "nonfinite_in_a_row", v))
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):
@@ -292,7 +264,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
                 stats = self._optimizer_step(opt, sched, mb)
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
-        metrics = {k: _reduce(k, v) for k, v in sums.items() if v}
+        metrics = {k: METRICS.reduce(k, v) for k, v in sums.items() if v}
         metrics["actor/skipped_steps"] = float(self.skipped_steps)
         metrics["perf/update_s"] = time.perf_counter() - t0
         metrics["perf/old_logprob_s"] = self._old_logprob_s
@@ -303,74 +275,30 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
-        # Across ranks: means are averaged (equal rows per rank), extremes stay extremes (as _reduce does)
+        # Across ranks: each metric's declared reduction (core.metrics), as over micro-batches and steps
         distributed = self._trainer is not None and self._trainer.world_size > 1
         for k, v in metrics.items():
             if isinstance(v, float) and math.isnan(v):
                 continue
             self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
-                     sync_dist=distributed, reduce_fx=_reduce_fx(k))
+                     sync_dist=distributed, reduce_fx=METRICS.reduce_fx(k))
 
     def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
-        """One optimizer step on minibatch ``mb``: accumulate ``micro_loss`` (default: the RL loss) over its
-        micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step the
-        scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
+        """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
+        loss) over its micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step
+        the scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
         """
         h = self.hparams
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
-        fwd_common = self._denominators(mb)
-        opt.zero_grad(set_to_none=True)
-        stats: dict[str, float] = {}
-        per_micro: dict[str, list[float]] = {}
+        common = self._denominators(mb)
         self._last_metrics = {}
-        ds = _deepspeed_engine(self)
-        for micro in self.train_micro_batches(mb):
-            if ds is not None:  # what DeepSpeed's engine.forward does first (the model is called directly here):
-                ds.optimizer.clear_backward_seen_flag()  # a new micro step; ZeRO-3 would overwrite, not add, grads
-            if micro is None:  # this rank has fewer token-budget micro-batches: a zero-weight pass keeps the
-                # ranks' collectives (DDP gradient all-reduce, FSDP all-gathers) in step
-                parts = micro_loss(self._zero_weight_micro(mb), fwd_common)
-                self.manual_backward(sum(parts.values()) * 0.0)
-                continue
-            parts = micro_loss(micro, fwd_common)
-            loss = sum(parts.values())
-            self.manual_backward(loss)
-            for k, v in parts.items():
-                stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
-            for k, v in self._last_metrics.items():
-                per_micro.setdefault(k, []).append(v)
-        stats.update({k: _reduce(k, v) for k, v in per_micro.items()})
-        if ds is None:
-            params = [p for p in self.parameters() if p.requires_grad and p.grad is not None]
-            norm = float(torch.nn.utils.clip_grad_norm_(params, h.max_grad_norm)) if params else 0.0
-        else:
-            # ZeRO: gradients live in the engine's partitions (p.grad is None here), so only the engine knows
-            # the global norm. Its step clips to max_grad_norm (DeepSpeedZeROStrategy sets gradient_clipping)
-            # and itself skips a step whose norm is not finite; read both outcomes back.
-            opt.step()
-            got = ds.get_global_grad_norm()
-            norm = float(got) if got is not None and ds.was_step_applied() else math.inf
-            if not math.isfinite(norm):
-                _uncount_optimizer_step(self.trainer)
-        stats["actor/grad_norm"] = norm
-        if not math.isfinite(norm):
-            # Skip: parameters and optimizer state stay exactly as they were.
-            opt.zero_grad(set_to_none=True)
-            self.skipped_steps += 1
-            self.nonfinite_in_a_row += 1
-            if self.nonfinite_in_a_row >= h.max_nonfinite_steps:
-                raise RuntimeError(
-                    f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite gradient norm "
-                    f"(max_nonfinite_steps={h.max_nonfinite_steps}); training diverged. Lower the learning rate, "
-                    "use float32, or check rewards/advantages for extreme values.")
-            return stats
-        self.nonfinite_in_a_row = 0
-        if ds is None:
-            opt.step()
-        if sched is not None:
-            sched.step()
-        return stats
+        stepper = self._stepper
+        stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
+        return stepper.run(opt, sched, self.train_micro_batches(mb), lambda micro: micro_loss(micro, common),
+                           lambda: micro_loss(self._zero_weight_micro(mb), common), self.manual_backward,
+                           self.parameters, ds=_deepspeed_engine(self),
+                           uncount=lambda: _uncount_optimizer_step(self.trainer))
 
     def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
@@ -413,58 +341,52 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         return {"num_tokens": max(float(counts[0]), floor), "num_seqs": max(float(counts[1]), floor),
                 "horizon": self.horizon_for(mb)}
 
-    def _micro_loss(self, micro: Experience, common: dict[str, int]) -> dict[str, Tensor]:
-        h = self.hparams
-        critic = self.critic
+    def _micro_loss(self, micro: Experience, common: dict[str, Any]) -> LossParts:
+        """Loss parts of one micro-batch (``{"policy": ..., <term>: ...}``, their ``metrics`` attached): one
+        forward, the policy objective (``core.objective``), then every loss term on that same forward."""
+        terms = self.loss_modules
         # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
-        out = self.forward_outputs(micro, hidden=critic is not None and critic.wants_hidden,
-                                   cache=critic is not None and critic.wants_cache)
-        head, hidden = out["head"], out["hidden"]  # Projection | None, (b, C, H) | None
-        if head is not None:  # chunked through the LM head: no (b, C, V) tensor in forward or backward
-            logprobs, entropy = linear_logprobs(head.hidden, head.weight, micro.completion_ids.to(head.hidden.device),
-                                                head.bias, self.temperature, h.logprob_chunk_size)
-        else:  # materialised path (lm_head_projection says why)
-            logprobs = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
-            entropy = None
+        out = self.forward_outputs(micro, hidden=any(getattr(t, "wants_hidden", False) for t in terms),
+                                   cache=any(getattr(t, "wants_cache", False) for t in terms))
+        logprobs, entropy = self._train_logprobs(micro, out)
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
-        old = micro.old_logprobs if micro.old_logprobs is not None else logprobs.detach()
-        is_w, metrics = None, {}
-        if h.rollout_correction != "none" and micro.rollout_logprobs is not None:
-            w, keep, cm = rollout_correction(old, micro.rollout_logprobs, mask, h.rollout_correction,
-                                             h.correction_level, h.correction_cap, h.get("correction_low"))
-            is_w = w * keep
-            metrics.update({f"is/{k}": v for k, v in cm.items()})
-        if micro.is_weights is not None:
-            is_w = micro.is_weights if is_w is None else is_w * micro.is_weights
-        per_token, pm = compute_policy_loss(h.policy_loss, PolicyLossInputs(
-            logprobs=logprobs, old_logprobs=old, advantages=micro.advantages, mask=mask,
-            rollout_logprobs=None, is_weights=is_w, clip_low=h.clip_low, clip_high=h.clip_high,
-            dual_clip=h.dual_clip))
-        # ``entropy`` (b, C) is differentiable (an entropy bonus backpropagates through the same chunked pass);
-        # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits).
-        fwd = LazyLogits(common, logprobs=logprobs, entropy=entropy, mask=mask, hidden=hidden, head=head,
-                         cache=out["cache"])
-        if head is None:
+        # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits)
+        fwd = LazyLogits(common, logprobs=logprobs, entropy=entropy, mask=mask, hidden=out["hidden"],
+                         head=out["head"], cache=out["cache"])
+        if out["head"] is None:
             fwd["logits"] = out["logits"]
-        parts = {"policy": self.aggregate(per_token, mask, fwd)}
+        if entropy is None and mask.any():  # materialised path: the entropy metric from the logits
+            with torch.no_grad():
+                entropy = entropy_from_logits(out["logits"].detach(), self.hparams.logprob_chunk_size,
+                                              self.temperature)
+        parts, metrics = policy_objective(ObjectiveInputs(
+            logprobs=logprobs, mask=mask, advantages=micro.advantages, num_tokens=common["num_tokens"],
+            num_seqs=common["num_seqs"], horizon=common.get("horizon"), old_logprobs=micro.old_logprobs,
+            rollout_logprobs=micro.rollout_logprobs, is_weights=micro.is_weights, entropy=entropy),
+            self.config.objective())
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
-        if self.critic is not None:
-            parts.update(self.critic.loss_terms(self, micro, fwd))
+        alone: set[str] = set()
+        for term in terms:
+            own = term.loss_terms(self, micro, fwd)
+            parts.update(own)
+            if hasattr(term, "trains_alone") and term.trains_alone(self):  # e.g. a critic's value-only warmup
+                alone.update(own)
         for cb in loss_term_providers(self.trainer):
             parts.update(cb.loss_terms(self, micro, fwd))
-        if self.critic is not None and self.iteration < self.critic.warmup_steps:  # value-only warmup
-            parts = {k: v if k == "value" else v * 0.0 for k, v in parts.items()}
-        with torch.no_grad():
-            if mask.any():
-                ent = entropy.detach() if entropy is not None else entropy_from_logits(
-                    out["logits"].detach(), h.logprob_chunk_size, self.temperature)
-                metrics["actor/entropy"] = float(ent[mask].mean())
-                if micro.rollout_logprobs is not None:
-                    metrics["rollout/logprob_mismatch_kl"] = k3_mismatch_kl(logprobs.detach(),
-                                                                             micro.rollout_logprobs, mask)
-        metrics.update({f"actor/{k}": v for k, v in pm.items()})
+        if alone:
+            parts = {k: v if k in alone else v * 0.0 for k, v in parts.items()}
         self._last_metrics = metrics
-        return parts
+        return LossParts(parts, metrics)
+
+    def _train_logprobs(self, micro: Experience, out: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
+        """log π(y_t) (b, C) and the differentiable entropy (b, C) of the training forward ``out``; the entropy
+        is None on the materialised path. Chunked through the LM head when ``out["head"]`` exists: no (b, C, V)
+        tensor in forward or backward."""
+        h, head = self.hparams, out["head"]
+        if head is not None:
+            return linear_logprobs(head.hidden, head.weight, micro.completion_ids.to(head.hidden.device), head.bias,
+                                   self.temperature, h.logprob_chunk_size)
+        return token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature), None
 
     def extra_loss_terms(self, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
         """Subclass hook: more loss terms from this micro-batch's forward (``fwd`` as a LossTerm sees it),

@@ -8,6 +8,17 @@
   (else None), and the minibatch denominators ``num_tokens`` / ``num_seqs``; a term should aggregate
   with ``module.aggregate(values, mask, forward_out)`` so micro-batch contributions sum to the minibatch
   value (gradient accumulation then equals one big batch). Each term is logged as ``loss/<name>``.
+
+A loss term owned by the module itself (``PolicyModule.loss_modules``: the ``CriticModule``) has the same
+``loss_terms`` shape and may also declare, each optional:
+
+- ``bind(module)``: called once at the end of the module's ``__init__`` (build against the policy);
+- ``wants_hidden`` / ``wants_cache`` (bool): the shared training forward must return the last hidden states /
+  its key/value cache (``forward_out["hidden"]`` / ``["cache"]``);
+- ``on_experience(trainer, module, experience)``: run by the module's own ExperienceHook, after old log-probs;
+- ``trains_alone(module) -> bool``: while True, every other loss part is multiplied by 0 (a critic's warmup);
+- ``advantage_metrics(experience) -> dict``: logged with the advantage metrics;
+- ``bootstrap_rows(experience) -> (B,) bool | None``: rows whose GAE continues from the last state's value.
 """
 from __future__ import annotations
 

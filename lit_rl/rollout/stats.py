@@ -22,10 +22,9 @@ def completion_length_stats(lengths: torch.Tensor, finish_reasons: Sequence[str]
 
     Returns ``rollout/response_len_{min,mean,max}``, the veRL aliases ``response_length/{min,mean,max}``,
     and ``rollout/response_len_stopped_{min,mean,max}`` (NaN when no row stopped: nothing is logged then, instead
-    of TRL's 0, which reads like a real length; the stopped fraction is 1 - ``rollout/truncation_rate``). Named
-    "stopped", not "terminated": a metric name containing "min" (as "terminated" does) is reduced with min over
-    ranks and micro-batches by PolicyModule. Means are computed in float64. An
-    empty batch gives NaN everywhere.
+    of TRL's 0, which reads like a real length; the stopped fraction is 1 - ``rollout/truncation_rate``). Over
+    ranks the extremes reduce with min / max (declared in ``core.metrics.METRICS``), the means with mean. Means
+    are computed in float64. An empty batch gives NaN everywhere.
     """
     lens = lengths.detach().to("cpu", torch.float64).reshape(-1)  # (B,)
     if len(finish_reasons) != lens.numel():
