@@ -118,7 +118,8 @@ class RolloutCallback(RolloutProducer):
         # The one owner of prompt length: max_prompt_len and the engine's context (read when rendering, as
         # engines start at setup) minus the completion budget.
         render = PromptRenderer(max_prompt_len, overlong_prompts, context_len=lambda: engine_context_len(self.engine),
-                                max_new_tokens=self.sampling.max_new_tokens)
+                                max_new_tokens=self.sampling.max_new_tokens,
+                                chat_template_kwargs=self.sampling.chat_template_kwargs)
         check_resample_tries(max_resample_tries)
         refill = DynamicSampling(group_size, max_resample_tries, seed) if dynamic_sampling else None
         shaping = (OverlongShaping(self.sampling.max_new_tokens, overlong_buffer, overlong_penalty_factor)
