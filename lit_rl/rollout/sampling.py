@@ -239,3 +239,13 @@ def deprecated_truncation_flag(value: bool, engine: str) -> bool:
                       "top_p / top_k / min_p / repetition_penalty and reports the log-probs of the processed "
                       "distribution it sampled from (lit_rl.rollout.sampling)", FutureWarning, stacklevel=3)
     return bool(value)
+
+
+def cut_at_stop(tokens: list[int], logprobs: list[float], reason: str, decode: Callable[[list[int]], str],
+                stops: list[str]) -> tuple[list[int], list[float], str]:
+    """An engine's completion cut after the token completing the first stop string (``end_of_completion``'s
+    rule), for engines that stop on their own (vLLM): the same token on every engine; unchanged without one."""
+    end, why = end_of_completion(tokens, None, decode, stops)
+    if why == "stop":
+        return tokens[:end], logprobs[:end], "stop"
+    return tokens, logprobs, reason
