@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from lit_rl.rollout.base import SEED_MOD, RequestSeeds  # noqa: F401 - SEED_MOD re-exported
 from lit_rl.rollout.engine import SamplingConfig
 
 
@@ -25,32 +26,7 @@ def architectures(path: str) -> list[str]:
     return list(json.loads(cfg.read_text()).get("architectures") or [])
 
 
-SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
-
-
-class SeededRequests:
-    """Per-prompt sampling seeds from a cursor, and the cursor as checkpoint state (both vLLM engines).
-
-    One seed per prompt; vLLM gives sample k of a prompt seed + k, so each prompt steps the cursor by n (equal
-    seeds across prompts would give every prompt the same sampling noise: correlated groups). The cursor is
-    what ``state_dict`` keeps, so a resumed run continues the seed sequence instead of replaying it.
-    """
-
-    seed: int = 0
-    _seed_cursor: int = 0
-
-    def _next_seed(self, sp: SamplingConfig, n: int) -> int:
-        base = self.seed if sp.seed is None else sp.seed
-        seed = (base + self._seed_cursor) % SEED_MOD
-        self._seed_cursor += n
-        return seed
-
-    def state_dict(self) -> dict:
-        """Checkpointed by RolloutCallback (``engine`` entry of its state)."""
-        return {"seed_cursor": self._seed_cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._seed_cursor = int(state.get("seed_cursor", 0))
+SeededRequests = RequestSeeds  # the former name: the per-request seed cursor now lives in rollout/base.py
 
 
 def sampling_fields(sp: SamplingConfig, n: int, seed: int) -> dict:

@@ -16,6 +16,7 @@ from typing import Iterable, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from lit_rl.rollout.base import EngineBase, stable_seed
 from lit_rl.rollout.sampling import (
     SamplingConfig,
     check_generation_kwargs,
@@ -55,7 +56,7 @@ class RolloutEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
 
 
-class HFEngine:
+class HFEngine(EngineBase):
     """Generation with ``transformers`` ``model.generate`` (KV cache, temperature, eos stop).
 
     The checkpoint's ``generation_config.json`` is ignored: hub checkpoints ship sampling defaults
@@ -112,9 +113,10 @@ class HFEngine:
     def state_dict(self) -> dict:
         """Checkpointed by RolloutCallback: the call count keys seeded sampling, so a resumed run samples
         exactly what the uninterrupted one would."""
-        return {"calls": self._calls}
+        return {**super().state_dict(), "calls": self._calls}
 
     def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         self._calls = int(state.get("calls", 0))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
@@ -146,7 +148,7 @@ class HFEngine:
         try:
             if sampling.seed is not None and sampling.temperature > 0:
                 for p in prompt_ids:  # one generate per prompt, under its own seed (see SamplingConfig.seed)
-                    key = _stable_seed(sampling.seed, self._calls, p)
+                    key = stable_seed(sampling.seed, self._calls, p)
                     with torch.random.fork_rng(devices=[] if not torch.cuda.is_available() else None):
                         torch.manual_seed(key)
                         flat.extend(self._generate([p] * n, sampling))
@@ -155,7 +157,7 @@ class HFEngine:
                     flat.extend(self._generate(rows[s : s + step], sampling))
         finally:
             self.model.train(was_training)
-        return [flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
+        return self._count([flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))])
 
     def _generate(self, rows: list[list[int]], sp: SamplingConfig) -> list[Completion]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
@@ -293,12 +295,7 @@ def _hf_generation_keys() -> set[str]:
     return set(vars(GenerationConfig()))
 
 
-def _stable_seed(seed: int, call: int, tokens: list[int]) -> int:
-    """A 63-bit seed from (seed, call, prompt tokens), stable across processes (unlike ``hash``)."""
-    import hashlib
-
-    h = hashlib.blake2b(repr((seed, call, tuple(tokens))).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & (2**63 - 1)
+_stable_seed = stable_seed  # the former private name (tests, scripts)
 
 
 def _is_model_parallel(strategy) -> bool:

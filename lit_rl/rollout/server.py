@@ -56,6 +56,7 @@ from lit_rl.rollout._vllm_common import (
     sampling_fields,
     write_weights_file,
 )
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.sampling import cut_at_stop, deprecated_truncation_flag
 
@@ -65,7 +66,7 @@ LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_l
                "kv_cache_gb", "extra_args", "env", "timeout_s"}
 
 
-class VLLMServerEngine(SeededRequests):
+class VLLMServerEngine(SeededRequests, EngineBase):
     """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
 
     Args:
@@ -251,6 +252,9 @@ class VLLMServerEngine(SeededRequests):
     def max_model_len(self) -> int:
         return min(s.max_model_len for s in self.pool.servers)
 
+    def limits(self) -> dict[str, int | None]:
+        return {"max_model_len": self.max_model_len if self.pool is not None else None}
+
     def close(self) -> None:
         """Stop launched servers, drop the weight directory and the thread pool (bind starts them again)."""
         if self._executor is not None:
@@ -316,7 +320,7 @@ class VLLMServerEngine(SeededRequests):
             for i, fut in enumerate(futures):
                 result[i] = [Completion(*cut_at_stop(t, lp, fr, decode, sampling.stops), version)
                              for t, lp, fr in fut.result()]
-            return result
+            return self._count(result)
 
     def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
@@ -328,7 +332,7 @@ class VLLMServerEngine(SeededRequests):
         for this engine (``rollout/server{i}_requests``), and which sync path runs with its bytes per sync
         (logged by RolloutCallback every step)."""
         pool = self.pool
-        out = {"rollout/server_errors": float(pool.errors if pool else 0),
+        out = {**super().metrics(), "rollout/server_errors": float(pool.errors if pool else 0),
                "rollout/retries": float(pool.retries if pool else 0),
                "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),

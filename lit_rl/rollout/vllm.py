@@ -64,6 +64,7 @@ from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
 )
 from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop, deprecated_truncation_flag
 
@@ -86,7 +87,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMEngine(SeededRequests):
+class VLLMEngine(SeededRequests, EngineBase):
     """Generation with an in-process ``vllm.LLM`` on the policy's model, weights synced without restarts.
 
     Args:
@@ -243,6 +244,9 @@ class VLLMEngine(SeededRequests):
         self._require_started()
         return int(self.llm.llm_engine.model_config.max_model_len)
 
+    def limits(self) -> dict[str, int | None]:
+        return {"max_model_len": self.max_model_len if self.llm is not None else None}
+
     def close(self) -> None:
         """Shut vLLM down and free its memory (the engine can be bound again afterwards)."""
         llm, self.llm = self.llm, None
@@ -312,7 +316,7 @@ class VLLMEngine(SeededRequests):
                 comps = [Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
                          for _ in range(n)]
             result[i] = comps
-        return result
+        return self._count(result)
 
     def _params(self, vllm, n: int, sp: SamplingConfig):
         # Stop strings are matched on text: vLLM detokenises only when there are some.
