@@ -511,7 +511,7 @@ def test_seed_cursor_is_checkpoint_state(bound):
     ids = _ids(module.tokenizer)[:3]
     engine.generate(ids, 2, sp)
     saved = engine.state_dict()
-    assert saved == {"seed_cursor": engine._seed_cursor} and saved["seed_cursor"] > 0
+    assert saved["seed_cursor"] == engine._seed_cursor > 0 and saved["counters"]["calls"] > 0
     after = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]
     engine.load_state_dict({"seed_cursor": 0})
     first = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]

@@ -15,7 +15,7 @@ engine written before this class) is wrapped by ``as_engine`` into the same cont
 | ``metrics()`` | ``rollout/engine_*`` counters | logged every step |
 | ``state_dict()`` / ``load_state_dict()`` | the counters | ``RolloutCallback`` checkpoint entry ``engine`` |
 | ``limits()`` | ``{"max_model_len": None}`` | the renderer (prompt length), tests |
-| ``close()`` / ``teardown()`` | nothing / ``close()`` | ``RolloutCallback.teardown`` |
+| ``close()`` / ``teardown()`` | nothing / nothing (engines owning processes: ``close()``) | users / ``RolloutCallback.teardown`` |
 | ``tokenizer`` | set by ``bind`` | decoding completions |
 
 ``request_seed`` is the one per-request seed rule (both vLLM engines and the fake; ``HFEngine`` seeds each
@@ -94,7 +94,9 @@ class EngineBase:
         """Free what the engine holds (processes, memory); it may be bound again afterwards."""
 
     def teardown(self) -> None:
-        self.close()
+        """End of a fit (``RolloutCallback.teardown``). Default: nothing, so an engine can serve the next fit or
+        validate of the same process without a restart; engines owning processes (launched servers) stop them
+        here (``VLLMServerEngine``: ``close``)."""
 
 
 class RequestSeeds:
@@ -191,8 +193,6 @@ class _ProtocolEngine(EngineBase):
     def teardown(self):
         if self._has("teardown"):
             self._inner.teardown()
-        else:
-            self.close()
 
 
 def as_engine(engine) -> EngineBase:

@@ -70,7 +70,7 @@ def bound(request, model_dir):
     engine = request.param()
     engine.bind(module)
     yield engine, module
-    engine.teardown()
+    engine.close()
 
 
 def _ids(module):
