@@ -21,11 +21,11 @@ PROMPT = "the cat sat on the mat; the cat sat"
 # At T = 1 the sharpened model (fixture) has 10-30 tokens above 1% at most positions: every rule keeps a
 # set whose edge tokens carry mass, so a boundary off by one token moves the log-probs well past the tolerance.
 SETTINGS = {
-    "top_p": dict(temperature=1.0, top_p=0.6),
-    "top_k": dict(temperature=1.0, top_k=4),
-    "min_p": dict(temperature=1.0, min_p=0.1),
-    "repetition_penalty": dict(temperature=0.8, repetition_penalty=1.8),
-    "all": dict(temperature=0.9, top_p=0.9, top_k=20, min_p=0.05, repetition_penalty=1.3),
+    "top_p": {"temperature": 1.0, "top_p": 0.6},
+    "top_k": {"temperature": 1.0, "top_k": 4},
+    "min_p": {"temperature": 1.0, "min_p": 0.1},
+    "repetition_penalty": {"temperature": 0.8, "repetition_penalty": 1.8},
+    "all": {"temperature": 0.9, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.3},
 }
 
 

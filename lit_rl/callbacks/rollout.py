@@ -32,11 +32,11 @@ from lit_rl.data.prompts import Prompt
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
+from lit_rl.rollout.base import as_engine
 from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.filter import DynamicSampling, check_resample_tries
 from lit_rl.rollout.generate import Generator, decode_with
-from lit_rl.rollout.base import as_engine
 from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor

@@ -1,8 +1,19 @@
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 
-__all__ = ["RolloutEngine", "EngineBase", "HFEngine", "SamplingConfig", "Completion", "VLLMEngine",
-           "VLLMServerEngine", "AgentLoop", "Environment", "RetryRepoEnv", "RolloutPipeline"]
+__all__ = [
+    "AgentLoop",
+    "Completion",
+    "EngineBase",
+    "Environment",
+    "HFEngine",
+    "RetryRepoEnv",
+    "RolloutEngine",
+    "RolloutPipeline",
+    "SamplingConfig",
+    "VLLMEngine",
+    "VLLMServerEngine",
+]
 
 _LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "VLLMServerEngine": "lit_rl.rollout.server",
          "AgentLoop": "lit_rl.rollout.agent",

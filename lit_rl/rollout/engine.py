@@ -10,8 +10,9 @@ policy's, and ``PolicyModule(rollout_correction=...)`` corrects the gap to the t
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -26,7 +27,7 @@ from lit_rl.rollout.sampling import (
     stop_window,
 )
 
-__all__ = ["RolloutEngine", "HFEngine", "SamplingConfig", "Completion"]
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingConfig"]
 
 
 @dataclass

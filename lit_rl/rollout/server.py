@@ -316,7 +316,7 @@ class VLLMServerEngine(SeededRequests, EngineBase):
                 self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lit_rl-server-req")
             futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
             result: list[list[Completion]] = [[] for _ in prompt_ids]
-            decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)  # noqa: E731
+            decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
             for i, fut in enumerate(futures):
                 result[i] = [Completion(*cut_at_stop(t, lp, fr, decode, sampling.stops), version)
                              for t, lp, fr in fut.result()]

@@ -135,8 +135,7 @@ def test_limits_are_enforced(bound):
     if limit is None:
         pytest.skip(f"{type(engine).__name__} declares no context limit")
     sp = SamplingConfig(temperature=0.0, max_new_tokens=4)
-    fits = [module.tokenizer.encode("7")] * (limit - 4)
-    fits = [sum(fits, [])]
+    fits = [module.tokenizer.encode("7") * (limit - 4)]  # one token per character
     assert engine.generate(fits, 1, sp)[0][0].token_ids
     with pytest.raises(ValueError, match="max_model_len"):
         engine.generate([fits[0] + fits[0][:1]], 1, sp)
