@@ -5,7 +5,8 @@ hub checkpoints ship such defaults).
 - reported log-probs == a teacher-forced forward's log_softmax(logits / T) at the sampled tokens;
 - over many samples of one position, the frequencies follow the untruncated softmax(logits / T): tokens outside
   the top 5 are sampled with their full mass, tokens of the prompt are not penalised;
-- top-p / top-k are refused unless ``allow_truncated_logprobs``; then the log-probs are the truncated ones.
+- top-k from the run's own SamplingConfig (not the checkpoint's) gives the truncated log-probs
+  (``tests/test_processed_sampling.py`` covers every setting).
 """
 import math
 
@@ -73,17 +74,11 @@ def test_sampling_frequencies_follow_the_untruncated_distribution(bound):
     assert float(outside_top5[toks].double().mean()) > 0.5  # top_k=5 from the checkpoint would make this 0
 
 
-def test_truncated_sampling_is_refused_unless_allowed(bound):
+def test_top_k_of_the_sampling_config_reports_the_truncated_logprobs(bound):
     module, engine = bound
     ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    for sp in (SamplingConfig(top_p=0.9), SamplingConfig(top_k=5)):
-        with pytest.raises(ValueError, match=r"top_p=.*top_k=.*allow_truncated_logprobs"):
-            engine.generate([ids], 1, sp)
-    assert engine.generate([ids], 1, SamplingConfig(temperature=0.0, top_k=5, max_new_tokens=2))  # greedy: no sampling
-    truncating = HFEngine(allow_truncated_logprobs=True)
-    truncating.bind(module)
     torch.manual_seed(2)
-    comps = truncating.generate([ids], 200, SamplingConfig(temperature=T, top_k=5, max_new_tokens=1))[0]
+    comps = engine.generate([ids], 200, SamplingConfig(temperature=T, top_k=5, max_new_tokens=1))[0]
     logits = _next_token_logits(module, ids)[-1] / T
     top = logits.topk(5).indices
     trunc = torch.full_like(logits, -math.inf)

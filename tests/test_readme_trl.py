@@ -2,7 +2,7 @@
 unchanged), its config (the yaml block: a conversational dataset through `datasets` with a `main` configuration
 and a `test` split, two TRL-signature rewards with weights, LoRA, gradient checkpointing), its `lit-rl fit` and
 `lit-rl export` commands (shortened to one iteration of small batches); then the adapter and the merged model
-load in PEFT / transformers. top_p 0.95 is still commented out in the config (marked TODO(top_p))."""
+load in PEFT / transformers."""
 from __future__ import annotations
 
 import json
@@ -55,12 +55,14 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "my_dataset/README.md").write_text(CONFIGS)
     config = re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.S).group(1)
-    assert "# top_p: 0.95" in config  # TODO(top_p): uncomment in the README once top_p works on every engine
     (tmp_path / "trl_grpo.yaml").write_text(config)
 
     fit, export = section_commands()
     cli = main([*shlex.split(fit)[1:], *SHORT])
     assert cli.model.iteration == 1 and len(cli.datamodule.heldout_prompts) == 2
+    from lit_rl.callbacks import RolloutCallback
+
+    assert [c.sampling.top_p for c in cli.trainer.callbacks if isinstance(c, RolloutCallback)] == [0.95]
     assert isinstance(cli.model.model, PeftModel) and cli.model.model.is_gradient_checkpointing
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     # the weights apply: every row has both rewards, so mean(total) = 1.0 * mean(acc) + 0.1 * mean(brevity)

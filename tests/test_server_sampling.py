@@ -118,3 +118,40 @@ def test_a_cache_that_will_not_reset_fails_the_sync(served, monkeypatch):
     monkeypatch.undo()
     engine.update_weights(merged_state_items(module.model))
     assert engine.generate([module.tokenizer.encode("1+1=")], 1, SamplingConfig(temperature=0.0, max_new_tokens=1))
+
+
+def test_processed_logprobs_and_stop_strings_agree_with_transformers(served):
+    """top-p / top-k / min-p / repetition penalty sent in the request: the server samples from and reports the
+    processed distribution, the one HFEngine and VLLMEngine use (float64 reference of
+    ``test_processed_sampling``); a stop string cuts the completion at its token."""
+    import copy
+
+    from test_processed_sampling import SETTINGS, _reference_logprobs
+
+    engine, module = served
+    sharp = copy.deepcopy(module.model)
+    with torch.no_grad():
+        sharp.model.norm.weight.mul_(4.0)
+    engine.update_weights(merged_state_items(sharp))
+    prompts = [module.tokenizer.encode(t) for t in ("the cat sat", "1+2=", "hello")]
+    for name, kw in SETTINGS.items():
+        sp = SamplingConfig(max_new_tokens=6, **kw)
+        worst, changed = 0.0, 0
+        for p, group in zip(prompts, engine.generate(prompts, 3, sp)):
+            for c in group:
+                with torch.no_grad():
+                    logits = sharp(input_ids=torch.tensor([p + c.token_ids])).logits[0].double()
+                for t, tok in enumerate(c.token_ids):
+                    ref = _reference_logprobs(logits[len(p) - 1 + t], set(p) | set(c.token_ids[:t]), sp)
+                    worst = max(worst, abs(c.logprobs[t] - float(ref[tok])))
+                    plain = torch.log_softmax(logits[len(p) - 1 + t] / sp.temperature, -1)[tok]
+                    changed += abs(float(plain) - c.logprobs[t]) > 1e-3
+        assert worst <= 2e-4, (name, worst)
+        assert changed, name
+    free = engine.generate(prompts[:1], 1, SamplingConfig(temperature=0.0, max_new_tokens=12))[0][0]
+    text = module.tokenizer.decode(free.token_ids)
+    stop = text[3:5]
+    first = text.index(stop) + len(stop) - 1  # char tokenizer: one token per character
+    c = engine.generate(prompts[:1], 2, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[stop]))[0][0]
+    assert (c.token_ids, c.finish_reason) == (free.token_ids[: first + 1], "stop")
+    engine.update_weights(merged_state_items(module.model))

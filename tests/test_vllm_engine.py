@@ -391,16 +391,51 @@ def test_samples_differ_across_prompts_and_replay_with_the_same_seed(bound):
 
 
 @pytest.mark.vllm
-def test_top_p_refused_unless_truncated_logprobs_allowed(bound):
+def test_processed_logprobs_agree_with_transformers(bound):
+    """top-p / top-k / min-p / repetition penalty: vLLM samples from and reports the processed distribution,
+    the same one HFEngine samples from (``test_processed_sampling._reference_logprobs``, float64)."""
+    from test_processed_sampling import SETTINGS, _reference_logprobs
+
     engine, module = bound
-    with pytest.raises(ValueError, match="allow_truncated_logprobs"):
-        engine.generate(_ids(module.tokenizer), 1, SamplingConfig(top_p=0.9))
-    engine.allow_truncated_logprobs = True
-    try:
-        out = engine.generate(_ids(module.tokenizer)[:2], 2, SamplingConfig(top_k=5, max_new_tokens=4))
-    finally:
-        engine.allow_truncated_logprobs = False
-    assert [len(g) for g in out] == [2, 2]
+    sharp = copy.deepcopy(module.model)
+    with torch.no_grad():  # as in test_processed_sampling: truncation then cuts sets with mass at their edge
+        sharp.model.norm.weight.mul_(4.0)
+    engine.update_weights(merged_state_items(sharp))
+    prompts = _ids(module.tokenizer)[:3]
+    for name, kw in SETTINGS.items():
+        sp = SamplingConfig(max_new_tokens=6, seed=3, **kw)
+        worst, changed = 0.0, 0
+        for p, group in zip(prompts, engine.generate(prompts, 3, sp)):
+            for c in group:
+                with torch.no_grad():
+                    logits = sharp(input_ids=torch.tensor([p + c.token_ids])).logits[0].double()
+                for t, tok in enumerate(c.token_ids):
+                    ref = _reference_logprobs(logits[len(p) - 1 + t], set(p) | set(c.token_ids[:t]), sp)
+                    worst = max(worst, abs(c.logprobs[t] - float(ref[tok])))
+                    plain = torch.log_softmax(logits[len(p) - 1 + t] / sp.temperature, -1)[tok]
+                    changed += abs(float(plain) - c.logprobs[t]) > 1e-3
+        assert worst <= 2e-4, (name, worst)
+        assert changed, name  # the setting reached vLLM's sampler
+
+
+@pytest.mark.vllm
+def test_stop_string_cuts_the_completion(bound):
+    engine, module = bound
+    engine.update_weights(merged_state_items(module.model))
+    p = _ids(module.tokenizer)[:1]
+    free = engine.generate(p, 1, SamplingConfig(temperature=0.0, max_new_tokens=12))[0][0]
+    text = module.tokenizer.decode(free.token_ids)
+    stop = text[3:5]
+    first = text.index(stop) + len(stop) - 1  # char tokenizer: one token per character
+    c = engine.generate(p, 2, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[stop]))[0][1]
+    assert (c.token_ids, c.finish_reason) == (free.token_ids[: first + 1], "stop")
+    assert c.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-6)
+    with pytest.raises(ValueError, match=r"generation_kwargs \['no_such_field'\]: VLLMEngine"):
+        engine.generate(p, 1, SamplingConfig(generation_kwargs={"no_such_field": 1}))
+    sp = SamplingConfig(temperature=0.0, max_new_tokens=12, generation_kwargs={"stop_token_ids": [free.token_ids[2]]})
+    c = engine.generate(p, 1, sp)[0][0]  # passed through to vllm.SamplingParams
+    k = free.token_ids.index(free.token_ids[2])
+    assert (c.token_ids, c.finish_reason) == (free.token_ids[: k + 1], "stop")
 
 
 @pytest.mark.vllm
@@ -476,7 +511,7 @@ def test_seed_cursor_is_checkpoint_state(bound):
     ids = _ids(module.tokenizer)[:3]
     engine.generate(ids, 2, sp)
     saved = engine.state_dict()
-    assert saved == {"seed_cursor": engine._seed_cursor} and saved["seed_cursor"] > 0
+    assert saved["seed_cursor"] == engine._seed_cursor > 0 and saved["counters"]["calls"] > 0
     after = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]
     engine.load_state_dict({"seed_cursor": 0})
     first = [[c.token_ids for c in g] for g in engine.generate(ids, 2, sp)]
@@ -494,3 +529,6 @@ def test_every_sampling_field_is_explicit(bound):
     p = engine._params(import_vllm(), 4, SamplingConfig(temperature=0.7, max_new_tokens=5))
     assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.min_tokens) == (4, 0.7, 1.0, -1, 0.0, 5, 0)
     assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.ignore_eos) == (1.0, 0.0, 0.0, False)
+    p = engine._params(import_vllm(), 4, SamplingConfig(temperature=0.7, top_p=0.9, top_k=7, min_p=0.1,
+                                                        repetition_penalty=1.2, stop=["\n"]))
+    assert (p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop) == (0.9, 7, 0.1, 1.2, ["\n"])

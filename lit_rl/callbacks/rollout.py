@@ -29,10 +29,10 @@ from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
-from lit_rl.models.loading import merged_state_items
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
+from lit_rl.rollout.base import as_engine
 from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.filter import DynamicSampling, check_resample_tries
@@ -47,8 +47,7 @@ MODES = ("sync", "async")
 def _sync_items(engine, model):
     """The weights ``engine.update_weights`` takes: the engine's own choice when it has one (a LoRA adapter
     alone for ``VLLMServerEngine``'s adapter path), else the merged model."""
-    pick = getattr(engine, "sync_items", None)
-    return pick(model) if pick is not None else merged_state_items(model)
+    return as_engine(engine).sync_items(model)
 
 
 class RolloutCallback(RolloutProducer):
@@ -118,7 +117,8 @@ class RolloutCallback(RolloutProducer):
         # The one owner of prompt length: max_prompt_len and the engine's context (read when rendering, as
         # engines start at setup) minus the completion budget.
         render = PromptRenderer(max_prompt_len, overlong_prompts, context_len=lambda: engine_context_len(self.engine),
-                                max_new_tokens=self.sampling.max_new_tokens)
+                                max_new_tokens=self.sampling.max_new_tokens,
+                                chat_template_kwargs=self.sampling.chat_template_kwargs)
         check_resample_tries(max_resample_tries)
         refill = DynamicSampling(group_size, max_resample_tries, seed) if dynamic_sampling else None
         shaping = (OverlongShaping(self.sampling.max_new_tokens, overlong_buffer, overlong_penalty_factor)
@@ -127,7 +127,7 @@ class RolloutCallback(RolloutProducer):
         _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
-        self.engine = engine if engine is not None else HFEngine(share_weights=mode == "sync")
+        self.engine = as_engine(engine) if engine is not None else HFEngine(share_weights=mode == "sync")
         self.engine_lock = threading.RLock()  # generation, weight loads and evaluation use the engine one at a time
         self._producer: AsyncProducer | None = None
         self._stream: PromptStream | None = None
@@ -208,8 +208,7 @@ class RolloutCallback(RolloutProducer):
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self._stop_producer()
         self.rewards.close()
-        if hasattr(self.engine, "teardown"):  # engines owning processes (launched vLLM servers) stop them
-            self.engine.teardown()
+        self.engine.teardown()  # engines owning processes (launched vLLM servers) stop them
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
@@ -226,8 +225,7 @@ class RolloutCallback(RolloutProducer):
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
         exp, metrics = self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
                                          iteration=getattr(pl_module, "iteration", 0))
-        if hasattr(self.engine, "metrics"):  # engine-side counters, e.g. VLLMServerEngine's server errors
-            metrics.update(self.engine.metrics())
+        metrics.update(self.engine.metrics())  # engine-side counters, e.g. VLLMServerEngine's server errors
         return exp, metrics
 
     def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
@@ -266,7 +264,7 @@ class RolloutCallback(RolloutProducer):
     # ----------------------------------------------------------------- async
     def on_train_start(self, trainer, pl_module) -> None:
         if self.mode != "async":
-            if trainer.global_step > 0 and not getattr(self.engine, "share_weights", False):
+            if trainer.global_step > 0 and not self.engine.share_weights:
                 # Resumed: an engine with its own weights was bound in setup, before the checkpoint restored
                 # the learner; give it the restored weights under the checkpointed version.
                 version = self.engine.policy_version
@@ -332,7 +330,7 @@ class RolloutCallback(RolloutProducer):
         return {"last_sync_step": self.last_sync_step, "counters": dict(self.pipeline.render.counters),
                 "next_group": self.pipeline.build.next_group, "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
-                "engine": self.engine.state_dict() if hasattr(self.engine, "state_dict") else {}}
+                "engine": self.engine.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
@@ -340,7 +338,7 @@ class RolloutCallback(RolloutProducer):
         self.pipeline.build.next_group = state["next_group"]
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
-        if state.get("engine") and hasattr(self.engine, "load_state_dict"):
+        if state.get("engine"):
             self.engine.load_state_dict(state["engine"])
 
 
@@ -354,9 +352,9 @@ def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size,
                          "smaller than one iteration; allowed: null or >= data.batch_size x group_size rows")
     if stale_policy not in STALE_POLICIES:
         raise ValueError(f"stale_policy={stale_policy!r}; valid values: {', '.join(STALE_POLICIES)}")
-    if mode == "async" and isinstance(engine, HFEngine) and engine.share_weights:
-        raise ValueError("engine HFEngine(share_weights=True) is a sync-only engine option: in mode='async' the "
-                         "producer must generate from a snapshot, not the weights being trained; use "
+    if mode == "async" and engine is not None and as_engine(engine).share_weights:
+        raise ValueError(f"engine {type(engine).__name__}(share_weights=True) is a sync-only engine option: in "
+                         "mode='async' the producer must generate from a snapshot, not the weights being trained; use "
                          "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")
 
 

@@ -154,10 +154,12 @@ def records_from_rows(rows, source: str, prompt_key: str = "prompt", answer_key:
     return out
 
 
-def render_prompt(prompt: Prompt, tokenizer) -> list[int]:
-    """Token ids of a prompt: raw text as-is, chat messages through the tokenizer's chat template."""
+def render_prompt(prompt: Prompt, tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of a prompt: raw text as-is, chat messages through the tokenizer's chat template
+    (``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``, are the template's extra variables)."""
     if prompt.messages is not None:
-        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True,
+                                            **(chat_template_kwargs or {}))
         if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
             ids = ids["input_ids"]
         return list(ids)

@@ -1,9 +1,22 @@
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 
-__all__ = ["RolloutEngine", "HFEngine", "SamplingConfig", "Completion", "VLLMEngine", "AgentLoop",
-           "Environment", "RetryRepoEnv", "RolloutPipeline"]
+__all__ = [
+    "AgentLoop",
+    "Completion",
+    "EngineBase",
+    "Environment",
+    "HFEngine",
+    "RetryRepoEnv",
+    "RolloutEngine",
+    "RolloutPipeline",
+    "SamplingConfig",
+    "VLLMEngine",
+    "VLLMServerEngine",
+]
 
-_LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "AgentLoop": "lit_rl.rollout.agent",
+_LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "VLLMServerEngine": "lit_rl.rollout.server",
+         "AgentLoop": "lit_rl.rollout.agent",
          "Environment": "lit_rl.rollout.env", "RetryRepoEnv": "lit_rl.rollout.env",
          "RolloutPipeline": "lit_rl.rollout.pipeline"}
 

@@ -1,5 +1,5 @@
 """Pieces shared by the in-process `VLLMEngine` (``rollout/vllm.py``) and the server engine
-(``rollout/server.py``): the prompt-length check, the truncated-log-prob guard, the request's sampling fields and seeds
+(``rollout/server.py``): the prompt-length check, the request's sampling fields and seeds
 (checkpointed), weight-name checks, safetensors weight files and model-config reads. No vLLM import here."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from lit_rl.rollout.base import SEED_MOD, RequestSeeds  # noqa: F401 - SEED_MOD re-exported
 from lit_rl.rollout.engine import SamplingConfig
 
 
@@ -25,52 +26,20 @@ def architectures(path: str) -> list[str]:
     return list(json.loads(cfg.read_text()).get("architectures") or [])
 
 
-def check_truncation(sampling: SamplingConfig, allowed: bool, engine: str) -> None:
-    """Refuse top-p / top-k unless the engine was told to report the truncated distribution's log-probs."""
-    if (sampling.top_p < 1 or sampling.top_k > 0) and not allowed:
-        raise ValueError(
-            f"sampling.top_p={sampling.top_p}, top_k={sampling.top_k}: vLLM would report logprobs of the "
-            "truncated distribution, not the untruncated temperature-scaled one the trainer computes. Use "
-            f"top_p=1 and top_k=0, set {engine}(allow_truncated_logprobs=True), or use HFEngine.")
-
-
-SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
-
-
-class SeededRequests:
-    """Per-prompt sampling seeds from a cursor, and the cursor as checkpoint state (both vLLM engines).
-
-    One seed per prompt; vLLM gives sample k of a prompt seed + k, so each prompt steps the cursor by n (equal
-    seeds across prompts would give every prompt the same sampling noise: correlated groups). The cursor is
-    what ``state_dict`` keeps, so a resumed run continues the seed sequence instead of replaying it.
-    """
-
-    seed: int = 0
-    _seed_cursor: int = 0
-
-    def _next_seed(self, sp: SamplingConfig, n: int) -> int:
-        base = self.seed if sp.seed is None else sp.seed
-        seed = (base + self._seed_cursor) % SEED_MOD
-        self._seed_cursor += n
-        return seed
-
-    def state_dict(self) -> dict:
-        """Checkpointed by RolloutCallback (``engine`` entry of its state)."""
-        return {"seed_cursor": self._seed_cursor}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._seed_cursor = int(state.get("seed_cursor", 0))
+SeededRequests = RequestSeeds  # the former name: the per-request seed cursor now lives in rollout/base.py
 
 
 def sampling_fields(sp: SamplingConfig, n: int, seed: int) -> dict:
     """Every vLLM sampling field of a request, explicitly. A field left unset is filled by vLLM from the
     checkpoint's ``generation_config.json`` (instruct checkpoints ship ``min_p``, ``top_k``, ``top_p``,
     ``temperature``, ``repetition_penalty`` there), and the sampled tokens and reported log-probs would then
-    describe another distribution than the trainer's. Greedy asks for one sample (vLLM takes ``n=1`` only)."""
+    describe another distribution than the trainer's. Greedy asks for one sample (vLLM takes ``n=1`` only).
+    ``generation_kwargs`` (checked by ``SamplingConfig``) are added last."""
     return {"n": n if sp.temperature > 0 else 1, "temperature": sp.temperature, "top_p": sp.top_p,
-            "top_k": sp.top_k if sp.top_k > 0 else -1, "min_p": 0.0, "max_tokens": sp.max_new_tokens,
-            "min_tokens": 0, "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "ignore_eos": False, "logprobs": 0, "seed": seed}
+            "top_k": sp.top_k if sp.top_k > 0 else -1, "min_p": sp.min_p, "max_tokens": sp.max_new_tokens,
+            "min_tokens": 0, "repetition_penalty": sp.repetition_penalty, "presence_penalty": 0.0,
+            "frequency_penalty": 0.0, "ignore_eos": False, "logprobs": 0, "seed": seed, "stop": sp.stops,
+            **(sp.generation_kwargs or {})}
 
 
 def check_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, engine: str) -> list[list[int]]:

@@ -1,50 +1,33 @@
 """The rollout-engine protocol and `HFEngine` (generation with ``transformers.generate``).
 
-Log-probabilities returned by every engine are of the *temperature-scaled, untruncated* distribution,
-``log softmax(logits / T)[token]``, and that is also the distribution the tokens are sampled from: an engine
-samples with exactly the processing its log-probs describe. The trainer computes its log-probabilities with
-the same temperature (``PolicyModule.temperature`` is taken from the rollout sampling config), so
-old/rollout/current log-probabilities are comparable. Greedy decoding (``temperature=0``) reports logprobs at
-T = 1. Truncated sampling (top-p < 1, top-k > 0) is refused unless the engine is told to report the truncated
-distribution's log-probs instead (``allow_truncated_logprobs=True``; the trainer's mismatch correction,
-``PolicyModule(rollout_correction=...)``, then sees the difference).
+Log-probabilities returned by every engine are those of the sampled token under the distribution it was
+sampled from: ``log softmax(process_logits(logits))[token]`` (``lit_rl.rollout.sampling``: repetition penalty,
+temperature, min-p, top-k, top-p, in vLLM's order). With the defaults that is ``log softmax(logits / T)``, the
+trainer's own recomputation (``PolicyModule.temperature`` is taken from the rollout sampling config); greedy
+decoding reports T = 1. With truncation or a repetition penalty the engine's log-probs are the behaviour
+policy's, and ``PolicyModule(rollout_correction=...)`` corrects the gap to the trainer's.
 """
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from lit_rl.rollout.base import EngineBase, stable_seed
+from lit_rl.rollout.sampling import (
+    SamplingConfig,
+    check_generation_kwargs,
+    deprecated_truncation_flag,
+    end_of_completion,
+    process_logits,
+    stop_window,
+)
 
-@dataclass
-class SamplingConfig:
-    """How completions are sampled. ``temperature=0`` means greedy."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_new_tokens: int = 32
-    # Seeded sampling: each prompt's n samples come from a generator seeded by (seed, engine call, prompt
-    # tokens), so they do not depend on which other prompts share the batch or the rank (DDP equivalence,
-    # reproducible rollouts). None = the global RNG (faster: one batched generate call).
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0 or self.temperature == float("inf"):  # also rejects NaN
-            raise ValueError(f"sampling.temperature must be a finite number >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"sampling.top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def logprob_temperature(self) -> float:
-        return self.temperature if self.temperature > 0 else 1.0
+__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingConfig"]
 
 
 @dataclass
@@ -74,23 +57,24 @@ class RolloutEngine(Protocol):
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
 
 
-class HFEngine:
+class HFEngine(EngineBase):
     """Generation with ``transformers`` ``model.generate`` (KV cache, temperature, eos stop).
 
     The checkpoint's ``generation_config.json`` is ignored: hub checkpoints ship sampling defaults
     (``repetition_penalty``, ``top_k``, ``top_p``, ``min_new_tokens``, ...) that ``generate`` would otherwise apply
     silently, so the tokens would come from another distribution than the reported log-probs. Every call runs
-    with a fresh ``GenerationConfig`` holding only what ``SamplingConfig`` says (temperature, max_new_tokens,
-    top-p / top-k when allowed) plus the tokenizer's eos / pad ids; no repetition penalty, no minimum length.
+    with a fresh ``GenerationConfig`` (the tokenizer's eos / pad ids, ``max_new_tokens``, ``generation_kwargs``)
+    whose own processors are all off; the sampling settings are applied by one final logits processor
+    (``_ProcessedSampler``: ``process_logits`` in vLLM's order), which also keeps the step's ``(N, V)``
+    log-softmax to read the next sampled token's log-prob from. No ``(N, C, V)`` tensor is ever formed.
 
     Args:
         share_weights: True (default) generates with the policy module's own model object, so weights are
             always current and a sync costs nothing. False keeps a private copy updated by
             ``update_weights`` (needed when generation overlaps training, e.g. asynchronous RL).
         batch_size: maximum sequences per ``generate`` call (bounds memory); None = all at once.
-        allow_truncated_logprobs: accept top-p / top-k sampling; the log-probs are then those of the truncated,
-            renormalised distribution actually sampled from (``log_softmax`` of the processed scores), a
-            departure from the module convention (as ``VLLMEngine``'s setting of the same name).
+        allow_truncated_logprobs: deprecated, no effect: every engine now samples with top-p / top-k / min-p /
+            repetition penalty and reports the processed distribution's log-probs (``lit_rl.rollout.sampling``).
         share_prefill: compute each distinct prompt's prefill once and let its ``n`` samples reuse the
             key/value cache (vLLM's prefix caching does the same); False = one prefill per row.
     """
@@ -100,7 +84,7 @@ class HFEngine:
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
         self.share_weights, self.batch_size = share_weights, batch_size
-        self.allow_truncated_logprobs = allow_truncated_logprobs
+        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "HFEngine")
         self.share_prefill = share_prefill
         self.model = None
         self.tokenizer = None
@@ -130,9 +114,10 @@ class HFEngine:
     def state_dict(self) -> dict:
         """Checkpointed by RolloutCallback: the call count keys seeded sampling, so a resumed run samples
         exactly what the uninterrupted one would."""
-        return {"calls": self._calls}
+        return {**super().state_dict(), "calls": self._calls}
 
     def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
         self._calls = int(state.get("calls", 0))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
@@ -154,12 +139,7 @@ class HFEngine:
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("HFEngine.generate called before bind(module); RolloutCallback.setup binds it")
-        if (sampling.top_p < 1 or sampling.top_k > 0) and sampling.temperature > 0 and not self.allow_truncated_logprobs:
-            raise ValueError(
-                f"sampling.top_p={sampling.top_p}, top_k={sampling.top_k}: HFEngine would sample from the truncated "
-                "distribution while reporting logprobs of the untruncated temperature-scaled one the trainer "
-                "computes. Use top_p=1 and top_k=0, or set HFEngine(allow_truncated_logprobs=True) to report the "
-                "truncated distribution's logprobs (and correct with PolicyModule rollout_correction).")
+        check_generation_kwargs(sampling, _hf_generation_keys(), "HFEngine", "transformers GenerationConfig")
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt i's samples are rows i*n .. i*n+n-1
         step = self.batch_size or len(rows)
         flat: list[Completion] = []
@@ -169,7 +149,7 @@ class HFEngine:
         try:
             if sampling.seed is not None and sampling.temperature > 0:
                 for p in prompt_ids:  # one generate per prompt, under its own seed (see SamplingConfig.seed)
-                    key = _stable_seed(sampling.seed, self._calls, p)
+                    key = stable_seed(sampling.seed, self._calls, p)
                     with torch.random.fork_rng(devices=[] if not torch.cuda.is_available() else None):
                         torch.manual_seed(key)
                         flat.extend(self._generate([p] * n, sampling))
@@ -178,10 +158,10 @@ class HFEngine:
                     flat.extend(self._generate(rows[s : s + step], sampling))
         finally:
             self.model.train(was_training)
-        return [flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))]
+        return self._count([flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))])
 
     def _generate(self, rows: list[list[int]], sp: SamplingConfig) -> list[Completion]:
-        from transformers import GenerationConfig
+        from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         tok, model = self.tokenizer, self.model
         device = next(model.parameters()).device
@@ -191,45 +171,40 @@ class HFEngine:
         for i, r in enumerate(rows):  # left padding: every prompt ends at column P-1
             ids[i, P - len(r) :] = torch.tensor(r, dtype=torch.long)
             att[i, P - len(r) :] = 1
-        greedy = sp.temperature == 0
-        truncated = not greedy and (sp.top_p < 1 or sp.top_k > 0)  # only reachable with allow_truncated_logprobs
-        # Every sampling field explicit (top_k=0: transformers' global default is 50; repetition_penalty=1):
-        # generate() fills unset (None) fields from model.generation_config, which is swapped for an empty one
-        # below, so nothing from the checkpoint's generation_config.json reaches the sampler. Not set, because
+        greedy = sp.greedy
+        # Every sampling field explicit and neutral (top_k=0: transformers' global default is 50;
+        # repetition_penalty=1; temperature=1): generate() fills unset (None) fields from model.generation_config,
+        # which is swapped for an empty one below, so nothing from the checkpoint's generation_config.json reaches
+        # the sampler, and the settings themselves are applied by _ProcessedSampler alone. Not set, because
         # transformers warns on every call otherwise: min_new_tokens (min_length=0 already means "no minimum";
         # both set -> "Both min_new_tokens and min_length seem to have been set") and, when greedy, top_k (a
         # sampling-only flag next to do_sample=False -> "generation flags are not valid: ['top_k']").
         cfg = GenerationConfig(
-            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_length=0,
-            temperature=sp.temperature if not greedy else 1.0, top_p=sp.top_p if not greedy else 1.0,
-            top_k=sp.top_k if not greedy else None, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
+            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_length=0, temperature=1.0, top_p=1.0,
+            top_k=None if greedy else 0, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
             eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
-            output_logits=True, output_scores=truncated)
+            **(sp.generation_kwargs or {}))
+        sampler = _ProcessedSampler(sp, ids.to(device), att.to(device))
+        stopping = StoppingCriteriaList([_StopStrings(tok, sp.stops, P)] if sp.stops else [])
         extra = self._shared_prefill(rows, ids, att, device) if self.share_prefill else {}
         saved = model.generation_config
         model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         try:
             out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=cfg,
+                                 logits_processor=LogitsProcessorList([sampler]), stopping_criteria=stopping,
                                  **extra)
         finally:
             model.generation_config = saved
-        new = out.sequences[:, P:].cpu()  # (N, C)
-        if truncated:  # processed scores: logits / T with the truncated entries at -inf, i.e. what was sampled
-            lp = torch.log_softmax(torch.stack(out.scores, dim=1).float().cpu(), dim=-1)  # (N, C, V)
-        else:
-            logits = torch.stack(out.logits, dim=1).float().cpu()  # (N, C, V) raw (unprocessed) logits
-            lp = torch.log_softmax(logits / sp.logprob_temperature, dim=-1)
-        lp = lp.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # (N, C)
+        new = out.sequences[:, P:]  # (N, C)
+        lp = sampler.sampled_logprobs(new).cpu()  # (N, C) float32
+        new = new.cpu()
+        decode = _decoder(tok)
         result = []
         for i in range(new.shape[0]):
             toks = new[i].tolist()
-            if tok.eos_token_id in toks:
-                end = toks.index(tok.eos_token_id) + 1
-                result.append(Completion(toks[:end], lp[i, :end].tolist(), "stop"))
-            else:
-                result.append(Completion(toks, lp[i].tolist(), "length"))
+            end, reason = end_of_completion(toks, tok.eos_token_id, decode, sp.stops)
+            result.append(Completion(toks[:end], lp[i, :end].tolist(), reason))
         return result
-
 
     def _shared_prefill(self, rows: list[list[int]], ids: Tensor, att: Tensor, device) -> dict:
         """The n samples of a prompt share its prefill: run each distinct prompt once (all but its last
@@ -258,12 +233,70 @@ class HFEngine:
         return {"past_key_values": cache}
 
 
-def _stable_seed(seed: int, call: int, tokens: list[int]) -> int:
-    """A 63-bit seed from (seed, call, prompt tokens), stable across processes (unlike ``hash``)."""
-    import hashlib
+class _ProcessedSampler:
+    """The final (only active) logits processor of ``HFEngine``'s ``generate``: applies the sampling settings
+    (``process_logits``) and reads each sampled token's log-prob from the previous step's log-softmax, so the
+    engine holds O(N x V) of vocabulary-sized memory, not the (N, C, V) of ``output_logits``/``output_scores``.
 
-    h = hashlib.blake2b(repr((seed, call, tuple(tokens))).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & (2**63 - 1)
+    Called once per generated token with ``input_ids`` (N, P + t) and raw ``scores`` (N, V): column P + t - 1 is
+    the token sampled from the distribution kept at the previous call. The last token's log-prob is read after
+    ``generate`` returns (``sampled_logprobs``).
+    """
+
+    def __init__(self, sp: SamplingConfig, ids: Tensor, att: Tensor):
+        self.sp, self.P = sp, ids.shape[1]
+        self._prompt = (ids, att)  # the seen-token mask needs V, known at the first call
+        self.seen: Tensor | None = None  # (N, V + 1) bool; column V collects the padding (never read)
+        self.prev: Tensor | None = None  # (N, V) float32 log-softmax of the last processed scores
+        self.cols: list[Tensor] = []  # (N,) per generated token but the last
+
+    def __call__(self, input_ids: Tensor, scores: Tensor) -> Tensor:
+        N, V = scores.shape
+        if self.sp.repetition_penalty != 1 and self.seen is None:
+            ids, att = self._prompt
+            self.seen = torch.zeros(N, V + 1, dtype=torch.bool, device=scores.device)
+            self.seen.scatter_(1, ids.masked_fill(att == 0, V), True)  # left padding is not a token of the prompt
+        if self.prev is not None:
+            last = input_ids[:, -1:]  # (N, 1) sampled from self.prev
+            self.cols.append(self.prev.gather(1, last)[:, 0])
+            if self.seen is not None:
+                self.seen.scatter_(1, last, True)
+        x = process_logits(scores.float(), None if self.seen is None else self.seen[:, :V], self.sp)
+        self.prev = torch.log_softmax(x, -1)
+        return x
+
+    def sampled_logprobs(self, new: Tensor) -> Tensor:
+        """(N, C) log-probs of the generated tokens ``new`` (N, C) under the distributions they came from."""
+        cols = self.cols[: new.shape[1] - 1] + [self.prev.gather(1, new[:, -1:])[:, 0]]
+        return torch.stack(cols, dim=1)
+
+
+class _StopStrings:
+    """``generate`` stopping criterion for ``SamplingConfig.stop``: a row is done once its newest token
+    completes a stop string (only the tail window of tokens is decoded, ``stop_window``). The completion is cut
+    at that token afterwards (``end_of_completion``), the rule every engine shares."""
+
+    def __init__(self, tokenizer, stops: list[str], prompt_len: int):
+        self.decode, self.stops, self.P, self.w = _decoder(tokenizer), stops, prompt_len, stop_window(stops)
+
+    def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
+        tails = input_ids[:, self.P:][:, -self.w:].tolist()
+        done = [any(s in self.decode(t) for s in self.stops) for t in tails]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def _decoder(tokenizer):
+    """Completion text as the rewards see it (``rollout.generate.decode_with``): special tokens skipped."""
+    return lambda toks: tokenizer.decode(toks, skip_special_tokens=True)
+
+
+def _hf_generation_keys() -> set[str]:
+    from transformers import GenerationConfig
+
+    return set(vars(GenerationConfig()))
+
+
+_stable_seed = stable_seed  # the former private name (tests, scripts)
 
 
 def _is_model_parallel(strategy) -> bool:

@@ -20,11 +20,11 @@ OVERLONG = ("truncate", "drop", "error")
 
 
 def engine_context_len(engine) -> int | None:
-    """The engine's context length (prompt + completion tokens), or None (none declared, or not started)."""
-    try:
-        n = getattr(engine, "max_model_len", None)
-    except RuntimeError:  # a vLLM engine before bind
-        return None
+    """The engine's context length (prompt + completion tokens), or None (none declared, or not started):
+    ``limits()["max_model_len"]`` of the engine contract (``rollout/base.py``)."""
+    from lit_rl.rollout.base import EngineBase, _ProtocolEngine
+
+    n = (engine if isinstance(engine, EngineBase) else _ProtocolEngine(engine)).limits().get("max_model_len")
     return int(n) if n else None
 
 
@@ -37,19 +37,23 @@ class PromptRenderer:
         context_len: returns the engine's context length (None = no such limit), read at every call because
             engines start late (``engine_context_len``).
         max_new_tokens: the completion budget the context must leave room for (a call may pass its own).
+        chat_template_kwargs: extra variables of the tokenizer's chat template (``SamplingConfig`` field of the
+            same name, e.g. ``{"enable_thinking": False}``).
 
     ``counters``: ``prompts_truncated`` / ``prompts_dropped`` since the start of training (checkpointed by the
     owner of the stage).
     """
 
     def __init__(self, max_prompt_len: int = 512, overlong: str = "truncate",
-                 context_len: Callable[[], int | None] | None = None, max_new_tokens: int | None = None):
+                 context_len: Callable[[], int | None] | None = None, max_new_tokens: int | None = None,
+                 chat_template_kwargs: dict | None = None):
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
         if overlong not in OVERLONG:
             raise ValueError(f"overlong_prompts={overlong!r}; valid values: {', '.join(OVERLONG)}")
         self.max_prompt_len, self.overlong = max_prompt_len, overlong
         self.context_len, self.max_new_tokens = context_len, max_new_tokens
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         self.counters = {"prompts_truncated": 0, "prompts_dropped": 0}
 
     def limit(self, max_new_tokens: int | None = None) -> tuple[int, str]:
@@ -73,7 +77,7 @@ class PromptRenderer:
         limit, why = self.limit(max_new_tokens)
         kept, ids = [], []
         for p in prompts:
-            t = render_prompt(p, tokenizer)
+            t = render_prompt(p, tokenizer, self.chat_template_kwargs)
             if len(t) > limit:
                 if self.overlong == "error":
                     raise ValueError(f"prompt {p.uid!r} has {len(t)} tokens > {why}")

@@ -6,8 +6,9 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
 * ``POST /v1/completions`` with a token-id prompt, ``n = group_size`` (a group stays on one server, where its
   prompt's KV blocks are cached), ``logprobs=0`` and ``return_token_ids``: token ids in, token ids and the
   sampled tokens' log-probs out. The servers must run with ``--logprobs-mode processed_logprobs`` (checked
-  at setup), which gives the log-probs of the temperature-scaled distribution: the project convention
-  (``lit_rl.rollout.engine``), exactly as the in-process ``VLLMEngine``.
+  at setup), which gives the log-probs of the processed distribution sampled from (repetition penalty,
+  temperature, min-p, top-k, top-p): the project convention (``lit_rl.rollout.sampling``), exactly as the
+  in-process ``VLLMEngine``. Stop strings are sent as ``stop`` and the completion cut by ``cut_at_stop``.
 * Weight sync (the servers must run with ``VLLM_SERVER_DEV_MODE=1``): transport ``file`` (default, CPU or
   same host / shared file system): the learner writes one safetensors file to ``sync_dir`` (``/dev/shm``), each
   server reloads it (``POST /collective_rpc`` → worker ``reload_weights(weights_path=...)``), drops its prefix
@@ -48,7 +49,6 @@ from lit_rl.rollout._vllm_common import (
     SeededRequests,
     architectures,
     check_prompts,
-    check_truncation,
     check_weight_names,
     deprecated_overlong,
     dtype_name,
@@ -56,7 +56,9 @@ from lit_rl.rollout._vllm_common import (
     sampling_fields,
     write_weights_file,
 )
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, SamplingConfig
+from lit_rl.rollout.sampling import cut_at_stop, deprecated_truncation_flag
 
 _log = logging.getLogger(__name__)
 TRANSPORTS = ("file", "nccl")
@@ -64,7 +66,7 @@ LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_l
                "kv_cache_gb", "extra_args", "env", "timeout_s"}
 
 
-class VLLMServerEngine(SeededRequests):
+class VLLMServerEngine(SeededRequests, EngineBase):
     """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
 
     Args:
@@ -84,7 +86,8 @@ class VLLMServerEngine(SeededRequests):
         seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
         overlong_prompts: deprecated, no effect (as ``VLLMEngine``: prompts over the context raise; the renderer
             decides prompt length from this engine's ``max_model_len``).
-        allow_truncated_logprobs: accept top-p / top-k (log-probs then of the truncated distribution).
+        allow_truncated_logprobs: deprecated, no effect (every sampling setting works; the log-probs are those of
+            the processed distribution sampled from, ``lit_rl.rollout.sampling``).
         max_concurrency: requests in flight from this engine at once (threads).
         lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
             weights) | ``adapter`` (the adapter path or an error at setup) | ``merged`` (always merged weights).
@@ -127,7 +130,7 @@ class VLLMServerEngine(SeededRequests):
         self.launch = dict(launch) if launch is not None else None
         self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
         self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, seed
-        self.allow_truncated_logprobs = allow_truncated_logprobs
+        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "VLLMServerEngine")
         self.max_concurrency = max_concurrency
         self.lora_sync = lora_sync
         self.sync_path: str | None = None  # "adapter" | "merged", chosen at bind
@@ -249,6 +252,9 @@ class VLLMServerEngine(SeededRequests):
     def max_model_len(self) -> int:
         return min(s.max_model_len for s in self.pool.servers)
 
+    def limits(self) -> dict[str, int | None]:
+        return {"max_model_len": self.max_model_len if self.pool is not None else None}
+
     def close(self) -> None:
         """Stop launched servers, drop the weight directory and the thread pool (bind starts them again)."""
         if self._executor is not None:
@@ -296,7 +302,6 @@ class VLLMServerEngine(SeededRequests):
             raise RuntimeError("VLLMServerEngine is not started: call bind(module) first (RolloutCallback.setup does)")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        check_truncation(sampling, self.allow_truncated_logprobs, "VLLMServerEngine")
         self.check_request_shape(n, sampling.max_new_tokens)
         with self._lock:
             if self._needs_initial_sync and self._module is not None:
@@ -311,9 +316,11 @@ class VLLMServerEngine(SeededRequests):
                 self._executor = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="lit_rl-server-req")
             futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
             result: list[list[Completion]] = [[] for _ in prompt_ids]
+            decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
             for i, fut in enumerate(futures):
-                result[i] = [Completion(t, lp, fr, version) for t, lp, fr in fut.result()]
-            return result
+                result[i] = [Completion(*cut_at_stop(t, lp, fr, decode, sampling.stops), version)
+                             for t, lp, fr in fut.result()]
+            return self._count(result)
 
     def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
@@ -325,7 +332,7 @@ class VLLMServerEngine(SeededRequests):
         for this engine (``rollout/server{i}_requests``), and which sync path runs with its bytes per sync
         (logged by RolloutCallback every step)."""
         pool = self.pool
-        out = {"rollout/server_errors": float(pool.errors if pool else 0),
+        out = {**super().metrics(), "rollout/server_errors": float(pool.errors if pool else 0),
                "rollout/retries": float(pool.retries if pool else 0),
                "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),

@@ -5,13 +5,12 @@ the policy's model directory, ``generate`` returns ``n`` completions per prompt 
 there is no re-tokenisation drift), and ``update_weights`` loads new weights into the running engine without a
 restart.
 
-Log-probabilities follow the project convention (``lit_rl.rollout.engine`` docstring): the sampled token's
-log-prob under the temperature-scaled, untruncated distribution, ``log softmax(logits / T)[token]``, and T = 1
-for greedy decoding. vLLM is asked for its *processed* log-probs (``logprobs_mode="processed_logprobs"``):
-after temperature, which is exactly the convention while top-p / top-k are off. With top-p < 1 or top-k > 0
-vLLM reports the *truncated, renormalised* distribution instead; ``generate`` refuses that combination unless
-``allow_truncated_logprobs=True`` (then the logprobs are those of the distribution actually sampled from,
-a documented departure from the convention).
+Log-probabilities follow the project convention (``lit_rl.rollout.sampling`` docstring): the sampled token's
+log-prob under the processed distribution it was sampled from. vLLM is asked for exactly that
+(``logprobs_mode="processed_logprobs"``: after repetition penalty, temperature, min-p, top-k and top-p, the
+order ``sampling.process_logits`` copies for ``HFEngine``); with the default settings it is
+``log softmax(logits / T)[token]``, and T = 1 for greedy decoding. Stop strings: vLLM stops on them
+(detokenising only then) and the completion is cut by ``sampling.cut_at_stop``, the rule every engine shares.
 
 Environment (set with ``os.environ.setdefault`` when vLLM is first imported, so a value the user exported
 wins; see ``ENV_DEFAULTS``):
@@ -52,7 +51,6 @@ from torch import Tensor
 from lit_rl.rollout._vllm_common import (
     SeededRequests,
     check_prompts,
-    check_truncation,
     check_weight_names,
     deprecated_overlong,
     make_sync_dir,
@@ -66,7 +64,9 @@ from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
 )
 from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, SamplingConfig
+from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop, deprecated_truncation_flag
 
 _log = logging.getLogger(__name__)
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -87,7 +87,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMEngine(SeededRequests):
+class VLLMEngine(SeededRequests, EngineBase):
     """Generation with an in-process ``vllm.LLM`` on the policy's model, weights synced without restarts.
 
     Args:
@@ -110,8 +110,8 @@ class VLLMEngine(SeededRequests):
             ``TimeoutError``.
         sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
             safetensors file every worker reads: multi-process engines), ``auto`` = tensors when in-process.
-        allow_truncated_logprobs: accept top-p / top-k sampling although vLLM's logprobs are then those of the
-            truncated distribution (module docstring).
+        allow_truncated_logprobs: deprecated, no effect (top-p / top-k / min-p / repetition penalty always work;
+            the log-probs are the processed distribution's, module docstring).
         llm_kwargs: further ``vllm.LLM`` keyword arguments (e.g. ``max_num_seqs``).
     """
 
@@ -155,7 +155,8 @@ class VLLMEngine(SeededRequests):
         self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
         self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
-        self.allow_truncated_logprobs, self.llm_kwargs = allow_truncated_logprobs, dict(llm_kwargs or {})
+        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "VLLMEngine")
+        self.llm_kwargs = dict(llm_kwargs or {})
         self.llm = None
         self.tokenizer = None
         self.policy_version = 0
@@ -243,6 +244,9 @@ class VLLMEngine(SeededRequests):
         self._require_started()
         return int(self.llm.llm_engine.model_config.max_model_len)
 
+    def limits(self) -> dict[str, int | None]:
+        return {"max_model_len": self.max_model_len if self.llm is not None else None}
+
     def close(self) -> None:
         """Shut vLLM down and free its memory (the engine can be bound again afterwards)."""
         llm, self.llm = self.llm, None
@@ -291,28 +295,32 @@ class VLLMEngine(SeededRequests):
             raise RuntimeError(f"VLLMEngine refuses to generate: {self._stale}. Call update_weights again.")
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
-        check_truncation(sampling, self.allow_truncated_logprobs, "VLLMEngine")
+        vllm = import_vllm()
+        check_generation_kwargs(sampling, set(getattr(vllm.SamplingParams, "__struct_fields__", ())) or None,
+                                "VLLMEngine", "vllm.SamplingParams")
         if self._needs_initial_sync and self._module is not None:
             from lit_rl.models.loading import merged_state_items
 
             self._sync_weights(merged_state_items(self._module.model))
             self._needs_initial_sync = False
-        vllm = import_vllm()
         sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMEngine")
         params = [self._params(vllm, n, sampling) for _ in sent]
         prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in sent]
         outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         result: list[list[Completion]] = [[] for _ in prompt_ids]
+        decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
         for i, out in enumerate(outs):
-            comps = [_completion(c) for c in sorted(out.outputs, key=lambda c: c.index)]
+            comps = [Completion(*cut_at_stop(*_completion(c), decode, sampling.stops))
+                     for c in sorted(out.outputs, key=lambda c: c.index)]
             if len(comps) == 1 < n:  # greedy: vLLM takes n=1 only; the n completions are identical anyway
                 comps = [Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
                          for _ in range(n)]
             result[i] = comps
-        return result
+        return self._count(result)
 
     def _params(self, vllm, n: int, sp: SamplingConfig):
-        kw = {**sampling_fields(sp, n, self._next_seed(sp, n)), "detokenize": False}
+        # Stop strings are matched on text: vLLM detokenises only when there are some.
+        kw = {**sampling_fields(sp, n, self._next_seed(sp, n)), "detokenize": bool(sp.stops)}
         if "flat_logprobs" in getattr(vllm.SamplingParams, "__struct_fields__", ()):  # fewer Python objects (vLLM >= 0.12)
             kw["flat_logprobs"] = True
         return vllm.SamplingParams(**kw)
@@ -396,7 +404,7 @@ class VLLMEngine(SeededRequests):
                                 kwargs={"weights_path": self._sync_dir})
 
 
-def _completion(c) -> Completion:
+def _completion(c) -> tuple[list[int], list[float], str]:
     toks = list(c.token_ids)
     if c.finish_reason not in ("stop", "length"):
         raise RuntimeError(f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)")
@@ -408,7 +416,7 @@ def _completion(c) -> Completion:
                 for i, t in enumerate(toks)]
     else:
         vals = [lps[i][t].logprob for i, t in enumerate(toks)]
-    return Completion(toks, [float(v) for v in vals], c.finish_reason)
+    return toks, [float(v) for v in vals], c.finish_reason
 
 
 def _check_architecture(vllm, path: str) -> None:

@@ -1,0 +1,157 @@
+"""One conformance suite for every rollout engine (the contract: ``lit_rl/rollout/base.py``).
+
+Adding an engine = one module + one line in ``ENGINES``. Each engine is bound to the same tiny model
+(hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports) and must:
+
+- return completions whose log-probs are the trainer's recomputation, ``log softmax(logits / T)`` of a float64
+  teacher-forced forward (default sampling: no processing);
+- reproduce seeded samples after ``load_state_dict`` of an earlier ``state_dict``;
+- generate from new weights right after ``update_weights(sync_items(model))``;
+- refuse a prompt over ``limits()["max_model_len"]`` (engines that declare one);
+- count calls, prompts, sequences and tokens in ``metrics()``, and keep them in ``state_dict``.
+"""
+from __future__ import annotations
+
+import copy
+import types
+
+import pytest
+import torch
+
+from lit_rl.models.loading import load_causal_lm, load_tokenizer
+from lit_rl.rollout.engine import SamplingConfig
+
+PROMPTS = ["1+2=", "hello", "abc"]
+_VLLM = [pytest.mark.vllm, pytest.mark.slow]  # vLLM start-up alone is ~30-60 s on 2 cores
+
+
+def _fake():
+    from _fake_engine import FakeEngine
+
+    return FakeEngine(max_model_len=96)
+
+
+def _hf():
+    from lit_rl.rollout.engine import HFEngine
+
+    return HFEngine(share_weights=False)  # own weights: update_weights must reach them
+
+
+def _vllm():
+    from lit_rl.rollout.vllm import VLLMEngine
+
+    return VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60,
+                      llm_kwargs={"block_size": 32})
+
+
+def _server():
+    from lit_rl.rollout.server import VLLMServerEngine
+
+    return VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 96, "max_num_seqs": 8, "timeout_s": 600},
+                            request_timeout_s=60, sync_timeout_s=120)
+
+
+ENGINES = [pytest.param(_fake, id="fake"), pytest.param(_hf, id="hf"),
+           pytest.param(_vllm, id="vllm", marks=_VLLM), pytest.param(_server, id="server", marks=_VLLM)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from lit_rl.models.tiny import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("engines") / "m", layers=2, hidden=64, heads=2,
+                            tokenizer="char", seed=0)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def bound(request, model_dir):
+    module = types.SimpleNamespace(model=load_causal_lm(str(model_dir)), tokenizer=load_tokenizer(str(model_dir)),
+                                   model_path=str(model_dir))
+    engine = request.param()
+    engine.bind(module)
+    yield engine, module
+    engine.close()
+
+
+def _ids(module):
+    return [module.tokenizer.encode(p) for p in PROMPTS]
+
+
+@torch.no_grad()
+def _trainer_logprobs(model, prompt, completion, temperature):
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].double()
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+def _worst(model, prompts, groups, temperature):
+    return max(float((torch.tensor(c.logprobs, dtype=torch.float64)
+                      - _trainer_logprobs(model, p, c.token_ids, temperature)).abs().max())
+               for p, g in zip(prompts, groups) for c in g)
+
+
+def test_logprobs_are_the_trainers_recomputation(bound):
+    engine, module = bound
+    engine.update_weights(engine.sync_items(module.model))
+    for sp in (SamplingConfig(temperature=0.8, max_new_tokens=5), SamplingConfig(temperature=0.0, max_new_tokens=5)):
+        groups = engine.generate(_ids(module), 2, sp)
+        assert [len(g) for g in groups] == [2] * len(PROMPTS)
+        assert all(len(c.token_ids) == len(c.logprobs) > 0 and c.finish_reason in ("stop", "length")
+                   for g in groups for c in g)
+        assert _worst(module.model, _ids(module), groups, sp.logprob_temperature) < 1e-4
+
+
+def test_seeded_samples_replay_after_load_state_dict(bound):
+    engine, module = bound
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=4, seed=7)
+    state = copy.deepcopy(engine.state_dict())
+    a = [[c.token_ids for c in g] for g in engine.generate(_ids(module), 2, sp)]
+    b = [[c.token_ids for c in g] for g in engine.generate(_ids(module), 2, sp)]
+    assert a != b  # the engine moved on: a second call draws new samples
+    engine.load_state_dict(state)
+    assert [[c.token_ids for c in g] for g in engine.generate(_ids(module), 2, sp)] == a
+
+
+def test_update_weights_then_generate_sees_the_new_weights(bound):
+    engine, module = bound
+    new = copy.deepcopy(module.model)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3)
+    version = engine.policy_version
+    engine.update_weights(engine.sync_items(new))
+    assert engine.policy_version == version + 1
+    try:
+        groups = engine.generate(_ids(module), 2, SamplingConfig(temperature=1.0, max_new_tokens=5))
+        assert _worst(new, _ids(module), groups, 1.0) < 1e-4
+        assert _worst(module.model, _ids(module), groups, 1.0) > 1e-2  # not the old weights
+    finally:
+        engine.update_weights(engine.sync_items(module.model))
+
+
+def test_limits_are_enforced(bound):
+    engine, module = bound
+    limit = engine.limits()["max_model_len"]
+    if limit is None:
+        pytest.skip(f"{type(engine).__name__} declares no context limit")
+    sp = SamplingConfig(temperature=0.0, max_new_tokens=4)
+    fits = [module.tokenizer.encode("7") * (limit - 4)]  # one token per character
+    assert engine.generate(fits, 1, sp)[0][0].token_ids
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.generate([fits[0] + fits[0][:1]], 1, sp)
+
+
+def test_counters_are_in_metrics_and_state(bound):
+    engine, module = bound
+    before = engine.metrics()
+    groups = engine.generate(_ids(module), 3, SamplingConfig(temperature=1.0, max_new_tokens=4))
+    after = engine.metrics()
+    assert after["rollout/engine_calls"] == before["rollout/engine_calls"] + 1
+    assert after["rollout/engine_prompts"] == before["rollout/engine_prompts"] + len(PROMPTS)
+    assert after["rollout/engine_sequences"] == before["rollout/engine_sequences"] + 3 * len(PROMPTS)
+    assert after["rollout/engine_tokens"] == before["rollout/engine_tokens"] + sum(
+        len(c.token_ids) for g in groups for c in g)
+    state = copy.deepcopy(engine.state_dict())
+    engine.generate(_ids(module)[:1], 1, SamplingConfig(temperature=0.0, max_new_tokens=2))
+    engine.load_state_dict(state)
+    assert engine.metrics()["rollout/engine_sequences"] == after["rollout/engine_sequences"]
