@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -95,6 +96,10 @@ class HeldoutEval(L.Callback):
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
         rc = _rollout_cb(trainer)
+        with training_state_kept(rc, pl_module.device):
+            self._score(rc, pl_module, prompts)
+
+    def _score(self, rc, pl_module, prompts: list) -> None:
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
         # the run's prompt-length policy (and the engine's context), not counted as training truncations
         prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
@@ -146,7 +151,7 @@ class HeldoutEval(L.Callback):
     def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
         """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
         rollouts = rc.pipeline.generate_and_score(prompts, ids)  # sampled as in training: returns vary in a prompt
-        exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id)
+        exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id, count=False)
         pl_module.critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
         if exp.returns is None:
@@ -165,6 +170,25 @@ class HeldoutEval(L.Callback):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = list(state["history"])
+
+
+@contextmanager
+def training_state_kept(rc, device: torch.device) -> Iterator[None]:
+    """Evaluation changes no training state: what it draws or counts is put back when it ends.
+
+    Held for the whole evaluation batch: the engine lock (an async producer cannot generate in between, so
+    what is restored is exactly what evaluation changed), the torch RNG (the critic path samples; forked for
+    the CPU and the module's accelerator) and the engine's checkpointed state (its generate-call count keys
+    seeded sampling). Evaluation's Experiences number their groups without the run-wide counter
+    (``build_experience(count=False)``) and its prompts are rendered uncounted."""
+    devices = [device] if device.type == "cuda" else []
+    with rc.engine_lock, torch.random.fork_rng(devices=devices):
+        state = rc.engine.state_dict() if hasattr(rc.engine, "state_dict") else None
+        try:
+            yield
+        finally:
+            if state is not None:
+                rc.engine.load_state_dict(state)
 
 
 class RewardCurvePlot(L.Callback):

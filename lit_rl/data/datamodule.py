@@ -217,8 +217,10 @@ class PromptDataModule(L.LightningDataModule):
         fitting = trainer is not None and trainer.state.fn == "fit"
         if not self.heldout_prompts or (fitting and not any(isinstance(c, HeldoutEval) for c in trainer.callbacks)):
             return []
+        # Its own generator, as the training loader's: a new iterator draws a seed from it, and from the global
+        # torch RNG the rollouts sample with otherwise, so every evaluation would change the next rollouts.
         return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
-                          collate_fn=collate_prompts, num_workers=0)
+                          collate_fn=collate_prompts, num_workers=0, generator=torch.Generator().manual_seed(self.seed))
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self._sampler.pos if self._sampler else 0}

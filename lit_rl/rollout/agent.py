@@ -253,9 +253,10 @@ class AgentExperienceBuilder:
         self.agent, self.sampling = agent, sampling
         self.next_group = 0
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None) -> Experience:
-        first = self.next_group
-        self.next_group += len(batch)
+    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None, count: bool = True) -> Experience:
+        first = self.next_group if count else 0
+        if count:
+            self.next_group += len(batch)
         exp = self.agent.to_experience(batch.prompts, batch.groups, pad_id, first, self.agent.engine.policy_version)
         exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
         exp.reward_errors = list(batch.rewards.errors)  # the inspector shows why a row has no reward

@@ -29,13 +29,16 @@ class ExperienceBuilder:
         self.engine, self.decode, self.horizon = engine, decode, horizon
         self.next_group = 0
 
-    def take_group_ids(self, n: int, G: int) -> torch.Tensor:
-        """(n·G,) long: the next n run-wide group ids, each repeated G times."""
-        first = self.next_group
-        self.next_group += n
+    def take_group_ids(self, n: int, G: int, count: bool = True) -> torch.Tensor:
+        """(n·G,) long: the next n run-wide group ids, each repeated G times; ``count=False`` (evaluation):
+        0 .. n-1, the run-wide counter untouched."""
+        first = self.next_group if count else 0
+        if count:
+            self.next_group += n
         return torch.arange(first, first + n).repeat_interleave(G)
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None) -> Experience:
+    def __call__(self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None,
+                 count: bool = True) -> Experience:
         """Shapes: B = N·G rows, P = longest prompt, C = longest completion (>= 1); ``trainable`` (B,) or None."""
         G = len(batch.groups[0])
         rb = batch.rewards
@@ -50,7 +53,7 @@ class ExperienceBuilder:
         rec = [p for p in batch.prompts for _ in range(G)]
         return Experience(
             input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-            group_ids=self.take_group_ids(len(batch), G), rewards=rb.total.float(), valid=rb.valid,
+            group_ids=self.take_group_ids(len(batch), G, count), rewards=rb.total.float(), valid=rb.valid,
             policy_version=torch.full((B,), self.engine.policy_version),
             reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
             finish_reasons=[c.finish_reason for c in rows_c], domains=[p.domain for p in rec], prompts=rec,

@@ -35,7 +35,7 @@ class ScoreStage(Protocol):
 class BuildStage(Protocol):
     next_group: int
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None) -> Experience: ...
+    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None, count: bool = True) -> Experience: ...
 
 
 class RolloutPipeline:
@@ -66,10 +66,11 @@ class RolloutPipeline:
         kept, ids = self.render(tokenizer, prompts)
         return self.generate_and_score(kept, ids)
 
-    def build_experience(self, batch: Rollouts, pad_id: int) -> Experience:
-        """Stages 4-5 after any refill: the overlong filter's ``trainable`` mask (N·G,), then the Experience."""
+    def build_experience(self, batch: Rollouts, pad_id: int, count: bool = True) -> Experience:
+        """Stages 4-5 after any refill: the overlong filter's ``trainable`` mask (N·G,), then the Experience.
+        ``count=False`` (evaluation) numbers the groups from 0 and leaves the run-wide group counter alone."""
         trainable = overlong_trainable([s.finish_reason for s in batch.rows()]) if self.overlong_filter else None
-        return self.build(batch, pad_id, trainable)
+        return self.build(batch, pad_id, trainable, count=count)
 
     def run(self, tokenizer, prompts: list, pool: list | None = None, rank: int = 0,
             iteration: int = 0) -> tuple[Experience, dict[str, float]]:
