@@ -1,7 +1,7 @@
 """Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts) and ``ObservationLoss``.
 
 ``AgentRolloutCallback`` is a ``RolloutCallback`` whose pipeline runs ``AgentLoop`` episodes
-(``lit_rl/rollout/agent.py``: ``AgentGenerator``, ``EnvRewards``, ``AgentExperienceBuilder``) in place of
+(``lit_rl/rollout/agent.py``: ``AgentGenerator``, ``EnvRewards``, the episode ``ExperienceBuilder``) in place of
 single completions; rendering, dynamic sampling, ExperienceHooks, advantages, weight sync and checkpointed state
 are the base callback's.
 """
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.data.experience import Experience
-from lit_rl.rollout.agent import AgentExperienceBuilder, AgentGenerator, AgentLoop, EnvRewards
+from lit_rl.rollout.agent import AgentGenerator, AgentLoop, EnvRewards
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.pipeline import RolloutPipeline
 
@@ -72,5 +72,5 @@ class AgentRolloutCallback(RolloutCallback):
         base = self.pipeline  # keep its render and refill stages; swap generate, score and build
         self.pipeline = RolloutPipeline(
             render=base.render, generate=AgentGenerator(agent, group_size, self.sampling, self.engine_lock),
-            score=EnvRewards(), build=AgentExperienceBuilder(agent, self.sampling), group_size=group_size,
+            score=EnvRewards(), build=agent.experience_builder(self.sampling), group_size=group_size,
             refill=base.refill)

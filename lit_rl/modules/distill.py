@@ -220,7 +220,6 @@ class DistillModule(PolicyModule):
         rows = int(self._all_reduce_sum(torch.tensor([float(local)]), op="max")[0])
         if rows > 0:
             texp = _pad_rows(texp if texp is not None else exp, rows, keep=local)
-            texp.horizon = rc.sampling.max_new_tokens
             stats = self._optimizer_step(self.optimizers(), self.lr_schedulers(), texp.to(self.device),
                                          micro_loss=self._teacher_micro_loss)
             metrics.update({k: v for k, v in stats.items() if k.startswith("loss/")})
