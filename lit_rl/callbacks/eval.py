@@ -15,13 +15,12 @@ from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.runs import run_path
 
 
-def _rollout_cb(trainer):
-    from lit_rl.callbacks.rollout import RolloutCallback
-
-    for cb in trainer.callbacks:
-        if isinstance(cb, RolloutCallback):
-            return cb
-    raise RuntimeError("HeldoutEval needs a RolloutCallback in trainer.callbacks (it reuses its engine)")
+def _rollout_source(pl_module):
+    """The RolloutCallback, handed to the module at its setup (``module.rollout_source``)."""
+    rc = getattr(pl_module, "rollout_source", None)
+    if rc is None:
+        raise RuntimeError("HeldoutEval needs a RolloutCallback in trainer.callbacks (it reuses its engine)")
+    return rc
 
 
 class HeldoutEval(L.Callback):
@@ -64,8 +63,14 @@ class HeldoutEval(L.Callback):
         self._seen = 0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # Explicit wiring: the module's validation_step evaluates with this object, and the datamodule yields
+        # held-out batches while fitting only because an evaluator asked for them.
+        pl_module.heldout_eval = self
         if stage != "fit":
             return
+        dm = getattr(trainer, "datamodule", None)
+        if dm is not None:
+            dm.heldout_in_fit = True
         if self.every_n_steps is not None:
             trainer.val_check_interval = self.every_n_steps
             trainer.check_val_every_n_epoch = None
@@ -95,7 +100,7 @@ class HeldoutEval(L.Callback):
         missing = [p.uid for p in prompts if p.answer is None]
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
-        rc = _rollout_cb(trainer)
+        rc = _rollout_source(pl_module)
         with training_state_kept(rc, pl_module.device):
             self._score(rc, pl_module, prompts)
 
@@ -165,6 +170,13 @@ class HeldoutEval(L.Callback):
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
             self.evaluate(trainer, pl_module)  # final point for the curve (logging is closed by now)
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if getattr(pl_module, "heldout_eval", None) is self:
+            pl_module.heldout_eval = None
+        dm = getattr(trainer, "datamodule", None)
+        if stage == "fit" and getattr(dm, "heldout_in_fit", False):
+            dm.heldout_in_fit = False
+
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}
 
@@ -216,7 +228,7 @@ class RewardCurvePlot(L.Callback):
         fig, ax = plt.subplots(figsize=(7, 4))
         if self.reward:
             ax.plot(*zip(*self.reward), label="train reward (mean)", alpha=0.7)
-        ev = next((cb for cb in trainer.callbacks if isinstance(cb, HeldoutEval)), None)
+        ev = getattr(pl_module, "heldout_eval", None)  # handed over by HeldoutEval.setup
         if ev is not None and ev.history:
             ax.plot([h["step"] for h in ev.history], [h["eval/accuracy"] for h in ev.history], "o-",
                     label="held-out greedy accuracy")

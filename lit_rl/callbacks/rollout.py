@@ -26,9 +26,11 @@ from typing import Any, Callable
 
 from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, staleness, take_fresh
 from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
+from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
+from lit_rl.errors import ConfigError
 from lit_rl.models.loading import merged_state_items
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
@@ -141,6 +143,7 @@ class RolloutCallback(RolloutProducer):
         self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
         self.last_sync_step = 0
+        self._default_eval: HeldoutEval | None = None
         decode = decode_with(self.engine)
         self.pipeline = RolloutPipeline(
             render=render, generate=Generator(self.engine, group_size, self.sampling, self.engine_lock),
@@ -150,6 +153,12 @@ class RolloutCallback(RolloutProducer):
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # Explicit wiring (every stage): the module, evaluation, teacher rollouts and engines read what they need
+        # from ``module.rollout_source`` instead of searching trainer.callbacks; a validation without a
+        # HeldoutEval callback uses a default evaluator (HeldoutEval.setup hands its own, whatever the order).
+        pl_module.rollout_source = self
+        if getattr(pl_module, "heldout_eval", None) is None:
+            self._default_eval = pl_module.heldout_eval = HeldoutEval()
         if stage != "fit":
             return
         from lit_rl.core.advantages import check_group_size
@@ -164,8 +173,6 @@ class RolloutCallback(RolloutProducer):
         try:
             self.rewards.check_columns(getattr(dm, "train_prompts", None) or [])
         except ValueError as e:
-            from lit_rl.cli import ConfigError
-
             raise ConfigError(f"rollout.rewards: {e}") from None
         prompts_per_step = getattr(dm, "batch_size", None)
         mb = getattr(pl_module.hparams, "minibatch_size", None)
@@ -206,6 +213,9 @@ class RolloutCallback(RolloutProducer):
                              f"data.batch_size={dm.batch_size} x group_size={self.group_size}); allowed: >= {rows}")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        if getattr(pl_module, "heldout_eval", None) is self._default_eval:
+            pl_module.heldout_eval = None
+        self._default_eval = None
         self._stop_producer()
         self.rewards.close()
         if hasattr(self.engine, "teardown"):  # engines owning processes (launched vLLM servers) stop them

@@ -158,6 +158,7 @@ class TeacherRouter(L.Callback):
                          "Add it to `teachers` or set `fallback`.")
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        pl_module.teacher_router = self  # explicit wiring: DistillModule scores and samples through it
         if stage == "fit":
             for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
                 t.snapshot(pl_module)  # self_frozen: the initial student, before any checkpoint restore/update
