@@ -111,6 +111,9 @@ class HeldoutEval(L.Callback):
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
+        if rc.rewards is None:
+            raise RuntimeError("HeldoutEval scores with the RolloutCallback's reward pool, and this one has none (the "
+                               "agent path scores with its environment)")
         rb = rc.rewards.score(prompts, texts, completion_ids=[list(g[0].token_ids) for g in comps])
         if self.scorer is None:
             correct = (rb.valid & (rb.total >= self.correct_threshold)).to(dev)  # NaN (invalid) is never >=

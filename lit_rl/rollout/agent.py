@@ -34,6 +34,9 @@ from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
+from lit_rl.rollout.filter import DynamicSampling
+from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline
+from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
 
 
@@ -250,3 +253,17 @@ class EnvRewards:
                                                      for e in rows))}
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
+
+
+def agent_pipeline(agent: AgentLoop, config: RolloutConfig, lock: threading.RLock | None = None) -> RolloutPipeline:
+    """The agent path as a pipeline: the render stage of ``config`` (prompt-length policy and counters), then
+    ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
+    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path."""
+    sp = config.sampling
+    render = PromptRenderer(config.max_prompt_len, config.overlong_prompts,
+                            context_len=lambda: engine_context_len(agent.engine), max_new_tokens=sp.max_new_tokens)
+    refill = (DynamicSampling(config.group_size, config.max_resample_tries, config.seed)
+              if config.dynamic_sampling else None)
+    return RolloutPipeline(render=render, generate=AgentGenerator(agent, config.group_size, sp, lock),
+                           score=EnvRewards(), build=agent.experience_builder(sp), group_size=config.group_size,
+                           refill=refill, sampling=sp)
