@@ -24,7 +24,16 @@ import threading
 import time
 from typing import Any, Callable
 
-from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, staleness, take_fresh
+from lit_rl.callbacks._async import (
+    MODES,  # noqa: F401  (importable from here, as before)
+    AsyncProducer,
+    PromptStream,
+    check_async_args,
+    check_async_correction,
+    check_async_setup,
+    staleness,
+    take_fresh,
+)
 from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
 from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
@@ -37,8 +46,6 @@ from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
-
-MODES = ("sync", "async")
 
 
 def _sync_items(engine, model):
@@ -126,7 +133,7 @@ class RolloutCallback(RolloutProducer):
                                     dynamic_sampling, max_resample_tries, overlong_filter, overlong_buffer,
                                     overlong_penalty_factor, seed)
         self.sampling = self.config.sampling
-        _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
+        check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
         self.engine = engine if engine is not None else HFEngine(share_weights=mode == "sync")
@@ -184,34 +191,10 @@ class RolloutCallback(RolloutProducer):
                     f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
         if self.mode == "async":
-            self._check_async_setup(trainer, dm)
-            self._check_async_correction(pl_module)
+            editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
+            check_async_setup(editor, dm, self.group_size, self.queue_size)
+            check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
 
-    def _check_async_correction(self, pl_module) -> None:
-        """Async rows come from older weights: without an importance correction (and with one update per
-        batch, where the ratio's denominator is the learner itself) they would train as on-policy data."""
-        corr = getattr(pl_module.hparams, "rollout_correction", None)
-        if self.max_staleness > 0 and corr == "none":
-            raise ValueError(
-                f"mode='async' with max_staleness={self.max_staleness} trains rows sampled by older weights, but the "
-                "model's rollout_correction is 'none', so they would be trained as on-policy (ratio 1); set "
-                "model rollout_correction: tis (token-level truncated IS, the recommended default) or mis, "
-                "or max_staleness: 0 (synchronous)")
-
-    def _check_async_setup(self, trainer, dm) -> None:
-        editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-        if editor is not None:
-            raise ValueError(f"mode='async' cannot be combined with a {type(editor).__name__} callback: the async "
-                             "producer draws its own prompt batches ahead of the trainer, so batch.prompts edits are "
-                             "never seen; use mode='sync' with a curriculum")
-        for attr in ("train_prompts", "batch_size", "seed"):
-            if not hasattr(dm, attr):
-                raise ValueError(f"mode='async' needs a datamodule with {attr!r} (e.g. PromptDataModule): the "
-                                 f"producer draws prompt batches itself; got {type(dm).__name__}")
-        rows = dm.batch_size * self.group_size
-        if self.queue_size is not None and self.queue_size < rows:
-            raise ValueError(f"queue_size={self.queue_size} rows is smaller than one iteration ({rows} rows = "
-                             f"data.batch_size={dm.batch_size} x group_size={self.group_size}); allowed: >= {rows}")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if getattr(pl_module, "heldout_eval", None) is self._default_eval:
@@ -371,19 +354,3 @@ def _check_pipeline_args(pipeline, engine, group_size, sampling, *stage_args) ->
                                                                        "engine", None)
     if engine is not None and gen_engine is not None and gen_engine is not engine:
         raise ValueError("RolloutCallback: engine is not the engine the pipeline generates with")
-
-
-def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0 (0 = exactly synchronous), got {max_staleness}")
-    if queue_size is not None and queue_size < group_size:
-        raise ValueError(f"queue_size={queue_size} rows is smaller than one group (group_size={group_size}), so "
-                         "smaller than one iteration; allowed: null or >= data.batch_size x group_size rows")
-    if stale_policy not in STALE_POLICIES:
-        raise ValueError(f"stale_policy={stale_policy!r}; valid values: {', '.join(STALE_POLICIES)}")
-    if mode == "async" and isinstance(engine, HFEngine) and engine.share_weights:
-        raise ValueError("engine HFEngine(share_weights=True) is a sync-only engine option: in mode='async' the "
-                         "producer must generate from a snapshot, not the weights being trained; use "
-                         "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")
