@@ -234,7 +234,7 @@ def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, ti
         rc = RolloutCallback(engine=engine, rewards=lambda p, c: 0.0, group_size=group,
                              sampling=SamplingConfig(max_new_tokens=new))
         module = _module(tiny_model_dir)
-        module._trainer = types.SimpleNamespace(callbacks=[rc])
+        module.rollout_source = rc  # what RolloutCallback.setup hands the module before it binds the engine
         with pytest.raises(ValueError, match=msg):
             engine.bind(module)
     with pytest.raises(ValueError, match=r"group_size=17 exceeds"):  # generate checks it too

@@ -1,12 +1,12 @@
 """Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts) and ``ObservationLoss``.
 
-``AgentRolloutCallback`` is a ``RolloutCallback`` whose pipeline runs ``AgentLoop`` episodes
-(``lit_rl/rollout/agent.py``: ``AgentGenerator``, ``EnvRewards``, ``AgentExperienceBuilder``) in place of
-single completions; rendering, dynamic sampling, ExperienceHooks, advantages, weight sync and checkpointed state
-are the base callback's.
+``AgentRolloutCallback`` is a ``RolloutCallback`` handed the agent pipeline (``rollout.agent.agent_pipeline``:
+``AgentGenerator``, ``EnvRewards``, the episode ``ExperienceBuilder``) in place of the single-turn one;
+ExperienceHooks, advantages, weight sync and checkpointed state are the base callback's.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import lightning as L
@@ -14,9 +14,9 @@ from torch import Tensor
 
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.data.experience import Experience
-from lit_rl.rollout.agent import AgentExperienceBuilder, AgentGenerator, AgentLoop, EnvRewards
+from lit_rl.rollout.agent import AgentLoop, agent_pipeline
 from lit_rl.rollout.engine import SamplingConfig
-from lit_rl.rollout.pipeline import RolloutPipeline
+from lit_rl.rollout.pipeline import RolloutConfig
 
 
 class ObservationLoss(L.Callback):
@@ -46,31 +46,22 @@ class ObservationLoss(L.Callback):
         return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
 
 
-class _EnvRewardsOnly:
-    """Placeholder reward for the base class: an AgentRolloutCallback scores with the environment."""
-
-    name = "env"
-
-    def __call__(self, prompt, completion):
-        raise RuntimeError("AgentRolloutCallback takes rewards from the environment; this is never called")
-
-
 class AgentRolloutCallback(RolloutCallback):
-    """``RolloutCallback`` whose rollouts are ``AgentLoop`` episodes and whose rewards are the environment's.
+    """``RolloutCallback`` whose pipeline is the agent path (``rollout.agent.agent_pipeline``): ``AgentLoop``
+    episodes scored by the environment, no reward pool.
 
-    Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync) is the base
-    callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's engine is used).
+    Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync, checkpointed
+    state) is the base callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's
+    engine is used).
     """
 
     def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
                  sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
                  max_resample_tries: int = 3, seed: int = 0):
-        super().__init__(engine=agent.engine, rewards=_EnvRewardsOnly(), group_size=group_size, sampling=sampling,
-                         sync_every=sync_every, max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
-                         max_resample_tries=max_resample_tries, seed=seed)
+        config = RolloutConfig(group_size=group_size, sampling=sampling or SamplingConfig(),
+                               max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
+                               max_resample_tries=max_resample_tries, seed=seed)
+        lock = threading.RLock()
+        super().__init__(engine=agent.engine, pipeline=agent_pipeline(agent, config, lock), sync_every=sync_every,
+                         seed=seed)
         self.agent = agent
-        base = self.pipeline  # keep its render and refill stages; swap generate, score and build
-        self.pipeline = RolloutPipeline(
-            render=base.render, generate=AgentGenerator(agent, group_size, self.sampling, self.engine_lock),
-            score=EnvRewards(), build=AgentExperienceBuilder(agent, self.sampling), group_size=group_size,
-            refill=base.refill)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -14,13 +15,12 @@ from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.runs import run_path
 
 
-def _rollout_cb(trainer):
-    from lit_rl.callbacks.rollout import RolloutCallback
-
-    for cb in trainer.callbacks:
-        if isinstance(cb, RolloutCallback):
-            return cb
-    raise RuntimeError("HeldoutEval needs a RolloutCallback in trainer.callbacks (it reuses its engine)")
+def _rollout_source(pl_module):
+    """The RolloutCallback, handed to the module at its setup (``module.rollout_source``)."""
+    rc = getattr(pl_module, "rollout_source", None)
+    if rc is None:
+        raise RuntimeError("HeldoutEval needs a RolloutCallback in trainer.callbacks (it reuses its engine)")
+    return rc
 
 
 class HeldoutEval(L.Callback):
@@ -63,8 +63,14 @@ class HeldoutEval(L.Callback):
         self._seen = 0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # Explicit wiring: the module's validation_step evaluates with this object, and the datamodule yields
+        # held-out batches while fitting only because an evaluator asked for them.
+        pl_module.heldout_eval = self
         if stage != "fit":
             return
+        dm = getattr(trainer, "datamodule", None)
+        if dm is not None:
+            dm.heldout_in_fit = True
         if self.every_n_steps is not None:
             trainer.val_check_interval = self.every_n_steps
             trainer.check_val_every_n_epoch = None
@@ -94,13 +100,20 @@ class HeldoutEval(L.Callback):
         missing = [p.uid for p in prompts if p.answer is None]
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
-        rc = _rollout_cb(trainer)
+        rc = _rollout_source(pl_module)
+        with training_state_kept(rc, pl_module.device):
+            self._score(rc, pl_module, prompts)
+
+    def _score(self, rc, pl_module, prompts: list) -> None:
         sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
         # the run's prompt-length policy (and the engine's context), not counted as training truncations
         prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
+        if rc.rewards is None:
+            raise RuntimeError("HeldoutEval scores with the RolloutCallback's reward pool, and this one has none (the "
+                               "agent path scores with its environment)")
         rb = rc.rewards.score(prompts, texts, completion_ids=[list(g[0].token_ids) for g in comps])
         if self.scorer is None:
             correct = (rb.valid & (rb.total >= self.correct_threshold)).to(dev)  # NaN (invalid) is never >=
@@ -146,7 +159,7 @@ class HeldoutEval(L.Callback):
     def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
         """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
         rollouts = rc.pipeline.generate_and_score(prompts, ids)  # sampled as in training: returns vary in a prompt
-        exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id)
+        exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id, count=False)
         pl_module.critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
         if exp.returns is None:
@@ -160,11 +173,37 @@ class HeldoutEval(L.Callback):
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
             self.evaluate(trainer, pl_module)  # final point for the curve (logging is closed by now)
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if getattr(pl_module, "heldout_eval", None) is self:
+            pl_module.heldout_eval = None
+        dm = getattr(trainer, "datamodule", None)
+        if stage == "fit" and getattr(dm, "heldout_in_fit", False):
+            dm.heldout_in_fit = False
+
     def state_dict(self) -> dict[str, Any]:
         return {"history": self.history}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = list(state["history"])
+
+
+@contextmanager
+def training_state_kept(rc, device: torch.device) -> Iterator[None]:
+    """Evaluation changes no training state: what it draws or counts is put back when it ends.
+
+    Held for the whole evaluation batch: the engine lock (an async producer cannot generate in between, so
+    what is restored is exactly what evaluation changed), the torch RNG (the critic path samples; forked for
+    the CPU and the module's accelerator) and the engine's checkpointed state (its generate-call count keys
+    seeded sampling). Evaluation's Experiences number their groups without the run-wide counter
+    (``build_experience(count=False)``) and its prompts are rendered uncounted."""
+    devices = [device] if device.type == "cuda" else []
+    with rc.engine_lock, torch.random.fork_rng(devices=devices):
+        state = rc.engine.state_dict() if hasattr(rc.engine, "state_dict") else None
+        try:
+            yield
+        finally:
+            if state is not None:
+                rc.engine.load_state_dict(state)
 
 
 class RewardCurvePlot(L.Callback):
@@ -192,7 +231,7 @@ class RewardCurvePlot(L.Callback):
         fig, ax = plt.subplots(figsize=(7, 4))
         if self.reward:
             ax.plot(*zip(*self.reward), label="train reward (mean)", alpha=0.7)
-        ev = next((cb for cb in trainer.callbacks if isinstance(cb, HeldoutEval)), None)
+        ev = getattr(pl_module, "heldout_eval", None)  # handed over by HeldoutEval.setup
         if ev is not None and ev.history:
             ax.plot([h["step"] for h in ev.history], [h["eval/accuracy"] for h in ev.history], "o-",
                     label="held-out greedy accuracy")

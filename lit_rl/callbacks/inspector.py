@@ -250,9 +250,7 @@ class RolloutInspector(L.Callback):
             f.write(json.dumps(rec) + "\n")
 
     def _flush_heldout(self, trainer) -> None:
-        from lit_rl.callbacks.eval import HeldoutEval
-
-        ev = next((cb for cb in trainer.callbacks if isinstance(cb, HeldoutEval)), None)
+        ev = getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)  # handed over at setup
         if ev is None:
             return
         for h in ev.history[self._heldout_seen:]:
@@ -288,6 +286,5 @@ def _cell(v: Any) -> Any:
 
 
 def _rollout_cb(trainer):
-    from lit_rl.callbacks.rollout import RolloutCallback
-
-    return next((cb for cb in trainer.callbacks if isinstance(cb, RolloutCallback)), None)
+    """The RolloutCallback, handed to the module at its setup (``module.rollout_source``)."""
+    return getattr(getattr(trainer, "lightning_module", None), "rollout_source", None)

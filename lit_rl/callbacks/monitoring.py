@@ -77,9 +77,8 @@ def experience_health_metrics(exp: Experience, zero_adv_eps: float = 1e-8) -> di
 
 
 def _heldout_eval(trainer):
-    from lit_rl.callbacks.eval import HeldoutEval
-
-    return next((cb for cb in trainer.callbacks if isinstance(cb, HeldoutEval)), None)
+    """The evaluator HeldoutEval (or the RolloutCallback's default) handed to the module at setup."""
+    return getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)
 
 
 class RLHealthMonitor(L.Callback):

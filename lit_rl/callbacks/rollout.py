@@ -24,24 +24,28 @@ import threading
 import time
 from typing import Any, Callable
 
-from lit_rl.callbacks._async import STALE_POLICIES, AsyncProducer, PromptStream, staleness, take_fresh
+from lit_rl.callbacks._async import (
+    MODES,  # noqa: F401  (importable from here, as before)
+    AsyncProducer,
+    PromptStream,
+    check_async_args,
+    check_async_correction,
+    check_async_setup,
+    staleness,
+    take_fresh,
+)
 from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
+from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
+from lit_rl.errors import ConfigError
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
 from lit_rl.rollout.base import as_engine
-from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
-from lit_rl.rollout.filter import DynamicSampling, check_resample_tries
-from lit_rl.rollout.generate import Generator, decode_with
-from lit_rl.rollout.pipeline import RolloutPipeline
-from lit_rl.rollout.render import PromptRenderer, engine_context_len
-from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor
-
-MODES = ("sync", "async")
+from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
 
 
 def _sync_items(engine, model):
@@ -53,8 +57,11 @@ def _sync_items(engine, model):
 class RolloutCallback(RolloutProducer):
     """Generate, score and annotate rollouts for every training batch.
 
-    ``pipeline`` (a ``RolloutPipeline``) holds the stages built from these arguments; a subclass swaps stages
-    (``AgentRolloutCallback``: episodes and environment rewards).
+    The stages are a ``RolloutPipeline``: pass one (``pipeline=``; e.g. ``rollout.agent.agent_pipeline``, what
+    ``AgentRolloutCallback`` does), or the flat settings below, which ``rollout.pipeline.build_pipeline`` turns
+    into one (``RolloutConfig``; every ``configs/*.yaml`` writes these). With a pipeline, ``group_size`` and
+    ``sampling`` are the pipeline's, ``rewards`` is optional (its score stage's pool is used when it has one)
+    and the other stage settings must stay at their defaults.
 
     Args:
         engine: a ``RolloutEngine`` (``HFEngine`` default, ``VLLMEngine``).
@@ -84,6 +91,7 @@ class RolloutCallback(RolloutProducer):
         stale_policy: async: what happens to a too-stale Experience: ``drop`` (take the next one) or
             ``regenerate`` (same prompts, current weights); both counted (``async/dropped``,
             ``async/regenerated``, in rows).
+        pipeline: a ``RolloutPipeline`` to run instead of the one the flat settings describe.
     """
 
     def __init__(
@@ -105,51 +113,58 @@ class RolloutCallback(RolloutProducer):
         max_staleness: int = 1,
         queue_size: int | None = None,
         stale_policy: StalePolicy = "drop",
+        pipeline: RolloutPipeline | None = None,
     ):
-        if rewards is None:
+        if pipeline is None and rewards is None:
             raise ValueError("RolloutCallback.rewards is required: a RewardPool or reward function(s)")
+        if pipeline is not None:
+            _check_pipeline_args(pipeline, engine, group_size, sampling, max_prompt_len, overlong_prompts,
+                                 dynamic_sampling, max_resample_tries, overlong_filter, overlong_buffer,
+                                 overlong_penalty_factor)
+            group_size, sampling = pipeline.group_size, pipeline.sampling or sampling
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-        self.sampling = sampling or SamplingConfig()
-        # Each stage checks its own arguments (same order as the signature: the first bad one is named).
-        # The one owner of prompt length: max_prompt_len and the engine's context (read when rendering, as
-        # engines start at setup) minus the completion budget.
-        render = PromptRenderer(max_prompt_len, overlong_prompts, context_len=lambda: engine_context_len(self.engine),
-                                max_new_tokens=self.sampling.max_new_tokens,
-                                chat_template_kwargs=self.sampling.chat_template_kwargs)
-        check_resample_tries(max_resample_tries)
-        refill = DynamicSampling(group_size, max_resample_tries, seed) if dynamic_sampling else None
-        shaping = (OverlongShaping(self.sampling.max_new_tokens, overlong_buffer, overlong_penalty_factor)
-                   if overlong_buffer is not None else None)
-        check_penalty_factor(overlong_penalty_factor)
-        _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
+        # The flat settings as given (configs/*.yaml and CLI round trips read them); the pipeline is built from
+        # them once (rollout.pipeline.build_pipeline), so changing one after construction changes nothing.
+        self.config = RolloutConfig(group_size, sampling or SamplingConfig(), max_prompt_len, overlong_prompts,
+                                    dynamic_sampling, max_resample_tries, overlong_filter, overlong_buffer,
+                                    overlong_penalty_factor, seed)
+        self.sampling = self.config.sampling
+        check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
         self.engine = as_engine(engine) if engine is not None else HFEngine(share_weights=mode == "sync")
-        self.engine_lock = threading.RLock()  # generation, weight loads and evaluation use the engine one at a time
         self._producer: AsyncProducer | None = None
         self._stream: PromptStream | None = None
         self._async_state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
-        self.rewards = rewards if isinstance(rewards, RewardPool) else RewardPool(rewards)
+        if rewards is not None and not isinstance(rewards, RewardPool):
+            rewards = RewardPool(rewards)
+        self.rewards = rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
         self.group_size, self.sync_every = group_size, sync_every
-        # The settings as given (CLI round trips and users read them); the stages below are built from them once,
-        # so changing one of these after construction changes nothing.
         self.max_prompt_len, self.overlong, self.seed = max_prompt_len, overlong_prompts, seed
         self.dynamic_sampling, self.max_resample_tries = dynamic_sampling, max_resample_tries
         self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
         self.last_sync_step = 0
-        decode = decode_with(self.engine)
-        self.pipeline = RolloutPipeline(
-            render=render, generate=Generator(self.engine, group_size, self.sampling, self.engine_lock),
-            score=Scorer(self.rewards, decode, shaping),
-            build=ExperienceBuilder(self.engine, decode, horizon=self.sampling.max_new_tokens),
-            group_size=group_size, refill=refill, overlong_filter=overlong_filter)
+        self._default_eval: HeldoutEval | None = None
+        if pipeline is None:
+            # generation, weight loads and evaluation use the engine one at a time
+            self.engine_lock = threading.RLock()
+            pipeline = build_pipeline(self.engine, self.rewards, self.config, self.engine_lock)
+        else:  # the pipeline's generator already holds a lock: the callback's pushes and evaluation share it
+            self.engine_lock = getattr(pipeline.generate, "lock", None) or threading.RLock()
+        self.pipeline = pipeline
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer, pl_module, stage: str) -> None:
+        # Explicit wiring (every stage): the module, evaluation, teacher rollouts and engines read what they need
+        # from ``module.rollout_source`` instead of searching trainer.callbacks; a validation without a
+        # HeldoutEval callback uses a default evaluator (HeldoutEval.setup hands its own, whatever the order).
+        pl_module.rollout_source = self
+        if getattr(pl_module, "heldout_eval", None) is None:
+            self._default_eval = pl_module.heldout_eval = HeldoutEval()
         if stage != "fit":
             return
         from lit_rl.core.advantages import check_group_size
@@ -162,10 +177,9 @@ class RolloutCallback(RolloutProducer):
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
         # an error on every row at the first rollout
         try:
-            self.rewards.check_columns(getattr(dm, "train_prompts", None) or [])
+            if self.rewards is not None:  # the agent path scores with its environment
+                self.rewards.check_columns(getattr(dm, "train_prompts", None) or [])
         except ValueError as e:
-            from lit_rl.cli import ConfigError
-
             raise ConfigError(f"rollout.rewards: {e}") from None
         prompts_per_step = getattr(dm, "batch_size", None)
         mb = getattr(pl_module.hparams, "minibatch_size", None)
@@ -176,43 +190,24 @@ class RolloutCallback(RolloutProducer):
                     f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
         if self.mode == "async":
-            self._check_async_setup(trainer, dm)
-            self._check_async_correction(pl_module)
+            editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
+            check_async_setup(editor, dm, self.group_size, self.queue_size)
+            check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
 
-    def _check_async_correction(self, pl_module) -> None:
-        """Async rows come from older weights: without an importance correction (and with one update per
-        batch, where the ratio's denominator is the learner itself) they would train as on-policy data."""
-        corr = getattr(pl_module.hparams, "rollout_correction", None)
-        if self.max_staleness > 0 and corr == "none":
-            raise ValueError(
-                f"mode='async' with max_staleness={self.max_staleness} trains rows sampled by older weights, but the "
-                "model's rollout_correction is 'none', so they would be trained as on-policy (ratio 1); set "
-                "model rollout_correction: tis (token-level truncated IS, the recommended default) or mis, "
-                "or max_staleness: 0 (synchronous)")
-
-    def _check_async_setup(self, trainer, dm) -> None:
-        editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-        if editor is not None:
-            raise ValueError(f"mode='async' cannot be combined with a {type(editor).__name__} callback: the async "
-                             "producer draws its own prompt batches ahead of the trainer, so batch.prompts edits are "
-                             "never seen; use mode='sync' with a curriculum")
-        for attr in ("train_prompts", "batch_size", "seed"):
-            if not hasattr(dm, attr):
-                raise ValueError(f"mode='async' needs a datamodule with {attr!r} (e.g. PromptDataModule): the "
-                                 f"producer draws prompt batches itself; got {type(dm).__name__}")
-        rows = dm.batch_size * self.group_size
-        if self.queue_size is not None and self.queue_size < rows:
-            raise ValueError(f"queue_size={self.queue_size} rows is smaller than one iteration ({rows} rows = "
-                             f"data.batch_size={dm.batch_size} x group_size={self.group_size}); allowed: >= {rows}")
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        if getattr(pl_module, "heldout_eval", None) is self._default_eval:
+            pl_module.heldout_eval = None
+        self._default_eval = None
         self._stop_producer()
-        self.rewards.close()
+        if self.rewards is not None:
+            self.rewards.close()
         self.engine.teardown()  # engines owning processes (launched vLLM servers) stop them
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        self.rewards.trainer_state = TrainerState(trainer.global_step, trainer.current_epoch)
+        if self.rewards is not None:
+            self.rewards.trainer_state = TrainerState(trainer.global_step, trainer.current_epoch)
         if self.mode == "async":
             exp, metrics = self._take_async(trainer, pl_module)
         else:
@@ -327,35 +322,40 @@ class RolloutCallback(RolloutProducer):
         """The sync schedule, the render counters, the run-wide group counter, the engine's version and state;
         async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
-        return {"last_sync_step": self.last_sync_step, "counters": dict(self.pipeline.render.counters),
-                "next_group": self.pipeline.build.next_group, "policy_version": self.engine.policy_version,
+        return {"last_sync_step": self.last_sync_step, **self.pipeline.state_dict(),
+                "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
                 "engine": self.engine.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
-        self.pipeline.render.counters = dict(state["counters"])
-        self.pipeline.build.next_group = state["next_group"]
+        self.pipeline.load_state_dict(state)
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
         if state.get("engine"):
             self.engine.load_state_dict(state["engine"])
 
 
-def _check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine) -> None:
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0 (0 = exactly synchronous), got {max_staleness}")
-    if queue_size is not None and queue_size < group_size:
-        raise ValueError(f"queue_size={queue_size} rows is smaller than one group (group_size={group_size}), so "
-                         "smaller than one iteration; allowed: null or >= data.batch_size x group_size rows")
-    if stale_policy not in STALE_POLICIES:
-        raise ValueError(f"stale_policy={stale_policy!r}; valid values: {', '.join(STALE_POLICIES)}")
-    if mode == "async" and engine is not None and as_engine(engine).share_weights:
-        raise ValueError(f"engine {type(engine).__name__}(share_weights=True) is a sync-only engine option: in "
-                         "mode='async' the producer must generate from a snapshot, not the weights being trained; use "
-                         "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")
+_STAGE_DEFAULTS = {"max_prompt_len": 512, "overlong_prompts": "truncate", "dynamic_sampling": False,
+                   "max_resample_tries": 3, "overlong_filter": False, "overlong_buffer": None,
+                   "overlong_penalty_factor": 1.0}
+
+
+def _check_pipeline_args(pipeline, engine, group_size, sampling, *stage_args) -> None:
+    """A given pipeline owns its stages: flat stage settings beside it would be silently ignored, so refuse them."""
+    given = {k: v for (k, d), v in zip(_STAGE_DEFAULTS.items(), stage_args) if v != d}
+    if given:
+        raise ValueError(f"RolloutCallback: pipeline= builds its own stages, so {', '.join(sorted(given))} would be "
+                         "ignored; set them on the pipeline (rollout.pipeline.RolloutConfig + build_pipeline) or "
+                         "drop pipeline=")
+    if group_size not in (8, pipeline.group_size):
+        raise ValueError(f"RolloutCallback: group_size={group_size} differs from the pipeline's {pipeline.group_size}")
+    if sampling is not None and pipeline.sampling is not None and sampling != pipeline.sampling:
+        raise ValueError("RolloutCallback: sampling differs from the pipeline's; pass one of them")
+    gen_engine = getattr(pipeline.generate, "engine", None) or getattr(getattr(pipeline.generate, "agent", None),
+                                                                       "engine", None)
+    if engine is not None and gen_engine is not None and gen_engine is not engine:
+        raise ValueError("RolloutCallback: engine is not the engine the pipeline generates with")
 
 
 def _log_iteration_step(trainer, pl_module, on_step: bool) -> None:

@@ -9,15 +9,19 @@ re-tokenised (split from ``teachers.py``; `TeacherRouter` calls these).
 from __future__ import annotations
 
 import string
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt, render_prompt
 
-if TYPE_CHECKING:  # teachers.py imports this module
-    from lit_rl.callbacks.teachers import Teacher
+
+class Teacher(Protocol):
+    """What these functions read of a ``teachers.Teacher`` (a protocol, so this module does not import
+    ``teachers.py``, which imports it)."""
+
+    template: str | None
 
 def privileged_prompt(template: str, record: Prompt) -> Prompt:
     """The record with its prompt text replaced by ``template`` filled from the record's fields.

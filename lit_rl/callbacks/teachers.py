@@ -24,8 +24,9 @@ from lit_rl.callbacks.teacher_inputs import char_ends, cross_tokenizer_view, pri
 from lit_rl.core.distill import teacher_topk
 from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
-from lit_rl.data.experience import Experience, pad_prompts_completions
+from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt, render_prompt
+from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 SELF_SOURCES = ("self", "self_frozen")
 
@@ -157,6 +158,7 @@ class TeacherRouter(L.Callback):
                          "Add it to `teachers` or set `fallback`.")
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        pl_module.teacher_router = self  # explicit wiring: DistillModule scores and samples through it
         if stage == "fit":
             for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
                 t.snapshot(pl_module)  # self_frozen: the initial student, before any checkpoint restore/update
@@ -346,7 +348,8 @@ class TeacherRouter(L.Callback):
         p_ids = [render_prompt(recs[i], stok) for i in keep]
         c_ids = [stok(texts[i], add_special_tokens=False)["input_ids"] + ([stok.eos_token_id] if stops[i] else [])
                  for i in keep]
-        return _pack(stok, p_ids, c_ids, [recs[i] for i in keep], rb.total[keep].float()), metrics
+        return _pack(stok, p_ids, c_ids, [recs[i] for i in keep], rb.total[keep].float(),
+                     horizon=sampling.max_new_tokens), metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows_total": dict(self.rows_total)}
@@ -355,14 +358,13 @@ class TeacherRouter(L.Callback):
         self.rows_total = dict(state.get("rows_total", {}))
 
 
-def _pack(tok, p_ids: list[list[int]], c_ids: list[list[int]], recs: list[Prompt], rewards) -> Experience:
-    """Left-padded prompts | right-padded completions as an Experience (loss mask = completion tokens)."""
-    input_ids, att, mask, P = pad_prompts_completions(tok.pad_token_id, p_ids, c_ids)
-    B = len(p_ids)
-    return Experience(input_ids=input_ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                      group_ids=torch.arange(B), rewards=rewards, valid=torch.ones(B, dtype=torch.bool),
-                      policy_version=torch.zeros(B, dtype=torch.long), prompts=list(recs),
-                      domains=[r.domain for r in recs])
+def _pack(tok, p_ids: list[list[int]], c_ids: list[list[int]], recs: list[Prompt], rewards,
+          horizon: int | None = None) -> Experience:
+    """Left-padded prompts | right-padded completions as an Experience (loss mask = completion tokens; each row
+    its own group; no rollout log-probs: the rows were not sampled by the policy), through the one
+    ``ExperienceBuilder``; ``horizon`` is the run's (the student's token budget)."""
+    rows = Rows(prompt_ids=p_ids, completion_ids=c_ids, prompts=recs, rewards=rewards)
+    return ExperienceBuilder(horizon=horizon).pack(rows, tok.pad_token_id, group_ids=torch.arange(len(p_ids)))
 
 
 class _eval:

@@ -7,9 +7,7 @@ import importlib
 import os
 import sys
 
-
-class ConfigError(ValueError):
-    """A configuration problem found before training; the console script prints it as one line."""
+from lit_rl.errors import ConfigError  # defined on the lowest floor: callbacks raise it too
 
 
 def __getattr__(name: str):

@@ -27,7 +27,7 @@ quiet.install()  # before Lightning / transformers log anything
 from jsonargparse import Namespace, set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
-from lit_rl.cli import ConfigError  # noqa: E402
+from lit_rl.errors import ConfigError  # noqa: E402
 from lit_rl.runs import (  # noqa: E402
     CHECKPOINT_SUBDIR,
     IterationCheckpoint,

@@ -109,6 +109,9 @@ class PromptDataModule(L.LightningDataModule):
     every bad record is reported with its ``file:line``, and held-out records must have an answer.
     """
 
+    # Held-out batches while fitting: only when an evaluator asked for them (set by HeldoutEval.setup).
+    heldout_in_fit = False
+
     def __init__(
         self,
         task: TaskName | str | None = "addition",
@@ -210,15 +213,16 @@ class PromptDataModule(L.LightningDataModule):
     def val_dataloader(self):
         """The held-out prompts, for the policy's ``validation_step`` (``HeldoutEval``). Empty (no validation)
         while fitting without a ``HeldoutEval`` callback, so recipes without evaluation never generate for it;
-        ``lit-rl validate`` always gets them."""
-        from lit_rl.callbacks.eval import HeldoutEval
-
+        ``lit-rl validate`` always gets them. ``heldout_in_fit`` is set by ``HeldoutEval.setup`` (explicit wiring:
+        the data floor imports no callback)."""
         trainer = getattr(self, "trainer", None)
         fitting = trainer is not None and trainer.state.fn == "fit"
-        if not self.heldout_prompts or (fitting and not any(isinstance(c, HeldoutEval) for c in trainer.callbacks)):
+        if not self.heldout_prompts or (fitting and not self.heldout_in_fit):
             return []
+        # Its own generator, as the training loader's: a new iterator draws a seed from it, and from the global
+        # torch RNG the rollouts sample with otherwise, so every evaluation would change the next rollouts.
         return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
-                          collate_fn=collate_prompts, num_workers=0)
+                          collate_fn=collate_prompts, num_workers=0, generator=torch.Generator().manual_seed(self.seed))
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self._sampler.pos if self._sampler else 0}

@@ -86,12 +86,11 @@ class DistillModule(PolicyModule):
         """Asked by the TeacherRouter: store the teacher's top-k (only when topk_reverse_kl is used)."""
         return self.topk if "topk_reverse_kl" in self.losses else None
 
-    def router(self):
-        from lit_rl.callbacks.teachers import TeacherRouter
+    teacher_router = None  # handed over by TeacherRouter.setup (explicit wiring, no search of trainer.callbacks)
 
-        for cb in self.trainer.callbacks:
-            if isinstance(cb, TeacherRouter):
-                return cb
+    def router(self):
+        if self.teacher_router is not None:
+            return self.teacher_router
         raise RuntimeError("DistillModule needs a TeacherRouter in trainer.callbacks (it scores the student's "
                            "rollouts with the teachers); e.g. -c callbacks/teachers.yaml")
 
@@ -206,9 +205,7 @@ class DistillModule(PolicyModule):
         rank has a survivor every rank skips the step. Denominators are global (``_denominators``) and the step
         goes through the module's ``_optimizer_step`` (clipping, non-finite guard, scheduler).
         """
-        from lit_rl.callbacks.rollout import RolloutCallback
-
-        rc = next(cb for cb in self.trainer.callbacks if isinstance(cb, RolloutCallback))
+        rc = self.rollout_source  # handed over by RolloutCallback.setup: its sampling and reward pool
         exp = batch.experience
         seen, prompts = set(), []
         for g, p in zip(exp.group_ids.tolist(), exp.prompts):
@@ -220,7 +217,6 @@ class DistillModule(PolicyModule):
         rows = int(self._all_reduce_sum(torch.tensor([float(local)]), op="max")[0])
         if rows > 0:
             texp = _pad_rows(texp if texp is not None else exp, rows, keep=local)
-            texp.horizon = rc.sampling.max_new_tokens
             stats = self._optimizer_step(self.optimizers(), self.lr_schedulers(), texp.to(self.device),
                                          micro_loss=self._teacher_micro_loss)
             metrics.update({k: v for k, v in stats.items() if k.startswith("loss/")})

@@ -1,4 +1,4 @@
-"""The two optional protocols lit_rl adds to Lightning callbacks (docs/architecture.md "Contracts").
+"""The optional protocols lit_rl adds to Lightning callbacks (docs/architecture.md "Contracts").
 
 - ``ExperienceHook.on_experience(trainer, module, experience)``: annotate a freshly generated Experience
   (reference log-probs, teacher log-probs, values, token rewards) *before* advantages are computed.
@@ -19,6 +19,10 @@ A loss term owned by the module itself (``PolicyModule.loss_modules``: the ``Cri
 - ``trains_alone(module) -> bool``: while True, every other loss part is multiplied by 0 (a critic's warmup);
 - ``advantage_metrics(experience) -> dict``: logged with the advantage metrics;
 - ``bootstrap_rows(experience) -> (B,) bool | None``: rows whose GAE continues from the last state's value.
+
+And one protocol for the module's side of the rollout wiring:
+
+- ``RolloutSource``: the wiring the rollout callback hands the module (``module.rollout_source``) at setup.
 """
 from __future__ import annotations
 
@@ -33,6 +37,22 @@ class ExperienceHook(Protocol):
 @runtime_checkable
 class LossTerm(Protocol):
     def loss_terms(self, module: Any, micro_batch: Any, forward_out: dict[str, Any]) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """What the rollout callback hands the policy module at ``setup`` (``module.rollout_source``), so that
+    evaluation, teacher rollouts and engines never search ``trainer.callbacks`` for it: the engine (with its
+    lock and ``eval_generate``), the sampling settings, ``group_size``, the reward pool and the pipeline."""
+
+    engine: Any
+    sampling: Any
+    group_size: int
+    rewards: Any
+    pipeline: Any
+    engine_lock: Any
+
+    def eval_generate(self, prompt_ids: list[list[int]], n: int, sampling: Any) -> list: ...
 
 
 def experience_hooks(trainer) -> list:

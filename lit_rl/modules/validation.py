@@ -2,8 +2,9 @@
 
 Lightning's validation loop decides *when* (``val_check_interval``, ``check_val_every_n_epoch``, the sanity
 check, ``lit-rl validate``); the ``HeldoutEval`` callback decides *how* (greedy generation with the
-RolloutCallback's engine, scorers, torchmetrics accumulation). Without a ``HeldoutEval`` in the callbacks a
-default one is used, so ``lit-rl validate`` works on any recipe. Batches come from
+RolloutCallback's engine, scorers, torchmetrics accumulation). Both are handed to the module at setup
+(``heldout_eval``, ``rollout_source``); without a ``HeldoutEval`` callback the RolloutCallback hands a default
+one, so ``lit-rl validate`` works on any recipe. Batches come from
 ``PromptDataModule.val_dataloader`` (the held-out prompts).
 """
 from __future__ import annotations
@@ -14,26 +15,26 @@ import math
 class HeldoutValidation:
     """Mixin for a policy ``LightningModule`` (``PolicyModule`` inherits it)."""
 
-    def _heldout_eval(self):
-        from lit_rl.callbacks.eval import HeldoutEval
+    # Handed over at setup (explicit wiring, no search of trainer.callbacks): the RolloutCallback sets
+    # ``rollout_source`` (itself) and, when no HeldoutEval callback set one, a default ``heldout_eval``.
+    rollout_source = None
+    heldout_eval = None
 
-        ev = next((cb for cb in self.trainer.callbacks if isinstance(cb, HeldoutEval)), None)
-        if ev is None:
-            ev = self.__dict__.get("_default_heldout_eval")
-            if ev is None:
-                ev = self.__dict__["_default_heldout_eval"] = HeldoutEval()
-        return ev
+    def _heldout_eval(self):
+        if self.heldout_eval is None:
+            raise RuntimeError("held-out validation needs a RolloutCallback (it hands the module its engine and an "
+                               "evaluator at setup); add lit_rl.callbacks.RolloutCallback (the `rollout:` section)")
+        return self.heldout_eval
 
     def on_validation_start(self) -> None:
-        from lit_rl.callbacks.eval import _rollout_cb
-
         if self.trainer.state.fn != "fit":  # validate/test: RolloutCallback.setup binds its engine for fit only
             import torch
 
             # Lightning runs this hook under inference mode; an engine's own weights (a private copy, vLLM's)
             # made here would be inference tensors that its weight loads cannot write in place.
             with torch.inference_mode(False):
-                _rollout_cb(self.trainer).engine.bind(self)
+                self._heldout_eval()  # fails naming the missing RolloutCallback
+                self.rollout_source.engine.bind(self)
         self._heldout_eval().start(self)
 
     def validation_step(self, batch, batch_idx: int) -> None:

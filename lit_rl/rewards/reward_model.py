@@ -41,7 +41,7 @@ class RewardModelReward:
 
     def _load(self):
         if self._model is None:
-            from lit_rl.modules.reward_model import load_reward_model
+            from lit_rl.models.reward_head import load_reward_model
 
             model, tok = load_reward_model(self.path, self.dtype)
             self._model, self._tok = model.to(self.device).eval().requires_grad_(False), tok
@@ -49,7 +49,7 @@ class RewardModelReward:
 
     @torch.no_grad()
     def score_batch(self, prompts: list[Any], completions: list[str]) -> list[float]:
-        from lit_rl.modules.reward_model import score_texts
+        from lit_rl.models.reward_head import score_texts
 
         with self._lock:
             model, tok = self._load()

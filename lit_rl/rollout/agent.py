@@ -16,8 +16,8 @@ core estimators see the episode return ``rewards + sum(token_rewards)`` (grpo, r
 reward-to-go (``reinforce``, ``gae``: gamma applies per action token, observation tokens are skipped).
 
 The loop plugs into the rollout pipeline (``rollout/pipeline.py``) as three stages: ``AgentGenerator`` (episodes
-instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and
-``AgentExperienceBuilder``; ``lit_rl.callbacks.agent.AgentRolloutCallback`` wires them to Lightning.
+instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and the one
+``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``); ``lit_rl.callbacks.agent.AgentRolloutCallback`` wires them to Lightning.
 """
 from __future__ import annotations
 
@@ -31,8 +31,12 @@ import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
+from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
+from lit_rl.rollout.filter import DynamicSampling
+from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline
+from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
 
 
@@ -139,55 +143,64 @@ class AgentLoop:
 
     def to_experience(self, prompts: list[Any], episodes: list[list[Episode]], pad_id: int, first_group: int = 0,
                       policy_version: int = 0) -> Experience:
-        """Pack episodes into an Experience (layout and reward placement in the module doc).
+        """Pack episodes into an Experience (layout and reward placement in the module doc; no horizon: the
+        pipeline's ``experience_builder`` sets it).
 
         Shapes: B = number of episodes, P = longest prompt, C = longest interleaved completion.
         """
-        rows = [e for group in episodes for e in group]
-        P = max(len(e.prompt_ids) for e in rows)
+        G = len(episodes[0]) if episodes else 1
+        group_ids = torch.arange(first_group, first_group + len(episodes)).repeat_interleave(G)
+        return ExperienceBuilder().pack(self.episode_rows(Rollouts(list(prompts), [], episodes)), pad_id, group_ids,
+                                        policy_version=policy_version)
+
+    def episode_rows(self, batch: Rollouts) -> Rows:
+        """The episode layout of ``ExperienceBuilder``: one row per episode, the completion its actions and
+        observations interleaved (loss on actions only, ``extras["obs_mask"]`` on observations), turn rewards
+        r_1..r_{K-1} in ``token_rewards`` and r_K as the row's reward; ``batch.rewards`` (when scored) gives
+        the rows' ``reward_errors``."""
+        rows = [e for group in batch.groups for e in group]
         segs = [_segments(e) for e in rows]
-        C = max(1, max(len(ids) for ids, _ in segs))
-        B = len(rows)
-        input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
-        att = torch.zeros((B, P + C), dtype=torch.long)
-        loss_mask = torch.zeros((B, C), dtype=torch.bool)
-        obs_mask = torch.zeros((B, C), dtype=torch.bool)
-        rlp = torch.zeros((B, C), dtype=torch.float32)
-        token_rewards = torch.zeros((B, C), dtype=torch.float32)
-        rewards = torch.zeros(B, dtype=torch.float32)
-        for i, (e, (ids, kinds)) in enumerate(zip(rows, segs)):
-            n = len(ids)
-            input_ids[i, P - len(e.prompt_ids):P] = torch.tensor(e.prompt_ids, dtype=torch.long)
-            att[i, P - len(e.prompt_ids):P + n] = 1
-            if n:
-                input_ids[i, P:P + n] = torch.tensor(ids, dtype=torch.long)
-                loss_mask[i, :n] = torch.tensor([k == "a" for k in kinds], dtype=torch.bool)
-                obs_mask[i, :n] = ~loss_mask[i, :n]
+        logprobs, token_rewards, finals = [], [], []
+        for e, (ids, _) in zip(rows, segs):
+            lp = [0.0] * len(ids)
+            tr = torch.zeros(len(ids), dtype=torch.float32)
             pos, last = 0, None
             for t in e.turns:
                 if t.action_ids:
-                    rlp[i, pos:pos + len(t.action_ids)] = torch.tensor(t.action_logprobs, dtype=torch.float32)
+                    lp[pos:pos + len(t.action_ids)] = t.action_logprobs
                     last = pos + len(t.action_ids) - 1
                 if last is not None:  # an empty action credits the previous action's last token
-                    token_rewards[i, last] += t.reward
+                    tr[last] += t.reward
                 pos += len(t.action_ids) + len(t.obs_ids)
+            final = 0.0
             if last is not None:  # the reward on the final action token is the row's sequence reward
-                rewards[i], token_rewards[i, last] = token_rewards[i, last].item(), 0.0
+                final, tr[last] = tr[last].item(), 0.0
+            logprobs.append(lp)
+            token_rewards.append(tr)
+            finals.append(final)
         valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
+        rewards = torch.tensor(finals, dtype=torch.float32)
         rewards = torch.where(valid, rewards, torch.full_like(rewards, float("nan")))
-        G = len(episodes[0]) if episodes else 1
-        group_ids = torch.arange(first_group, first_group + len(episodes)).repeat_interleave(G)
-        rec = [p for p in prompts for _ in range(G)]
-        tok = self.engine.tokenizer
         returns = torch.tensor([e.total_reward for e in rows], dtype=torch.float32)
-        return Experience(
-            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
-            rewards=rewards, valid=valid, policy_version=torch.full((B,), policy_version, dtype=torch.long),
-            reward_components={"env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))},
-            rollout_logprobs=rlp, token_rewards=token_rewards,
-            finish_reasons=["stop" if e.done else "length" for e in rows],
-            domains=[getattr(p, "domain", "default") for p in rec], prompts=rec,
-            texts=[tok.decode(ids, skip_special_tokens=True) for ids, _ in segs], extras={"obs_mask": obs_mask})
+        G = len(batch.groups[0]) if batch.groups else 1
+        tok = self.engine.tokenizer
+        fields: dict[str, Any] = {
+            "reward_components": {"env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))},
+            "finish_reasons": ["stop" if e.done else "length" for e in rows],
+            "texts": [tok.decode(ids, skip_special_tokens=True) for ids, _ in segs]}
+        if batch.rewards is not None:
+            fields["reward_errors"] = list(batch.rewards.errors)  # the inspector shows why a row has no reward
+        return Rows(prompt_ids=[e.prompt_ids for e in rows], completion_ids=[ids for ids, _ in segs],
+                    prompts=[p for p in batch.prompts for _ in range(G)], rewards=rewards, valid=valid,
+                    logprobs=logprobs, action_masks=[[k == "a" for k in kinds] for _, kinds in segs],
+                    token_rewards=token_rewards, fields=fields)
+
+    def experience_builder(self, sampling: SamplingConfig) -> ExperienceBuilder:
+        """The build stage of the agent path: the episode layout with run-wide group ids and the agent horizon,
+        Dr. GRPO's constant for an episode being the action-token budget of all its turns,
+        ``max_turns x sampling.max_new_tokens``."""
+        return ExperienceBuilder(self.engine, horizon=self.max_turns * sampling.max_new_tokens,
+                                 layout=self.episode_rows)
 
 
 def _segments(e: Episode) -> tuple[list[int], list[str]]:
@@ -242,21 +255,15 @@ class EnvRewards:
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
 
 
-class AgentExperienceBuilder:
-    """Build stage of the agent path: ``AgentLoop.to_experience`` with run-wide group ids and the agent horizon.
-
-    Dr. GRPO's constant horizon for an episode is the action-token budget of all its turns,
-    ``max_turns x sampling.max_new_tokens``.
-    """
-
-    def __init__(self, agent: AgentLoop, sampling: SamplingConfig):
-        self.agent, self.sampling = agent, sampling
-        self.next_group = 0
-
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None) -> Experience:
-        first = self.next_group
-        self.next_group += len(batch)
-        exp = self.agent.to_experience(batch.prompts, batch.groups, pad_id, first, self.agent.engine.policy_version)
-        exp.horizon = self.agent.max_turns * self.sampling.max_new_tokens
-        exp.reward_errors = list(batch.rewards.errors)  # the inspector shows why a row has no reward
-        return exp
+def agent_pipeline(agent: AgentLoop, config: RolloutConfig, lock: threading.RLock | None = None) -> RolloutPipeline:
+    """The agent path as a pipeline: the render stage of ``config`` (prompt-length policy and counters), then
+    ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
+    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path."""
+    sp = config.sampling
+    render = PromptRenderer(config.max_prompt_len, config.overlong_prompts,
+                            context_len=lambda: engine_context_len(agent.engine), max_new_tokens=sp.max_new_tokens)
+    refill = (DynamicSampling(config.group_size, config.max_resample_tries, config.seed)
+              if config.dynamic_sampling else None)
+    return RolloutPipeline(render=render, generate=AgentGenerator(agent, config.group_size, sp, lock),
+                           score=EnvRewards(), build=agent.experience_builder(sp), group_size=config.group_size,
+                           refill=refill, sampling=sp)

@@ -1,12 +1,20 @@
-"""Stage 5, build: a scored, filtered ``Rollouts`` batch → ``Experience`` (+ the rollout metrics).
+"""Stage 5, build: the one place an ``Experience`` is assembled (+ the rollout metrics).
 
 Layout (``lit_rl.data.experience``): prompts left-padded to P, completions right-padded to C; one row per
-completion, group-major. Group ids are numbered across the whole run (``next_group``, checkpointed by the
-owner), so two iterations never share a group id.
+completion (or episode), group-major. Group ids are numbered across the whole run (``next_group``, checkpointed
+by the owner), so two iterations never share a group id.
+
+Every Experience of the package comes from ``ExperienceBuilder.pack``: training rollouts (``__call__`` with the
+single-turn layout), episodes (``rollout/agent.py``: ``AgentLoop.episode_rows`` as the layout, also
+``AgentLoop.to_experience``), evaluation's critic path (``count=False``) and teacher rollouts
+(``callbacks/teachers.py``). So padding, the rollout log-prob columns, the policy version and the horizon are
+set in one place.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -17,46 +25,114 @@ from lit_rl.rollout.rollouts import Rollouts
 from lit_rl.rollout.stats import completion_length_stats
 
 
-class ExperienceBuilder:
-    """Pack single-turn completions into an ``Experience``.
+@dataclass
+class Rows:
+    """The B rows of an Experience before padding.
 
-    Args:
-        engine: its ``policy_version`` (read at build time) is every row's ``policy_version``.
-        decode: ``Completion -> str`` for ``Experience.texts``.
-        horizon: ``Experience.horizon`` (the token budget, ``sampling.max_new_tokens``; Dr. GRPO's constant).
+    Fields:
+        prompt_ids, completion_ids: B token lists.
+        prompts: B prompt records (``Experience.prompts``; ``domains`` are read from them).
+        rewards: (B,) sequence rewards (NaN where not valid).
+        valid: (B,) bool; None = every row.
+        logprobs: B lists aligned with ``completion_ids`` (the sampling log-probs; 0 where the policy did not
+            sample, e.g. observations); None = no ``rollout_logprobs``.
+        action_masks: B bool lists aligned with ``completion_ids`` (the policy's tokens: the loss mask); the
+            other completion tokens (observations) become ``extras["obs_mask"]``. None = every completion token
+            is the policy's (single turn).
+        token_rewards: B float32 (n,) tensors aligned with ``completion_ids``; None = no ``token_rewards``.
+        fields: other Experience fields as they are (``finish_reasons``, ``texts``, ``reward_components``,
+            ``reward_errors``, ``extras``).
     """
 
-    def __init__(self, engine: RolloutEngine, decode: Callable[[Completion], str], horizon: int):
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    prompts: list[Any]
+    rewards: torch.Tensor
+    valid: torch.Tensor | None = None
+    logprobs: list[list[float]] | None = None
+    action_masks: list[list[bool]] | None = None
+    token_rewards: list[torch.Tensor] | None = None
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def single_turn_rows(batch: Rollouts, decode: Callable[[Completion], str]) -> Rows:
+    """The single-turn layout: row g*G + j = completion j of prompt g, rewards from the batch's RewardBatch."""
+    G = len(batch.groups[0])
+    rb = batch.rewards
+    comps: list[Completion] = batch.rows()
+    return Rows(
+        prompt_ids=[p for p in batch.prompt_ids for _ in range(G)], completion_ids=[c.token_ids for c in comps],
+        prompts=[p for p in batch.prompts for _ in range(G)], rewards=rb.total, valid=rb.valid,
+        logprobs=[c.logprobs for c in comps],
+        fields={"reward_components": {k: v.float() for k, v in rb.components.items()},
+                "finish_reasons": [c.finish_reason for c in comps], "texts": [decode(c) for c in comps],
+                "reward_errors": list(rb.errors)})
+
+
+class ExperienceBuilder:
+    """Pack rollouts into an ``Experience``.
+
+    Args:
+        engine: its ``policy_version`` (read at build time) is every row's ``policy_version``; None = 0
+            (rows not sampled by the rollout engine, e.g. teacher rollouts).
+        decode: ``Completion -> str`` for ``Experience.texts`` (single-turn layout).
+        horizon: ``Experience.horizon`` (Dr. GRPO's constant: the token budget ``sampling.max_new_tokens``;
+            an episode's is ``max_turns x max_new_tokens``). None = not set.
+        layout: ``Rollouts -> Rows``; None = ``single_turn_rows`` with ``decode``.
+    """
+
+    def __init__(self, engine: RolloutEngine | None = None, decode: Callable[[Completion], str] | None = None,
+                 horizon: int | None = None, layout: Callable[[Rollouts], Rows] | None = None):
         self.engine, self.decode, self.horizon = engine, decode, horizon
+        self.layout = layout if layout is not None else (lambda batch: single_turn_rows(batch, self.decode))
         self.next_group = 0
 
-    def take_group_ids(self, n: int, G: int) -> torch.Tensor:
-        """(n·G,) long: the next n run-wide group ids, each repeated G times."""
-        first = self.next_group
-        self.next_group += n
+    def take_group_ids(self, n: int, G: int, count: bool = True) -> torch.Tensor:
+        """(n·G,) long: the next n run-wide group ids, each repeated G times; ``count=False`` (evaluation):
+        0 .. n-1, the run-wide counter untouched."""
+        first = self.next_group if count else 0
+        if count:
+            self.next_group += n
         return torch.arange(first, first + n).repeat_interleave(G)
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None) -> Experience:
+    def __call__(self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None,
+                 count: bool = True) -> Experience:
         """Shapes: B = N·G rows, P = longest prompt, C = longest completion (>= 1); ``trainable`` (B,) or None."""
-        G = len(batch.groups[0])
-        rb = batch.rewards
-        rows_c: list[Completion] = batch.rows()
-        rows_p = [p for p in batch.prompt_ids for _ in range(G)]
-        input_ids, att, loss_mask, P = pad_prompts_completions(pad_id, rows_p, [c.token_ids for c in rows_c])
+        G = len(batch.groups[0]) if batch.groups else 1
+        return self.pack(self.layout(batch), pad_id, self.take_group_ids(len(batch), G, count), trainable)
+
+    def pack(self, rows: Rows, pad_id: int, group_ids: torch.Tensor, trainable: torch.Tensor | None = None,
+             policy_version: int | None = None) -> Experience:
+        """The Experience of ``rows``: (B, P+C) ids and attention, (B, C) loss mask (completion tokens, or the
+        action tokens), rollout log-probs and token rewards (float32, 0 past each row's end), (B,) rewards,
+        validity, ``group_ids`` (B,), policy version (``policy_version``, else the engine's, else 0), horizon."""
+        input_ids, att, loss_mask, P = pad_prompts_completions(pad_id, rows.prompt_ids, rows.completion_ids)
         B, C = loss_mask.shape
-        rlp = torch.zeros((B, C), dtype=torch.float32)
-        for i, c in enumerate(rows_c):
-            if c.token_ids:
-                rlp[i, :len(c.token_ids)] = torch.tensor(c.logprobs, dtype=torch.float32)
-        rec = [p for p in batch.prompts for _ in range(G)]
+        fields = dict(rows.fields)
+        if rows.action_masks is not None:
+            completion, loss_mask = loss_mask, torch.zeros((B, C), dtype=torch.bool)
+            for i, m in enumerate(rows.action_masks):
+                if m:
+                    loss_mask[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
+            fields["extras"] = {**fields.get("extras", {}), "obs_mask": completion & ~loss_mask}
+        rlp = token_rewards = None
+        if rows.logprobs is not None:
+            rlp = torch.zeros((B, C), dtype=torch.float32)
+            for i, lp in enumerate(rows.logprobs):
+                if len(lp):
+                    rlp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        if rows.token_rewards is not None:
+            token_rewards = torch.zeros((B, C), dtype=torch.float32)
+            for i, tr in enumerate(rows.token_rewards):
+                token_rewards[i, :len(tr)] = tr
+        if policy_version is None:
+            policy_version = self.engine.policy_version if self.engine is not None else 0
+        valid = rows.valid if rows.valid is not None else torch.ones(B, dtype=torch.bool)
         return Experience(
-            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-            group_ids=self.take_group_ids(len(batch), G), rewards=rb.total.float(), valid=rb.valid,
-            policy_version=torch.full((B,), self.engine.policy_version),
-            reward_components={k: v.float() for k, v in rb.components.items()}, rollout_logprobs=rlp,
-            finish_reasons=[c.finish_reason for c in rows_c], domains=[p.domain for p in rec], prompts=rec,
-            texts=[self.decode(c) for c in rows_c], trainable=trainable, horizon=self.horizon,
-            reward_errors=list(rb.errors))
+            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
+            rewards=rows.rewards.float(), valid=valid, policy_version=torch.full((B,), policy_version, dtype=torch.long),
+            rollout_logprobs=rlp, token_rewards=token_rewards, trainable=trainable, horizon=self.horizon,
+            domains=[getattr(p, "domain", "default") for p in rows.prompts], prompts=list(rows.prompts), **fields)
 
 
 def rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:

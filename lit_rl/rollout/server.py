@@ -230,11 +230,11 @@ class VLLMServerEngine(SeededRequests, EngineBase):
         return urls
 
     def _check_rollout_settings(self, module) -> None:
-        """group_size / max_new_tokens of the RolloutCallback against the servers' limits, at setup."""
-        trainer = getattr(module, "_trainer", None)
-        for cb in getattr(trainer, "callbacks", None) or []:
-            if getattr(cb, "engine", None) is self:
-                self.check_request_shape(cb.group_size, cb.sampling.max_new_tokens)
+        """group_size / max_new_tokens of the RolloutCallback against the servers' limits, at setup (the
+        callback hands itself to the module, ``module.rollout_source``, before it binds the engine)."""
+        src = getattr(module, "rollout_source", None)
+        if getattr(src, "engine", None) is self:
+            self.check_request_shape(src.group_size, src.sampling.max_new_tokens)
 
     def check_request_shape(self, n: int, max_new_tokens: int) -> None:
         """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server."""
