@@ -127,7 +127,7 @@ def _child(name: str, args) -> dict:
     if args.reference:
         from lit_rl.models.loading import load_causal_lm
 
-        ref = load_causal_lm(args.model).eval().requires_grad_(False)
+        ref = load_causal_lm(args.model).eval().requires_grad_(False)  # noqa: F841 - held: its memory is the point
     stage("reference")
     if cfg["vllm_default"]:  # vLLM's own CPU default: gpu_memory_utilization x RAM (what lit_rl no longer uses)
         import lit_rl.rollout.vllm as vllm_mod

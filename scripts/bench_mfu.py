@@ -133,8 +133,8 @@ def main() -> None:
     print(f"model {args.model}: {N / 1e6:.1f}M matmul params, {L} layers, hidden {H}, vocab {cfg.vocab_size}; "
           f"{args.rows} rows x ({args.prompt} + {args.completion}) tokens; threads {torch.get_num_threads()}")
     print(f"matmul peak (fp32 torch.mm, best of the model's shapes): {peak:.1f} GFLOP/s at {shape}")
-    print(f"| phase | seconds | GFLOP | GFLOP/s | fraction of peak |")
-    print(f"|---|---|---|---|---|")
+    print("| phase | seconds | GFLOP | GFLOP/s | fraction of peak |")
+    print("|---|---|---|---|---|")
     for name, s, f in (("update (fwd+bwd)", upd, upd_flops), ("generation", gen, gen_flops)):
         print(f"| {name} | {s:.3f} | {f / 1e9:.1f} | {f / s / 1e9:.1f} | {f / s / 1e9 / peak:.2f} |")
 

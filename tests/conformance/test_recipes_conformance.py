@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 import pytest
-from _conformance import (TASK, agg, build_module, clip_objective, flat, full_logprobs, group_advantage,
+from _conformance import (agg, build_module, clip_objective, flat, full_logprobs, group_advantage,
                           hand_experience, max_rel_diff, recipe, reference_grad, run_step, trained)
 
 RTOL = 1e-6
