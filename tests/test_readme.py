@@ -72,8 +72,16 @@ ELSEWHERE = {
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
     "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml":
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
-    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct "
-     "--configs lora,full,full_gc,lora_kvdefault,lora_mb8"): "a benchmark script (minutes); the table in README",
+    ("MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml --model.init_args.lora "
+     "'{r: 16, lora_alpha: 32, target_modules: all-linear}' --rollout.engine.init_args.dtype bfloat16 "
+     "--rollout.engine.init_args.kv_cache_memory_bytes 67108864"):
+        "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
+        "read from the README, in-process and shortened; the environment variables act at process start)",
+    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 4 --group 4 "
+     "--new-tokens 16 --iterations 2 --configs lora_mb8,lora_mb8_arena2,lora_mb8_trim,lora_mb8_mmap,"
+     "lora_mb8_kv64_bf16_trim,lora_mb8_kv64_bf16_mmap"): "a benchmark script (minutes); the table in README",
+    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 8 --group 4 "
+     "--new-tokens 24 --configs full_mmap,full_gc_mmap"): "a benchmark script (minutes); the table in README",
 }
 
 

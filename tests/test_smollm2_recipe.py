@@ -5,6 +5,7 @@ Hugging Face export reloaded with transformers, `lit-rl inspect`, resume (`--ckp
 Slow (minutes of CPU): marked ``slow`` and ``real_ckpt``. One run serves several assertions."""
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -116,8 +117,13 @@ def test_resume_continues_from_the_last_checkpoint(run, smollm2_dir):
 def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    cli = _fit(tmp_path, smollm2_dir, "--trainer.max_steps", "2", "--trainer.val_check_interval", "100",
-               "--model.init_args.lora", "{r: 8, lora_alpha: 16, target_modules: all-linear}",
+    # the README's low-memory LoRA command (LoRA on every linear, bfloat16 engine, 64 MiB KV cache), shortened
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    cmd = next(line for line in readme.splitlines() if line.startswith("MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 "
+                                                                        "lit-rl fit -c configs/smollm2_addition.yaml"))
+    flags = shlex.split(cmd)[6:]
+    assert "--model.init_args.lora" in flags and "--rollout.engine.init_args.kv_cache_memory_bytes" in flags
+    cli = _fit(tmp_path, smollm2_dir, *flags, "--trainer.max_steps", "2", "--trainer.val_check_interval", "100",
                "--model.init_args.optimizer.init_args.lr", "1e-3",
                "--data.init_args.batch_size", "2", "--rollout.group_size", "4", "--rollout.sampling.max_new_tokens", "8",
                *QUIET)

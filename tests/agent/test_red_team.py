@@ -33,6 +33,9 @@ class ScriptedEngine:
     def bind(self, module):
         pass
 
+    def update_weights(self, named_tensors):
+        self.policy_version += 1
+
     def generate(self, prompt_ids, n, sampling):
         ids = self.tokenizer(self.actions[self.calls], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
         self.calls += 1
