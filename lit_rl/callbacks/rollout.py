@@ -319,21 +319,47 @@ class RolloutCallback(RolloutProducer):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The sync schedule, the render counters, the run-wide group counter, the engine's version and state;
-        async: the learner's version, the prompt position after the last *trained* batch and the counters.
+        """The sync schedule, the render counters, the run-wide group counter, the engine's version and state
+        (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
+        engine = self.engine.state_dict()
         return {"last_sync_step": self.last_sync_step, **self.pipeline.state_dict(),
                 "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
-                "engine": self.engine.state_dict()}
+                "engine": engine, "engine_ranks": _every_rank(engine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
         self.pipeline.load_state_dict(state)
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
-        if state.get("engine"):
-            self.engine.load_state_dict(state["engine"])
+        engine = _this_rank(state.get("engine_ranks")) or state.get("engine")
+        if engine:
+            self.engine.load_state_dict(engine)
+
+
+def _every_rank(mine: dict) -> list[dict]:
+    """Every rank's engine state, gathered so rank 0 (which writes the checkpoint) holds them all: each rank's
+    seed cursor / call count is its own (refills make them differ). A collective; ``state_dict`` runs on every
+    rank (Lightning dumps the checkpoint on all of them)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return [mine]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def _this_rank(states: list[dict] | None) -> dict | None:
+    """This rank's entry of ``engine_ranks``; None when absent (older checkpoint) or saved by another number of
+    ranks (then every rank takes rank 0's ``engine``, as before)."""
+    from lit_rl.rollout.base import global_rank
+
+    import torch.distributed as dist
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return states[global_rank()] if states and len(states) == world else None
 
 
 _STAGE_DEFAULTS = {"max_prompt_len": 512, "overlong_prompts": "truncate", "dynamic_sampling": False,
