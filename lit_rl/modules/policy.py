@@ -366,9 +366,12 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             self.config.objective())
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         alone: set[str] = set()
+        metrics, shares = dict(metrics), {}
         for term in terms:
             own = term.loss_terms(self, micro, fwd)
             parts.update(own)
+            metrics.update(getattr(own, "metrics", {}))  # a term's own metrics (LossParts), e.g. the critic's
+            shares.update(getattr(own, "shares", {}))
             if hasattr(term, "trains_alone") and term.trains_alone(self):  # e.g. a critic's value-only warmup
                 alone.update(own)
         for cb in loss_term_providers(self.trainer):
@@ -376,7 +379,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         if alone:
             parts = {k: v if k in alone else v * 0.0 for k, v in parts.items()}
         self._last_metrics = metrics
-        return LossParts(parts, metrics)
+        return LossParts(parts, metrics, shares)
 
     def _train_logprobs(self, micro: Experience, out: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         """log π(y_t) (b, C) and the differentiable entropy (b, C) of the training forward ``out``; the entropy
