@@ -20,8 +20,7 @@ import torch.distributed as dist
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.modules import PolicyModule
-from lit_rl.rollout import HFEngine
-from lit_rl.rollout import SamplingConfig
+from lit_rl.rollout import HFEngine, SamplingConfig
 from lit_rl.rollout.server import VLLMServerEngine
 from lit_rl.rollout.vllm import VLLMEngine
 

@@ -364,9 +364,9 @@ def _every_rank(mine: dict) -> list[dict]:
 def _this_rank(states: list[dict] | None) -> dict | None:
     """This rank's entry of ``engine_ranks``; None when absent (older checkpoint) or saved by another number of
     ranks (then every rank takes rank 0's ``engine``, as before)."""
-    from lit_rl.rollout.base import global_rank
-
     import torch.distributed as dist
+
+    from lit_rl.rollout.base import global_rank
 
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     return states[global_rank()] if states and len(states) == world else None
