@@ -28,7 +28,8 @@ class ObservationLoss(L.Callback):
 
     The NLL of the observation tokens (``extras["obs_mask"]``, (b, C)) is aggregated like every other term,
     with ``module.aggregate`` and the minibatch denominators in ``fwd`` (``num_tokens`` / ``num_seqs``, global
-    over ranks): with ``token_mean`` it is Σ obs-token NLL / (trainable tokens of the minibatch). The micro-batch
+    over ranks): with ``token_mean`` it is Σ obs-token NLL / (trainable tokens of the minibatch). Only rows in
+    ``Experience.train_rows`` count: a row without a reward or filtered out (overlong) trains nothing. The micro-batch
     terms then sum to the minibatch term, so its weight does not depend on ``micro_batch_size`` or the number
     of ranks (a per-micro-batch mean would count once per micro-batch).
     """
@@ -42,7 +43,8 @@ class ObservationLoss(L.Callback):
         obs = micro.extras.get("obs_mask")
         if self.coef == 0 or obs is None:
             return {}
-        obs = obs.to(fwd["logprobs"].device).bool()
+        # only rows that train: a failed or filtered row (``train_rows`` False) is out of every loss term
+        obs = obs.to(fwd["logprobs"].device).bool() & micro.train_rows.to(fwd["logprobs"].device)[:, None]
         return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
 
 

@@ -56,8 +56,9 @@ class ReferenceKL(L.Callback):
         micro_batch_size: rows per reference forward; None = the policy's ``micro_batch_size``.
         log_ratio_clamp: |log π_ref − log π| clamp of the estimator (None disables).
 
-    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over the loss-mask tokens of all
-    ranks: at rollout time for ``reward``, during the update for ``loss``), ``kl/beta`` (β used in this
+    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over all ranks' tokens it applies to:
+    at rollout time for ``reward``, over ``reward_mask`` (valid rows, filtered ones included), during the update
+    for ``loss``, over the trainable tokens), ``kl/beta`` (β used in this
     iteration, the same on every rank).
     """
 
@@ -161,10 +162,19 @@ class ReferenceKL(L.Callback):
                 pol = module.completion_logprobs(exp).float()
         # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
         ref = exp.ref_logprobs.double()
-        kl = kl_estimate(pol.to(ref), ref, self.kind, exp.train_mask, self.log_ratio_clamp)  # (B, C), 0 off mask
+        mask = self.reward_mask(exp)
+        kl = kl_estimate(pol.to(ref), ref, self.kind, mask, self.log_ratio_clamp)  # (B, C), 0 off mask
         base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(exp.ref_logprobs)
         exp.token_rewards = base - (self.beta * kl).to(base.dtype)
-        self._accumulate(kl, exp.train_mask, exp.batch_size)
+        self._accumulate(kl, mask, exp.batch_size)
+
+    @staticmethod
+    def reward_mask(exp) -> torch.Tensor:
+        """(B, C) bool: where the reward-form penalty applies — every generated token of every ``valid`` row,
+        trainable or not. A valid row the overlong filter excluded (``trainable`` False) still enters its group's
+        statistics (r_i = reward_i + Σ_t token_rewards_{i,t}), so it carries its KL penalty like its groupmates
+        (as TRL / veRL apply KL-in-reward to every response token); invalid rows have no reward to penalise."""
+        return exp.loss_mask & exp.valid.to(exp.loss_mask.device)[:, None]
 
     # ---------------------------------------------------------------- LossTerm
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:

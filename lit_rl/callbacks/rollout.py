@@ -215,11 +215,16 @@ class RolloutCallback(RolloutProducer):
         self._annotate(trainer, pl_module, exp, metrics)
         batch.experience, batch.metrics = exp, metrics
 
-    def _build(self, trainer, pl_module, prompts: list[Prompt]) -> tuple[Experience, dict[str, float]]:
-        """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread)."""
+    def _build(self, trainer, pl_module, prompts: list[Prompt],
+               iteration: int | None = None) -> tuple[Experience, dict[str, float]]:
+        """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread). ``iteration``
+        keys the refill stream: the module's current one (sync), or the one the producer's item is for (async:
+        never read from the module in the producer thread, where it depends on how far the trainer got)."""
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
+        if iteration is None:
+            iteration = getattr(pl_module, "iteration", 0)
         exp, metrics = self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
-                                         iteration=getattr(pl_module, "iteration", 0))
+                                         iteration=iteration)
         metrics.update(self.engine.metrics())  # engine-side counters, e.g. VLLMServerEngine's server errors
         return exp, metrics
 
@@ -276,10 +281,15 @@ class RolloutCallback(RolloutProducer):
         rows = dm.batch_size * self.group_size
         capacity = (self.queue_size // rows) if self.queue_size is not None else self.max_staleness + 1
 
+        # Item n is trained at iteration first + n (no drops: the gate keeps items within the bound), so that is
+        # its refill key: fixed by n alone, and a resumed run (first = the restored iteration) draws what the
+        # uninterrupted one drew for the same iteration.
+        first = getattr(pl_module, "iteration", 0)
+
         def produce(n: int):
             prompts = self._stream.next_batch()
-            exp, metrics = self._build(trainer, pl_module, prompts)
-            return exp, metrics, prompts, self._stream.pos
+            exp, metrics = self._build(trainer, pl_module, prompts, iteration=first + n)
+            return exp, metrics, prompts, self._stream.pos, first + n
 
         self._producer = AsyncProducer(produce, self._load_weights, self.max_staleness, capacity,
                                        self.engine_lock, version=st["version"])
@@ -293,11 +303,11 @@ class RolloutCallback(RolloutProducer):
         """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
         prod, st = self._producer, self._async_state
 
-        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them)
-            return (*self._build(trainer, pl_module, payload[2]), payload[2], payload[3])
+        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
+            return (*self._build(trainer, pl_module, payload[2], iteration=payload[4]), *payload[2:])
 
         slot, waited = take_fresh(prod, self.max_staleness, self.stale_policy, st, lambda p: len(p[0]), regenerate)
-        exp, metrics, _, pos = slot.payload
+        exp, metrics, _, pos, _ = slot.payload
         st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
         stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)
         metrics.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
@@ -319,21 +329,47 @@ class RolloutCallback(RolloutProducer):
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
-        """The sync schedule, the render counters, the run-wide group counter, the engine's version and state;
-        async: the learner's version, the prompt position after the last *trained* batch and the counters.
+        """The sync schedule, the render counters, the run-wide group counter, the engine's version and state
+        (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
+        engine = self.engine.state_dict()
         return {"last_sync_step": self.last_sync_step, **self.pipeline.state_dict(),
                 "policy_version": self.engine.policy_version,
                 "async": dict(self._async_state),
-                "engine": self.engine.state_dict()}
+                "engine": engine, "engine_ranks": _every_rank(engine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.last_sync_step = state["last_sync_step"]
         self.pipeline.load_state_dict(state)
         self.engine.policy_version = state["policy_version"]
         self._async_state.update(state.get("async", {}))
-        if state.get("engine"):
-            self.engine.load_state_dict(state["engine"])
+        engine = _this_rank(state.get("engine_ranks")) or state.get("engine")
+        if engine:
+            self.engine.load_state_dict(engine)
+
+
+def _every_rank(mine: dict) -> list[dict]:
+    """Every rank's engine state, gathered so rank 0 (which writes the checkpoint) holds them all: each rank's
+    seed cursor / call count is its own (refills make them differ). A collective; ``state_dict`` runs on every
+    rank (Lightning dumps the checkpoint on all of them)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return [mine]
+    out: list = [None] * dist.get_world_size()
+    dist.all_gather_object(out, mine)
+    return out
+
+
+def _this_rank(states: list[dict] | None) -> dict | None:
+    """This rank's entry of ``engine_ranks``; None when absent (older checkpoint) or saved by another number of
+    ranks (then every rank takes rank 0's ``engine``, as before)."""
+    import torch.distributed as dist
+
+    from lit_rl.rollout.base import global_rank
+
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    return states[global_rank()] if states and len(states) == world else None
 
 
 _STAGE_DEFAULTS = {"max_prompt_len": 512, "overlong_prompts": "truncate", "dynamic_sampling": False,

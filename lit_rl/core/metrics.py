@@ -18,6 +18,7 @@ extreme declares it with ``METRICS.declare(Metric(name, reduce="max"))`` at impo
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -73,6 +74,18 @@ class MetricRegistry:
             return min(values)
         total = sum(values)
         return total if fx == "sum" else total / len(values)
+
+    def reduce_ranks(self, per_rank: Sequence[dict[str, float]]) -> dict[str, float]:
+        """One dict from every rank's ``{name: value}``: each name over the ranks that have a finite value for
+        it, with its declared reduction; NaN where none has. Ranks may differ in which values are NaN (a
+        rank with no stopped row has no stopped-length statistics) or missing: reducing the gathered dicts
+        instead of one collective per logged name keeps every rank in the same collectives."""
+        names = list(dict.fromkeys(k for d in per_rank for k in d))
+        out: dict[str, float] = {}
+        for k in names:
+            vals = [float(d[k]) for d in per_rank if k in d and not math.isnan(float(d[k]))]
+            out[k] = self.reduce(k, vals) if vals else math.nan
+        return out
 
     def declared(self) -> dict[str, str]:
         return dict(self._reduce)

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
 from lit_rl.models.loading import resolve_dtype
+from lit_rl.modules.optim_step import LossParts
 
 HEADS = ("regression", "token")
 
@@ -91,8 +92,6 @@ class CriticModule(nn.Module):
         self.head: nn.Linear | None = None
         self.backbone: nn.Module | None = None
         self.token_ids: tuple[int, int] | None = None
-        self._acc: dict[str, float] = {}
-        self._acc_iter = -1
 
     # ------------------------------------------------------------------ setup
     def bind(self, policy) -> None:
@@ -272,20 +271,12 @@ class CriticModule(nn.Module):
             except ValueError as e:
                 raise ValueError(f"token value head: returns must lie in value_range={[lo, hi]} ({e})") from e
         value_loss = module.aggregate(per_token, mask, fwd)
-        metrics["critic/value_loss"] = float(value_loss.detach())
-        self._log(module, metrics, micro.batch_size)
-        return {"value": self.vf_coef * value_loss}
-
-    def _log(self, module, metrics: dict[str, float], rows: int) -> None:
-        """Log running means over the iteration's micro-batches (the last call holds the iteration mean)."""
-        it = getattr(module, "iteration", 0)
-        if it != self._acc_iter:
-            self._acc, self._acc_iter = {}, it
-        self._acc["n"] = self._acc.get("n", 0) + 1
-        for k, v in metrics.items():
-            self._acc[k] = self._acc.get(k, 0.0) + v
-            if getattr(module, "_current_fx_name", None) is not None:  # inside a Lightning hook of this module
-                module.log(k, self._acc[k] / self._acc["n"], on_step=True, on_epoch=False, batch_size=rows)
+        # The metrics ride on the loss parts: OptimizerStep folds those of real micro-batches only (a zero-weight
+        # padding pass, run so ranks' collectives stay in step, is no value-loss sample) and PolicyModule logs
+        # them. ``value_loss`` is this micro-batch's share (minibatch denominators), so it is summed over the
+        # step like ``loss/value``: the minibatch's value loss, whatever the micro-batching.
+        return LossParts({"value": self.vf_coef * value_loss}, metrics,
+                         shares={"critic/value_loss": float(value_loss.detach())})
 
     def advantage_metrics(self, exp) -> dict[str, float]:
         """Explained variance of the rollout values against the returns, over the trainable tokens (invalid rows

@@ -14,8 +14,9 @@ What it owns, in order:
    the engine's own step clips and skips, and the norm / applied flag are read back from it; a skipped step
    is taken back from Lightning's step count so ``max_steps`` means the same as on other strategies.
 
-It returns the step's statistics: ``loss/<part>`` summed over micro-batches (the parts of one minibatch loss),
-the micro-batches' metrics reduced as declared in ``core.metrics``, and ``actor/grad_norm``. The counters live
+It returns the step's statistics: ``loss/<part>`` and the ``shares`` summed over micro-batches (the parts of one
+minibatch quantity), the micro-batches' metrics reduced as declared in ``core.metrics``, and ``actor/grad_norm``;
+zero-weight passes add nothing to any of them. The counters live
 on the object and are checkpointed by ``PolicyModule`` (``_RESUME_ATTRS``).
 """
 from __future__ import annotations
@@ -32,11 +33,16 @@ from lit_rl.core.metrics import METRICS, MetricRegistry
 
 class LossParts(dict):
     """The loss parts ``{name: scalar tensor}`` of one micro-batch, with that micro-batch's ``metrics``
-    (``{name: float}``) attached: a plain dict to everything that reads the parts."""
+    (``{name: float}``, reduced over micro-batches as declared in ``core.metrics``) and ``shares``
+    (``{name: float}``: this micro-batch's share of a minibatch quantity, aggregated with the minibatch
+    denominators like the parts, so summed over the step's micro-batches, e.g. ``critic/value_loss``) attached:
+    a plain dict to everything that reads the parts."""
 
-    def __init__(self, parts: dict[str, Tensor], metrics: dict[str, float] | None = None):
+    def __init__(self, parts: dict[str, Tensor], metrics: dict[str, float] | None = None,
+                 shares: dict[str, float] | None = None):
         super().__init__(parts)
         self.metrics = dict(metrics or {})
+        self.shares = dict(shares or {})
 
 
 class OptimizerStep:
@@ -78,6 +84,8 @@ class OptimizerStep:
             backward(sum(parts.values()))
             for k, v in parts.items():
                 stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
+            for k, v in getattr(parts, "shares", {}).items():  # like the parts: the minibatch's value
+                stats[k] = stats.get(k, 0.0) + v
             for k, v in getattr(parts, "metrics", {}).items():
                 per_micro.setdefault(k, []).append(v)
         stats.update({k: self.metrics.reduce(k, v) for k, v in per_micro.items()})

@@ -275,13 +275,18 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
-        # Across ranks: each metric's declared reduction (core.metrics), as over micro-batches and steps
-        distributed = self._trainer is not None and self._trainer.world_size > 1
+        # Across ranks: each metric's declared reduction (core.metrics), as over micro-batches and steps. One
+        # gather of every rank's dict, not Lightning's one all-reduce per logged name: a name NaN (skipped) on one
+        # rank only would pair the ranks' all-reduces wrongly (a mismatch abort or a hang).
+        if self._trainer is not None and self._trainer.world_size > 1:
+            gathered: list = [None] * self._trainer.world_size
+            torch.distributed.all_gather_object(gathered, {k: float(v) for k, v in metrics.items()})
+            metrics = METRICS.reduce_ranks(gathered)
         for k, v in metrics.items():
             if isinstance(v, float) and math.isnan(v):
                 continue
             self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
-                     sync_dist=distributed, reduce_fx=METRICS.reduce_fx(k))
+                     reduce_fx=METRICS.reduce_fx(k))
 
     def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
@@ -366,9 +371,12 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             self.config.objective())
         parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
         alone: set[str] = set()
+        metrics, shares = dict(metrics), {}
         for term in terms:
             own = term.loss_terms(self, micro, fwd)
             parts.update(own)
+            metrics.update(getattr(own, "metrics", {}))  # a term's own metrics (LossParts), e.g. the critic's
+            shares.update(getattr(own, "shares", {}))
             if hasattr(term, "trains_alone") and term.trains_alone(self):  # e.g. a critic's value-only warmup
                 alone.update(own)
         for cb in loss_term_providers(self.trainer):
@@ -376,7 +384,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         if alone:
             parts = {k: v if k in alone else v * 0.0 for k, v in parts.items()}
         self._last_metrics = metrics
-        return LossParts(parts, metrics)
+        return LossParts(parts, metrics, shares)
 
     def _train_logprobs(self, micro: Experience, out: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         """log π(y_t) (b, C) and the differentiable entropy (b, C) of the training forward ``out``; the entropy

@@ -18,8 +18,8 @@ engine written before this class) is wrapped by ``as_engine`` into the same cont
 | ``close()`` / ``teardown()`` | nothing / nothing (engines owning processes: ``close()``) | users / ``RolloutCallback.teardown`` |
 | ``tokenizer`` | set by ``bind`` | decoding completions |
 
-``request_seed`` is the one per-request seed rule (both vLLM engines and the fake; ``HFEngine`` seeds each
-prompt's generate call from ``stable_seed``).
+``RequestSeeds`` is the one per-request seed rule (both vLLM engines and the fake: a cursor from
+``rank_seed(seed, rank)``); ``HFEngine`` seeds each prompt's generate call from ``stable_seed``.
 """
 from __future__ import annotations
 
@@ -105,13 +105,18 @@ class RequestSeeds:
     One seed per prompt; vLLM gives sample k of a prompt seed + k, so each prompt steps the cursor by n (equal
     seeds across prompts would give every prompt the same sampling noise: correlated groups). The cursor is
     what ``state_dict`` keeps, so a resumed run continues the seed sequence instead of replaying it.
+
+    Ranks: every DDP rank runs its own engine with the same ``seed`` and a cursor starting at 0, so the base
+    is ``rank_seed(seed, global rank)`` (torch.distributed's rank, read per request): without it prompt i of
+    every rank would get the same noise. Each rank's cursor is its own; ``RolloutCallback`` checkpoints every
+    rank's engine state (``engine_ranks``).
     """
 
     seed: int = 0
     _seed_cursor: int = 0
 
     def _next_seed(self, sp: SamplingConfig, n: int) -> int:
-        base = self.seed if sp.seed is None else sp.seed
+        base = rank_seed(self.seed if sp.seed is None else sp.seed, global_rank())
         seed = (base + self._seed_cursor) % SEED_MOD
         self._seed_cursor += n
         return seed
@@ -122,6 +127,26 @@ class RequestSeeds:
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self._seed_cursor = int(state.get("seed_cursor", 0))
+
+
+def global_rank() -> int:
+    """This process's rank in torch.distributed (0 when it is not initialised: one process)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Base of rank ``rank``'s per-request seeds, in [0, SEED_MOD).
+
+    Rank 0 keeps ``seed`` itself, so a one-process run (and its checkpoints) samples exactly as before ranks
+    were folded in; rank r > 0 starts at a 62-bit hash of (seed, r), so its cursor range [base, base + cursor)
+    overlaps rank 0's (or another rank's) only with probability ~ cursor / 2**62.
+    """
+    if rank == 0:
+        return seed % SEED_MOD
+    h = hashlib.blake2b(repr(("lit_rl.rank_seed", seed, rank)).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") % SEED_MOD
 
 
 def stable_seed(seed: int, call: int, tokens: list[int]) -> int:

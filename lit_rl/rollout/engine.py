@@ -9,6 +9,7 @@ policy's, and ``PolicyModule(rollout_correction=...)`` corrects the gap to the t
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from lit_rl.rollout.base import EngineBase, stable_seed
+from lit_rl.rollout.base import EngineBase, global_rank, rank_seed, stable_seed
 from lit_rl.rollout.sampling import (
     SamplingConfig,
     check_generation_kwargs,
@@ -154,8 +155,9 @@ class HFEngine(EngineBase):
                         torch.manual_seed(key)
                         flat.extend(self._generate([p] * n, sampling))
             else:
-                for s in range(0, len(rows), step):
-                    flat.extend(self._generate(rows[s : s + step], sampling))
+                with _rank_stream(sampling):
+                    for s in range(0, len(rows), step):
+                        flat.extend(self._generate(rows[s : s + step], sampling))
         finally:
             self.model.train(was_training)
         return self._count([flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))])
@@ -297,6 +299,22 @@ def _hf_generation_keys() -> set[str]:
 
 
 _stable_seed = stable_seed  # the former private name (tests, scripts)
+
+
+@contextlib.contextmanager
+def _rank_stream(sp: SamplingConfig):
+    """Unseeded sampling draws from torch's global generators, which ``seed_everything`` seeds identically on
+    every rank: ranks would share their sampling noise. Rank r > 0 samples under a fork of them reseeded with
+    ``rank_seed(draw, r)``, ``draw`` one value of the global CPU generator (so the stream still moves with it
+    and is restored on resume with the per-rank RNG states); rank 0 (and one process) samples as before."""
+    rank = global_rank()
+    if rank == 0 or sp.greedy:
+        yield
+        return
+    draw = int(torch.randint(0, 2**62, (1,)))
+    with torch.random.fork_rng(devices=[] if not torch.cuda.is_available() else None):
+        torch.manual_seed(rank_seed(draw, rank))
+        yield
 
 
 def _is_model_parallel(strategy) -> bool:

@@ -66,9 +66,11 @@ class SamplingConfig:
         top_p: nucleus sampling, in (0, 1]; 1 = off.
         top_k: keep the k most likely tokens; 0 = off.
         max_new_tokens: completion budget.
-        seed: seeded sampling: each prompt's n samples come from a generator seeded by (seed, engine call,
-            prompt tokens), so they do not depend on which other prompts share the batch or the rank (DDP
-            equivalence, reproducible rollouts). None = the global RNG (HFEngine: one batched generate call).
+        seed: seeded sampling. ``HFEngine``: each prompt's n samples come from a generator seeded by (seed,
+            engine call, prompt tokens), so they do not depend on which other prompts share the batch or the
+            rank (DDP equivalence, reproducible rollouts); None = the global RNG (one batched generate call;
+            ranks > 0 under a per-rank fork of it). The vLLM engines: the base of their per-request seed cursor
+            (``rollout.base.RequestSeeds``: per rank), None = the engine's own ``seed``.
         min_p: in [0, 1]; 0 = off.
         repetition_penalty: > 0; 1 = off.
         stop: stop strings (module docstring); None / [] = only eos and the budget end a completion.

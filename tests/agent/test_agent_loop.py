@@ -168,7 +168,8 @@ class _Agg:
     ("seq_mean_token_mean", 0.5 * ((2 + 3) / 2 + 4 / 1) / 5),  # per-row obs means / the minibatch's 5 rows
 ])
 def test_observation_loss_term_uses_the_minibatch_denominators(mode, expected):
-    micro = type("M", (), {"extras": {"obs_mask": torch.tensor([[False, True, True], [True, False, False]])}})()
+    micro = type("M", (), {"extras": {"obs_mask": torch.tensor([[False, True, True], [True, False, False]])},
+                           "train_rows": torch.tensor([True, True])})()
     fwd = {"logprobs": torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], dtype=torch.float64),
            "num_tokens": 8, "num_seqs": 5}
     assert ObservationLoss(0.0).loss_terms(_Agg(mode), micro, fwd) == {}

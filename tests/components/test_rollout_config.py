@@ -28,7 +28,8 @@ def test_flat_settings_build_the_pipeline_the_config_describes():
     assert (p.score.shaping.buffer, p.score.shaping.factor, p.score.rewards) == (4, 0.5, rc.rewards)
     assert p.build.horizon == 16 and p.overlong_filter and p.group_size == 4 and p.sampling is rc.sampling
     assert p.generate.lock is rc.engine_lock and p.generate.engine is rc.engine
-    assert set(rc.state_dict()) == {"last_sync_step", "counters", "next_group", "policy_version", "async", "engine"}
+    assert set(rc.state_dict()) == {"last_sync_step", "counters", "next_group", "policy_version", "async", "engine",
+                                    "engine_ranks"}
 
 
 def test_a_handed_pipeline_is_used_as_is():
