@@ -24,16 +24,20 @@ from lit_rl.models.loading import load_causal_lm, load_tokenizer
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 LAUNCH = {"num_servers": 1, "max_model_len": 64, "max_num_seqs": 16, "kv_cache_gb": 1, "timeout_s": 600}
 STEPS, MAX_STALENESS, PROMPTS, GROUP = 4, 1, 2, 4
+LORA = {"r": 4, "lora_alpha": 8}
 TOL = 2e-4  # server float32 log-probs vs the float64 recomputation (as tests/test_server_engine.py)
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
+    """One launched server with runtime LoRA on (a LoRA policy + ``lora_sync=adapter`` adds the flags), so it
+    serves both sync paths: merged weights for a plain policy, adapters for a LoRA one."""
     from lit_rl.rollout.server import VLLMServerEngine
 
     path = str(tiny_model_dir)
-    module = types.SimpleNamespace(model=load_causal_lm(path), tokenizer=load_tokenizer(path), model_path=path)
-    engine = VLLMServerEngine(launch=LAUNCH, request_timeout_s=60, sync_timeout_s=120)
+    module = types.SimpleNamespace(model=load_causal_lm(path, lora=LORA), tokenizer=load_tokenizer(path),
+                                   model_path=path)
+    engine = VLLMServerEngine(launch=LAUNCH, request_timeout_s=60, sync_timeout_s=120, lora_sync="adapter")
     try:
         engine.bind(module)
         yield engine
@@ -49,14 +53,20 @@ def _logprobs(model, prompt, completion):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
+@pytest.mark.parametrize("sync_path", ["merged", "adapter"])
 def test_async_ddp_on_a_shared_server_labels_every_row_with_the_weights_that_generated_it(server, tiny_model_dir,
-                                                                                         tmp_path):
+                                                                                         tmp_path, sync_path):
+    """Merged weights (reload + prefix-cache reset under the other rank's requests) and the LoRA adapter path
+    (rank 0 loads the new adapter and unloads the one the other rank's queued requests name)."""
     url = server.pool.servers[0].url
+    lora = (["--model.init_args.lora", "{r: 4, lora_alpha: 8, init_lora_weights: false}"]
+            if sync_path == "adapter" else [])
     out = tmp_path / "rec"
     out.mkdir()
     t0 = time.monotonic()
     run_ddp_on_servers(
-        {"urls": [url], "request_timeout_s": 60, "sync_timeout_s": 120}, tiny_model_dir, tmp_path,
+        {"urls": [url], "request_timeout_s": 60, "sync_timeout_s": 120, "lora_sync": sync_path}, tiny_model_dir,
+        tmp_path, *lora,
         "--trainer.max_steps", str(STEPS), "--data.init_args.batch_size", str(PROMPTS), "--rollout.mode", "async",
         "--rollout.max_staleness", str(MAX_STALENESS), "--rollout.sampling.max_new_tokens", "4",
         "--model.init_args.rollout_correction", "tis", "--rollout.group_size", str(GROUP),
@@ -102,4 +112,4 @@ def test_async_ddp_on_a_shared_server_labels_every_row_with_the_weights_that_gen
         wrong.append(f"server weight version {served!r}, expected {STEPS + 1}")
     assert not wrong, "\n".join(wrong)
     assert [ranks[r]["learner"] for r in (0, 1)] == [STEPS, STEPS]
-    print(f"2-rank async on a shared server: {wall:.1f} s wall")
+    print(f"2-rank async on a shared server ({sync_path}): {wall:.1f} s wall")
