@@ -401,12 +401,15 @@ class VLLMServerEngine(SeededRequests, EngineBase):
             except BaseException as exc:  # noqa: BLE001 - reported below (and to the other ranks)
                 err = exc
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
-            box = [None if err is None else f"{type(err).__name__}: {err}"]
+            # (and the servers it synced: one it dropped as gone is dropped on every rank)
+            box = [None if err is None else f"{type(err).__name__}: {err}",
+                   [s.url for s in self.pool.servers if s.alive] if rank0 else None]
             dist.broadcast_object_list(box, src=0, group=self._group)
             if box[0] is not None and err is None:
                 err = RuntimeError(f"rank 0 failed the weight sync: {box[0]}")
             if err is None and not rank0:
                 try:
+                    self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
                     self.pool.check_versions(version)
                     if self._lora is not None:
                         self._lora.check(self.pool, version)
