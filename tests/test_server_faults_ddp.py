@@ -116,7 +116,9 @@ def _hang_in_sync(server, tiny_model_dir, tmp_path) -> None:
     log = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert not (tmp_path / "never.pt").exists()
-    assert f"weight sync (version 3) failed: server {url}" in log, log[-4000:]
-    assert "rank 0 failed the weight sync" in log, log[-4000:]  # rank 1 stops with rank 0's reason
+    # rank 0: the server and the setting; rank 1 stops with rank 0's reason
+    assert f"TimeoutError: server {url}: weight sync exceeded sync_timeout_s=10.0" in log, log[-4000:]
+    assert (f"weight sync (version 3) failed: rank 0 failed the weight sync: TimeoutError: server {url}: weight "
+            "sync exceeded sync_timeout_s=10.0") in log, log[-4000:]
     assert wall < 240, wall
     print(f"2-rank sync, server hung in a weight sync: exited {proc.returncode} after {wall:.1f} s")
