@@ -45,7 +45,9 @@ def server(tiny_model_dir):
         engine.close()
 
 
-@pytest.mark.parametrize("sync_path", ["merged", "adapter"])
+# adapter first: a merged-weights run leaves its trained weights in the server's base model, under which a later
+# adapter run would generate (a server given by URL keeps whatever the last run synced into it)
+@pytest.mark.parametrize("sync_path", ["adapter", "merged"])
 def test_async_ddp_on_a_shared_server_labels_every_row_with_the_weights_that_generated_it(server, tiny_model_dir,
                                                                                          tmp_path, sync_path):
     """Merged weights (reload + prefix-cache reset under the other rank's requests) and the LoRA adapter path
