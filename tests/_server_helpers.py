@@ -14,17 +14,21 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_ddp_on_servers(engine_args: dict, model_dir, tmp_path: Path, *extra: str) -> tuple[dict, dict[int, dict]]:
+def run_ddp_on_servers(engine_args: dict, model_dir, tmp_path: Path, *extra: str, callbacks: list | None = None,
+                       env: dict | None = None, timeout: float = 900) -> tuple[dict, dict[int, dict]]:
     """2 ranks x 2 steps x 4 prompts x group 2 on the servers in ``engine_args["urls"]``; returns (the run's
-    result dict from dist_runner, {rank: that rank's ``{"urls", "metrics"}``}). ``extra``: more CLI overrides."""
+    result dict from dist_runner, {rank: that rank's ``{"urls", "metrics"}``}). ``extra``: more CLI overrides
+    (later ones win); ``callbacks``: ``trainer.callbacks`` entries; ``env``: more environment (dist_runner's
+    fault hooks)."""
     cfg = yaml.safe_load((ROOT / "configs/grpo_server.yaml").read_text())
     cfg["rollout"]["engine"]["init_args"] = engine_args
-    cfg["trainer"]["callbacks"] = []
+    cfg["trainer"]["callbacks"] = list(callbacks or [])
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     out, per_rank = tmp_path / "ddp.pt", tmp_path / "per_rank"
     per_rank.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(per_rank)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1", "SERVER_METRICS_DIR": str(per_rank),
+           **(env or {})}
     proc = subprocess.run(
         [sys.executable, str(ROOT / "tests/dist_runner.py"), str(out), "fit", "-c", str(path), "-c",
          str(ROOT / "configs/strategies/ddp.yaml"), "--trainer.devices", "2", "--trainer.max_steps", "2",
@@ -32,7 +36,7 @@ def run_ddp_on_servers(engine_args: dict, model_dir, tmp_path: Path, *extra: str
          "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
          "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "null",
          "--trainer.check_val_every_n_epoch", "null", *extra],
-        check=False, env=env, capture_output=True, text=True, timeout=900)
+        check=False, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     res = torch.load(out)
     assert res["world_size"] == 2

@@ -52,6 +52,27 @@ def _record_server_metrics(out_dir: str) -> None:
     VLLMServerEngine.metrics = metrics
 
 
+def _slow_server_requests(spec: str) -> None:
+    """``SLOW_SERVER_REQUESTS=rank:seconds``: that rank's server requests wait ``seconds`` before they are sent
+    (a slow link to the servers on one rank only), so its generation is still running when the other ranks reach
+    their next weight push: the interleaving that shared servers must survive."""
+    import os
+    import time
+
+    from lit_rl.rollout._server_http import ServerPool
+
+    rank, seconds = spec.split(":")
+    if int(os.environ.get("LOCAL_RANK", "0")) != int(rank):
+        return
+    original = ServerPool.complete
+
+    def complete(self, body, n):
+        time.sleep(float(seconds))
+        return original(self, body, n)
+
+    ServerPool.complete = complete
+
+
 def _nan_loss_at(iteration: int) -> None:
     """``NAN_AT_ITERATION=k``: every rank's policy loss is NaN in iteration k (its gradients are NaN), so that
     optimizer step must be skipped by the non-finite guard — identically in every strategy."""
@@ -75,6 +96,8 @@ if __name__ == "__main__":
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
     if os.environ.get("SERVER_METRICS_DIR"):
         _record_server_metrics(os.environ["SERVER_METRICS_DIR"])
+    if os.environ.get("SLOW_SERVER_REQUESTS"):
+        _slow_server_requests(os.environ["SLOW_SERVER_REQUESTS"])
     if os.environ.get("NAN_AT_ITERATION"):
         _nan_loss_at(int(os.environ["NAN_AT_ITERATION"]))
     out, args = sys.argv[1], sys.argv[2:]

@@ -246,7 +246,12 @@ class RolloutCallback(RolloutProducer):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step - self.last_sync_step >= self.sync_every:
             t0 = time.perf_counter()
-            if self._producer is not None:  # async: snapshot now, the producer loads it between items
+            if self._producer is not None and self.engine.collective_sync:
+                # async, a load that is a collective over ranks (servers shared by URL): load it here, where every
+                # rank is in the same iteration, after draining this rank's producer (_async "Collective loads")
+                weights = _sync_items(self.engine, pl_module.model)
+                self._async_state["version"] = self._producer.load_weights_now(weights)
+            elif self._producer is not None:  # async: snapshot now, the producer loads it between items
                 weights = _sync_items(self.engine, pl_module.model)
                 self._async_state["version"] = self._producer.push_weights(weights)
             else:

@@ -154,20 +154,34 @@ class ServerPool:
 
     # ------------------------------------------------------- weight sync
     def _each_live(self, fn, timeout: float) -> None:
-        """Run ``fn(server)`` on every live server at once; the first failure raises (naming the server)."""
+        """Run ``fn(server)`` on every live server at once; the first failure raises (naming the server), except
+        a server whose process is gone (``_gone``): it is dropped as a failed request would drop it, and the sync
+        goes on with the others (no live server left: the all-down error)."""
         live = [s for s in self.servers if s.alive]
         if not live:
             self._pick()  # raises the all-down error
         with ThreadPoolExecutor(len(live)) as ex:
-            futs = {s.url: ex.submit(fn, s) for s in live}
+            futs = {s.url: (s, ex.submit(fn, s)) for s in live}
             t_end = time.monotonic() + timeout
-            for url, f in futs.items():
+            for url, (s, f) in futs.items():
                 try:
                     f.result(max(0.0, t_end - time.monotonic()))
                 except TimeoutError as exc:
                     raise TimeoutError(f"server {url}: weight sync exceeded sync_timeout_s={timeout}") from exc
                 except Exception as exc:
-                    raise RuntimeError(f"server {url}: {type(exc).__name__}: {exc}") from exc
+                    if not _gone(exc):
+                        raise RuntimeError(f"server {url}: {type(exc).__name__}: {exc}") from exc
+                    self._fail(s, exc)
+        if not any(s.alive for s in self.servers):
+            self._pick()
+
+    def keep_alive_only(self, urls: list[str], why: str) -> None:
+        """Mark every server not in ``urls`` dead (DDP ranks other than 0 follow the servers rank 0 synced: one
+        rank 0 dropped holds old weights, so no rank may generate from it)."""
+        with self._lock:
+            for s in self.servers:
+                if s.alive and s.url not in urls:
+                    s.alive, s.why_dead = False, why
 
     def reload_from_file(self, sync_dir: str, version: str, timeout: float) -> None:
         def one(s: Server) -> None:
@@ -211,10 +225,15 @@ class ServerPool:
             raise RuntimeError(f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}")
 
     def check_versions(self, version: str) -> None:
-        """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push)."""
-        for s in self.servers:
-            if s.alive:
-                self._check_version(s, version)
+        """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push); one whose process
+        is gone is dropped (``_each_live``)."""
+        self._each_live(lambda s: self._check_version(s, version), 30)
+
+
+def _gone(exc: BaseException) -> bool:
+    """The server's process is gone: the connection was refused or dropped. Not a timeout: a hung server is an
+    error of the sync (bounded by ``sync_timeout_s``), not silently dropped."""
+    return isinstance(exc, requests.ConnectionError) and not isinstance(exc, requests.Timeout)
 
 
 def _parse(out: dict, n: int) -> list[tuple[list[int], list[float], str]]:

@@ -12,6 +12,7 @@ engine written before this class) is wrapped by ``as_engine`` into the same cont
 | ``update_weights(named_tensors)`` | abstract; engines bump ``policy_version`` | weight sync (sync, async, resume) |
 | ``sync_items(model)`` | ``merged_state_items(model)`` | the same, to build ``named_tensors`` |
 | ``share_weights`` | False: the engine holds its own weights (a resumed run pushes the restored ones) | ``RolloutCallback`` |
+| ``collective_sync`` | False; True when ``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the same point of the training loop, with none of its own generation in flight | ``RolloutCallback`` (async: loads in the trainer thread) |
 | ``metrics()`` | ``rollout/engine_*`` counters | logged every step |
 | ``state_dict()`` / ``load_state_dict()`` | the counters | ``RolloutCallback`` checkpoint entry ``engine`` |
 | ``limits()`` | ``{"max_model_len": None}`` | the renderer (prompt length), tests |
@@ -41,6 +42,7 @@ class EngineBase:
     policy_version: int = 0
     tokenizer: Any = None
     share_weights: bool = False
+    collective_sync: bool = False
 
     # ---------------------------------------------------------------- required
     def bind(self, module) -> None:
@@ -178,6 +180,7 @@ class _ProtocolEngine(EngineBase):
                               lambda self, v: setattr(self._inner, "policy_version", v))
     tokenizer = property(lambda self: getattr(self._inner, "tokenizer", None))
     share_weights = property(lambda self: bool(getattr(self._inner, "share_weights", False)))
+    collective_sync = property(lambda self: bool(getattr(self._inner, "collective_sync", False)))
 
     def bind(self, module):
         return self._inner.bind(module)

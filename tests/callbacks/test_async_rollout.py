@@ -132,6 +132,41 @@ def test_push_weights_is_a_snapshot():
     assert torch.equal(got["w"], torch.ones(3))
 
 
+def test_collective_load_waits_for_the_item_in_flight_and_labels_the_next_with_its_version():
+    """``load_weights_now`` (the trainer thread's load for engines shared across ranks): the load happens only
+    after the item being generated finished (no request runs while the servers reload), no new item starts
+    before it, and the item after it carries the new version; the producer itself never loads anything."""
+    in_item0, release = threading.Event(), threading.Event()
+    loads, box = [], []
+
+    def produce(n):
+        if n == 0:
+            in_item0.set()
+            assert release.wait(30)
+        return n
+
+    prod = AsyncProducer(produce, lambda w, v: loads.append((v, prod.produced, threading.current_thread().name)),
+                         max_staleness=1, capacity=4)
+    prod.start()
+    try:
+        assert in_item0.wait(30)
+        t = threading.Thread(target=lambda: box.append(prod.load_weights_now([("w", torch.ones(1))])),
+                             name="trainer")
+        t.start()
+        t.join(0.3)
+        assert t.is_alive() and loads == []  # item 0 is still generating: the load must wait (cannot pass early)
+        release.set()
+        t.join(30)
+        assert box == [1] and prod.learner_version == prod.engine_version == 1
+        # loaded by the trainer thread, after item 0 and before item 1 (which the gate admits at once: k=1)
+        assert loads == [(1, 1, "trainer")]
+        slots = [prod.get()[0] for _ in range(2)]
+        assert [(s.index, s.version) for s in slots] == [(0, 0), (1, 1)]
+    finally:
+        release.set()
+        prod.stop()
+
+
 def test_producer_exception_is_raised_in_get():
     def produce(n):
         if n == 2:
