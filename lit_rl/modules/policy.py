@@ -32,6 +32,7 @@ from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.optim_step import LossParts, OptimizerStep
 from lit_rl.modules.protocols import loss_term_providers
+from lit_rl.modules.rank_metrics import reduce_over_ranks
 from lit_rl.modules.validation import HeldoutValidation
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
@@ -275,13 +276,16 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
-        # Across ranks: each metric's declared reduction (core.metrics), as over micro-batches and steps
-        distributed = self._trainer is not None and self._trainer.world_size > 1
+        # Across ranks: each metric's declared reduction (core.metrics), as over micro-batches and steps; reduced
+        # here in one NaN-aware pass (a NaN skipped by one rank only would desynchronise per-metric sync_dist)
+        if self._trainer is not None and self._trainer.world_size > 1:
+            metrics = reduce_over_ranks(self._trainer.strategy, {k: float(v) for k, v in metrics.items()},
+                                        self.device)
         for k, v in metrics.items():
             if isinstance(v, float) and math.isnan(v):
                 continue
             self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
-                     sync_dist=distributed, reduce_fx=METRICS.reduce_fx(k))
+                     reduce_fx=METRICS.reduce_fx(k))
 
     def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
