@@ -102,7 +102,7 @@ def _resolve(source: str) -> tuple[Path, Path]:
     p = Path(source).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"{source!r} does not exist: pass a run directory or a .ckpt file")
-    if p.is_dir() and not _checkpoint_dir_kind(p):
+    if p.is_dir() and not _checkpoint_dir_kind(p) and p.suffix != ".ckpt":  # a run directory
         ckpt = p / "checkpoints" / "last.ckpt"
         if not ckpt.exists():
             found = sorted(str(c) for c in (p / "checkpoints").glob("*.ckpt")) if (p / "checkpoints").is_dir() else []
@@ -132,6 +132,9 @@ def _read_state_dict(ckpt: Path) -> dict:
 
     kind = _checkpoint_dir_kind(ckpt)
     if kind == "deepspeed":
+        if not any((ckpt / "checkpoint").glob("*model_states.pt")):
+            raise ValueError(f"{ckpt} is a DeepSpeed checkpoint directory without model states "
+                             "(checkpoint/*model_states.pt): an incomplete save?")
         try:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         except ImportError as e:

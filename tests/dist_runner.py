@@ -135,3 +135,6 @@ if __name__ == "__main__":
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     if cli.trainer.global_rank == 0:
         torch.save({"state": state, "metrics": metrics, "world_size": cli.trainer.world_size}, out)
+    from lit_rl.cli import _destroy_process_group
+
+    _destroy_process_group()  # as the lit-rl console script does: no gloo thread outlives the interpreter
