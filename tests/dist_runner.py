@@ -33,8 +33,8 @@ def _break_engine_on_rank(spec: str) -> None:
 
 def _fail_on_rank(spec: str) -> None:
     """``FAIL_AT=rank:where:call``: that rank raises ``ValueError("test: <where> failed on rank <rank>")`` in its
-    call-th reward scoring (``where=reward``) or weight push to the engine (``where=sync``) -- an error on one
-    rank while the others go on towards their next collective."""
+    call-th reward scoring (``where=reward``), generation (``generate``) or weight push to the engine (``sync``):
+    an error on one rank while the others go on towards their next collective."""
     import torch.distributed as dist
 
     from lit_rl.rewards.pool import RewardPool
@@ -42,7 +42,8 @@ def _fail_on_rank(spec: str) -> None:
 
     rank, where, call = spec.split(":")
     rank, call = int(rank), int(call)
-    cls, attr = {"reward": (RewardPool, "score"), "sync": (HFEngine, "update_weights")}[where]
+    cls, attr = {"reward": (RewardPool, "score"), "sync": (HFEngine, "update_weights"),
+                 "generate": (HFEngine, "generate")}[where]
     original, calls = getattr(cls, attr), [0]
 
     def failing(self, *a, **kw):

@@ -15,10 +15,10 @@ BOUND_S = 240  # the whole 2-rank job, start-up included (~40-60 s on 2 shared c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rank,where", [(1, "reward"), (0, "sync")])
+@pytest.mark.parametrize("rank,where", [(1, "reward"), (0, "generate"), (0, "sync")])
 def test_one_rank_failing_stops_every_rank_with_its_message(tmp_path, tiny_model_dir, rank, where):
-    """Rank ``rank`` raises in its 2nd reward scoring (the other rank goes on into the training step's gradient
-    all-reduce) or its 2nd weight push (the other rank goes on into the next rollout)."""
+    """Rank ``rank`` raises in its 2nd reward scoring or generation (the other rank goes on into the training step's
+    collectives) or its 2nd weight push (the other rank goes on into the next rollout)."""
     cfg = _config(tmp_path, tiny_model_dir, steps=4)
     t0 = time.monotonic()
     proc, _ = _run(tmp_path / "never.pt", cfg, "-c", str(ROOT / "configs/strategies/ddp.yaml"),

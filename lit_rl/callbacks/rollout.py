@@ -272,7 +272,7 @@ class RolloutCallback(RolloutProducer):
                 # the learner; give it the restored weights under the checkpointed version.
                 version = self.engine.policy_version
                 agree(trainer, "the weight sync",
-                      lambda: self.engine.update_weights(_sync_items(self.engine, pl_module.model)))
+                      lambda: self.engine.update_weights(list(_sync_items(self.engine, pl_module.model))))
                 self.engine.policy_version = version
             return
         self._stop_producer()
