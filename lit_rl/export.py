@@ -143,7 +143,7 @@ def _read_state_dict(ckpt: Path) -> dict:
         # every rank's partitions merged into fp32 full tensors (ZeRO-2: the fp32 master copy, ZeRO-3: the
         # parameter partitions); keys are the LightningModule's
         sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="checkpoint")
-        return {k[len("_forward_module."):] if k.startswith("_forward_module.") else k: v for k, v in sd.items()}
+        return {k.removeprefix("_forward_module."): v for k, v in sd.items()}
     if kind == "dcp":
         from lightning.fabric.utilities.load import _load_distributed_checkpoint
 

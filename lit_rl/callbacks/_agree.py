@@ -13,7 +13,8 @@ the strategy's process-group timeout (Lightning's default 30 min) — the same b
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _GROUP_ATTR = "_lit_rl_agree_group"
 
