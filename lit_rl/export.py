@@ -7,8 +7,12 @@ writes a Hugging Face model directory (``AutoModelForCausalLM.from_pretrained(DI
 into the base weights) and the tokenizer; ``--adapter`` writes a LoRA run's PEFT adapter directory instead
 (``PeftModel.from_pretrained(base, DIR)``). The run's ``config.yaml`` says which base model and LoRA settings the
 checkpoint belongs to; ``--base`` overrides the base model's path (e.g. when the run was started from another
-working directory). Sharded checkpoints (FSDP2 / DeepSpeed ZeRO-3 directories) are refused: gathering them is
-not implemented yet.
+working directory). A checkpoint directory is read whole into one process: FSDP2's distributed checkpoint
+(``torch.distributed.checkpoint`` files) and DeepSpeed's ZeRO-2/3 directory (partitions consolidated to fp32).
+
+Under sharding (FSDP2 DTensors, ZeRO-3 partitions) ``save_hf_model`` is a collective: every rank calls it, each
+parameter is gathered whole in turn (``models.loading.merged_state_items``: peak one parameter beyond the
+shards), and rank 0 alone writes. Unsharded models (single process, DDP, ZeRO-2) are written by rank 0 alone.
 """
 from __future__ import annotations
 
@@ -25,26 +29,55 @@ def is_peft(model) -> bool:
     return hasattr(model, "merge_and_unload") and hasattr(model, "peft_config")
 
 
+def is_sharded(model) -> bool:
+    """Whether any parameter is a shard: an FSDP2 DTensor (``full_tensor``) or a ZeRO-3 partition (``ds_id``)."""
+    return any(hasattr(p, "ds_id") or hasattr(p, "full_tensor") for p in model.state_dict(keep_vars=True).values())
+
+
 def refuse_sharded(model, what: str = "the policy") -> None:
-    """Sharded parameters (FSDP2 DTensors, ZeRO-3 partitions) cannot be written by one rank yet."""
-    for name, p in model.state_dict(keep_vars=True).items():
-        if hasattr(p, "ds_id") or hasattr(p, "full_tensor"):
-            raise NotImplementedError(
-                f"{what} is sharded ({name} is a {'ZeRO-3 partition' if hasattr(p, 'ds_id') else 'DTensor shard'}); "
-                "saving a Hugging Face model from sharded weights is not implemented yet: train with DDP or "
-                "ZeRO-2 to get final_model/, or gather the weights first")
+    """A sharded LoRA policy cannot be saved: its merge needs the full base weights in one process."""
+    if is_sharded(model) and is_peft(model):
+        raise NotImplementedError(
+            f"{what} is a LoRA policy sharded by FSDP2 / ZeRO-3; saving its merged model or adapter is not "
+            "implemented: train LoRA with DDP or ZeRO-2 (full models save under every strategy)")
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list[Path]:
-    """Write ``model`` and ``tokenizer`` in Hugging Face format under ``out``; returns the directories written.
+    """Write ``model`` and ``tokenizer`` in Hugging Face format under ``out``; returns the directories written
+    (empty on ranks other than 0).
 
     A full model goes to ``out``. A LoRA (PEFT) model: ``lora="both"`` writes the merged model to ``out`` and the
     adapter (with the tokenizer) to ``out/adapter``; ``"merged"`` only the merged model; ``"adapter"`` only the
-    adapter, to ``out`` itself. The training model is never modified (merging works on a copy)."""
+    adapter, to ``out`` itself. The training model is never modified (merging works on a copy).
+
+    Sharded weights (FSDP2, ZeRO-3) are gathered one parameter at a time, so under a distributed strategy every
+    rank must call this at the same point (rank 0 writes); a sharded LoRA policy raises ``NotImplementedError``
+    on every rank before any collective."""
     if lora not in LORA_SAVE:
         raise ValueError(f"lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
     refuse_sharded(model)
     out = Path(out)
+    rank0 = _rank() == 0
+    if is_sharded(model):
+        from lit_rl.models.loading import merged_state_items
+
+        state = {}
+        for name, t in merged_state_items(model):  # a collective per parameter: every rank iterates all
+            if rank0:
+                state[name] = t.detach().to("cpu", copy=True)
+        if not rank0:
+            return []
+        model.save_pretrained(out, state_dict=state, safe_serialization=True)
+        tokenizer.save_pretrained(out)
+        return [out]
+    if not rank0:
+        return []
     written = []
     if is_peft(model):
         if lora in ("both", "adapter"):
@@ -64,26 +97,66 @@ def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list
 
 # ------------------------------------------------------------------------------------------- lit-rl export
 def _resolve(source: str) -> tuple[Path, Path]:
-    """(checkpoint file, run directory) of a run directory or a ``.ckpt`` path."""
+    """(checkpoint file or directory, run directory) of a run directory, a ``.ckpt`` file or a checkpoint
+    directory (FSDP2 / DeepSpeed)."""
     p = Path(source).expanduser()
     if not p.exists():
         raise FileNotFoundError(f"{source!r} does not exist: pass a run directory or a .ckpt file")
-    if p.is_dir() and (p / "checkpoint").is_dir() or p.is_dir() and p.suffix == ".ckpt":
-        raise NotImplementedError(f"{source!r} is a sharded checkpoint (a directory); exporting sharded FSDP2 / "
-                                  "ZeRO-3 checkpoints is not implemented yet")
-    if p.is_dir():
+    if p.is_dir() and not _checkpoint_dir_kind(p) and p.suffix != ".ckpt":  # a run directory
         ckpt = p / "checkpoints" / "last.ckpt"
         if not ckpt.exists():
             found = sorted(str(c) for c in (p / "checkpoints").glob("*.ckpt")) if (p / "checkpoints").is_dir() else []
             raise FileNotFoundError(f"run directory {source!r} has no checkpoints/last.ckpt"
                                     + (f"; checkpoints there: {', '.join(found)}" if found else
                                        " (nothing to export: was it trained with checkpointing on?)"))
-        if ckpt.is_dir():
-            raise NotImplementedError(f"{ckpt} is a sharded checkpoint (a directory); exporting sharded FSDP2 / "
-                                      "ZeRO-3 checkpoints is not implemented yet")
         return ckpt, p
     run = p.parent.parent if p.parent.name == "checkpoints" else p.parent
     return p, run
+
+
+def _checkpoint_dir_kind(p: Path) -> str | None:
+    """``"deepspeed"`` (Lightning's DeepSpeed directory: ``checkpoint/`` with the engine's files), ``"dcp"``
+    (a ``torch.distributed.checkpoint`` directory, FSDP2's sharded save) or None (not a checkpoint directory)."""
+    if not p.is_dir():
+        return None
+    if (p / "checkpoint").is_dir():
+        return "deepspeed"
+    if (p / ".metadata").is_file():
+        return "dcp"
+    return None
+
+
+def _read_state_dict(ckpt: Path) -> dict:
+    """The Lightning module's full state dict of a checkpoint file or directory, in one process (CPU)."""
+    import torch
+
+    kind = _checkpoint_dir_kind(ckpt)
+    if kind == "deepspeed":
+        if not any((ckpt / "checkpoint").glob("*model_states.pt")):
+            raise ValueError(f"{ckpt} is a DeepSpeed checkpoint directory without model states "
+                             "(checkpoint/*model_states.pt): an incomplete save?")
+        try:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        except ImportError as e:
+            raise ValueError(f"{ckpt} is a DeepSpeed checkpoint; reading it needs the deepspeed package "
+                             f"(pip install -e .[deepspeed]): {e}") from None
+        # every rank's partitions merged into fp32 full tensors (ZeRO-2: the fp32 master copy, ZeRO-3: the
+        # parameter partitions); keys are the LightningModule's
+        sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="checkpoint")
+        return {k.removeprefix("_forward_module."): v for k, v in sd.items()}
+    if kind == "dcp":
+        from lightning.fabric.utilities.load import _load_distributed_checkpoint
+
+        state = _load_distributed_checkpoint(ckpt)
+    elif ckpt.is_dir():
+        raise ValueError(f"{ckpt} is a directory but neither a DeepSpeed checkpoint (no checkpoint/ inside) nor a "
+                         "torch.distributed.checkpoint one (no .metadata)")
+    else:
+        state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    sd = state.get("state_dict") if isinstance(state, dict) else None
+    if not isinstance(sd, dict):
+        raise ValueError(f"{ckpt} is not a Lightning checkpoint (no state_dict)")
+    return sd
 
 
 def _model_args(run: Path) -> dict[str, Any]:
@@ -110,8 +183,6 @@ def _beside(run: Path, path: str) -> str:
 
 
 def export(source: str, out: str, adapter: bool = False, base: str | None = None) -> list[Path]:
-    import torch
-
     from lit_rl.models.loading import is_adapter_dir, load_causal_lm, load_tokenizer
 
     ckpt, run = _resolve(source)
@@ -122,10 +193,7 @@ def export(source: str, out: str, adapter: bool = False, base: str | None = None
                          "so it has no adapter; export the full model without --adapter")
     base = _beside(run, base or init["model"])
     start = _beside(run, start) if start else None
-    state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    sd = state.get("state_dict")
-    if not isinstance(sd, dict):
-        raise ValueError(f"{ckpt} is not a Lightning checkpoint (no state_dict)")
+    sd = _read_state_dict(ckpt)
     weights = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
     if not weights:
         raise ValueError(f"{ckpt} holds no policy weights (no 'model.*' keys); keys start with: "

@@ -102,15 +102,15 @@ def resolve_ckpt_path(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
         return None
     last = ckpt_dir / LAST
     if ckpt_path in ("last", "last_or_new"):
-        if last.is_file():
+        if last.is_file() or last.is_dir():  # a directory: FSDP2's distributed checkpoint, DeepSpeed's
             return str(last)
         if ckpt_path == "last_or_new":
             return None
         raise NothingToResume(
             f"--ckpt_path last: nothing to resume, {last} does not exist. Check --trainer.default_root_dir "
             "(the run directory to resume), or pass --ckpt_path last_or_new to start fresh when there is none")
-    if not Path(ckpt_path).expanduser().is_file():
-        raise NothingToResume(f"--ckpt_path {ckpt_path}: no such checkpoint file")
+    if not Path(ckpt_path).expanduser().exists():
+        raise NothingToResume(f"--ckpt_path {ckpt_path}: no such checkpoint file or directory")
     return ckpt_path
 
 
@@ -122,8 +122,8 @@ def checkpoint_log_step(path: str) -> int:
     K + 1. Any other module keeps Lightning's numbering, batch i (0-based) at step i: it continues at the number
     of batches the checkpoint had processed. (Lightning's ``_batches_that_stepped`` is one short when the
     checkpoint was saved in ``on_train_batch_end``, as it increments after, so it is only the fallback.)
-    Memory-mapped, so the weights are not read."""
-    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    Memory-mapped, so the weights are not read; of a checkpoint directory only the file holding these states."""
+    ckpt = torch.load(_loop_state_file(Path(path)), map_location="cpu", weights_only=True, mmap=True)
     iteration = ckpt.get("lit_rl_policy", {}).get("iteration")
     if iteration is not None:
         return int(iteration) + 1
@@ -132,6 +132,21 @@ def checkpoint_log_step(path: str) -> int:
     if processed is not None:
         return int(processed)
     return int(loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", ckpt.get("global_step", 0)))
+
+
+def _loop_state_file(path: Path) -> Path:
+    """The file of a checkpoint holding Lightning's loop states and the module's own keys: the checkpoint itself,
+    ``meta.pt`` of a ``torch.distributed.checkpoint`` directory (FSDP2), or rank 0's ``*model_states.pt`` of a
+    DeepSpeed directory (its client state)."""
+    if not path.is_dir():
+        return path
+    if (path / "meta.pt").is_file():
+        return path / "meta.pt"
+    found = sorted((path / "checkpoint").glob("*mp_rank_00_model_states.pt"))
+    if not found:
+        raise FileNotFoundError(f"{path} is a directory but neither a torch.distributed.checkpoint (no meta.pt) nor "
+                                "a DeepSpeed checkpoint (no checkpoint/*model_states.pt)")
+    return found[0]
 
 
 def truncate_csv_metrics(path: Path, from_step: int) -> int:

@@ -31,6 +31,52 @@ def _break_engine_on_rank(spec: str) -> None:
     HFEngine.generate = generate
 
 
+def _fail_on_rank(spec: str) -> None:
+    """``FAIL_AT=rank:where:call``: that rank raises ``ValueError("test: <where> failed on rank <rank>")`` in its
+    call-th reward scoring (``where=reward``), generation (``generate``) or weight push to the engine (``sync``):
+    an error on one rank while the others go on towards their next collective."""
+    import torch.distributed as dist
+
+    from lit_rl.rewards.pool import RewardPool
+    from lit_rl.rollout.engine import HFEngine
+
+    rank, where, call = spec.split(":")
+    rank, call = int(rank), int(call)
+    cls, attr = {"reward": (RewardPool, "score"), "sync": (HFEngine, "update_weights"),
+                 "generate": (HFEngine, "generate")}[where]
+    original, calls = getattr(cls, attr), [0]
+
+    def failing(self, *a, **kw):
+        if (dist.get_rank() if dist.is_initialized() else 0) == rank:
+            calls[0] += 1
+            if calls[0] >= call:
+                raise ValueError(f"test: {where} failed on rank {rank}")
+        return original(self, *a, **kw)
+
+    setattr(cls, attr, failing)
+
+
+def _kill_job_at_score(call: int) -> None:
+    """``KILL_AT_SCORE=k``: rank 0 SIGKILLs its whole process group (itself and the ranks it launched) at its
+    k-th reward scoring, i.e. mid-rollout -- a preempted job. The test starts the job in its own session."""
+    import os
+    import signal
+
+    from lit_rl.rewards.pool import RewardPool
+
+    original, calls = RewardPool.score, [0]
+
+    def score(self, *a, **kw):
+        if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+            calls[0] += 1
+            if calls[0] >= call:
+                sys.stdout.flush()
+                os.killpg(os.getpgrp(), signal.SIGKILL)
+        return original(self, *a, **kw)
+
+    RewardPool.score = score
+
+
 def _record_server_metrics(out_dir: str) -> None:
     """``SERVER_METRICS_DIR=dir``: every rank writes its own VLLMServerEngine's latest ``metrics()`` (its own
     per-server request counts, before Lightning averages them over ranks) to ``dir/rank{LOCAL_RANK}.json``."""
@@ -94,6 +140,10 @@ if __name__ == "__main__":
 
     if os.environ.get("KILL_ENGINE"):
         _break_engine_on_rank(os.environ["KILL_ENGINE"])
+    if os.environ.get("FAIL_AT"):
+        _fail_on_rank(os.environ["FAIL_AT"])
+    if os.environ.get("KILL_AT_SCORE"):
+        _kill_job_at_score(int(os.environ["KILL_AT_SCORE"]))
     if os.environ.get("SERVER_METRICS_DIR"):
         _record_server_metrics(os.environ["SERVER_METRICS_DIR"])
     if os.environ.get("SLOW_SERVER_REQUESTS"):
@@ -109,3 +159,6 @@ if __name__ == "__main__":
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     if cli.trainer.global_rank == 0:
         torch.save({"state": state, "metrics": metrics, "world_size": cli.trainer.world_size}, out)
+    from lit_rl.cli import _destroy_process_group
+
+    _destroy_process_group()  # as the lit-rl console script does: no gloo thread outlives the interpreter

@@ -60,9 +60,14 @@ def test_full_run_export_matches_final_model(tmp_path, monkeypatch, capsys, tiny
 
 def test_export_refuses_what_it_cannot_write(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "run/checkpoints/last.ckpt/checkpoint").mkdir(parents=True)  # a DeepSpeed / sharded directory
+    (tmp_path / "run/checkpoints/last.ckpt/checkpoint").mkdir(parents=True)  # a DeepSpeed directory, no states
+    (tmp_path / "run/config.yaml").write_text("model: {init_args: {model: base}}\n")
     rc, out = _lit_rl(monkeypatch, capsys, "export", "run", "-o", "x")
-    assert rc == 2 and "is a sharded checkpoint (a directory)" in out
+    assert rc == 2 and "is a DeepSpeed checkpoint directory without model states" in out
+    (tmp_path / "odd.ckpt").mkdir()  # a directory that is no checkpoint of any strategy
+    (tmp_path / "config.yaml").write_text("model: {init_args: {model: base}}\n")
+    rc, out = _lit_rl(monkeypatch, capsys, "export", "odd.ckpt", "-o", "x")
+    assert rc == 2 and "neither a DeepSpeed checkpoint" in out
     rc, out = _lit_rl(monkeypatch, capsys, "export", "nowhere", "-o", "x")
     assert rc == 2 and "'nowhere' does not exist" in out
 

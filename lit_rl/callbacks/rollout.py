@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from lit_rl.callbacks._agree import agree
 from lit_rl.callbacks._async import (
     MODES,  # noqa: F401  (importable from here, as before)
     AsyncProducer,
@@ -208,10 +209,12 @@ class RolloutCallback(RolloutProducer):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.rewards is not None:
             self.rewards.trainer_state = TrainerState(trainer.global_step, trainer.current_epoch)
+        # steps 1-5 end with an agreement: one rank's error raises on every rank before any rank enters the
+        # collectives of steps 6-7 or the training step (callbacks/_agree.py)
         if self.mode == "async":
-            exp, metrics = self._take_async(trainer, pl_module)
+            exp, metrics = agree(trainer, "the rollout", lambda: self._take_async(trainer, pl_module))
         else:
-            exp, metrics = self._build(trainer, pl_module, batch.prompts)
+            exp, metrics = agree(trainer, "the rollout", lambda: self._build(trainer, pl_module, batch.prompts))
         self._annotate(trainer, pl_module, exp, metrics)
         batch.experience, batch.metrics = exp, metrics
 
@@ -246,16 +249,22 @@ class RolloutCallback(RolloutProducer):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if trainer.global_step - self.last_sync_step >= self.sync_every:
             t0 = time.perf_counter()
-            if self._producer is not None and self.engine.collective_sync:
-                # async, a load that is a collective over ranks (servers shared by URL): load it here, where every
-                # rank is in the same iteration, after draining this rank's producer (_async "Collective loads")
-                weights = _sync_items(self.engine, pl_module.model)
-                self._async_state["version"] = self._producer.load_weights_now(weights)
-            elif self._producer is not None:  # async: snapshot now, the producer loads it between items
-                weights = _sync_items(self.engine, pl_module.model)
-                self._async_state["version"] = self._producer.push_weights(weights)
-            else:
-                self.engine.update_weights(_sync_items(self.engine, pl_module.model))
+
+            def push():
+                if self._producer is not None and self.engine.collective_sync:
+                    # async, a load that is a collective over ranks (servers shared by URL): load it here, where
+                    # every rank is in the same iteration, after draining this rank's producer (_async "Collective
+                    # loads")
+                    weights = _sync_items(self.engine, pl_module.model)
+                    self._async_state["version"] = self._producer.load_weights_now(weights)
+                elif self._producer is not None:  # async: snapshot now, the producer loads it between items
+                    weights = _sync_items(self.engine, pl_module.model)
+                    self._async_state["version"] = self._producer.push_weights(weights)
+                else:  # listed on every rank: sharded weights are gathered by collectives every rank must join,
+                    # also where only rank 0 reads them (VLLMServerEngine pushes from rank 0)
+                    self.engine.update_weights(list(_sync_items(self.engine, pl_module.model)))
+
+            agree(trainer, "the weight sync", push)  # a rank's failed push raises on every rank
             self.last_sync_step = trainer.global_step
             pl_module.log("perf/weight_sync_s", time.perf_counter() - t0, on_step=True, batch_size=1)
         if self._producer is not None:
@@ -273,7 +282,8 @@ class RolloutCallback(RolloutProducer):
                 # Resumed: an engine with its own weights was bound in setup, before the checkpoint restored
                 # the learner; give it the restored weights under the checkpointed version.
                 version = self.engine.policy_version
-                self.engine.update_weights(_sync_items(self.engine, pl_module.model))
+                agree(trainer, "the weight sync",
+                      lambda: self.engine.update_weights(list(_sync_items(self.engine, pl_module.model))))
                 self.engine.policy_version = version
             return
         self._stop_producer()

@@ -108,3 +108,14 @@ def console_main() -> None:
             raise
         print(f"lit-rl: error: {e}", file=sys.stderr)
         sys.exit(2)
+    _destroy_process_group()
+
+
+def _destroy_process_group() -> None:
+    """Lightning leaves the process group(s) alive at exit; gloo's worker threads then may still hold work objects
+    while the interpreter is torn down, which aborts a finished run ("terminate called without an active
+    exception", exit -6; seen after a resumed ZeRO-3 run). Destroying them while Python is alive avoids it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

@@ -379,6 +379,7 @@ class VLLMServerEngine(SeededRequests, EngineBase):
             # adapter under another rank's running or queued requests, whose rows would carry the old version.
             dist.barrier(group=self._group)
         err: BaseException | None = None
+        bad_names = False  # rank 0 refused the names: servers untouched, every rank raises ValueError
         if rank0:
             try:
                 items = list(named_tensors)
@@ -395,18 +396,18 @@ class VLLMServerEngine(SeededRequests, EngineBase):
                     self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
                 else:
                     self._sync_nccl(items, version)
-            except ValueError:
-                self._sync_seq -= 1
-                raise
+            except ValueError as exc:  # told to the other ranks too: raising here would leave them in the broadcast
+                err, bad_names = exc, True
             except BaseException as exc:  # noqa: BLE001 - reported below (and to the other ranks)
                 err = exc
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
-            box = [None if err is None else f"{type(err).__name__}: {err}",
+            box = [None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
                    [s.url for s in self.pool.servers if s.alive] if rank0 else None]
             dist.broadcast_object_list(box, src=0, group=self._group)
             if box[0] is not None and err is None:
-                err = RuntimeError(f"rank 0 failed the weight sync: {box[0]}")
+                bad_names = box[0][0]
+                err = (ValueError if bad_names else RuntimeError)(f"rank 0 failed the weight sync: {box[0][1]}")
             if err is None and not rank0:
                 try:
                     self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
@@ -415,6 +416,9 @@ class VLLMServerEngine(SeededRequests, EngineBase):
                         self._lora.check(self.pool, version)
                 except BaseException as exc:  # noqa: BLE001
                     err = exc
+        if bad_names:  # nothing was pushed: the sequence number is not used, the servers are not stale
+            self._sync_seq -= 1
+            raise err
         if err is not None:
             self._stale = f"the last weight sync failed ({type(err).__name__}: {err})"
             if isinstance(err, TimeoutError):
