@@ -403,14 +403,15 @@ class VLLMServerEngine(SeededRequests, EngineBase):
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
             box = [None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                   [s.url for s in self.pool.servers if s.alive] if rank0 else None]
+                   [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None]
             dist.broadcast_object_list(box, src=0, group=self._group)
             if box[0] is not None and err is None:
                 bad_names = box[0][0]
                 err = (ValueError if bad_names else RuntimeError)(f"rank 0 failed the weight sync: {box[0][1]}")
             if err is None and not rank0:
                 try:
-                    self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
+                    if box[1] is not None:
+                        self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
                     self.pool.check_versions(version)
                     if self._lora is not None:
                         self._lora.check(self.pool, version)
