@@ -77,6 +77,32 @@ def _kill_job_at_score(call: int) -> None:
     RewardPool.score = score
 
 
+def _kill_rank_at_score(spec: str) -> None:
+    """``KILL_RANK_AT_SCORE=r:k``: rank r SIGKILLs itself alone at its k-th reward scoring (mid-rollout), after
+    writing the kill time to ``$KILL_TIME_FILE``: a rank lost to the OOM killer or a failed node; the other rank
+    goes on into the step's collectives."""
+    import os
+    import signal
+    import time
+
+    from lit_rl.rewards.pool import RewardPool
+
+    rank, call = (int(x) for x in spec.split(":"))
+    original, calls = RewardPool.score, [0]
+
+    def score(self, *a, **kw):
+        if int(os.environ.get("LOCAL_RANK", "0")) == rank:
+            calls[0] += 1
+            if calls[0] >= call:
+                with open(os.environ["KILL_TIME_FILE"], "w") as f:
+                    f.write(repr(time.time()))
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
+        return original(self, *a, **kw)
+
+    RewardPool.score = score
+
+
 def _record_server_metrics(out_dir: str) -> None:
     """``SERVER_METRICS_DIR=dir``: every rank writes its own VLLMServerEngine's latest ``metrics()`` (its own
     per-server request counts, before Lightning averages them over ranks) to ``dir/rank{LOCAL_RANK}.json``."""
@@ -144,6 +170,8 @@ if __name__ == "__main__":
         _fail_on_rank(os.environ["FAIL_AT"])
     if os.environ.get("KILL_AT_SCORE"):
         _kill_job_at_score(int(os.environ["KILL_AT_SCORE"]))
+    if os.environ.get("KILL_RANK_AT_SCORE"):
+        _kill_rank_at_score(os.environ["KILL_RANK_AT_SCORE"])
     if os.environ.get("SERVER_METRICS_DIR"):
         _record_server_metrics(os.environ["SERVER_METRICS_DIR"])
     if os.environ.get("SLOW_SERVER_REQUESTS"):

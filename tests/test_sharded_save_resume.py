@@ -7,6 +7,8 @@
   directory under FSDP2, a DeepSpeed directory under ZeRO) writes the same weights.
 * kill -9 of the whole job mid-rollout in iteration 3, then ``--ckpt_path last`` (iteration 2's checkpoint) in a
   fresh job: the final weights equal the uninterrupted run's (``RESUME_TOL``: bitwise where measured so).
+* one rank SIGKILLed alone (DDP, either rank): the other exits non-zero within ``RANK_LOSS_BOUND_S`` of the kill,
+  and ``--ckpt_path last`` resumes both ranks to the uninterrupted run's weights.
 * ``micro_batch_tokens`` under every strategy: token-budget micro-batches (the ranks agree on their count) train
   like the 1-process run, within the parity tolerance of tests/test_distributed.py.
 """
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -152,3 +155,29 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy):  # n
     print(f"\n{strategy} + micro_batch_tokens=64 vs 1 process: max |diff| = {diff:.3e}")
     assert diff <= 1e-5
     assert got["metrics"]["actor/skipped_steps"] == 1.0
+
+
+RANK_LOSS_BOUND_S = 60  # kill of one rank -> the job's exit; measured 1-3 s (gloo sees the closed connection)
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_one_rank_killed_stops_the_job_and_resume_matches(uninterrupted, tmp_path, tiny_model_dir, rank):
+    """Rank 1 is a child of rank 0 (Lightning's launcher); rank 0 is the job's own process: killing either leaves
+    the other in the next collective, where gloo reports the closed connection and the process exits non-zero."""
+    _, want = uninterrupted("ddp")
+    cfg = _config(tmp_path, tiny_model_dir)
+    stamp = tmp_path / "killed_at"
+    t0 = time.time()
+    rc, log = _job(tmp_path / "killed.pt", cfg, "ddp",
+                   env={"KILL_RANK_AT_SCORE": f"{rank}:{KILL_AT_SCORE}", "KILL_TIME_FILE": str(stamp)})
+    done = time.time()
+    assert rc != 0 and stamp.exists(), log[-4000:]
+    if rank == 0:  # the job's process itself was killed: the job ends with it; the child must not outlive it
+        assert rc == -signal.SIGKILL, log[-4000:]
+    took = done - float(stamp.read_text())
+    print(f"rank {rank} SIGKILLed: the job exited (rc {rc}) {took:.1f} s later; whole job {done - t0:.0f} s")
+    assert took < RANK_LOSS_BOUND_S, took
+    assert not (tmp_path / "killed.pt").exists()
+    rc, log = _job(tmp_path / "resumed.pt", cfg, "ddp", "--ckpt_path", "last")
+    assert rc == 0, log[-4000:]
+    assert _max_diff(torch.load(tmp_path / "resumed.pt")["state"], want) == 0.0
