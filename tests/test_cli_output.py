@@ -28,6 +28,7 @@ ALLOWED = [
     r"RolloutInspector: report written to .*report\.html \(rebuild with `lit-rl inspect .*`\)",
     r"Iteration .*",  # the progress bar (RichIterationProgressBar) and its metrics, wrapped onto more lines
     r"([\w/]+: [-+\d.e]+\s*)+",
+    r"[\w/]+:|[-+\d.e]+",  # a bar metric wrapped between its name and its value (the width depends on the it/s)
     r"Validation .*",
     r"Sanity Checking.*",
 ]
