@@ -34,14 +34,6 @@ def is_sharded(model) -> bool:
     return any(hasattr(p, "ds_id") or hasattr(p, "full_tensor") for p in model.state_dict(keep_vars=True).values())
 
 
-def refuse_sharded(model, what: str = "the policy") -> None:
-    """A sharded LoRA policy cannot be saved: its merge needs the full base weights in one process."""
-    if is_sharded(model) and is_peft(model):
-        raise NotImplementedError(
-            f"{what} is a LoRA policy sharded by FSDP2 / ZeRO-3; saving its merged model or adapter is not "
-            "implemented: train LoRA with DDP or ZeRO-2 (full models save under every strategy)")
-
-
 def _rank() -> int:
     import torch.distributed as dist
 
@@ -57,25 +49,38 @@ def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list
     adapter, to ``out`` itself. The training model is never modified (merging works on a copy).
 
     Sharded weights (FSDP2, ZeRO-3) are gathered one parameter at a time, so under a distributed strategy every
-    rank must call this at the same point (rank 0 writes); a sharded LoRA policy raises ``NotImplementedError``
-    on every rank before any collective."""
+    rank must call this at the same point (rank 0 writes). A sharded LoRA policy is gathered whole on rank 0 (the
+    merge needs the base weights) and merged from the gathered tensors (``lora_merged_state``)."""
     if lora not in LORA_SAVE:
         raise ValueError(f"lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
-    refuse_sharded(model)
     out = Path(out)
     rank0 = _rank() == 0
     if is_sharded(model):
-        from lit_rl.models.loading import merged_state_items
+        from lit_rl.models.loading import full_tensor, lora_merged_state
 
-        state = {}
-        for name, t in merged_state_items(model):  # a collective per parameter: every rank iterates all
+        full = {}
+        for name, p in model.state_dict(keep_vars=True).items():  # a collective per parameter: every rank
+            t = full_tensor(p)
             if rank0:
-                state[name] = t.detach().to("cpu", copy=True)
+                full[name] = t.to("cpu", copy=True)
         if not rank0:
             return []
-        model.save_pretrained(out, state_dict=state, safe_serialization=True)
-        tokenizer.save_pretrained(out)
-        return [out]
+        if not is_peft(model):
+            model.save_pretrained(out, state_dict=full, safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            return [out]
+        written = []
+        if lora in ("both", "adapter"):
+            adir = out if lora == "adapter" else out / ADAPTER_SUBDIR
+            model.save_pretrained(adir, state_dict=full, safe_serialization=True)  # peft keeps the LoRA tensors
+            tokenizer.save_pretrained(adir)
+            written.append(adir)
+        if lora != "adapter":
+            model.get_base_model().save_pretrained(out, state_dict=lora_merged_state(model, full),
+                                                   safe_serialization=True)
+            tokenizer.save_pretrained(out)
+            written.insert(0, out)
+        return written
     if not rank0:
         return []
     written = []

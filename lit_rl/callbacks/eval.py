@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -251,8 +250,8 @@ class SaveHFModel(L.Callback):
     ``--ckpt_path last`` and there is nothing left to train. A LoRA policy: ``lora="both"`` (default) writes the
     merged model to ``dirpath`` and the PEFT adapter to ``dirpath/adapter``; ``"merged"`` or ``"adapter"`` only
     one (``lit_rl.export.save_hf_model``, shared with ``lit-rl export``). Under FSDP2 and ZeRO-3 the full weights
-    are gathered one parameter at a time on every rank and written by rank 0; a sharded LoRA policy is a warning
-    (nothing written), not a crash."""
+    are gathered one parameter at a time on every rank and written by rank 0 (a LoRA policy is merged from the
+    gathered tensors)."""
 
     def __init__(self, dirpath: str = "final_model", lora: str = "both"):
         from lit_rl.export import LORA_SAVE
@@ -277,16 +276,9 @@ class SaveHFModel(L.Callback):
     def _save(self, trainer, pl_module) -> None:
         # Every rank comes here (on_train_end / on_fit_end run on all ranks): under FSDP2 / ZeRO-3 the weights are
         # gathered with collectives every rank joins; rank 0 writes.
-        from lit_rl.export import refuse_sharded, save_hf_model
+        from lit_rl.export import save_hf_model
 
         self._written = True
-        try:
-            refuse_sharded(pl_module.model)
-        except NotImplementedError as e:  # the run itself succeeded: say what is missing, keep the checkpoint
-            if trainer.global_rank == 0:
-                warnings.warn(f"SaveHFModel: {run_path(trainer, self.dirpath)} not written: {e}", UserWarning,
-                              stacklevel=2)
-            return
         save_hf_model(pl_module.model, pl_module.tokenizer, run_path(trainer, self.dirpath), lora=self.lora)
 
 

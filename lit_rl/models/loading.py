@@ -192,34 +192,72 @@ def merged_state_items(model):
     """(name, tensor) pairs of the plain (non-LoRA) model's weights, for syncing an engine.
 
     A LoRA-wrapped model is merged on the fly (W + BA·scale) without modifying the training model, and
-    names are stripped of peft's prefixes so they match the base architecture's checkpoint names.
+    names are stripped of peft's prefixes so they match the base architecture's checkpoint names. Sharded
+    weights (FSDP2 DTensors, ZeRO-3 partitions) are gathered with a collective per parameter, so every rank must
+    iterate the whole generator.
     """
-    try:
-        from peft import PeftModel
-    except ImportError:  # pragma: no cover - peft is a core dependency
-        PeftModel = ()
-    # keep_vars: ZeRO-3 marks its partitioned Parameters (``ds_id``); a plain state_dict drops the marks
-    state = model.state_dict(keep_vars=True)
-    zero3 = any(hasattr(p, "ds_id") for p in state.values())
-    if isinstance(model, PeftModel):
-        if zero3:
-            raise NotImplementedError(
-                "syncing a LoRA policy partitioned by DeepSpeed ZeRO-3 into a rollout engine is not supported "
-                "(merging needs the full base weights); use ZeRO-2, FSDP or DDP with lora")
+    state = model.state_dict(keep_vars=True)  # keep_vars: ZeRO-3 marks its partitioned Parameters (``ds_id``)
+    sharded = any(hasattr(p, "ds_id") or hasattr(p, "full_tensor") for p in state.values())
+    if _is_peft(model):
+        if sharded:  # FSDP2 cannot be deep-copied and ZeRO-3 holds partitions: merge from gathered tensors
+            yield from lora_merged_state(model, {n: full_tensor(p) for n, p in state.items()}).items()
+            return
         import copy
 
         merged = copy.deepcopy(model).merge_and_unload()
         yield from ((n, p.detach()) for n, p in merged.state_dict().items())
         return
-    if zero3:
+    for n, p in state.items():  # one full tensor at a time: the peak is one parameter, not the whole model
+        yield n, full_tensor(p)
+
+
+def _is_peft(model) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:  # pragma: no cover - peft is a core dependency
+        return False
+    return isinstance(model, PeftModel)
+
+
+def full_tensor(p):
+    """The full, detached tensor of a parameter: an FSDP2 DTensor's ``full_tensor()``, a ZeRO-3 partition
+    gathered by DeepSpeed (copied: the gathered storage is released when the block exits), else ``p`` itself.
+    Sharded cases are collectives: every rank must call this for the same parameters in the same order."""
+    if hasattr(p, "ds_id"):
         import deepspeed  # ``deepspeed.zero`` is an attribute of the package, not an importable module
-    for n, p in state.items():
-        # Sharded weights are gathered one full tensor at a time (a collective every rank runs in the same
-        # state_dict order), so the peak is one parameter, not the whole model: FSDP2 shards are DTensors,
-        # ZeRO-3 partitions are gathered by DeepSpeed and released again when the block exits (hence the copy).
-        if hasattr(p, "ds_id"):
-            with deepspeed.zero.GatheredParameters([p]):
-                full = p.detach().clone()
-            yield n, full
-        else:
-            yield n, (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+        with deepspeed.zero.GatheredParameters([p]):
+            return p.detach().clone()
+    return (p.full_tensor() if hasattr(p, "full_tensor") else p).detach()
+
+
+def lora_merged_state(model, full: dict) -> dict:
+    """The merged base-model state dict of PEFT LoRA ``model`` from its full (gathered) state dict ``full``:
+    for each LoRA layer, W' = W + (B @ A) · scaling (transposed for ``fan_in_fan_out`` layers), the form
+    ``merge_and_unload`` computes; names lose peft's ``base_model.model.`` prefix and ``.base_layer``; LoRA
+    tensors are dropped. Works on plain tensors, so a sharded model merges without being copied."""
+    from peft.tuners.lora import LoraLayer
+
+    prefix = "base_model.model."
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, LoraLayer)}
+    merged = {}
+    for name, t in full.items():
+        if ".lora_" in name or "modules_to_save" in name or "original_module" in name:
+            if "modules_to_save" in name or "original_module" in name:
+                raise NotImplementedError(f"merging LoRA modules_to_save ({name}) from gathered weights")
+            continue
+        out = name[len(prefix):] if name.startswith(prefix) else name
+        layer_name, _, leaf = name.rpartition(".base_layer.")
+        if layer_name in layers and leaf == "weight":
+            m = layers[layer_name]
+            (adapter,) = m.active_adapters
+            if getattr(m, "use_dora", {}).get(adapter, False):
+                raise NotImplementedError(f"merging a DoRA layer ({layer_name}) from gathered weights")
+            a, b = full[f"{layer_name}.lora_A.{adapter}.weight"], full[f"{layer_name}.lora_B.{adapter}.weight"]
+            ct = torch.promote_types(t.dtype, torch.float32)  # bf16 weights merge in float32, float64 stays
+            delta = (b.to(ct) @ a.to(ct)) * m.scaling[adapter]  # (out, r) @ (r, in) = (out, in)
+            if getattr(m, "fan_in_fan_out", False):
+                delta = delta.T
+            t = (t.to(ct) + delta).to(t.dtype)
+        merged[out.replace(".base_layer.", ".")] = t
+    return merged
