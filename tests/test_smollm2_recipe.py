@@ -6,6 +6,7 @@ Slow (minutes of CPU): marked ``slow`` and ``real_ckpt``. One run serves several
 from __future__ import annotations
 
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -54,7 +55,8 @@ def run(smollm2_dir, tmp_path_factory):
                "--data.init_args.seed", "1",
                "--trainer.max_steps", str(STEPS),
                "--trainer.val_check_interval", str(STEPS), *QUIET)
-    return cli, tmp / "run"
+    yield cli, tmp / "run"
+    shutil.rmtree(tmp, ignore_errors=True)  # ~2 GB of checkpoints: a module fixture's folder lives to the session end
 
 
 def test_training_reward_rose(run):
