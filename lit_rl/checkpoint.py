@@ -1,4 +1,4 @@
-"""Checkpoint pieces for exact resume: atomic checkpoint files and per-rank RNG states.
+"""Checkpoint pieces for exact resume: atomic checkpoint files and directories, and per-rank RNG states.
 
 Lightning 2.6 checkpoints carry the model, optimizers, schedulers, loop progress, datamodule and callback
 state, but not the random number generators. RL needs them: the rollout engine samples with torch's global
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -57,6 +58,48 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 os.unlink(tmp)
             raise
         _fsync_dir(path.parent)  # make the rename itself durable
+
+
+# ------------------------------------------------------------------ checkpoint directories
+# FSDP2 (torch.distributed.checkpoint) and DeepSpeed write a checkpoint as a directory of files from every rank.
+# Written in place over the previous one, a kill half-way leaves a directory that mixes two iterations and loads
+# without error (new shards with the old loop state). So the strategies write into ``.<name>.partial`` next to
+# the target and rank 0 swaps it in once every rank has finished (strategies.SideDirectorySave).
+def side_path(final: Path, kind: str) -> Path:
+    """``.<name>.partial`` (being written) or ``.<name>.old`` (being replaced) next to ``final``."""
+    return final.parent / f".{final.name}.{kind}"
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def swap_in(partial: Path, final: Path) -> None:
+    """Make the completely written ``partial`` (a file or a directory) the checkpoint at ``final``.
+
+    A directory cannot atomically replace a non-empty one, so the previous one is renamed aside first
+    (``.<name>.old``) and removed after. A kill between the two renames leaves both whole; that state
+    (``.old`` present, ``final`` absent) is what :func:`finish_interrupted_swap` completes."""
+    old = side_path(final, "old")
+    finish_interrupted_swap(final)
+    remove_path(old)
+    if final.exists() or final.is_symlink():
+        os.replace(final, old)
+    os.replace(partial, final)
+    _fsync_dir(final.parent)
+    remove_path(old)
+
+
+def finish_interrupted_swap(final: Path) -> None:
+    """Complete a swap a kill interrupted between its two renames: ``.old`` is only ever present without
+    ``final`` after ``.partial`` was written whole (a kill during the writing itself leaves no ``.old``)."""
+    old, partial = side_path(final, "old"), side_path(final, "partial")
+    if old.exists() and not final.exists() and partial.exists():
+        os.replace(partial, final)
+        _fsync_dir(final.parent)
 
 
 def _fsync_dir(path: Path) -> None:

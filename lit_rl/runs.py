@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from lit_rl.checkpoint import finish_interrupted_swap
+
 CHECKPOINT_SUBDIR = "checkpoints"
 LAST = "last.ckpt"
 
@@ -102,6 +104,7 @@ def resolve_ckpt_path(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
         return None
     last = ckpt_dir / LAST
     if ckpt_path in ("last", "last_or_new"):
+        finish_interrupted_swap(last)  # a directory save killed between its two renames
         if last.is_file() or last.is_dir():  # a directory: FSDP2's distributed checkpoint, DeepSpeed's
             return str(last)
         if ckpt_path == "last_or_new":

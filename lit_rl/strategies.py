@@ -5,13 +5,39 @@ from __future__ import annotations
 import argparse
 import logging
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.accelerators.cuda import CUDAAccelerator
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
 
+from lit_rl.checkpoint import remove_path, side_path, swap_in
 
-class FSDP2Strategy(ModelParallelStrategy):
+
+class SideDirectorySave:
+    """Checkpoint directories written whole or not at all (mixed into the FSDP2 and DeepSpeed strategies).
+
+    Every rank writes its part into ``.<name>.partial`` next to the target; after a barrier rank 0 swaps it in
+    (``checkpoint.swap_in``). A job killed during the writing keeps its previous checkpoint, which resumes
+    exactly; before, the directory was overwritten in place and a kill left one that mixed two iterations and
+    loaded without error (tests/test_sharded_save_resume.py, kill inside a save)."""
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(filepath):  # remote storage: the strategy's own save
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        final = Path(self.broadcast(str(filepath)))
+        partial = side_path(final, "partial")
+        if self.is_global_zero:
+            remove_path(partial)  # left by a job killed while writing it
+        self.barrier("lit_rl_save_begin")
+        super().save_checkpoint(checkpoint, partial, storage_options)
+        self.barrier("lit_rl_save_written")
+        if self.is_global_zero:
+            swap_in(partial, final)
+        self.barrier("lit_rl_save_swapped")
+
+
+class FSDP2Strategy(SideDirectorySave, ModelParallelStrategy):
     """Every process is a data-parallel FSDP2 shard (``PolicyModule.configure_model`` applies ``fully_shard``).
 
     ModelParallelStrategy's ``"auto"`` sizes mean data_parallel = nodes and tensor_parallel = processes per
@@ -31,7 +57,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         super().setup_environment()
 
 
-class DeepSpeedZeROStrategy(DeepSpeedStrategy):
+class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy for ZeRO stage 2 or 3, on CUDA GPUs *and* on CPU processes (gloo).
 
     What it changes, and why:

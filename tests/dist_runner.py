@@ -77,6 +77,38 @@ def _kill_job_at_score(call: int) -> None:
     RewardPool.score = score
 
 
+def _kill_job_in_save(save: int) -> None:
+    """``KILL_IN_SAVE=k``: rank 0 SIGKILLs the whole job inside its k-th checkpoint save, with the save half
+    written: FSDP2 after every rank wrote its ``torch.distributed.checkpoint`` shards but before rank 0 writes the
+    loop state (``meta.pt``); DeepSpeed after the model states and client state but before the ZeRO optimizer
+    partitions. Before saves went to a side directory this left a checkpoint mixing two iterations."""
+    import os
+    import signal
+
+    import importlib.util
+
+    import lightning.pytorch.strategies.model_parallel as mp
+
+    calls = [0]
+
+    def after(fn):
+        def wrapped(*a, **kw):
+            out = fn(*a, **kw)
+            if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+                calls[0] += 1
+                if calls[0] >= save:
+                    sys.stdout.flush()
+                    os.killpg(os.getpgrp(), signal.SIGKILL)
+            return out
+        return wrapped
+
+    mp._distributed_checkpoint_save = after(mp._distributed_checkpoint_save)
+    if importlib.util.find_spec("deepspeed") is not None:
+        from deepspeed.runtime.engine import DeepSpeedEngine
+
+        DeepSpeedEngine._save_checkpoint = after(DeepSpeedEngine._save_checkpoint)
+
+
 def _kill_rank_at_score(spec: str) -> None:
     """``KILL_RANK_AT_SCORE=r:k``: rank r SIGKILLs itself alone at its k-th reward scoring (mid-rollout), after
     writing the kill time to ``$KILL_TIME_FILE``: a rank lost to the OOM killer or a failed node; the other rank
@@ -170,6 +202,8 @@ if __name__ == "__main__":
         _fail_on_rank(os.environ["FAIL_AT"])
     if os.environ.get("KILL_AT_SCORE"):
         _kill_job_at_score(int(os.environ["KILL_AT_SCORE"]))
+    if os.environ.get("KILL_IN_SAVE"):
+        _kill_job_in_save(int(os.environ["KILL_IN_SAVE"]))
     if os.environ.get("KILL_RANK_AT_SCORE"):
         _kill_rank_at_score(os.environ["KILL_RANK_AT_SCORE"])
     if os.environ.get("SERVER_METRICS_DIR"):
