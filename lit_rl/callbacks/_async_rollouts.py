@@ -4,6 +4,7 @@ stop it, and checkpoint its counters (docs/architecture.md "Async rollouts").
 ``callbacks/_async.py`` holds the Lightning-free machinery (``AsyncProducer``, the admission gate,
 ``take_fresh``, ``PromptStream``); this module is the glue the callback's hooks delegate to:
 
+- ``check_setup`` (``setup``): the async settings against the other callbacks, the datamodule and the module.
 - ``start`` (``on_train_start``): a ``PromptStream`` copying the training loader's sampler from the
   checkpointed prompt position, a queue of ``queue_size // rows`` items (``max_staleness + 1`` by default),
   and a producer whose item ``n`` is built with refill key ``first + n`` (``first``: the module's iteration
@@ -26,7 +27,15 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rl.callbacks._async import AsyncProducer, PromptStream, staleness, take_fresh
+from lit_rl.callbacks._async import (
+    AsyncProducer,
+    PromptStream,
+    check_async_correction,
+    check_async_setup,
+    staleness,
+    take_fresh,
+)
+from lit_rl.callbacks._roles import PromptEditor
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 
@@ -55,6 +64,14 @@ class AsyncRollouts:
     def running(self) -> bool:
         """A producer was started and not stopped (the weight pushes go through it)."""
         return self.producer is not None
+
+    def check_setup(self, trainer, pl_module) -> None:
+        """At ``setup`` (fit): no ``PromptEditor`` callback (the producer draws its own batches, so edits of
+        ``batch.prompts`` would never be seen), a datamodule it can draw from, a queue of at least one
+        iteration, and an importance correction for rows from older weights (``_async.check_async_*``)."""
+        editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
+        check_async_setup(editor, getattr(trainer, "datamodule", None), self.group_size, self.queue_size)
+        check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
 
     def start(self, dm, first: int, build: Build, load: Callable[[dict[str, Tensor], int], None]) -> None:
         """Start a producer drawing from ``dm`` (a ``PromptDataModule``-like datamodule); ``first``: the

@@ -26,15 +26,9 @@ from collections.abc import Callable
 from typing import Any
 
 from lit_rl.callbacks._agree import agree
-from lit_rl.callbacks._async import (
-    MODES,  # noqa: F401  (importable from here, as before)
-    AsyncProducer,
-    check_async_args,
-    check_async_correction,
-    check_async_setup,
-)
+from lit_rl.callbacks._async import MODES, AsyncProducer, check_async_args  # noqa: F401  (MODES: importable here)
 from lit_rl.callbacks._async_rollouts import AsyncRollouts
-from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
+from lit_rl.callbacks._roles import RolloutProducer
 from lit_rl.callbacks._weight_sync import WeightSync
 from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
@@ -197,10 +191,7 @@ class RolloutCallback(RolloutProducer):
                     f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
         if self.mode == "async":
-            editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-            check_async_setup(editor, dm, self.group_size, self.queue_size)
-            check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
-
+            self._async.check_setup(trainer, pl_module)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if getattr(pl_module, "heldout_eval", None) is self._default_eval:
