@@ -2,7 +2,8 @@
 
 Used by ``RolloutCallback(mode="async")``. The pieces here know nothing about Lightning: ``AsyncProducer``
 runs any ``produce(n)`` function in a background thread and hands its results to the trainer thread in
-production order; the callback supplies the function (render → generate → rewards → Experience).
+production order; the callback supplies the function (render → generate → rewards → Experience) through
+``callbacks/_async_rollouts.py`` (``AsyncRollouts``: the producer over one fit).
 
 Versions. The learner's version counts weight pushes (``push_weights``). Each produced item records the
 version of the weights the engine held when it was generated. Its *staleness* when the trainer takes it is
@@ -39,8 +40,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import torch
 from torch import Tensor

@@ -1,7 +1,8 @@
 """`RolloutCallback`: turns each batch of prompts into an annotated `Experience` before the training step.
 
-The callback wires the rollout pipeline (``lit_rl/rollout/pipeline.py``) to Lightning's hooks and keeps what
-outlives one batch: the rollout state a checkpoint saves, the weight-sync schedule and the async producer.
+The callback wires the rollout pipeline (``lit_rl/rollout/pipeline.py``) to Lightning's hooks and assembles the
+rollout state a checkpoint saves; its hooks delegate the weight-sync schedule to ``callbacks/_weight_sync.py``
+(``WeightSync``) and the async producer to ``callbacks/_async_rollouts.py`` (``AsyncRollouts``).
 
 Order inside ``on_train_batch_start`` (documented contract, docs/architecture.md "Data flow of one RL iteration"):
   1. render + length-check prompts → 2. ``engine.generate`` (n = group_size) → 3. rewards (RewardPool)
@@ -10,7 +11,7 @@ Order inside ``on_train_batch_start`` (documented contract, docs/architecture.md
   critic values), then every callback implementing ``on_experience`` in ``trainer.callbacks`` order
   → 7. advantages (``module.compute_advantages``).
 After the optimizer steps (``on_train_batch_end``) weights are pushed to the engine every ``sync_every``
-optimizer steps.
+optimizer steps (``WeightSync``: which step pushes, the first push, the route).
 
 ``mode="async"``: steps 1-5 run in a background producer thread (``callbacks/_async.py``) that draws its own
 prompt batches and generates with a snapshot of the weights while the trainer updates; the trainer thread
@@ -21,21 +22,14 @@ critic values are always the learner's.
 from __future__ import annotations
 
 import threading
-import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from lit_rl.callbacks._agree import agree
-from lit_rl.callbacks._async import (
-    MODES,  # noqa: F401  (importable from here, as before)
-    AsyncProducer,
-    PromptStream,
-    check_async_args,
-    check_async_correction,
-    check_async_setup,
-    staleness,
-    take_fresh,
-)
-from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
+from lit_rl.callbacks._async import MODES, AsyncProducer, check_async_args  # noqa: F401  (MODES: importable here)
+from lit_rl.callbacks._async_rollouts import AsyncRollouts
+from lit_rl.callbacks._roles import RolloutProducer
+from lit_rl.callbacks._weight_sync import WeightSync
 from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.data.experience import Experience
@@ -47,12 +41,6 @@ from lit_rl.rewards.pool import RewardPool
 from lit_rl.rollout.base import as_engine
 from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
-
-
-def _sync_items(engine, model):
-    """The weights ``engine.update_weights`` takes: the engine's own choice when it has one (a LoRA adapter
-    alone for ``VLLMServerEngine``'s adapter path), else the merged model."""
-    return as_engine(engine).sync_items(model)
 
 
 class RolloutCallback(RolloutProducer):
@@ -137,18 +125,14 @@ class RolloutCallback(RolloutProducer):
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
         self.engine = as_engine(engine) if engine is not None else HFEngine(share_weights=mode == "sync")
-        self._producer: AsyncProducer | None = None
-        self._stream: PromptStream | None = None
-        self._async_state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
         if rewards is not None and not isinstance(rewards, RewardPool):
             rewards = RewardPool(rewards)
         self.rewards = rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
-        self.group_size, self.sync_every = group_size, sync_every
+        self.group_size = group_size
         self.max_prompt_len, self.overlong, self.seed = max_prompt_len, overlong_prompts, seed
         self.dynamic_sampling, self.max_resample_tries = dynamic_sampling, max_resample_tries
         self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
-        self.last_sync_step = 0
         self._default_eval: HeldoutEval | None = None
         if pipeline is None:
             # generation, weight loads and evaluation use the engine one at a time
@@ -157,6 +141,22 @@ class RolloutCallback(RolloutProducer):
         else:  # the pipeline's generator already holds a lock: the callback's pushes and evaluation share it
             self.engine_lock = getattr(pipeline.generate, "lock", None) or threading.RLock()
         self.pipeline = pipeline
+        self.weight_sync = WeightSync(self.engine, sync_every, self.engine_lock)
+        self._async = AsyncRollouts(group_size, max_staleness, queue_size, stale_policy, self.engine_lock)
+
+    # The schedule's and the producer's state, under the names the callback had before they moved out.
+    sync_every = property(lambda self: self.weight_sync.sync_every,
+                          lambda self, v: setattr(self.weight_sync, "sync_every", v))
+    last_sync_step = property(lambda self: self.weight_sync.last_sync_step,
+                              lambda self, v: setattr(self.weight_sync, "last_sync_step", v))
+
+    @property
+    def _producer(self) -> AsyncProducer | None:
+        return self._async.producer
+
+    @property
+    def _async_state(self) -> dict[str, int]:
+        return self._async.state
 
     # ------------------------------------------------------------------ setup
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -191,16 +191,13 @@ class RolloutCallback(RolloutProducer):
                     f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
         if self.mode == "async":
-            editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-            check_async_setup(editor, dm, self.group_size, self.queue_size)
-            check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
-
+            self._async.check_setup(trainer, pl_module)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if getattr(pl_module, "heldout_eval", None) is self._default_eval:
             pl_module.heldout_eval = None
         self._default_eval = None
-        self._stop_producer()
+        self._async.stop()
         if self.rewards is not None:
             self.rewards.close()
         self.engine.teardown()  # engines owning processes (launched vLLM servers) stop them
@@ -212,7 +209,7 @@ class RolloutCallback(RolloutProducer):
         # steps 1-5 end with an agreement: one rank's error raises on every rank before any rank enters the
         # collectives of steps 6-7 or the training step (callbacks/_agree.py)
         if self.mode == "async":
-            exp, metrics = agree(trainer, "the rollout", lambda: self._take_async(trainer, pl_module))
+            exp, metrics = agree(trainer, "the rollout", lambda: self._async.take(self._builder(trainer, pl_module)))
         else:
             exp, metrics = agree(trainer, "the rollout", lambda: self._build(trainer, pl_module, batch.prompts))
         self._annotate(trainer, pl_module, exp, metrics)
@@ -231,6 +228,10 @@ class RolloutCallback(RolloutProducer):
         metrics.update(self.engine.metrics())  # engine-side counters, e.g. VLLMServerEngine's server errors
         return exp, metrics
 
+    def _builder(self, trainer, pl_module) -> Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]:
+        """``_build`` as the async producer calls it: ``(prompts, refill iteration)``."""
+        return lambda prompts, iteration: self._build(trainer, pl_module, prompts, iteration=iteration)
+
     def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
         """Steps 6-7, always in the trainer thread with the current learner."""
         pl_module.on_experience(trainer, pl_module, exp)
@@ -241,34 +242,13 @@ class RolloutCallback(RolloutProducer):
     def eval_generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
         """Generate with the learner's latest pushed weights, safely while an async producer runs (evaluation)."""
         with self.engine_lock:
-            if self._producer is not None:
-                self._producer.apply_pending()
+            self._async.apply_pending()
             return self.engine.generate(prompt_ids, n, sampling)
 
     # ----------------------------------------------------------- weight sync
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step - self.last_sync_step >= self.sync_every:
-            t0 = time.perf_counter()
-
-            def push():
-                if self._producer is not None and self.engine.collective_sync:
-                    # async, a load that is a collective over ranks (servers shared by URL): load it here, where
-                    # every rank is in the same iteration, after draining this rank's producer (_async "Collective
-                    # loads")
-                    weights = _sync_items(self.engine, pl_module.model)
-                    self._async_state["version"] = self._producer.load_weights_now(weights)
-                elif self._producer is not None:  # async: snapshot now, the producer loads it between items
-                    weights = _sync_items(self.engine, pl_module.model)
-                    self._async_state["version"] = self._producer.push_weights(weights)
-                else:  # listed on every rank: sharded weights are gathered by collectives every rank must join,
-                    # also where only rank 0 reads them (VLLMServerEngine pushes from rank 0)
-                    self.engine.update_weights(list(_sync_items(self.engine, pl_module.model)))
-
-            agree(trainer, "the weight sync", push)  # a rank's failed push raises on every rank
-            self.last_sync_step = trainer.global_step
-            pl_module.log("perf/weight_sync_s", time.perf_counter() - t0, on_step=True, batch_size=1)
-        if self._producer is not None:
-            self._producer.end_iteration()
+        self.weight_sync.after_iteration(trainer, pl_module, self._async if self._async.running else None)
+        self._async.end_iteration()
         _log_iteration_step(trainer, pl_module, on_step=True)
 
     def on_validation_epoch_end(self, trainer, pl_module) -> None:
@@ -277,70 +257,18 @@ class RolloutCallback(RolloutProducer):
 
     # ----------------------------------------------------------------- async
     def on_train_start(self, trainer, pl_module) -> None:
-        if self.mode != "async":
-            if trainer.global_step > 0 and not self.engine.share_weights:
-                # Resumed: an engine with its own weights was bound in setup, before the checkpoint restored
-                # the learner; give it the restored weights under the checkpointed version.
-                version = self.engine.policy_version
-                agree(trainer, "the weight sync",
-                      lambda: self.engine.update_weights(list(_sync_items(self.engine, pl_module.model))))
-                self.engine.policy_version = version
-            return
-        self._stop_producer()
-        st, dm = self._async_state, trainer.datamodule
-        # The engine may hold weights from before a checkpoint restore: load the learner's, keep the version.
-        with self.engine_lock:
-            self._load_weights(dict(_sync_items(self.engine, pl_module.model)), st["version"])
-        self._stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
-                                    template=getattr(dm, "_sampler", None))
-        rows = dm.batch_size * self.group_size
-        capacity = (self.queue_size // rows) if self.queue_size is not None else self.max_staleness + 1
-
-        # Item n is trained at iteration first + n (no drops: the gate keeps items within the bound), so that is
-        # its refill key: fixed by n alone, and a resumed run (first = the restored iteration) draws what the
-        # uninterrupted one drew for the same iteration.
-        first = getattr(pl_module, "iteration", 0)
-
-        def produce(n: int):
-            prompts = self._stream.next_batch()
-            exp, metrics = self._build(trainer, pl_module, prompts, iteration=first + n)
-            return exp, metrics, prompts, self._stream.pos, first + n
-
-        self._producer = AsyncProducer(produce, self._load_weights, self.max_staleness, capacity,
-                                       self.engine_lock, version=st["version"])
-        self._producer.start()
-
-    def _load_weights(self, weights: dict, version: int) -> None:
-        self.engine.update_weights(weights.items())
-        self.engine.policy_version = version  # versions count learner pushes, whatever the engine counts
-
-    def _take_async(self, trainer, pl_module) -> tuple[Experience, dict[str, float]]:
-        """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
-        prod, st = self._producer, self._async_state
-
-        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
-            return (*self._build(trainer, pl_module, payload[2], iteration=payload[4]), *payload[2:])
-
-        slot, waited = take_fresh(prod, self.max_staleness, self.stale_policy, st, lambda p: len(p[0]), regenerate)
-        exp, metrics, _, pos, _ = slot.payload
-        st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
-        stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)
-        metrics.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
-                        "async/dropped": float(st["dropped"]), "async/regenerated": float(st["regenerated"]),
-                        "async/trainer_wait_s": waited, "async/producer_wait_s": prod.take_producer_wait(),
-                        "async/policy_version": float(prod.learner_version)})
-        return exp, metrics
-
-    def _stop_producer(self) -> None:
-        if self._producer is not None:
-            self._producer.stop()
-            self._producer = None
+        self._async.stop()  # a producer left from an earlier fit
+        is_async = self.mode == "async"
+        self.weight_sync.first_push(trainer, pl_module.model, self._async.state["version"] if is_async else None)
+        if is_async:
+            self._async.start(trainer.datamodule, getattr(pl_module, "iteration", 0),
+                              self._builder(trainer, pl_module), self.weight_sync.load)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._stop_producer()
+        self._async.stop()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._stop_producer()
+        self._async.stop()
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -348,16 +276,16 @@ class RolloutCallback(RolloutProducer):
         (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
         engine = self.engine.state_dict()
-        return {"last_sync_step": self.last_sync_step, **self.pipeline.state_dict(),
+        return {**self.weight_sync.state_dict(), **self.pipeline.state_dict(),
                 "policy_version": self.engine.policy_version,
-                "async": dict(self._async_state),
+                "async": self._async.state_dict(),
                 "engine": engine, "engine_ranks": _every_rank(engine)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.last_sync_step = state["last_sync_step"]
+        self.weight_sync.load_state_dict(state)
         self.pipeline.load_state_dict(state)
         self.engine.policy_version = state["policy_version"]
-        self._async_state.update(state.get("async", {}))
+        self._async.load_state_dict(state.get("async", {}))
         engine = _this_rank(state.get("engine_ranks")) or state.get("engine")
         if engine:
             self.engine.load_state_dict(engine)

@@ -1,0 +1,139 @@
+"""``RolloutCallback(mode="async")``'s producer over one fit: start it, take its items, hand it the pushes,
+stop it, and checkpoint its counters (docs/architecture.md "Async rollouts").
+
+``callbacks/_async.py`` holds the Lightning-free machinery (``AsyncProducer``, the admission gate,
+``take_fresh``, ``PromptStream``); this module is the glue the callback's hooks delegate to:
+
+- ``check_setup`` (``setup``): the async settings against the other callbacks, the datamodule and the module.
+- ``start`` (``on_train_start``): a ``PromptStream`` copying the training loader's sampler from the
+  checkpointed prompt position, a queue of ``queue_size // rows`` items (``max_staleness + 1`` by default),
+  and a producer whose item ``n`` is built with refill key ``first + n`` (``first``: the module's iteration
+  at start). Item n is trained at iteration first + n (the gate drops nothing in normal operation), so a
+  resumed run draws what the uninterrupted one drew for the same iteration.
+- ``take`` (``on_train_batch_start``): the next item within ``max_staleness`` (``take_fresh``: too-stale
+  items dropped or regenerated with the same prompts and refill key, counted in rows), the prompt position
+  after it (what a checkpoint resumes from), and the ``async/*`` metrics.
+- ``push`` (from ``WeightSync``): a weight snapshot, or for an engine whose load is a collective a load now
+  in the trainer thread (``AsyncProducer.load_weights_now``); either way the new learner version is kept.
+- ``state`` / ``state_dict``: ``version`` (learner pushes), ``prompt_pos`` (this rank's prompts drawn up to
+  the last *trained* batch), ``dropped`` / ``regenerated`` (rows). Queued or in-flight items are not saved:
+  a resumed run regenerates them from those prompts.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from torch import Tensor
+
+from lit_rl.callbacks._async import (
+    AsyncProducer,
+    PromptStream,
+    check_async_correction,
+    check_async_setup,
+    staleness,
+    take_fresh,
+)
+from lit_rl.callbacks._roles import PromptEditor
+from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import Prompt
+
+# build(prompts, iteration) -> (Experience, metrics): pipeline steps 1-5 keyed by the refill iteration
+Build = Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]
+
+
+class AsyncRollouts:
+    """The async producer of one ``RolloutCallback`` and its checkpointed counters; see the module docstring.
+
+    Args:
+        group_size: completions per prompt (rows per prompt).
+        max_staleness, queue_size, stale_policy: the callback's async settings (checked by it).
+        lock: the engine lock (generation, weight loads and evaluation use the engine one at a time).
+    """
+
+    def __init__(self, group_size: int, max_staleness: int, queue_size: int | None, stale_policy: str,
+                 lock: threading.RLock):
+        self.group_size, self.max_staleness, self.queue_size = group_size, max_staleness, queue_size
+        self.stale_policy, self.lock = stale_policy, lock
+        self.producer: AsyncProducer | None = None
+        self.stream: PromptStream | None = None
+        self.state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
+
+    @property
+    def running(self) -> bool:
+        """A producer was started and not stopped (the weight pushes go through it)."""
+        return self.producer is not None
+
+    def check_setup(self, trainer, pl_module) -> None:
+        """At ``setup`` (fit): no ``PromptEditor`` callback (the producer draws its own batches, so edits of
+        ``batch.prompts`` would never be seen), a datamodule it can draw from, a queue of at least one
+        iteration, and an importance correction for rows from older weights (``_async.check_async_*``)."""
+        editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
+        check_async_setup(editor, getattr(trainer, "datamodule", None), self.group_size, self.queue_size)
+        check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
+
+    def start(self, dm, first: int, build: Build, load: Callable[[dict[str, Tensor], int], None]) -> None:
+        """Start a producer drawing from ``dm`` (a ``PromptDataModule``-like datamodule); ``first``: the
+        iteration its item 0 is trained at; ``load(weights, version)``: loads a snapshot into the engine."""
+        self.stop()
+        st = self.state
+        self.stream = stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
+                                            template=getattr(dm, "_sampler", None))
+        rows = dm.batch_size * self.group_size
+        capacity = (self.queue_size // rows) if self.queue_size is not None else self.max_staleness + 1
+
+        def produce(n: int):
+            prompts = stream.next_batch()
+            exp, metrics = build(prompts, first + n)
+            return exp, metrics, prompts, stream.pos, first + n
+
+        self.producer = AsyncProducer(produce, load, self.max_staleness, capacity, self.lock, version=st["version"])
+        self.producer.start()
+
+    def take(self, build: Build) -> tuple[Experience, dict[str, float]]:
+        """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
+        prod, st = self.producer, self.state
+
+        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
+            return (*build(payload[2], payload[4]), *payload[2:])
+
+        slot, waited = take_fresh(prod, self.max_staleness, self.stale_policy, st, lambda p: len(p[0]), regenerate)
+        exp, metrics, _, pos, _ = slot.payload
+        st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
+        stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)
+        metrics.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
+                        "async/dropped": float(st["dropped"]), "async/regenerated": float(st["regenerated"]),
+                        "async/trainer_wait_s": waited, "async/producer_wait_s": prod.take_producer_wait(),
+                        "async/policy_version": float(prod.learner_version)})
+        return exp, metrics
+
+    def push(self, weights: Iterable[tuple[str, Tensor]], collective: bool) -> None:
+        """A learner push (trainer thread). ``collective``: the engine's load is a collective over the ranks
+        (servers shared by URL), so load it here, where every rank is in the same iteration, after draining
+        this rank's producer (``_async`` "Collective loads"); else snapshot it for the producer to load
+        between items."""
+        if collective:
+            self.state["version"] = self.producer.load_weights_now(weights)
+        else:
+            self.state["version"] = self.producer.push_weights(weights)
+
+    def end_iteration(self) -> None:
+        if self.producer is not None:
+            self.producer.end_iteration()
+
+    def apply_pending(self) -> None:
+        """Load the newest pushed weights now (evaluation generates with the learner's latest)."""
+        if self.producer is not None:
+            self.producer.apply_pending()
+
+    def stop(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+            self.producer = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self.state)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.state.update(state)
