@@ -7,6 +7,7 @@ import json
 import lightning as L
 import pytest
 import torch
+from _scripted_engine import ScriptedEngine
 from _timing import FINISH_S
 from transformers import AutoTokenizer
 
@@ -18,30 +19,10 @@ from lit_rl.modules import PolicyModule
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
 from lit_rl.rollout.agent import AgentLoop
-from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
+from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import RETRY_FIXED, RetryRepoEnv
 
 SP = SamplingConfig(max_new_tokens=4)
-
-
-class ScriptedEngine:
-    """A RolloutEngine that 'generates' call k's action text (+ eos) for every context it is given."""
-
-    policy_version = 0
-
-    def __init__(self, tokenizer, actions: list[str]):
-        self.tokenizer, self.actions, self.calls = tokenizer, actions, 0
-
-    def bind(self, module):
-        pass
-
-    def update_weights(self, named_tensors):
-        self.policy_version += 1
-
-    def generate(self, prompt_ids, n, sampling):
-        ids = self.tokenizer(self.actions[self.calls], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        self.calls += 1
-        return [[Completion(list(ids), [-0.5] * len(ids), "stop") for _ in range(n)] for _ in prompt_ids]
 
 
 class CountingEnv:

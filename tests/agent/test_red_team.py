@@ -7,6 +7,7 @@ detected and counted (``info["hack/<kind>"]``, ``reward/hack_detected``); a corr
 from __future__ import annotations
 
 import pytest
+from _scripted_engine import ScriptedEngine
 from _timing import FINISH_S
 from transformers import AutoTokenizer
 
@@ -20,26 +21,6 @@ from lit_rl.rollout.env import RETRY_FIXED, RETRY_SOURCE, RETRY_TEST_FILE, Retry
 
 SP = SamplingConfig(max_new_tokens=4)
 CANARY = "sk-lit-rl-canary-0123456789"
-
-
-class ScriptedEngine:
-    """Every context gets call k's scripted action (+ eos): a policy that plays one fixed episode."""
-
-    policy_version = 0
-
-    def __init__(self, tokenizer, actions: list[str]):
-        self.tokenizer, self.actions, self.calls = tokenizer, actions, 0
-
-    def bind(self, module):
-        pass
-
-    def update_weights(self, named_tensors):
-        self.policy_version += 1
-
-    def generate(self, prompt_ids, n, sampling):
-        ids = self.tokenizer(self.actions[self.calls], add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-        self.calls += 1
-        return [[Completion(list(ids), [-0.5] * len(ids), "stop") for _ in range(n)] for _ in prompt_ids]
 
 
 NETWORK_FIX = '''import json, urllib.request
