@@ -309,6 +309,7 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
     server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
     tail when one dies or does not come up within ``launch.timeout_s``."""
     from lit_rl.rollout._server_launch import ServerProcess, free_port, port_in_use
+    from lit_rl.rollout._vllm_common import compile_env
 
     num, threads = int(launch.get("num_servers", 1)), int(launch.get("threads_per_server", 1))
     host, port = launch.get("host", "127.0.0.1"), launch.get("port")
@@ -335,7 +336,7 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
                 if not any(a.startswith("--distributed-executor-backend") for a in extra):
                     cmd += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
             cmd += extra
-            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
+            env = {**compile_env(), **os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
                    "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
                    **(CPU_SERVER_ENV if on_cpu else {}), **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
             log = os.path.join(_log_dir(), f"vllm_server_{p}.log")

@@ -26,6 +26,19 @@ def architectures(path: str) -> list[str]:
     return list(json.loads(cfg.read_text()).get("architectures") or [])
 
 
+def compile_env() -> dict[str, str]:
+    """``{"TORCH_COMPILE_DISABLE": "1"}`` when vLLM would run torch.compile'd CPU code that cannot build here.
+
+    vLLM compiles a few sampler functions with torch.compile even with ``enforce_eager``. When torch runs the
+    ``default`` CPU kernels (no AVX2, or ``ATEN_CPU_CAPABILITY=default``), the C++ that inductor generates for
+    them fails to compile (torch 2.13: an undeclared lambda argument in a vectorised reduction), and the first
+    generation with log-probs raises. Those functions then run eagerly: same results, no compile step. A value
+    the user exported wins (callers apply this with ``setdefault``)."""
+    if torch.cuda.is_available() or torch.backends.cpu.get_cpu_capability() != "DEFAULT":
+        return {}
+    return {"TORCH_COMPILE_DISABLE": "1"}
+
+
 SeededRequests = RequestSeeds  # the former name: the per-request seed cursor now lives in rollout/base.py
 
 

@@ -19,6 +19,9 @@ wins; see ``ENV_DEFAULTS``):
   vLLM as plain tensors (no serialisation), start-up is several times faster, and scripts need no
   ``if __name__ == "__main__"`` guard for vLLM's sake. With ``1`` (or ``tensor_parallel_size > 1``, whose
   workers are separate processes) weights travel through a safetensors file instead (``sync_transport``).
+* ``TORCH_COMPILE_DISABLE=1`` only on torch's ``default`` CPU kernels (no AVX2, or ``ATEN_CPU_CAPABILITY=default``;
+  ``_vllm_common.compile_env``): vLLM torch.compiles a few sampler functions even with ``enforce_eager``, and
+  inductor's C++ for them does not build there. Launched servers get the same.
 
 Weight sync (CPU and GPU alike): the worker's ``reload_weights(weights_iterator=...)`` reached through
 ``LLM.collective_rpc``, then ``reset_prefix_cache()`` so no KV block computed with old weights is reused.
@@ -52,6 +55,7 @@ from lit_rl.rollout._vllm_common import (
     SeededRequests,
     check_prompts,
     check_weight_names,
+    compile_env,
     deprecated_overlong,
     make_sync_dir,
     sampling_fields,
@@ -78,8 +82,12 @@ TRANSPORTS = ("auto", "tensors", "file")
 
 def import_vllm():
     """Import vllm after applying ``ENV_DEFAULTS``; a missing install raises ``ImportError`` naming the extra."""
-    for k, v in ENV_DEFAULTS.items():
+    for k, v in {**ENV_DEFAULTS, **compile_env()}.items():
         os.environ.setdefault(k, v)
+    if os.environ.get("TORCH_COMPILE_DISABLE") == "1":  # torch read it at its import, before this function ran
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True
     try:
         import vllm
     except ImportError as exc:  # ModuleNotFoundError, or a build that does not match this machine
