@@ -21,6 +21,21 @@ Columns:
 
 Targets (forward rows gate the exit code; fwd+bwd rows are reported with the same checks):
   extra memory chunked <= naive / 10, time ratio <= 1.2, max|Δ| <= 1e-5.
+
+--head: the LM head itself, from hidden states (B, T, H) and a (V, H) weight, forward + backward of
+``(logprobs * a).sum()`` (fp32):
+
+    python scripts/bench_logprobs.py --head --vocab 151936 --hidden 256 --rows 8 --tokens 1024
+
+materialised = F.linear(h, W) (B, T, V) logits, ``token_logprobs`` and the entropy metric under no_grad
+               (``entropy_from_logits``), as PolicyModule.materialize_logits does;
+chunked      = ``core.fused_logprobs.linear_logprobs`` (entropy on), never (B, T, V).
+Two modes: ``metric`` (the entropy only logged, no gradient: the GRPO/PPO default) and ``bonus`` (the entropy
+also in the loss, ``+ 0.01 * H``, so its gradient flows on both paths). Time = median process CPU time
+(user + sys, all threads: robust to other load on a shared machine) of --repeats runs, the two paths
+alternating in one process. Peak = VmHWM above the RSS before the step (inputs built, kernels warmed on a slice),
+one fresh subprocess per (path, mode); it includes h.grad / W.grad, which both paths produce.
+Targets (issue 29): time ratio <= 1.1 at memory ratio <= 0.25.
 """
 from __future__ import annotations
 
@@ -123,11 +138,104 @@ def measure_time(args, logits, ids, backward: bool):
     return {k: statistics.median(v) for k, v in times.items()}, results
 
 
+HEAD_TIME_MAX, HEAD_MEM_MAX = 1.1, 0.25
+
+
+def head_inputs(B: int, T: int, V: int, H: int, seed: int = 0):
+    """Hidden (B, T, H) and weight (V, H) leaves (logits of std ~2, like a trained head), ids and advantages."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, H, generator=g).requires_grad_(True)
+    W = (torch.randn(V, H, generator=g) * (2.0 / H**0.5)).requires_grad_(True)
+    return h, W, torch.randint(0, V, (B, T), generator=g), torch.randn(B, T, generator=g)
+
+
+def head_step(path: str, mode: str, h, W, ids, adv):
+    """One forward + backward of the LM head; returns (logprobs, entropy) detached; grads land in h/W."""
+    import torch.nn.functional as F
+
+    from lit_rl.core.fused_logprobs import linear_logprobs
+    from lit_rl.core.logprobs import entropy_from_logits
+
+    h.grad = W.grad = None
+    if path == "chunked":
+        lp, ent = linear_logprobs(h, W, ids)
+    else:
+        z = F.linear(h, W)  # (B, T, V)
+        lp = token_logprobs(z, ids)
+        if mode == "bonus":
+            ent = entropy_from_logits(z)
+        else:
+            with torch.no_grad():
+                ent = entropy_from_logits(z.detach())
+    loss = (lp * adv).sum() + (0.01 * ent.sum() if mode == "bonus" else 0.0)
+    loss.backward()
+    return lp.detach(), ent.detach()
+
+
+def head_mem_probe(args) -> None:
+    h, W, ids, adv = head_inputs(args.B, args.T, args.V, args.hidden)
+    small = [x[:1, :2].detach().clone().requires_grad_(x.requires_grad) if x.dim() == 3 else x[:1, :2]
+             for x in (h, W, ids, adv)]
+    head_step(args.variant, args.mode, small[0], W, small[2], small[3])  # warm the kernels on a slice
+    W.grad = None
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # reset VmHWM to the current RSS
+    before_kb = _status_kb("VmRSS")
+    head_step(args.variant, args.mode, h, W, ids, adv)
+    print(json.dumps({"extra_bytes": (_status_kb("VmHWM") - before_kb) * 1024}))
+
+
+def head_main(args) -> int:
+    h, W, ids, adv = head_inputs(args.B, args.T, args.V, args.hidden)
+    from lit_rl.core.fused_logprobs import linear_chunk_rows
+
+    rows = linear_chunk_rows(args.V)
+    print(f"LM head: B={args.B} T={args.T} (B*T={args.B * args.T}) H={args.hidden} V={args.V} fp32, chunk={rows} "
+          f"rows ({rows * args.V * 4 / 2**20:.0f} MiB)  threads={torch.get_num_threads()}  repeats={args.repeats}")
+    header = (f"{'mode':7} {'mat. CPU s':>10} {'chunk CPU s':>11} {'ratio':>6} {'mat. MiB':>9} {'chunk MiB':>9} "
+              f"{'mem ratio':>9} {'max|Δlp|':>9} {'max|ΔgW|':>9}  result")
+    print(header)
+    print("-" * len(header))
+    all_ok = True
+    for mode in args.modes.split(","):
+        times = {"materialised": [], "chunked": []}
+        out = {}
+        for _ in range(args.repeats):
+            for path, samples in times.items():
+                c0 = time.process_time()
+                lp, _ = head_step(path, mode, h, W, ids, adv)
+                samples.append(time.process_time() - c0)
+                out[path] = (lp, W.grad.clone(), h.grad.clone())
+        t = {k: statistics.median(v) for k, v in times.items()}
+        d_lp = float((out["chunked"][0] - out["materialised"][0]).abs().max())
+        d_gw = float((out["chunked"][1] - out["materialised"][1]).abs().max())
+        del out
+        mem = {}
+        for path in times:
+            cmd = [sys.executable, os.path.abspath(__file__), "--head-mem-probe", "--variant", path, "--mode", mode,
+                   "--B", str(args.B), "--T", str(args.T), "--V", str(args.V), "--hidden", str(args.hidden)]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            mem[path] = json.loads(res.stdout.strip().splitlines()[-1])["extra_bytes"]
+        ratio, mratio = t["chunked"] / t["materialised"], mem["chunked"] / max(mem["materialised"], 1)
+        ok = ratio <= HEAD_TIME_MAX and mratio <= HEAD_MEM_MAX
+        all_ok &= ok
+        print(f"{mode:7} {t['materialised']:10.2f} {t['chunked']:11.2f} {ratio:6.2f} "
+              f"{mem['materialised'] / 2**20:9.0f} {mem['chunked'] / 2**20:9.0f} {mratio:9.3f} {d_lp:9.2e} "
+              f"{d_gw:9.2e}  {'PASS' if ok else 'FAIL'}  (all CPU s: mat. "
+              f"{[round(x, 2) for x in times['materialised']]}, chunk. {[round(x, 2) for x in times['chunked']]})",
+              flush=True)
+    print(f"targets: time ratio <= {HEAD_TIME_MAX} at mem ratio <= {HEAD_MEM_MAX} -> {'PASS' if all_ok else 'FAIL'}")
+    return 0 if all_ok else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--B", type=int, default=8)
-    p.add_argument("--T", type=int, default=1024)
-    p.add_argument("--V", type=int, default=32000)
+    p.add_argument("--B", "--rows", type=int, default=8)
+    p.add_argument("--T", "--tokens", type=int, default=1024)
+    p.add_argument("--V", "--vocab", type=int, default=32000)
+    p.add_argument("--head", action="store_true", help="benchmark the LM head (hidden -> log-probs), see above")
+    p.add_argument("--hidden", type=int, default=256, help="--head: hidden size H")
+    p.add_argument("--modes", default="metric,bonus", help="--head: comma list of metric,bonus")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32,bf16")
     p.add_argument("--chunk-size", type=int, default=None, help="rows per chunk (default: library default)")
     p.add_argument("--repeats", type=int, default=5)
@@ -135,7 +243,9 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     # internal: one memory measurement in a fresh process
     p.add_argument("--mem-probe", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--variant", choices=["naive", "chunked"], help=argparse.SUPPRESS)
+    p.add_argument("--variant", choices=["naive", "chunked", "materialised"], help=argparse.SUPPRESS)
+    p.add_argument("--head-mem-probe", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--mode", choices=["metric", "bonus"], help=argparse.SUPPRESS)
     p.add_argument("--dtype", choices=list(DTYPES), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.threads:
@@ -143,6 +253,11 @@ def main() -> int:
     if args.mem_probe:
         mem_probe(args)
         return 0
+    if args.head_mem_probe:
+        head_mem_probe(args)
+        return 0
+    if args.head:
+        return head_main(args)
 
     rows = args.chunk_size or default_chunk_rows(args.V, "cpu")
     print(f"B={args.B} T={args.T} V={args.V}  B*T={args.B * args.T}  chunk={rows} rows "

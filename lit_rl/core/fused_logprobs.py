@@ -97,7 +97,7 @@ def _backprop_chunk(gz, h, weight, grads, idx) -> None:
     """Push the (r, V) gradient w.r.t. one chunk's logits through z = h Wᵀ + b (accumulating into ``grads``)."""
     gz = gz.to(weight.dtype)
     if grads["h"] is not None:
-        grads["h"][idx] = gz @ weight  # (r, H)
+        torch.mm(gz, weight, out=grads["h"][idx])  # (r, H), straight into its rows (no temporary)
     if grads["w"] is not None:
         if grads["w"].dtype == weight.dtype:
             grads["w"].addmm_(gz.t(), h)  # (V, H), no temporary
@@ -117,7 +117,9 @@ def _new_grads(ctx, h, weight, bias) -> dict:
             "b": torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None}
 
 
-def _finish(grads, h_shape, weight, bias):
+def _finish(grads, h_shape, weight, bias, zero=False):
+    if zero and grads["h"] is not None:  # no output gradient at all: grad_h was allocated empty
+        grads["h"].zero_()
     gh = grads["h"].reshape(h_shape) if grads["h"] is not None else None
     gw = grads["w"].to(weight.dtype) if grads["w"] is not None else None
     gb = grads["b"].to(bias.dtype) if grads["b"] is not None else None
@@ -127,26 +129,62 @@ def _finish(grads, h_shape, weight, bias):
 # --------------------------------------------------------------------------------------------
 # token log-probs + entropy in one pass
 # --------------------------------------------------------------------------------------------
+def _chunk_logits(h, weight, bias, cdt, buf):
+    """(r, V) logits ``h Wᵀ + b`` of one chunk in ``cdt``. When the weight already is ``cdt`` (fp32/fp64) the
+    product lands in the reused ``buf`` (no fresh pages to fault in per chunk); bf16/fp16 weights project in
+    their own dtype (as the model's ``lm_head`` does) and are upcast into a new tensor."""
+    if weight.dtype != cdt:
+        return F.linear(h, weight, bias).to(cdt)
+    z = buf[: h.shape[0]]
+    if bias is None:
+        return torch.mm(h, weight.t(), out=z)
+    return torch.addmm(bias, h, weight.t(), out=z)
+
+
 class _LinearLogprobs(torch.autograd.Function):
-    """Outputs (log p(y), H) per row. Per chunk, with z = (h Wᵀ + b)/τ and log p = log_softmax(z):
-    d log p(y)/dz = onehot(y) − p,   dH/dz = −p (log p + H),   both divided by τ for the raw logits."""
+    """Outputs (log p(y), H) per row. Per chunk, with z = (h Wᵀ + b)/τ and log p = z − lse(z):
+    d log p(y)/dz = onehot(y) − p,   dH/dz = −p (log p + H),   both divided by τ for the raw logits.
+
+    On the CPU the V-wide passes cost mostly their ``exp`` (the rest is memory-bound and cheap), so each pass
+    evaluates exp once per logit: the forward gets log p(y), lse and H from one exp(z − max); the backward
+    reuses the forward's per-row lse (N,) for p = exp(z − lse). Each chunk's (r, V) logits land by one matmul
+    in a buffer reused across chunks (no fresh pages per chunk), and are turned into their gradient in place.
+    Without an entropy gradient (the entropy only a metric: autograd then hands None) the backward skips the
+    entropy's terms."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, token_ids, rows, temperature, with_entropy):
+        ctx.set_materialize_grads(False)  # an unused output's gradient arrives as None, not zeros
         hf, ids = _flat(hidden), token_ids.reshape(-1)
-        N = hf.shape[0]
+        N, V = hf.shape[0], weight.shape[0]
         cdt = _compute_dtype(weight.dtype)
         lp = torch.empty(N, dtype=cdt, device=hidden.device)
         ent = torch.zeros_like(lp)
+        lse = torch.empty_like(lp)  # (N,) log Σ exp z per row
         # h Wᵀ is finite for finite inputs; only a −inf bias entry (masked vocabulary) needs 0·log 0 = 0 care
         clamp = bias is not None and not bool(torch.isfinite(bias).all())
+        buf = torch.empty((min(rows, N), V), dtype=cdt, device=hidden.device)  # (r, V), reused per chunk
+        eb = torch.empty_like(buf)  # (r, V) exp(z − max)
         for s in range(0, N, rows):
-            i = slice(s, s + rows)
-            logp = _chunk_logp(hf[i], weight, bias, cdt, temperature, clamp)  # (r, V)
-            lp[i] = logp.gather(-1, ids[i].unsqueeze(-1)).squeeze(-1)
+            j = slice(s, s + rows)
+            zb = _chunk_logits(hf[j], weight, bias, cdt, buf)  # (r, V)
+            if temperature != 1.0:
+                zb.div_(temperature)
+            # One exp per logit: y = z − max, e = exp(y), S = Σ e; lse = max + log S, log p(y) = y_y − log S,
+            # H = −Σ p log p = log S − Σ e·y / S (Σ p = 1 pulled out of the sum; same terms as the log-softmax
+            # form, and y keeps the shifted logits' precision for peaked distributions).
+            m = zb.amax(-1, keepdim=True)  # (r, 1)
+            y = zb.sub_(m)
+            if clamp:  # masked vocabulary: y = −inf → e = 0; keep e·y = 0 instead of 0·(−inf)
+                y.clamp_min_(torch.finfo(cdt).min)
+            e = torch.exp(y, out=eb[: y.shape[0]])
+            S = e.sum(-1)  # (r,)
+            logS = S.log()
+            torch.add(m.squeeze(-1), logS, out=lse[j])
+            lp[j] = y.gather(-1, ids[j].unsqueeze(-1)).squeeze(-1).sub_(logS)
             if with_entropy:
-                ent[i] = -torch.linalg.vecdot(logp.exp(), logp)  # −Σ p log p, no (r, V) product temporary
-        ctx.save_for_backward(hidden, weight, bias, ids, ent)
+                ent[j] = logS - e.mul_(y).sum(-1).div_(S)
+        ctx.save_for_backward(hidden, weight, bias, ids, ent, lse)
         ctx.rows, ctx.temperature, ctx.clamp, ctx.with_entropy = rows, temperature, clamp, with_entropy
         B, T = token_ids.shape
         return lp.view(B, T), ent.view(B, T)
@@ -154,36 +192,39 @@ class _LinearLogprobs(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, g_lp, g_ent):
-        hidden, weight, bias, ids, ent = ctx.saved_tensors
+        hidden, weight, bias, ids, ent, lse = ctx.saved_tensors
         hf, cdt, t = _flat(hidden), _compute_dtype(weight.dtype), ctx.temperature
+        N, V = hf.shape[0], weight.shape[0]
         grads = _new_grads(ctx, hidden, weight, bias)
-        g_lp = None if g_lp is None else g_lp.reshape(-1).to(cdt)
-        g_ent = None if g_ent is None or not ctx.with_entropy else g_ent.reshape(-1).to(cdt)
-        for s in range(0, hf.shape[0], ctx.rows):
+        if g_lp is None and (g_ent is None or not ctx.with_entropy):
+            return (*_finish(grads, hidden.shape, weight, bias, zero=True), None, None, None, None)
+        # gz = g_lp (onehot − p) − g_H p (log p + H), all divided by τ (chain rule through z = logits / τ):
+        # the 1/τ is folded into the per-row coefficients, so it costs no pass over the block.
+        g_lp = torch.zeros(N, dtype=cdt, device=hf.device) if g_lp is None else g_lp.reshape(-1).to(cdt)
+        c_lp = g_lp / t  # (N,)
+        if g_ent is not None and ctx.with_entropy:
+            g_ent = g_ent.reshape(-1).to(cdt)
+            c_plogp, c_p = -g_ent / t, -(g_ent * ent + g_lp) / t  # gz = c_plogp·p log p + c_p·p (+ onehot term)
+        else:
+            c_plogp, c_p = None, -c_lp
+        buf = torch.empty((min(ctx.rows, N), V), dtype=cdt, device=hf.device)  # (r, V), reused per chunk
+        pb = torch.empty_like(buf) if c_plogp is not None else None  # (r, V) p
+        for s in range(0, N, ctx.rows):
             i = slice(s, s + ctx.rows)
-            coef = torch.zeros(hf[i].shape[0], dtype=cdt, device=hf.device) if g_lp is None else g_lp[i]  # (r,)
-            if g_ent is not None:  # g_lp(onehot − p) − g_H p (log p + H) = −p (g_H log p + g_H H + g_lp) + g_lp onehot
-                logp = _chunk_logp(hf[i], weight, bias, cdt, t, ctx.clamp)  # (r, V)
-                p = logp.exp()
-                gz = logp.mul_(g_ent[i].unsqueeze(-1)).add_((g_ent[i] * ent[i] + coef).unsqueeze(-1)).mul_(p).neg_()
-            else:
-                z = F.linear(hf[i], weight, bias).to(cdt)
-                gz = torch.softmax(z.div_(t) if t != 1.0 else z, dim=-1).mul_(-coef.unsqueeze(-1))
-            if g_lp is not None:
-                gz.scatter_add_(-1, ids[i].unsqueeze(-1), g_lp[i].unsqueeze(-1))
+            gz = _chunk_logits(hf[i], weight, bias, cdt, buf)  # (r, V) logits, turned into their gradient in place
             if t != 1.0:
-                gz.div_(t)  # chain rule through z = logits / τ
+                gz.div_(t)
+            gz.sub_(lse[i].unsqueeze(-1))  # log p
+            if c_plogp is None:
+                gz.exp_().mul_(c_p[i].unsqueeze(-1))  # −g_lp p / τ: the one exp per logit
+            else:
+                if ctx.clamp:  # masked vocabulary: p log p = 0, not 0·(−inf)
+                    gz.clamp_min_(torch.finfo(cdt).min)
+                p = torch.exp(gz, out=pb[: gz.shape[0]])
+                gz.mul_(p).mul_(c_plogp[i].unsqueeze(-1)).addcmul_(p, c_p[i].unsqueeze(-1))
+            gz.scatter_add_(-1, ids[i].unsqueeze(-1), c_lp[i].unsqueeze(-1))
             _backprop_chunk(gz, hf[i], weight, grads, i)
         return (*_finish(grads, hidden.shape, weight, bias), None, None, None, None)
-
-
-def _chunk_logp(h, weight, bias, cdt, temperature, clamp):
-    """log_softmax((h Wᵀ + b) / τ) of one chunk, (r, V) in ``cdt`` (one fused kernel after the matmul)."""
-    z = F.linear(h, weight, bias).to(cdt)  # a fresh tensor: scaled in place
-    if temperature != 1.0:
-        z = z.div_(temperature)
-    logp = torch.log_softmax(z, dim=-1)
-    return logp.clamp_min_(torch.finfo(cdt).min) if clamp else logp
 
 
 def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
