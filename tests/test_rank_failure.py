@@ -62,6 +62,10 @@ except Exception as e:
 reports = [None, None]
 dist.all_gather_object(reports, err)  # the next collective every rank goes on to (RolloutCallback's agreement)
 print(f"RANK{rank} seq={engine._sync_seq} stale={engine._stale!r} {err}", flush=True)
+# leave together and tear gloo down before the interpreter exits: without it, rank 0 (the store's host) was once
+# aborted at exit ("terminate called without an active exception", return code -6) while rank 1 still held its pair
+dist.barrier()
+dist.destroy_process_group()
 '''
 
 
