@@ -31,7 +31,23 @@ def test_added_logger_keeps_the_run_directory_loggers(tmp_path, monkeypatch):
         keys = set().union(*log_rows(path))
         assert {"reward/mean", "lr-AdamW", "tokens_seen", "rollout/response_len_stopped_mean"} <= keys, path
     # the learning rate of the recipe's AdamW, as logged
-    assert [r["lr-AdamW"] for r in log_rows(run / "logs/metrics.csv") if "lr-AdamW" in r] == [1e-3]
+    assert [r["lr-AdamW"] for r in log_rows(run / "logs/metrics.csv") if "lr-AdamW" in r] == [2e-3]
+
+
+def test_recipe_lr_schedule_is_a_class_path_and_follows_max_steps(tmp_path, monkeypatch):
+    """The quickstart's ``lr_scheduler`` (a class_path with init_args, as users write for any scheduler: before, the
+    argument's type refused every class_path) decays over ``${trainer.max_steps}`` as resolved after the command
+    line's override: lr_t = 2e-3 · (1 + cos(π t / 4)) / 2 at the 4 logged iterations t = 0..3."""
+    import math
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    cli = _fit(run, "--trainer.max_steps", "4")
+    sched = cli.trainer.lr_scheduler_configs[0].scheduler
+    assert type(sched).__name__ == "CosineAnnealingLR" and sched.T_max == 4
+    got = [r["lr-AdamW"] for r in log_rows(run / "logs/metrics.csv") if "lr-AdamW" in r]
+    want = [2e-3 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(4)]
+    assert len(got) == 4 and all(abs(g - w) <= 1e-12 for g, w in zip(got, want)), (got, want)
 
 
 def test_run_loggers_false_keeps_only_the_users(tmp_path, monkeypatch):

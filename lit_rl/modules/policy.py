@@ -42,7 +42,7 @@ _reduce = METRICS.reduce
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
-SchedulerFactory = Callable[[torch.optim.Optimizer], Any]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]  # a class_path with init_args, as the optimizer
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
