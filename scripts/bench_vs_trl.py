@@ -29,7 +29,8 @@ timed) and stop at the top of every iteration; the controller lets them run one 
 alternation (lit, TRL, TRL, lit, lit, TRL, ...: the order flips every round), so slow phases of a shared machine
 hit both. An iteration is timed from one stop to the next (everything the training loop does). Both workers
 run with the same ``torch`` thread count (``--threads``; also ``OMP_NUM_THREADS``). Medians over ``--iters``
-iterations after ``--warmup``.
+iterations after ``--warmup``. After the table, lit_rl's own phase timers (its ``perf/*_s`` metrics: generate,
+update, weight sync, rewards) for the same iterations say where its side of the time goes.
 
 TRL runs in its own virtualenv (``~/.cache/lit_rl/trl_venv``, created on first use with
 ``--system-site-packages``, so it reuses this environment's CPU ``torch``, ``transformers`` and ``vllm`` and
@@ -101,15 +102,17 @@ class Gate:
     """Stops the training loop at the top of each iteration until the controller writes a line on stdin; reports
     the previous iteration's wall and CPU seconds on stdout (``ITER {...}``)."""
 
-    def __init__(self, total: int, profile: str | None = None):
+    def __init__(self, total: int, profile: str | None = None, phases=None):
         self.total, self.k, self.t0, self.c0 = total, 0, None, None
         self.profile, self.prof = profile, None  # cProfile of every iteration after the first
+        self.phases = phases  # () -> {phase: seconds} of the iteration just ended (lit_rl's perf/* metrics)
 
 
     def stop(self, final: bool = False) -> None:
         now, cpu = time.perf_counter(), time.process_time()
         if self.t0 is not None:
-            print("ITER " + json.dumps({"wall": now - self.t0, "cpu": cpu - self.c0}), flush=True)
+            row = {"wall": now - self.t0, "cpu": cpu - self.c0, **(self.phases() if self.phases else {})}
+            print("ITER " + json.dumps(row), flush=True)
             self.t0 = None
         self.k += 1
         if final or self.k > self.total:  # the measured iterations are done: skip the unmeasured extra one
@@ -142,7 +145,12 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     from lit_rl.modules import PolicyModule
     from lit_rl.rollout import HFEngine, SamplingConfig
 
-    gate = Gate(total, profile)
+    def phases() -> dict[str, float]:  # the module's own timers of the iteration that just ended
+        m = trainer.callback_metrics
+        return {k[5:-2]: float(v) for k, v in m.items()
+                if k.startswith("perf/") and k.endswith("_s") and not k.endswith("per_s")}
+
+    gate = Gate(total, profile, phases)
 
     class GateCb(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
@@ -278,7 +286,9 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
     for name, w in workers.items():
         t = w.times[args.warmup:]
         out[name] = {"wall": statistics.median(x["wall"] for x in t), "cpu": statistics.median(x["cpu"] for x in t),
-                     "n": len(t), "all_wall": [round(x["wall"], 3) for x in w.times]}
+                     "n": len(t), "all_wall": [round(x["wall"], 3) for x in w.times],
+                     "phases": {k: statistics.median(x[k] for x in t) for k in t[0] if k not in ("wall", "cpu")
+                                and all(k in x for x in t)}}
     return out
 
 
@@ -366,6 +376,10 @@ def main() -> None:
               f"{lc / tc:>9.2f}")
     print(f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
           "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate")
+    print("lit_rl's own phase timers (its perf/*_s metrics, wall seconds, medians over the same iterations):")
+    for r in results:
+        ph = r["lit_rl"]["phases"]
+        print(f"  {r['engine']} beta={r['beta']:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ph.items())))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
