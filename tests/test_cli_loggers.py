@@ -44,7 +44,7 @@ def test_recipe_lr_schedule_is_a_class_path_and_follows_max_steps(tmp_path, monk
     run = tmp_path / "run"
     cli = _fit(run, "--trainer.max_steps", "4")
     sched = cli.trainer.lr_scheduler_configs[0].scheduler
-    assert type(sched).__name__ == "CosineAnnealingLR" and sched.T_max == 4
+    assert type(sched).__name__ == "CosineDecay" and sched.total_steps == 4
     got = [r["lr-AdamW"] for r in log_rows(run / "logs/metrics.csv") if "lr-AdamW" in r]
     want = [2e-3 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(4)]
     assert len(got) == 4 and all(abs(g - w) <= 1e-12 for g, w in zip(got, want)), (got, want)
