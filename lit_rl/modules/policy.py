@@ -42,7 +42,9 @@ _reduce = METRICS.reduce
 
 
 OptimizerFactory = Callable[[Any], torch.optim.Optimizer]
-SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]  # a class_path with init_args, as the optimizer
+# LRScheduler as the return type lets a recipe name a scheduler by class_path + init_args, as the optimizer (with
+# Any, jsonargparse refused every class_path)
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
