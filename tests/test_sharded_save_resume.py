@@ -236,9 +236,15 @@ def test_sharded_lora_trains_and_saves_merged_model_and_adapter(lora_ddp, tmp_pa
     out = _lora_job(tmp_path, tiny_model_dir, strategy)
     merged, want = _hf_state(out), _hf_state(lora_ddp)
     base = _hf_state(tiny_model_dir)
-    assert _max_diff(want, base) > 1e-4  # the LoRA run moved the merged weights: the comparison is not vacuous
+    moved = _max_diff(want, base)
+    assert moved > 1e-4  # the LoRA run moved the merged weights: the comparison is not vacuous
     diff = _max_diff(merged, want)
-    print(f"{strategy} LoRA merged export vs DDP: max |diff| = {diff:.3e}")
-    assert diff <= 1e-5
+    print(f"{strategy} LoRA merged export vs DDP: max |diff| = {diff:.3e}; moved {moved:.3e}")
+    # Relative to how far LoRA moved the weights, not an absolute 1e-5: Adam divides each gradient by its own
+    # scale, so the strategies' different fp32 reduction orders grow with the kernels. Measured (moved 2.4e-3):
+    # ZeRO-3 6.2e-7 / 1.2e-5 / 1.2e-5 and FSDP2 3.8e-6 / 4.0e-6 / 6.1e-7 under ATEN_CPU_CAPABILITY
+    # default / avx2 / avx512 on an Intel Xeon (1.2e-5 failed the old 1e-5), 2.7e-6 / 6.7e-6 on an AMD EPYC. A
+    # wrong merge (a lost layer, a wrong alpha / r scale, the base weights) is off by the order of `moved` itself.
+    assert diff <= 0.05 * moved
     peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), out / "adapter")
     assert _max_diff(peft.merge_and_unload().state_dict(), merged) <= 1e-6
