@@ -30,7 +30,10 @@ alternation (lit, TRL, TRL, lit, lit, TRL, ...: the order flips every round), so
 hit both. An iteration is timed from one stop to the next (everything the training loop does). Both workers
 run with the same ``torch`` thread count (``--threads``; also ``OMP_NUM_THREADS``). Medians over ``--iters``
 iterations after ``--warmup``. After the table, lit_rl's own phase timers (its ``perf/*_s`` metrics: generate,
-update, weight sync, rewards) for the same iterations say where its side of the time goes.
+update, weight sync, rewards) for the same iterations say where its side of the time goes. Last, lit_rl's compute
+floor: its matmul FLOPs (``bench_mfu``'s count, on the real tokens of the measured iterations) at this machine's
+fp32 ``torch.mm`` peak, and the fraction of that peak the whole iteration would need to run at to take half
+TRL's time (above 1: no implementation can, on this machine).
 
 TRL runs in its own virtualenv (``~/.cache/lit_rl/trl_venv``, created on first use with
 ``--system-site-packages``, so it reuses this environment's CPU ``torch``, ``transformers`` and ``vllm`` and
@@ -52,6 +55,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_mfu import matmul_params, matmul_peak  # this directory: the same FLOP count and peak as bench_mfu
 
 CACHE = Path(os.environ.get("LIT_RL_BENCH_CACHE", "~/.cache/lit_rl")).expanduser()
 TRL_VERSION = "1.16.0"
@@ -132,8 +137,31 @@ class Gate:
         self.t0, self.c0 = time.perf_counter(), time.process_time()
 
 
+def token_counts(exp) -> dict[str, float]:
+    """Real (unpadded) tokens of one rollout: each prompt once (one row per group: lit_rl's shared prompt
+    forward, and what a prefix cache prefills), and every generated completion token."""
+    P = exp.prompt_len
+    first = [int((exp.group_ids == g).nonzero()[0]) for g in exp.group_ids.unique()]
+    return {"work_prompt_tokens": float(exp.attention_mask[first, :P].sum()),
+            "work_completion_tokens": float(exp.attention_mask[:, P:].sum())}
+
+
+def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> dict[str, float] | None:
+    """Seconds lit_rl's iteration cannot go below on this machine: its matmul FLOPs at the measured fp32 matmul
+    peak. update 6·N·t (forward + backward), generation 2·N·t, the reference forward 2·N·t when beta > 0, with
+    t = the real prompt (once per group) + completion tokens; attention, the optimizer, weight sync and every
+    overhead are left out, so the true floor is higher. ``strict``: completion tokens only (a bound no one
+    can argue with: it drops even the prompt's share)."""
+    if "work_matmul_params" not in phases:
+        return None
+    n, tp, tc = phases["work_matmul_params"], phases["work_prompt_tokens"], phases["work_completion_tokens"]
+    passes = 6 + 2 + (2 if beta > 0 else 0)
+    return {"gflop": passes * n * (tp + tc) / 1e9, "floor_s": passes * n * (tp + tc) / (peak_gflops * 1e9),
+            "strict_s": passes * n * tc / (peak_gflops * 1e9), "tokens": tp + tc}
+
+
 def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
-            new_tokens: int = NEW_TOKENS, gc: bool = False) -> None:
+            new_tokens: int = NEW_TOKENS, gc: bool = False, micro_batch_tokens: int | None = None) -> None:
     import functools
 
     import lightning as L
@@ -150,11 +178,15 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
         return {k[5:-2]: float(v) for k, v in m.items()
                 if k.startswith("perf/") and k.endswith("_s") and not k.endswith("per_s")}
 
-    gate = Gate(total, profile, phases)
+    work: dict[str, float] = {}  # the iteration's real token counts, for the controller's compute floor
+    gate = Gate(total, profile, lambda: {**phases(), **work})
 
     class GateCb(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             gate.stop()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            work.update(token_counts(batch.experience), work_matmul_params=float(matmul_params(pl_module.model)))
 
         def on_train_end(self, trainer, pl_module):
             gate.stop(final=True)
@@ -166,7 +198,7 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     else:
         eng = HFEngine()
     module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0),
-                          gradient_checkpointing=gc)
+                          gradient_checkpointing=gc, micro_batch_tokens=micro_batch_tokens)
     rc = RolloutCallback(engine=eng, rewards={"r": lambda p, c: reward(p.answer, c)}, group_size=GROUP,
                          sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens))
     cbs = [GateCb(), rc] + ([ReferenceKL(kind="k3", where="loss", beta=beta)] if beta > 0 else [])
@@ -263,7 +295,8 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
                VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONWARNINGS="ignore")
     common = ["--model", str(model_dir), "--beta", str(beta), "--total", str(total),
               "--prompts-file", str(prompts_file), "--threads", str(args.threads), "--mode", args.mode,
-              "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else [])
+              "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else []) + \
+        (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else [])
     me = [os.path.abspath(__file__)]
     workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env),
                "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env)}
@@ -308,6 +341,10 @@ def main() -> None:
     p.add_argument("--model", default=None, help="checkpoint directory (default: the 18M Qwen2 built locally)")
     p.add_argument("--new-tokens", type=int, default=None,
                    help=f"new tokens per sample (default {NEW_TOKENS} for the 18M model, 64 with --model)")
+    p.add_argument("--micro-batch-tokens", type=int, default=None,
+                   help="lit_rl only: PolicyModule(micro_batch_tokens=...), its length-sorted token-budget "
+                        "micro-batches (the same gradient, less padding; TRL's GRPOTrainer has no such setting). "
+                        "Default: off, lit_rl's defaults")
     # worker mode (internal)
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
@@ -328,6 +365,8 @@ def main() -> None:
         a.new_tokens = 64 if (a.model and not a.worker) else NEW_TOKENS
     if a.new_tokens < 1:
         p.error("--new-tokens must be >= 1")
+    if a.micro_batch_tokens is not None and a.micro_batch_tokens < 1:
+        p.error(f"--micro-batch-tokens must be a positive integer (a token budget), got {a.micro_batch_tokens}")
     if a.model and not a.worker and not (Path(a.model).expanduser() / "config.json").is_file():
         p.error(f"--model {a.model}: no config.json there (build SmolLM2 with `python -m lit_rl.models.smollm2`)")
 
@@ -337,7 +376,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         if a.worker == "lit":
             run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens,
-                    a.gc if a.mode == "like-for-like" else False)
+                    a.gc if a.mode == "like-for-like" else False, a.micro_batch_tokens)
         else:
             run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens, a.mode, a.gc)
         return
@@ -359,7 +398,8 @@ def main() -> None:
     print(f"model: {cfg.model_type} {model_dir.name} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
           f"vocab={cfg.vocab_size} params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, "
           f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
-          f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}")
+          f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}"
+          + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else ""))
     results = []
     for engine in engines:
         for beta in [float(b) for b in a.betas.split(",")]:
@@ -379,7 +419,22 @@ def main() -> None:
     print("lit_rl's own phase timers (its perf/*_s metrics, wall seconds, medians over the same iterations):")
     for r in results:
         ph = r["lit_rl"]["phases"]
-        print(f"  {r['engine']} beta={r['beta']:.2f}: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ph.items())))
+        print(f"  {r['engine']} beta={r['beta']:.2f}: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in sorted(ph.items()) if not k.startswith("work_")))
+    # How far 0.5x TRL is from physics: lit_rl's matmul work at this machine's fp32 matmul peak (bench_mfu's).
+    torch.set_num_threads(a.threads)  # the workers' thread count
+    peak, shape = matmul_peak(cfg, 1024, reps=5)
+    print(f"compute floor of lit_rl's iteration at this machine's fp32 matmul peak ({peak:.0f} GFLOP/s at {shape}; "
+          "matmul FLOPs of the real tokens only; 'needs' = the fraction of that peak the whole iteration, decode "
+          "and overheads included, would have to run at to take half TRL's time):")
+    for r in results:
+        f = compute_floor(r["lit_rl"]["phases"], r["beta"], peak)
+        if f is None:
+            continue
+        half = r["trl"]["wall"] / 2
+        print(f"  {r['engine']} beta={r['beta']:.2f}: {f['tokens']:.0f} tokens, {f['gflop']:.0f} GFLOP, floor "
+              f"{f['floor_s']:.2f} s (completion tokens only: {f['strict_s']:.2f} s); half TRL {half:.2f} s; "
+              f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f})")
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 
