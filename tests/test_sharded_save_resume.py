@@ -140,8 +140,8 @@ def test_kill_and_resume(uninterrupted, tmp_path, tiny_model_dir, strategy):
 def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy):  # noqa: F811
     """Token-budget micro-batches (64 padded tokens: several per rank; the ranks agree on the count with a
     max-reduce, a rank with fewer runs zero-weight passes, under ZeRO through ``engine.backward``) end where the
-    1-process run with one full-batch pass ends, within the parity tolerance of tests/test_distributed.py.
-    Measured max |diff|: DDP 9.6e-7, FSDP2 4.4e-6, ZeRO-2 1.6e-6, ZeRO-3 1.7e-6."""
+    1-process run with one full-batch pass ends, within 3e-5 (why not test_distributed.py's 1e-5: below).
+    Measured max |diff| on an AMD EPYC: DDP 9.6e-7, FSDP2 4.4e-6, ZeRO-2 1.6e-6, ZeRO-3 1.7e-6."""
     cfg, ref, _ = single
     out = tmp_path / f"{strategy}.pt"
     cmd = [sys.executable, RUNNER, str(out), "fit", "-c", cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"),
@@ -153,7 +153,11 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy):  # n
     got, want = torch.load(out), torch.load(ref)
     diff = _max_diff(got["state"], want["state"])
     print(f"\n{strategy} + micro_batch_tokens=64 vs 1 process: max |diff| = {diff:.3e}")
-    assert diff <= 1e-5
+    # 3e-5, not 1e-5: AdamW divides each gradient element by its own scale, so reduction-order differences
+    # grow with the CPU's kernels. Measured on an Intel Xeon, ATEN_CPU_CAPABILITY default / avx2: DDP 3.7e-6 /
+    # 5.6e-6, FSDP2 1.7e-6 / 6.0e-6, ZeRO-2 3.2e-6 / 4.9e-6, ZeRO-3 1.8e-6 / 4.9e-6 (1e-5 left 1.7x). A wrong
+    # denominator (each rank dividing by its own token count instead of the global one) gave 3.3e-3 under DDP.
+    assert diff <= 3e-5
     assert got["metrics"]["actor/skipped_steps"] == 1.0
 
 
