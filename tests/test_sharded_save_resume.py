@@ -10,7 +10,7 @@
 * one rank SIGKILLed alone (DDP, either rank): the other exits non-zero within ``RANK_LOSS_BOUND_S`` of the kill,
   and ``--ckpt_path last`` resumes both ranks to the uninterrupted run's weights.
 * ``micro_batch_tokens`` under every strategy: token-budget micro-batches (the ranks agree on their count) train
-  like the 1-process run, within the parity tolerance of tests/test_distributed.py.
+  like the 1-process run, within 3e-5 (measured over CPU kernels; see the test).
 """
 import importlib.util
 import os
@@ -231,7 +231,7 @@ def lora_ddp(tmp_path_factory, tiny_model_dir):
 def test_sharded_lora_trains_and_saves_merged_model_and_adapter(lora_ddp, tmp_path, tiny_model_dir, strategy):
     """A LoRA policy sharded by FSDP2 / ZeRO-3 (which cannot be deep-copied for PEFT's merge): the weight sync and
     ``SaveHFModel`` merge it from gathered tensors (``models.loading.lora_merged_state``). Its merged export equals
-    the DDP run's (merged by PEFT itself) within the strategies' parity tolerance, and its adapter directory loads
+    the DDP run's (merged by PEFT itself) within 5% of how far LoRA moved the weights, and its adapter directory loads
     with PEFT onto the base model and merges to the same weights. Before: the first weight sync raised "FSDP does
     not support deepcopy" (FSDP2) / NotImplementedError (ZeRO-3), and saving was refused."""
     from peft import PeftModel
