@@ -155,9 +155,9 @@ def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> 
     if "work_matmul_params" not in phases:
         return None
     n, tp, tc = phases["work_matmul_params"], phases["work_prompt_tokens"], phases["work_completion_tokens"]
-    passes = 6 + 2 + (2 if beta > 0 else 0)
-    return {"gflop": passes * n * (tp + tc) / 1e9, "floor_s": passes * n * (tp + tc) / (peak_gflops * 1e9),
-            "strict_s": passes * n * tc / (peak_gflops * 1e9), "tokens": tp + tc}
+    per_token = (6 + 2 + (2 if beta > 0 else 0)) * n  # FLOPs of one token over every pass
+    return {"gflop": per_token * (tp + tc) / 1e9, "floor_s": per_token * (tp + tc) / (peak_gflops * 1e9),
+            "strict_s": per_token * tc / (peak_gflops * 1e9), "tokens": tp + tc}
 
 
 def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
@@ -186,7 +186,9 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
             gate.stop()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            work.update(token_counts(batch.experience), work_matmul_params=float(matmul_params(pl_module.model)))
+            if "work_matmul_params" not in work:  # a constant of the model: counted once
+                work["work_matmul_params"] = float(matmul_params(pl_module.model))
+            work.update(token_counts(batch.experience))
 
         def on_train_end(self, trainer, pl_module):
             gate.stop(final=True)
