@@ -253,3 +253,27 @@ def test_teacher_topk_from_projection_equals_materialised():
     assert torch.equal(got[1], ref[1])
     _close(got[0], ref[0])
     _close(got[2], ref[2])
+
+
+@pytest.mark.parametrize("chunk", [2, None])
+def test_masked_positions_only_float64(chunk):
+    """``mask``: the masked positions equal the unmasked call's (values and gradients), the others are exactly 0
+    and contribute no gradient: the same as the materialised path with the loss masked; an id out of range at a
+    skipped position is never read."""
+    h, W, b, ids = _inputs()
+    mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]], dtype=torch.bool)
+    g = torch.Generator().manual_seed(2)
+    g_lp, g_ent = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp, ent = linear_logprobs(h, W, ids.masked_fill(~mask, V + 5), b, 0.7, chunk, mask=mask)
+    got = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), _params(h, W, b))
+    z = F.linear(h, W, b)
+    lp0, ent0 = token_logprobs(z, ids, None, 0.7), entropy_from_logits(z, None, 0.7)
+    ref = torch.autograd.grad(((lp0 * g_lp + ent0 * g_ent) * mask).sum(), _params(h, W, b))
+    assert (lp[~mask] == 0).all() and (ent[~mask] == 0).all()
+    _close(lp[mask], lp0[mask])
+    _close(ent[mask], ent0[mask])
+    for a, r in zip(got, ref):
+        _close(a, r)
+    assert float(got[0][~mask].abs().max()) == 0.0  # no gradient reaches a skipped position's hidden state
+    with pytest.raises(ValueError, match="mask shape"):
+        linear_logprobs(h, W, ids, b, mask=mask[:, :3])
