@@ -161,7 +161,8 @@ def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> 
 
 
 def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
-            new_tokens: int = NEW_TOKENS, gc: bool = False, micro_batch_tokens: int | None = None) -> None:
+            new_tokens: int = NEW_TOKENS, gc: bool = False, micro_batch_tokens: int | None = None,
+            padding_free: bool = False) -> None:
     import functools
 
     import lightning as L
@@ -200,7 +201,7 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     else:
         eng = HFEngine()
     module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0),
-                          gradient_checkpointing=gc, micro_batch_tokens=micro_batch_tokens)
+                          gradient_checkpointing=gc, micro_batch_tokens=micro_batch_tokens, padding_free=padding_free)
     rc = RolloutCallback(engine=eng, rewards={"r": lambda p, c: reward(p.answer, c)}, group_size=GROUP,
                          sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens))
     cbs = [GateCb(), rc] + ([ReferenceKL(kind="k3", where="loss", beta=beta)] if beta > 0 else [])
@@ -298,7 +299,8 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
     common = ["--model", str(model_dir), "--beta", str(beta), "--total", str(total),
               "--prompts-file", str(prompts_file), "--threads", str(args.threads), "--mode", args.mode,
               "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else []) + \
-        (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else [])
+        (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else []) + \
+        (["--padding-free"] if args.padding_free else [])
     me = [os.path.abspath(__file__)]
     workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env),
                "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env)}
@@ -347,6 +349,9 @@ def main() -> None:
                    help="lit_rl only: PolicyModule(micro_batch_tokens=...), its length-sorted token-budget "
                         "micro-batches (the same gradient, less padding; TRL's GRPOTrainer has no such setting). "
                         "Default: off, lit_rl's defaults")
+    p.add_argument("--padding-free", action="store_true",
+                   help="lit_rl only: PolicyModule(padding_free=True): forwards on the real tokens only, each prompt "
+                        "once (the same gradient; TRL 1.16's GRPOTrainer has no such setting). Default: off")
     # worker mode (internal)
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
@@ -378,7 +383,7 @@ def main() -> None:
         torch.set_num_threads(a.threads)
         if a.worker == "lit":
             run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens,
-                    a.gc if a.mode == "like-for-like" else False, a.micro_batch_tokens)
+                    a.gc if a.mode == "like-for-like" else False, a.micro_batch_tokens, a.padding_free)
         else:
             run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens, a.mode, a.gc)
         return
@@ -401,7 +406,8 @@ def main() -> None:
           f"vocab={cfg.vocab_size} params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, "
           f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
           f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}"
-          + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else ""))
+          + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else "")
+          + ("; lit_rl padding_free" if a.padding_free else ""))
     results = []
     for engine in engines:
         for beta in [float(b) for b in a.betas.split(",")]:

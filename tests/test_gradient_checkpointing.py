@@ -8,17 +8,14 @@ import torch
 
 from lit_rl.modules import PolicyModule
 from lit_rl.modules.forward import _checkpoint_layers
-from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience, _rmsnorm_in_input_dtype
+from tests._float64 import float64_rmsnorm
+from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 
 
 @pytest.fixture(autouse=True)
 def _float64_norm():
-    from transformers.models.qwen2 import modeling_qwen2
-
-    mp = pytest.MonkeyPatch()
-    mp.setattr(modeling_qwen2.Qwen2RMSNorm, "forward", _rmsnorm_in_input_dtype)
-    yield
-    mp.undo()
+    with float64_rmsnorm():
+        yield
 
 
 def _module(path, gc: bool, **kw) -> PolicyModule:

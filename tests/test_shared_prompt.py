@@ -2,6 +2,8 @@
 float64, while each distinct prompt runs once."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 import torch
 
@@ -10,6 +12,18 @@ from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
 from lit_rl.modules import PolicyModule
 from lit_rl.modules.heads import lm_head_projection
+from tests._float64 import rmsnorm_in_input_dtype as _rmsnorm_in_input_dtype
+
+
+@contextmanager
+def embedding_inputs(model):
+    """The (rows, tokens) shape of every forward ``model`` runs inside the block, in order."""
+    seen: list[tuple[int, ...]] = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    try:
+        yield seen
+    finally:
+        hook.remove()
 
 
 def _experience(prompts, completions) -> Experience:
@@ -24,13 +38,6 @@ def _experience(prompts, completions) -> Experience:
 # (all padding) and completions of different lengths.
 PROMPTS = [[5, 6, 7, 8], [9, 10], [5, 6, 7, 8], [9, 10], [5, 6, 7, 8], [9, 10]]
 COMPLETIONS = [[11, 12, 13], [14], [15, 16, 17, 18, 1], [], [19, 20], [21, 22, 23, 24, 25]]
-
-
-def _rmsnorm_in_input_dtype(self, x):
-    # transformers' Qwen2RMSNorm computes in float32 even for a float64 model; then the two paths (which sum a
-    # group's gradients before vs after that norm's backward) differ by float32 rounding (~1e-7). In float64
-    # throughout they agree to ~1e-15, which is what this file checks.
-    return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +95,8 @@ def test_auto_keeps_float64_models_on_the_plain_forward(tiny_model_dir):
     for dtype, expect in ((torch.float32, [(2, exp.prompt_len), (6, exp.completion_len - 1)]),
                           (torch.float64, [(6, exp.prompt_len + exp.completion_len)])):
         m.model.to(dtype)
-        seen = []
-        hook = m.model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
-        try:
-            with torch.no_grad():
-                m.completion_logprobs(exp)
-        finally:
-            hook.remove()
+        with embedding_inputs(m.model) as seen, torch.no_grad():
+            m.completion_logprobs(exp)
         assert seen == expect, dtype
 
 
@@ -122,13 +124,8 @@ def test_shared_prompt_single_completion_column(module64):
 def test_each_distinct_prompt_runs_once(module64):
     """The prompt pass sees U distinct prompts x P tokens, the completion pass B rows x (C-1) tokens."""
     exp = _experience(PROMPTS, COMPLETIONS)
-    seen = []
-    hook = module64.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
-    try:
-        with torch.no_grad():
-            module64.completion_logprobs(exp)
-    finally:
-        hook.remove()
+    with embedding_inputs(module64.model) as seen, torch.no_grad():
+        module64.completion_logprobs(exp)
     P, C = exp.prompt_len, exp.completion_len
     assert seen == [(2, P), (6, C - 1)]
 
@@ -137,14 +134,9 @@ def test_reference_and_training_paths_use_it(module64):
     """forward_logits (the reference and old-log-prob forwards) goes through the shared path; asking for hidden
     states (a critic on the shared backbone) keeps the plain forward: one (B, P+C) pass."""
     exp = _experience(PROMPTS, COMPLETIONS)
-    seen = []
-    hook = module64.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
-    try:
-        with torch.no_grad():
-            logits = module64.forward_logits(exp)
-            _, hidden = module64.forward_logits(exp, return_hidden=True)
-    finally:
-        hook.remove()
+    with embedding_inputs(module64.model) as seen, torch.no_grad():
+        logits = module64.forward_logits(exp)
+        _, hidden = module64.forward_logits(exp, return_hidden=True)
     assert seen[:2] == [(2, exp.prompt_len), (6, exp.completion_len - 1)]
     assert seen[2:] == [(6, exp.prompt_len + exp.completion_len)]
     assert hidden.shape[:2] == logits.shape[:2]
@@ -154,15 +146,12 @@ def test_reference_and_training_paths_use_it(module64):
 
 def test_share_prompt_forward_off_is_the_plain_forward(module64):
     exp = _experience(PROMPTS, COMPLETIONS)
-    seen = []
-    hook = module64.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
     module64.hparams.share_prompt_forward = False
     try:
-        with torch.no_grad():
+        with embedding_inputs(module64.model) as seen, torch.no_grad():
             module64.completion_logprobs(exp)
     finally:
         module64.hparams.share_prompt_forward = True
-        hook.remove()
     assert seen == [(6, exp.prompt_len + exp.completion_len)]
 
 

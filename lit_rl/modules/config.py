@@ -56,6 +56,8 @@ class PolicyConfig:
     correction_low: float | None = None
     logprob_chunk_size: int | None = None
     share_prompt_forward: bool | None = None
+    padding_free: bool = False
+    pack_row_tokens: int | None = None
     gradient_checkpointing: bool = False
     seed: int = 0
     adapter: str | None = None
@@ -105,6 +107,11 @@ class PolicyConfig:
         H = self.loss_horizon
         if H is not None and (isinstance(H, bool) or not H >= 1):
             raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {H!r}")
+        prt = self.pack_row_tokens
+        if prt is not None and (isinstance(prt, bool) or not isinstance(prt, int) or prt < 1):
+            raise ValueError(f"pack_row_tokens must be a positive integer (tokens per packed row) or null, got {prt!r}")
+        if not isinstance(self.padding_free, bool):
+            raise ValueError(f"padding_free must be true or false, got {self.padding_free!r}")
         if self.logprob_chunk_size is not None and self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {self.logprob_chunk_size}")
         resolve_dtype(self.dtype)

@@ -16,6 +16,7 @@ from torch import Tensor
 from lit_rl.core.fused_logprobs import Projection, linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience
+from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
 from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 
@@ -59,6 +60,12 @@ def checkpointing_off(model):
             m.gradient_checkpointing = True
 
 
+def real_completion_tokens(micro: Experience) -> Tensor:
+    """(b, C) bool: the completion positions that hold a token (the attention mask's completion part). The LM
+    head runs on these only: a padded block can be mostly padding, and the head is the widest matmul."""
+    return micro.attention_mask[:, micro.prompt_len:].bool()
+
+
 class PolicyForward:
     """Forward and log-prob methods of ``PolicyModule`` (see the module doc)."""
 
@@ -97,7 +104,12 @@ class PolicyForward:
         materialize = materialize or self.materialize_logits
         kw = {"input_ids": micro.input_ids.to(dev), "attention_mask": att, "position_ids": pos, "use_cache": cache}
         proj = None if materialize else lm_head_projection(model, sharded_ok=True)
-        if not (hidden or cache) and self._shares_prompt(model):
+        packed = self._packed(micro, model) if proj is not None and not cache else None
+        run_kw = kw  # what the projection path feeds the model: the padded rows, or the packed ones
+        if packed is not None:  # padding-free: real tokens only, each prompt once (models/packed.py)
+            run_kw = {**packed.model_kwargs(model.config._attn_implementation, next(model.parameters()).dtype),
+                      "use_cache": False}
+        elif not (hidden or cache) and self._shares_prompt(model):
             # a group's rows share their prompt: compute it once (models/shared_prompt.py), same outputs
             shared = shared_prompt_outputs(model, kw["input_ids"], att, pos, micro.prompt_len, project=proj is None)
             if shared is not None and proj is None:
@@ -114,15 +126,24 @@ class PolicyForward:
         hook = model.get_decoder().register_forward_hook(
             lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
         try:
-            out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
+            out = model(**run_kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
         finally:
             hook.remove()
         proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
         if proj is None:
             return self._materialised_outputs(model, kw, C, hidden, cache)
         weight, bias = proj
-        h = seen["h"][:, -(C + 1):-1]  # (b, C, H)
+        h = packed.gather(seen["h"]) if packed is not None else seen["h"][:, -(C + 1):-1]  # (b, C, H)
         return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
+
+    def _packed(self, micro: Experience, model):
+        """The micro-batch packed padding-free (``models/packed.py``) when ``padding_free`` is on and the model
+        takes a packed forward (the policy is checked when it is built; a reference or teacher that cannot
+        runs padded); None = the padded forward."""
+        if not self.hparams.get("padding_free") or unsupported_reason(model) is not None:
+            return None
+        return pack_rows(micro.input_ids.to(next(model.parameters()).device), micro.attention_mask,
+                         micro.prompt_len, self.hparams.get("pack_row_tokens") or DEFAULT_ROW_TOKENS)
 
     def _shares_prompt(self, model) -> bool:
         """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the
@@ -151,15 +172,18 @@ class PolicyForward:
                 "cache": out.past_key_values if cache else None, "head": None}
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
-        """log π(y_t) of every completion token at the module's temperature, (b, C); chunked through the LM
-        head (no logits materialised) unless ``logits`` are given or the model needs the materialised path."""
+        """log π(y_t) of every completion token at the module's temperature, (b, C), 0 at padding positions;
+        chunked through the LM head (no logits materialised, real completion tokens only) unless ``logits`` are
+        given or the model needs the materialised path."""
         if logits is None:
             out = self.forward_outputs(micro, model)
             if out["head"] is not None:
                 head = out["head"]
                 ids = micro.completion_ids.to(head.hidden.device)
                 return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                                       self.hparams.logprob_chunk_size, entropy=False)[0]
+                                       self.hparams.logprob_chunk_size, entropy=False,
+                                       mask=real_completion_tokens(micro))[0]
             logits = out["logits"]
-        return token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
-                              self.temperature)
+        lp = token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
+                            self.temperature)
+        return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked

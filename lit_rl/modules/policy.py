@@ -25,10 +25,11 @@ from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
+from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
 from lit_rl.modules.config import PolicyConfig
 from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
+from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing, real_completion_tokens
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.optim_step import LossParts, OptimizerStep
 from lit_rl.modules.protocols import loss_term_providers
@@ -101,6 +102,12 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             model: transformers' RMSNorm computes in float32 inside, so summing a group's gradients before it
             (shared) or after it (plain) differs by float32 rounding (~1e-7), and float64 runs are the exact
             (1e-12) invariance checks. True / False force it.
+        padding_free: every forward of the policy, reference and old log-probs runs on the micro-batch's real
+            tokens only: each prompt once followed by its rows' completions, packed into rows of about
+            ``pack_row_tokens`` (default 256) tokens, kept apart by a 4-D attention mask (``models/packed.py``).
+            Same log-probs and gradients up to float summation order, no padding computed. Needs ``sdpa`` or
+            ``eager`` attention and no sliding-window layer (checked when the model loads). TRL's name for
+            the same idea; off by default.
         gradient_checkpointing: recompute decoder layers in backward (non-reentrant; no shared-prompt pass).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
@@ -138,6 +145,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         correction_low: float | None = None,
         logprob_chunk_size: int | None = None,
         share_prompt_forward: bool | None = None,
+        padding_free: bool = False,
+        pack_row_tokens: int | None = None,
         gradient_checkpointing: bool = False,
         seed: int = 0,
         optimizer: OptimizerFactory = _default_optimizer,
@@ -175,6 +184,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         if self.hparams.disable_dropout:
             disable_dropout(self.model)
         enable_gradient_checkpointing(self.model, self.hparams.get("gradient_checkpointing", False))
+        if self.hparams.get("padding_free") and (why := unsupported_reason(self.model)) is not None:
+            raise ValueError(f"padding_free: {why} (model {self.model_path!r}); set padding_free: false")
         self.tokenizer = load_tokenizer(self.model_path)
 
     def configure_model(self) -> None:
@@ -391,12 +402,14 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
     def _train_logprobs(self, micro: Experience, out: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
         """log π(y_t) (b, C) and the differentiable entropy (b, C) of the training forward ``out``; the entropy
         is None on the materialised path. Chunked through the LM head when ``out["head"]`` exists: no (b, C, V)
-        tensor in forward or backward."""
+        tensor in forward or backward, and the head runs on real completion tokens only. Log-probs are 0 at padding
+        on both paths."""
         h, head = self.hparams, out["head"]
         if head is not None:
             return linear_logprobs(head.hidden, head.weight, micro.completion_ids.to(head.hidden.device), head.bias,
-                                   self.temperature, h.logprob_chunk_size)
-        return token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature), None
+                                   self.temperature, h.logprob_chunk_size, mask=real_completion_tokens(micro))
+        lp = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
+        return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0), None  # 0 at padding, as chunked
 
     def extra_loss_terms(self, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
         """Subclass hook: more loss terms from this micro-batch's forward (``fwd`` as a LossTerm sees it),

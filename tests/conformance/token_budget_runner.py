@@ -2,7 +2,10 @@
 Experience with group 1's completions cut to one token: rank 0 (group 0, long rows) and rank 1 (group 1, short
 rows) form different numbers of token-budget micro-batches.
 
-    python tests/conformance/token_budget_runner.py OUT.pt MODEL_DIR LOSS_AGG WORLD BUDGET
+    python tests/conformance/token_budget_runner.py OUT.pt MODEL_DIR LOSS_AGG WORLD BUDGET [padding_free]
+
+With ``padding_free`` the policy runs its forwards packed (``PolicyModule(padding_free=True)``), with
+transformers' RMSNorm computing in float64 (``tests/_float64.py``).
 
 Rank 0 saves the averaged gradient of the step to OUT.pt; every rank r writes OUT.pt.rank{r}.json with the
 micro-batches it ran (real ones and zero-weight ones). Used by test_token_budget.py.
@@ -30,7 +33,14 @@ def long_and_short(module):
 
 if __name__ == "__main__":
     out, model_dir, loss_agg, world, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    module = build_module("grpo", model_dir, loss_agg=loss_agg, micro_batch_tokens=budget)
+    packed = sys.argv[6:] == ["padding_free"]
+    if packed:  # the repository root is on PYTHONPATH (test_padding_free.py)
+        from transformers.models.qwen2 import modeling_qwen2
+
+        from tests._float64 import rmsnorm_in_input_dtype
+
+        modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype  # for this whole process
+    module = build_module("grpo", model_dir, loss_agg=loss_agg, micro_batch_tokens=budget, padding_free=packed)
     ran = []
     plan = module.train_micro_batches
 
