@@ -122,3 +122,19 @@ def test_padding_free_settings_are_checked(tiny_model_dir, tmp_path):
     m = PolicyModule(model=str(tiny_model_dir))
     m.model.config._attn_implementation = "flash_attention_2"
     assert "attn_implementation in ['sdpa', 'eager']" in unsupported_reason(m.model)
+
+
+def test_packed_materialised_logits_equal_padded_float64(tiny_model_dir, float64_norm):
+    """The materialised path (the test reference; ZeRO-3, whose head weight the chunked path cannot read) packs
+    too: the packed rows' logits gathered back equal the padded forward's, and so do its hidden states."""
+    m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False)
+    m.model.double()
+    exp = _experience(PROMPTS, COMPLETIONS)
+    real = exp.attention_mask[:, exp.prompt_len:].bool()
+    with torch.no_grad(), embedding_inputs(m.model) as seen:
+        z0, h0 = m.forward_logits(exp, return_hidden=True)
+        m.hparams.padding_free = True
+        z1, h1 = m.forward_logits(exp, return_hidden=True)
+    assert seen == [(6, exp.prompt_len + exp.completion_len), (1, 17)]
+    torch.testing.assert_close(z1[real], z0[real], rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(h1[real], h0[real], rtol=1e-10, atol=1e-12)

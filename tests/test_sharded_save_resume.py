@@ -136,23 +136,28 @@ def test_kill_and_resume(uninterrupted, tmp_path, tiny_model_dir, strategy):
     assert diff <= RESUME_TOL[strategy], diff
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "padding_free"])
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy):  # noqa: F811
+def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy, packed):  # noqa: F811
     """Token-budget micro-batches (64 padded tokens: several per rank; the ranks agree on the count with a
     max-reduce, a rank with fewer runs zero-weight passes, under ZeRO through ``engine.backward``) end where the
     1-process run with one full-batch pass ends, within 3e-5 (why not test_distributed.py's 1e-5: below).
-    Measured max |diff| on an AMD EPYC: DDP 9.6e-7, FSDP2 4.4e-6, ZeRO-2 1.6e-6, ZeRO-3 1.7e-6."""
+    Measured max |diff| on an AMD EPYC: DDP 9.6e-7, FSDP2 4.4e-6, ZeRO-2 1.6e-6, ZeRO-3 1.7e-6. ``padding_free``:
+    each micro-batch packed (models/packed.py) under every strategy, against the same padded 1-process run;
+    measured on an Intel Xeon: DDP 3.2e-6, FSDP2 2.6e-6, ZeRO-2 2.6e-6, ZeRO-3 3.3e-6."""
     cfg, ref, _ = single
     out = tmp_path / f"{strategy}.pt"
     cmd = [sys.executable, RUNNER, str(out), "fit", "-c", cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"),
-           "--trainer.devices", "2", "--data.init_args.batch_size", "8", "--model.init_args.micro_batch_tokens", "64"]
+           "--trainer.devices", "2", "--data.init_args.batch_size", "8", "--model.init_args.micro_batch_tokens", "64",
+           "--model.init_args.padding_free", str(packed).lower()]
     e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "NAN_AT_ITERATION": "1"}
     p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=BOUND_S, start_new_session=True,
                        check=False)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     got, want = torch.load(out), torch.load(ref)
     diff = _max_diff(got["state"], want["state"])
-    print(f"\n{strategy} + micro_batch_tokens=64 vs 1 process: max |diff| = {diff:.3e}")
+    print(f"\n{strategy} + micro_batch_tokens=64{' + padding_free' if packed else ''} vs 1 process: "
+          f"max |diff| = {diff:.3e}")
     # 3e-5, not 1e-5: AdamW divides each gradient element by its own scale, so reduction-order differences
     # grow with the CPU's kernels. Measured on an Intel Xeon, ATEN_CPU_CAPABILITY default / avx2: DDP 3.7e-6 /
     # 5.6e-6, FSDP2 1.7e-6 / 6.0e-6, ZeRO-2 3.2e-6 / 4.9e-6, ZeRO-3 1.8e-6 / 4.9e-6 (1e-5 left 1.7x). A wrong

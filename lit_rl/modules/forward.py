@@ -104,7 +104,7 @@ class PolicyForward:
         materialize = materialize or self.materialize_logits
         kw = {"input_ids": micro.input_ids.to(dev), "attention_mask": att, "position_ids": pos, "use_cache": cache}
         proj = None if materialize else lm_head_projection(model, sharded_ok=True)
-        packed = self._packed(micro, model) if proj is not None and not cache else None
+        packed = self._packed(micro, model) if not cache else None
         run_kw = kw  # what the projection path feeds the model: the padded rows, or the packed ones
         if packed is not None:  # padding-free: real tokens only, each prompt once (models/packed.py)
             run_kw = {**packed.model_kwargs(model.config._attn_implementation, next(model.parameters()).dtype),
@@ -117,6 +117,10 @@ class PolicyForward:
             if shared is not None:
                 weight, bias = proj
                 return LazyLogits(hidden=shared, head=Projection(shared, weight, bias), cache=None)  # (b, C, H)
+        if proj is None and packed is not None:  # e.g. ZeRO-3's head: the packed rows' logits, gathered back
+            out = model(**run_kw, output_hidden_states=hidden)
+            return {"logits": packed.gather(out.logits), "cache": None, "head": None,  # (b, C, V)
+                    "hidden": packed.gather(out.hidden_states[-1]) if hidden else None}  # (b, C, H)
         if proj is None:
             return self._materialised_outputs(model, kw, C, hidden, cache)
         seen: dict[str, Tensor] = {}

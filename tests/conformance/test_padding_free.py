@@ -1,6 +1,6 @@
 """``padding_free``: one optimizer step's gradient through a real Trainer equals the padded forward's (float64),
 for GRPO, Dr. GRPO's length-normalised loss, PPO with a shared critic (its value head reads the packed hidden
-states) and together with token-budget micro-batches."""
+states), together with token-budget micro-batches and under gradient checkpointing; and 2 DDP ranks."""
 from __future__ import annotations
 
 import json
@@ -35,7 +35,8 @@ def _grad(model_dir, name, **kw):
 
 @pytest.mark.parametrize("name, extra", [("grpo", {}), ("grpo", {"loss_agg": "seq_mean_token_sum_norm"}),
                                          ("ppo", {}), ("grpo", {"micro_batch_tokens": 16}),
-                                         ("grpo", {"pack_row_tokens": 4})])
+                                         ("grpo", {"pack_row_tokens": 4}),
+                                         ("grpo", {"gradient_checkpointing": True})])
 def test_padding_free_gradient_equals_padded(tiny_model_dir, name, extra):
     ref = _grad(tiny_model_dir, name, **{k: v for k, v in extra.items() if k == "loss_agg"})
     assert float(ref.abs().max()) > 0
