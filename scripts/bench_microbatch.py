@@ -1,4 +1,5 @@
-"""Tokens/s of one update step: token-budget micro-batches (``micro_batch_tokens``) vs fixed-row micro-batches.
+"""Tokens/s of one update step: token-budget micro-batches (``micro_batch_tokens``) and padding-free packing
+(``padding_free``) vs fixed-row micro-batches.
 
 A long-tailed length mix: completion lengths log-normal (median ``--median``, sigma ``--sigma``), capped at 8x the
 sample's median, with the longest row exactly at the cap. The same Experience trains one update step (forward + backward +
@@ -9,9 +10,17 @@ Lightning Trainer under three plans, interleaved in one process:
   width of the minibatch's longest row);
 * ``fixed+trim``: the same rows, each micro-batch trimmed to its own longest row (what trimming alone buys);
 * ``tokens``: ``micro_batch_tokens`` = ``micro_batch_size`` x the longest row, i.e. the padded area of one fixed
-  micro-batch, so the peak activation size is the same bound; rows sorted by length and cut at the budget.
+  micro-batch, so the peak activation size is the same bound; rows sorted by length and cut at the budget;
+* ``packed``: ``padding_free`` with the same fixed rows: each micro-batch's real tokens only, each prompt once
+  (``models/packed.py``);
+* ``all packed``: ``padding_free`` with the whole minibatch in one micro-batch (no ``micro_batch_size``).
 
     python scripts/bench_microbatch.py [--rows 32 --median 32 --micro-batch-size 4 --layers 4 --hidden 256 --reps 3]
+    python scripts/bench_microbatch.py --model ~/.cache/lit_rl/smollm2-135m-instruct --group 4 --median 19 \
+        --micro-batch-size 8 --prompt 12 --reps 2
+
+``--group G``: rows of a group share their prompt (the RL layout; 1 = every prompt distinct). ``--model``: a
+checkpoint directory instead of the tiny model (token ids stay in 5..59, inside any vocabulary).
 
 Prints per plan: micro-batches, padded tokens, median update wall and CPU seconds, tokens/s (real tokens / wall
 s and / CPU s) and the ratio to ``fixed``. CPU time (getrusage, all threads) is the robust figure on a shared
@@ -59,7 +68,11 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--group", type=int, default=1, help="rows per prompt (1: every prompt distinct)")
+    ap.add_argument("--model", default=None, help="a checkpoint directory (default: a tiny qwen2 built here)")
     args = ap.parse_args()
+    if args.group < 1 or args.rows % args.group:
+        ap.error(f"--group must be >= 1 and divide --rows ({args.rows}), got {args.group}")
 
     import lightning as L
     import torch
@@ -70,8 +83,8 @@ def main() -> None:
     from lit_rl.modules import PolicyModule
 
     tmp = tempfile.mkdtemp(prefix="bench_microbatch_")
-    model = str(build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
-                                 heads=max(2, args.hidden // 64), tokenizer="char", seed=0))
+    model = args.model or str(build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
+                                               heads=max(2, args.hidden // 64), tokenizer="char", seed=0))
     lens = lengths(args.rows, args.median, args.sigma, args.seed)
     B, P, C = args.rows, args.prompt, max(lens)
     g = torch.Generator().manual_seed(args.seed)
@@ -79,11 +92,12 @@ def main() -> None:
     att = torch.zeros(B, P + C, dtype=torch.long)
     mask = torch.zeros(B, C, dtype=torch.bool)
     for i, n in enumerate(lens):
+        ids[i, :P] = ids[i - i % args.group, :P]  # a group's rows share its prompt
         att[i, :P + n] = 1
         mask[i, :n] = True
         ids[i, P + n:] = 0
     exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                     group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
+                     group_ids=torch.arange(B) // args.group, rewards=torch.rand(B, generator=g),
                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
                      horizon=C)
     real_tokens = int(att.sum())
@@ -101,11 +115,15 @@ def main() -> None:
         "fixed": PolicyModule(model=model, micro_batch_size=mbs, optimizer=sgd),
         "fixed+trim": TrimmedFixed(model=model, micro_batch_size=mbs, optimizer=sgd),
         "tokens": PolicyModule(model=model, micro_batch_tokens=budget, optimizer=sgd),
+        "packed": PolicyModule(model=model, micro_batch_size=mbs, padding_free=True, optimizer=sgd),
+        "all packed": PolicyModule(model=model, padding_free=True, optimizer=sgd),
     }
     shape = {}
     for name, mod in plans.items():
         micros = mod.train_micro_batches(exp.trim())
-        shape[name] = (len(micros), sum(m.input_ids.numel() for m in micros))
+        packed = [mod._packed(m, mod.model) for m in micros] if mod.hparams.padding_free else None
+        shape[name] = (len(micros), sum(p.real_tokens for p in packed) if packed else
+                       sum(m.input_ids.numel() for m in micros))
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in plans}
 
@@ -131,8 +149,10 @@ def main() -> None:
 
     print(f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
           f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
-          f"max {max(lens)}; {real_tokens} real tokens; qwen2 {args.layers} layers x {args.hidden}, float32, CPU, "
+          f"max {max(lens)}; {real_tokens} real tokens; {args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
+          f"{args.group}, float32, CPU, "
           f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}")
+    print("(padded tok: the tokens the forwards compute; packed plans: real tokens plus the packed rows' padding)")
     print(f"{'plan':<12}{'micro':>7}{'padded tok':>12}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'tok/s CPU':>11}"
           f"{'x fixed (wall)':>16}{'x fixed (CPU)':>15}")
     base = None
