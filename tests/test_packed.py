@@ -37,6 +37,13 @@ def test_pack_rows_layout_by_hand():
     assert pk2.input_ids.tolist() == [unit_a, unit_b + [0] * 5]
     assert pk2.index[5].tolist() == [11 + 1, 11 + 2, 11 + 3, 11 + 4, 11 + 5]
     assert pk2.mask[1, 0, 8].nonzero().flatten().tolist() == [6, 7, 8]  # padding: only padding, itself included
+    # a group longer than the budget is split, its prompt repeated in each part: no packed row outgrows 8
+    pk3 = pack_rows(exp.input_ids, exp.attention_mask, exp.prompt_len, row_tokens=8)
+    assert pk3.input_ids.tolist() == [[5, 6, 7, 8, 15, 16, 17, 18], [9, 10, 21, 22, 23, 24, 0, 0],
+                                      [5, 6, 7, 8, 11, 12, 0, 0], [5, 6, 7, 8, 19, 0, 0, 0]]
+    assert pk3.index.tolist() == [[19, 20, 21, 0, 0], [9, 0, 0, 0, 0], [3, 4, 5, 6, 7], [0, 0, 0, 0, 0],
+                                  [27, 28, 0, 0, 0], [9, 10, 11, 12, 13]]
+    assert pk3.position_ids[2].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
 
 
 def test_pack_rows_declines_layouts_it_cannot_pack():

@@ -4,15 +4,17 @@ A micro-batch of Experience rows is a (B, P + C) block: left-padded prompts, rig
 per prompt. When completion lengths vary, most of the block can be padding (SmolLM2 on the bench: 596 real of
 32 x 64 completion positions), and a padded forward/backward pays for all of it. Here every distinct prompt
 becomes one *unit*: its real prompt tokens followed by the real completion tokens of each row that shares it
-(the last completion token predicts nothing and is not fed). Units are packed first-fit-decreasing into rows
-of about ``row_tokens`` tokens, and a 4-D attention mask keeps them apart:
+(the last completion token predicts nothing and is not fed); a group too long for ``row_tokens`` is split into
+several units, each with its own copy of the prompt. Units are packed first-fit-decreasing into rows of about
+``row_tokens`` tokens, and a 4-D attention mask keeps them apart:
 
     key k is visible from query q  <=>  same unit, k <= q, and k is a prompt token or in q's own completion
 
 Position ids restart per unit and continue from the prompt into each completion, exactly the ids the padded
 forward gives (``cumsum(attention_mask) - 1``). So each completion sees what it saw in the padded forward (its
-prompt and its own earlier tokens), the prompt is computed once per group (what ``shared_prompt`` does with a
-KV cache), and no padding is computed except the few tokens that even out the packed rows.
+prompt and its own earlier tokens), the prompt is computed once per unit (once per group unless the group was
+split; what ``shared_prompt`` does with a KV cache), and no padding is computed except the few tokens that even
+out the packed rows.
 
 The hidden states that predict each completion token are gathered back into the Experience's (B, C, H)
 layout (``PackedRows.gather``), so the log-prob, entropy and value-head code downstream is unchanged; entries
@@ -21,7 +23,7 @@ past a row's last token read position 0 and are masked by every consumer.
 Which models: attention that takes a custom 4-D mask (``sdpa``: boolean, ``eager``: additive) and no
 sliding-window layer (a custom mask replaces the window). ``unsupported_reason`` says why not otherwise.
 Cost: attention is dense over each packed row, so rows are kept to ``row_tokens`` (the quadratic term stays
-small next to the matmuls).
+small next to the matmuls); only a single row longer than that makes a longer packed row.
 """
 from __future__ import annotations
 
@@ -47,7 +49,8 @@ def unsupported_reason(model) -> str | None:
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types) or (
             getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)):
-        return "padding_free cannot pack a model with sliding-window attention layers (the packed mask replaces the window)"
+        return ("padding_free cannot pack a model with sliding-window attention layers (the packed mask replaces "
+                "the window)")
     return None
 
 
@@ -126,16 +129,21 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
     members: list[list[int]] = [[] for _ in first]
     for b, u in enumerate(inverse):
         members[u].append(b)
-    # One unit per distinct prompt: its prompt tokens, then each member's completion but its last token.
-    units = []
+    fed = [max(c - 1, 0) for c in clen_l]  # completion tokens fed per row: the last one predicts nothing
+    # Units: a prompt and rows that share it, split so that a unit stays within row_tokens (the prompt then
+    # repeats in each part): a whole long group in one unit would make a packed row, and its dense attention,
+    # as long as all of the group's completions together.
+    units: list[tuple[int, list[int]]] = []  # (row holding the prompt, member rows)
     for u, f in enumerate(first):
-        toks, owner = ids[f, P - plen_l[f]:P].tolist(), [-1] * plen_l[f]
+        size, cur = plen_l[f], []
         for b in members[u]:
-            n = max(clen_l[b] - 1, 0)
-            toks += ids[b, P:P + n].tolist()
-            owner += [b] * n
-        units.append((toks, owner))
-    sizes = [len(t) for t, _ in units]
+            if cur and size + fed[b] > row_tokens:
+                units.append((f, cur))
+                size, cur = plen_l[f], []
+            cur.append(b)
+            size += fed[b]
+        units.append((f, cur))
+    sizes = [plen_l[f] + sum(fed[b] for b in mem) for f, mem in units]
     bins = _first_fit_decreasing(sizes, max(row_tokens, max(sizes)))
     R, T = len(bins), max(sum(sizes[u] for u in b) for b in bins)
     p_ids = torch.zeros(R, T, dtype=torch.long)
@@ -144,22 +152,24 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
     owner_of = torch.full((R, T), -1, dtype=torch.long)  # -1: a prompt token (or padding)
     index = torch.zeros(B, C, dtype=torch.long)
     for r, b in enumerate(bins):
-        at = 0
+        at = r * T  # flat position of the unit's first token
         for u in b:
-            toks, owner = units[u]
-            n, p = len(toks), plen_l[first[u]]
-            p_ids[r, at:at + n] = torch.tensor(toks, dtype=torch.long)
-            unit_of[r, at:at + n] = u
-            owner_of[r, at:at + n] = torch.tensor(owner, dtype=torch.long)
-            p_pos[r, at:at + p] = torch.arange(p)
-            start = r * T + at + p  # the first member's first completion token
-            for m in members[u]:
-                n_m = max(clen_l[m] - 1, 0)
-                p_pos[r, start - r * T:start - r * T + n_m] = torch.arange(p, p + n_m)
+            f, mem = units[u]
+            p = plen_l[f]
+            toks, owner, pos = ids[f, P - p:P].tolist(), [-1] * p, list(range(p))
+            for m in mem:
+                start = at + len(toks)  # flat position of row m's first fed completion token
                 if clen_l[m] > 0:  # t = 0 is predicted by the prompt's last token, t >= 1 by completion token t-1
-                    index[m, 0] = r * T + at + p - 1
-                    index[m, 1:clen_l[m]] = torch.arange(start, start + n_m)
-                start += n_m
+                    index[m, 0] = at + p - 1
+                    index[m, 1:clen_l[m]] = torch.arange(start, start + fed[m])
+                toks += ids[m, P:P + fed[m]].tolist()
+                owner += [m] * fed[m]
+                pos += range(p, p + fed[m])
+            n, col = len(toks), at - r * T
+            p_ids[r, col:col + n] = torch.tensor(toks, dtype=torch.long)
+            p_pos[r, col:col + n] = torch.tensor(pos, dtype=torch.long)
+            owner_of[r, col:col + n] = torch.tensor(owner, dtype=torch.long)
+            unit_of[r, col:col + n] = u
             at += n
     q_unit, k_unit = unit_of[:, :, None], unit_of[:, None, :]
     q_own, k_own = owner_of[:, :, None], owner_of[:, None, :]
