@@ -122,7 +122,7 @@ def main() -> None:
     for name, mod in plans.items():
         micros = mod.train_micro_batches(exp.trim())
         packed = [mod._packed(m, mod.model) for m in micros] if mod.hparams.padding_free else None
-        shape[name] = (len(micros), sum(p.real_tokens for p in packed) if packed else
+        shape[name] = (len(micros), sum(p.computed_tokens for p in packed) if packed else
                        sum(m.input_ids.numel() for m in micros))
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in plans}

@@ -69,7 +69,7 @@ class PackedRows:
     index: Tensor
 
     @property
-    def real_tokens(self) -> int:
+    def computed_tokens(self) -> int:
         """Tokens the packed forward computes, padding of the packed rows included."""
         return int(self.input_ids.numel())
 
