@@ -150,16 +150,14 @@ class ReferenceKL(L.Callback):
     def on_experience(self, trainer, module, exp) -> None:
         """Attach ``ref_logprobs``; with ``where="reward"`` also add −β·KL_t to ``token_rewards``.
 
-        The policy side of the reward KL is the rollout policy θ_old: ``old_logprobs`` when the module
-        computed them, else the engine's ``rollout_logprobs``, else a fresh no-grad forward.
+        The policy side of the reward KL is the rollout policy θ_old under the model's full softmax(z / T), as
+        the reference side is (``module.kl_policy_logprobs``): with truncated sampling the engine's log-probs are
+        of another distribution, and the KL would not be 0 where the policy equals the reference.
         """
         exp.ref_logprobs = self.reference_logprobs(module, exp)
         if self.where != "reward":
             return
-        pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
-        if pol is None:
-            with torch.no_grad():
-                pol = module.completion_logprobs(exp).float()
+        pol = module.kl_policy_logprobs(exp)
         # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
         ref = exp.ref_logprobs.double()
         mask = self.reward_mask(exp)

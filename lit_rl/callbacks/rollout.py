@@ -173,6 +173,7 @@ class RolloutCallback(RolloutProducer):
         hp = getattr(pl_module, "hparams", None)
         check_group_size(getattr(hp, "advantage", None), self.group_size, getattr(hp, "rl_coef", None))
         pl_module.temperature = self.sampling.logprob_temperature
+        pl_module.processing = self.sampling.processing  # the sampler's distribution for ratios (core.processed)
         self.engine.bind(pl_module)
         dm = getattr(trainer, "datamodule", None)
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not

@@ -293,7 +293,9 @@ class TeacherRouter(L.Callback):
         return out
 
     def _accumulate(self, exp: Experience) -> None:
-        pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
+        # a metric: the full softmax's log-probs when computed, else the old / engine ones (with processed sampling
+        # those are the sampler's, a slight overstatement of the gap; no extra forward for a metric)
+        pol = next((x for x in (exp.old_full_logprobs, exp.old_logprobs, exp.rollout_logprobs) if x is not None), None)
         domains = exp.domains or ["default"] * exp.batch_size
         for i, d in enumerate(domains):
             acc = self._kl.setdefault(d, [0.0, 0, 0])

@@ -26,6 +26,7 @@ from torch import Tensor
 TOKEN_FIELDS = (
     "rollout_logprobs",
     "old_logprobs",
+    "old_full_logprobs",
     "ref_logprobs",
     "values",
     "teacher_logprobs",
@@ -52,7 +53,11 @@ class Experience:
     policy_version: Tensor  # (B,) int64: engine weights version that generated the row
     reward_components: dict[str, Tensor] = field(default_factory=dict)  # name -> (B,)
     rollout_logprobs: Tensor | None = None
+    # log π_old(y_t) of the sampler's distribution (the PPO ratio's denominator; ``core.processed``); with
+    # processed sampling (top-p / top-k / min-p / repetition penalty) also the model's full softmax(z / T) in
+    # ``old_full_logprobs``, which KL-type quantities read (None when the two are the same distribution).
     old_logprobs: Tensor | None = None
+    old_full_logprobs: Tensor | None = None
     ref_logprobs: Tensor | None = None
     values: Tensor | None = None
     teacher_logprobs: Tensor | None = None

@@ -34,7 +34,9 @@ class PolicyAssembly:
         h = self.hparams
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
-            values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
+            values=exp.values, valid=exp.valid, teacher_logprobs=exp.teacher_logprobs,
+            # a teacher's advantage compares two models: the policy's full softmax, not the sampler's (processed)
+            logprobs=self.kl_policy_logprobs(exp) if exp.teacher_logprobs is not None else exp.rollout_logprobs,
             gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
             bootstrap=self._bootstrap_rows(exp)))
         train = exp.train_mask

@@ -105,10 +105,7 @@ class DistillModule(PolicyModule):
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
                 raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
-            pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
-            if pol is None:
-                with torch.no_grad():
-                    pol = self.completion_logprobs(exp).float()
+            pol = self.kl_policy_logprobs(exp)  # the model's full softmax (with processed sampling too)
             out = compute_advantages("opd", AdvantageInputs(
                 rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
                 teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lit_rl.core.fused_logprobs import Projection, linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
+from lit_rl.core.processed import LogitProcessing, first_seen, linear_sampler_logprobs, sampler_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
@@ -70,6 +71,9 @@ class PolicyForward:
     """Forward and log-prob methods of ``PolicyModule`` (see the module doc)."""
 
     materialize_logits: bool = False  # PolicyModule's class flag (the test reference path); see there
+    # The rollout sampler's processing (set by RolloutCallback with ``temperature``): which distribution the ratios
+    # compare (``core.processed``); the default is plain softmax(z / T), where nothing extra is computed.
+    processing: LogitProcessing = LogitProcessing()
 
     def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
         """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.
@@ -178,16 +182,65 @@ class PolicyForward:
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
         """log π(y_t) of every completion token at the module's temperature, (b, C), 0 at padding positions;
         chunked through the LM head (no logits materialised, real completion tokens only) unless ``logits`` are
-        given or the model needs the materialised path."""
+        given or the model needs the materialised path. The model's full softmax(z / T): what KL and entropy read."""
         if logits is None:
             out = self.forward_outputs(micro, model)
-            if out["head"] is not None:
-                head = out["head"]
-                ids = micro.completion_ids.to(head.hidden.device)
-                return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                                       self.hparams.logprob_chunk_size, entropy=False,
-                                       mask=real_completion_tokens(micro))[0]
-            logits = out["logits"]
+            return self._full_logprobs(micro, out)
         lp = token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
                             self.temperature)
         return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked
+
+    def _full_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor:
+        """``completion_logprobs`` of an existing forward ``out`` (no entropy, no gradient needed)."""
+        head = out["head"]
+        if head is None:
+            return self.completion_logprobs(micro, logits=out["logits"])
+        ids = micro.completion_ids.to(head.hidden.device)
+        return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
+                               self.hparams.logprob_chunk_size, entropy=False, mask=real_completion_tokens(micro))[0]
+
+    def sampler_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor | None:
+        """log π^s(y_t) (b, C) of forward ``out`` under the rollout sampler's processing (``core.processed``: the
+        trainer's scores truncated / penalised as the engine's were, renormalised over the kept set; differentiable),
+        0 at padding; None when the processing is inactive (π^s is then the full softmax(z / T))."""
+        proc = self.processing
+        if not proc.active:
+            return None
+        head = out["head"]
+        dev = head.hidden.device if head is not None else out["logits"].device
+        mask = real_completion_tokens(micro).to(dev)
+        ids = micro.completion_ids.to(dev)
+        seen = None
+        if proc.repetition_penalty != 1:  # (b, V): which tokens the penalty applies to at each position
+            V = head.vocab_size if head is not None else out["logits"].shape[-1]
+            seen = first_seen(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.prompt_len, V)
+        if head is not None:
+            return linear_sampler_logprobs(head.hidden, head.weight, ids, proc, mask, head.bias, seen,
+                                           self.hparams.logprob_chunk_size)
+        return sampler_logprobs(out["logits"], ids, proc, mask, seen)
+
+    def old_logprobs_pair(self, micro: Experience) -> tuple[Tensor, Tensor | None]:
+        """One no-grad forward's (log π^s, log π) of a micro-batch: the ratio's denominator and, when the sampling
+        is processed, the full distribution's log-probs for KL-type quantities (else None: the same values)."""
+        out = self.forward_outputs(micro)
+        full = self._full_logprobs(micro, out)
+        samp = self.sampler_logprobs(micro, out)
+        return (full, None) if samp is None else (samp, full)
+
+    @torch.no_grad()
+    def kl_policy_logprobs(self, exp: Experience) -> Tensor:
+        """(B, C) log π_old(y_t) of the model's full softmax(z / T), for what compares the policy with another model
+        at rollout time (reward-form KL, a teacher's advantage): ``old_full_logprobs`` or ``old_logprobs`` when the
+        module computed them; with plain sampling the engine's ``rollout_logprobs`` (the same distribution); with
+        processed sampling a no-grad forward (the engine's are the truncated distribution: comparing them with a
+        full-softmax reference would report a KL where the policy equals the reference)."""
+        if exp.old_full_logprobs is not None:
+            return exp.old_full_logprobs
+        if not self.processing.active:
+            if exp.old_logprobs is not None:
+                return exp.old_logprobs
+            if exp.rollout_logprobs is not None:
+                return exp.rollout_logprobs
+        chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+        lp = torch.cat([c.to(exp.input_ids.device) for c in chunks])  # (B, C)
+        return lp if lp.dtype == torch.float64 else lp.float()

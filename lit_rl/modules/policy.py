@@ -231,8 +231,10 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         ``on_experience`` (a critic's values)."""
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
-            chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
-            exp.old_logprobs = store_dtype(torch.cat(chunks))
+            pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+            exp.old_logprobs = store_dtype(torch.cat([p[0] for p in pairs]))  # the sampler's (core.processed)
+            if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
+                exp.old_full_logprobs = store_dtype(torch.cat([p[1] for p in pairs]))
             self._old_logprob_s = time.perf_counter() - t0
         for term in self.loss_modules:
             if hasattr(term, "on_experience"):
@@ -377,8 +379,11 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             with torch.no_grad():
                 entropy = entropy_from_logits(out["logits"].detach(), self.hparams.logprob_chunk_size,
                                               self.temperature)
+        # the ratio and the mismatch correction compare the sampler's distribution with itself (core.processed);
+        # KL terms and the entropy read the model's full softmax (``fwd["logprobs"]``)
+        sampled = self.sampler_logprobs(micro, out)
         parts, metrics = policy_objective(ObjectiveInputs(
-            logprobs=logprobs, mask=mask, advantages=micro.advantages, num_tokens=common["num_tokens"],
+            logprobs=logprobs if sampled is None else sampled, mask=mask, advantages=micro.advantages, num_tokens=common["num_tokens"],
             num_seqs=common["num_seqs"], horizon=common.get("horizon"), old_logprobs=micro.old_logprobs,
             rollout_logprobs=micro.rollout_logprobs, is_weights=micro.is_weights, entropy=entropy),
             self.config.objective())

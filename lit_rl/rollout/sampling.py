@@ -15,10 +15,9 @@ in vLLM's order (``vllm/v1/sample/sampler.py``, which the two vLLM engines run; 
    always stays).
 
 ``log_softmax`` of the result is what the engines report. Without steps 1 and 3-5 (the defaults) that is
-``log softmax(logits / T)``, exactly the trainer's recomputation (``PolicyModule.temperature``). With them, the
-trainer's log-probs (old and current: ``log softmax(logits / T)`` of the policy being optimised) differ from
-the engine's (μ), and ``PolicyModule(rollout_correction=tis|mis)`` corrects that gap as any other
-engine/trainer mismatch.
+``log softmax(logits / T)``. With them, the trainer applies the same processing to its own logits for the ratios
+it forms against these log-probs (``core.processed``, docs/architecture.md "Truncated sampling"), so at the
+on-policy point the PPO ratio and the mismatch correction are 1 whatever the settings.
 
 **Stop strings** (``stop``): a completion ends with the first token whose text completes one of them
 (``finish_reason`` "stop"); its tokens are kept up to and including that token, nothing after it is trained.
@@ -32,8 +31,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
+
+from lit_rl.core.processed import LogitProcessing
 
 # generation_kwargs keys that are settings of ours: the error names the field to use instead.
 MAPPED_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -137,11 +137,14 @@ class SamplingConfig:
         return self.temperature == 0
 
     @property
+    def processing(self) -> LogitProcessing:
+        """The distribution-changing settings, as the trainer reads them (``core.processed``)."""
+        return LogitProcessing(self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty)
+
+    @property
     def processed(self) -> bool:
         """True when the engines' log-probs are not plain ``log softmax(logits / T)`` (module docstring)."""
-        if self.repetition_penalty != 1:
-            return True
-        return not self.greedy and (self.top_p < 1 or self.top_k > 0 or self.min_p > 0)
+        return self.processing.active
 
     @property
     def stops(self) -> list[str]:
@@ -151,35 +154,15 @@ class SamplingConfig:
 def process_logits(logits: Tensor, seen: Tensor | None, sp: SamplingConfig) -> Tensor:
     """The processed scores an engine samples from (module docstring, steps 1-5); removed tokens are -inf.
 
-    ``log_softmax`` of the result is what the engines report; greedy takes its argmax.
+    ``log_softmax`` of the result is what the engines report; greedy takes its argmax. The one implementation is
+    ``core.processed.LogitProcessing.apply``, which the trainer runs too.
 
     Shapes:
         logits: (N, V) raw next-token logits (float32 or float64; not modified).
         seen: (N, V) bool, tokens of each row's prompt and completion so far (needed only when
             ``repetition_penalty != 1``). Returns (N, V), the dtype of ``logits``.
     """
-    x = logits
-    if sp.repetition_penalty != 1:
-        if seen is None:
-            raise ValueError("process_logits: repetition_penalty needs the seen-token mask")
-        pen = torch.where(x > 0, x / sp.repetition_penalty, x * sp.repetition_penalty)
-        x = torch.where(seen, pen, x)
-    if sp.greedy:
-        return x
-    x = x / sp.temperature
-    if sp.min_p > 0:
-        p = torch.softmax(x, -1)
-        x = x.masked_fill(p < sp.min_p * p.amax(-1, keepdim=True), -math.inf)
-    if sp.top_k > 0 and sp.top_k < x.shape[-1]:
-        kth = x.topk(sp.top_k, dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, -math.inf)
-    if sp.top_p < 1:
-        srt, idx = x.sort(dim=-1)  # ascending
-        cum = torch.softmax(srt, -1).cumsum(-1)
-        drop = cum <= 1 - sp.top_p
-        drop[..., -1] = False  # the most likely token always stays
-        x = x.masked_fill(torch.zeros_like(drop).scatter(-1, idx, drop), -math.inf)
-    return x
+    return sp.processing.apply(logits, seen)
 
 
 def stop_window(stops: list[str]) -> int:

@@ -1,0 +1,192 @@
+"""The sampler's distribution — what "the policy" is when sampling is truncated or penalised — as the trainer
+computes it, exactly and chunk by chunk.
+
+Every engine samples from *processed* scores and reports the sampled token's log-probability under them (μ).
+The processing, in vLLM's order (``LogitProcessing.apply``):
+
+1. repetition penalty on the raw logits z: a token already in the prompt or the completion so far has its logit
+   divided by ρ when positive, multiplied by ρ when negative (Keskar et al. 2019, arXiv 1909.05858);
+2. temperature: ``/ T`` (greedy: T = 1 and steps 3-5 skipped);
+3. min-p: tokens with probability < ``min_p`` × the top token's probability are removed;
+4. top-k: tokens below the k-th largest score are removed (ties kept);
+5. top-p: sorted ascending, tokens whose cumulative probability is <= 1 − ``top_p`` are removed (the top token
+   always stays).
+
+**Which distribution each quantity uses** (docs/architecture.md "Truncated sampling"). Write x = step 1-2's
+scores of the trainer's own logits, K its kept set after steps 3-5 and π^s(a) = exp(x_a) / Σ_{v∈K} exp(x_v)
+the *sampler's* distribution of the trainer's weights. The samples come from π^s (the engine runs the same
+processing on the same weights), so the ratios that correct or reweight samples compare π^s with π^s:
+
+* the PPO ratio π^s_θ / π^s_old and the mismatch correction π^s_old / μ are 1 at the on-policy point whatever
+  the settings, and their gradient ∇ log π^s_θ(a) = ∇x_a − Σ_{v∈K} π^s(v) ∇x_v is the policy gradient of
+  the policy that actually samples (K held fixed: a set boundary has no gradient);
+* KL to the reference and the entropy are properties of the *model*, not of the sampler: they use the full
+  softmax(z / T) on both sides, so they are 0 where the policy equals the reference whatever the sampling.
+
+The sampled token always stays in K (``K ∪ {a}``): a token the engine kept but the trainer's scores put just
+past a boundary (float rounding, or a stale behaviour policy) then has a small, finite probability instead of
+log 0 = −inf, which would make a ratio 0 and a log-ratio NaN; the MIS band drops such tokens anyway.
+
+Cost: one more chunked pass through the LM head in forward and one in backward (the top-p rule sorts each
+(r, V) chunk), only when a setting of steps 1, 3-5 is on; at the defaults π^s is softmax(z / T) and nothing
+extra runs (``LogitProcessing.active``).
+
+Shapes: B rows, T (completion) positions, V vocabulary, N selected positions, r rows per chunk.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from lit_rl.core.fused_logprobs import Projection, linear_rowwise
+
+__all__ = ["LogitProcessing", "first_seen", "linear_sampler_logprobs", "sampler_logprobs"]
+
+
+@dataclass(frozen=True)
+class LogitProcessing:
+    """The sampler's processing settings (``rollout.sampling.SamplingConfig`` fields of the same names; validated
+    there). temperature 0 = greedy (scores at T = 1 after the repetition penalty, nothing removed)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logprob_temperature(self) -> float:
+        return self.temperature if self.temperature > 0 else 1.0
+
+    @property
+    def active(self) -> bool:
+        """True when the sampler's log-probs are not plain ``log softmax(logits / T)``."""
+        if self.repetition_penalty != 1:
+            return True
+        return not self.greedy and (self.top_p < 1 or self.top_k > 0 or self.min_p > 0)
+
+    def scale(self, logits: Tensor, seen: Tensor | None) -> Tensor:
+        """Steps 1-2: penalised, temperature-scaled scores (differentiable). logits (N, V); seen (N, V) bool."""
+        x = logits
+        if self.repetition_penalty != 1:
+            if seen is None:
+                raise ValueError("LogitProcessing: repetition_penalty needs the seen-token mask")
+            x = torch.where(seen, torch.where(x > 0, x / self.repetition_penalty, x * self.repetition_penalty), x)
+        return x if self.greedy else x / self.temperature
+
+    def removed(self, x: Tensor) -> Tensor | None:
+        """Steps 3-5 on scaled scores x (N, V): (N, V) bool of the removed tokens, or None (nothing removed)."""
+        if self.greedy:
+            return None
+        x = x.detach()
+        drop = None
+        if self.min_p > 0:
+            p = torch.softmax(x, -1)
+            drop = p < self.min_p * p.amax(-1, keepdim=True)
+            x = x.masked_fill(drop, -math.inf)
+        if 0 < self.top_k < x.shape[-1]:
+            kth = x.topk(self.top_k, dim=-1).values[..., -1:]
+            d = x < kth
+            drop = d if drop is None else drop | d
+            x = x.masked_fill(d, -math.inf)
+        if self.top_p < 1:
+            srt, idx = x.sort(dim=-1)  # ascending
+            cum = torch.softmax(srt, -1).cumsum(-1)
+            d = cum <= 1 - self.top_p
+            d[..., -1] = False  # the most likely token always stays
+            d = torch.zeros_like(d).scatter(-1, idx, d)
+            drop = d if drop is None else drop | d
+        return drop
+
+    def apply(self, logits: Tensor, seen: Tensor | None) -> Tensor:
+        """Steps 1-5: the scores an engine samples from, removed tokens at −inf. logits (N, V) -> (N, V)."""
+        x = self.scale(logits, seen)
+        drop = self.removed(x)
+        return x if drop is None else x.masked_fill(drop, -math.inf)
+
+
+def first_seen(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, vocab_size: int) -> Tensor:
+    """(B, V) int64: for each row and token, −1 if it is a real token of the prompt, else the first completion
+    index t at which it occurs, else a value past every index. The repetition penalty at completion index t (the
+    scores predicting token t) applies to token v exactly when ``first_seen[b, v] < t``: the prompt and the
+    completion tokens before t, as the engines count them (left padding is not a token).
+
+    Shapes: input_ids, attention_mask (B, P + C); returns (B, V) on input_ids' device.
+    """
+    B, L = input_ids.shape
+    C = L - prompt_len
+    real = attention_mask.to(input_ids.device).bool()
+    t = torch.arange(L, device=input_ids.device).expand(B, L) - prompt_len  # (B, L): prompt < 0, completion ≥ 0
+    t = torch.where(t < 0, -1, t).masked_fill(~real, C + 1)
+    out = torch.full((B, vocab_size + 1), C + 1, dtype=torch.long, device=input_ids.device)
+    ids = input_ids.masked_fill(~real, vocab_size)  # padding lands in the extra column, dropped below
+    return out.scatter_reduce(1, ids, t, reduce="amin")[:, :vocab_size]
+
+
+def _rows_logprob(z: Tensor, ids: Tensor, processing: LogitProcessing, seen: Tensor | None) -> Tensor:
+    """log π^s(ids) per row from raw logits z (r, V), differentiable through z (kept set fixed, sampled token
+    always kept)."""
+    x = processing.scale(z, seen)
+    drop = processing.removed(x)
+    if drop is not None:
+        drop = drop.scatter(-1, ids[:, None], False)  # the sampled token stays (module doc)
+        x = x.masked_fill(drop, -math.inf)
+    return torch.log_softmax(x, -1).gather(-1, ids[:, None]).squeeze(-1)
+
+
+def _compute(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def sampler_logprobs(logits: Tensor, token_ids: Tensor, processing: LogitProcessing, mask: Tensor,
+                     seen_first: Tensor | None = None, chunk_rows: int = 256) -> Tensor:
+    """log π^s(y_t) from materialised logits (the reference path and the fallback), 0 off ``mask``.
+
+    Shapes: logits (B, T, V); token_ids, mask (B, T); seen_first (B, V) from ``first_seen`` (needed only with a
+    repetition penalty), T = the completion positions; returns (B, T) float32 (float64 for float64 logits).
+    """
+    B, T, V = logits.shape
+    keep = mask.reshape(-1).to(logits.device).nonzero().squeeze(1)  # (N,)
+    rows, pos = keep // T, keep % T
+    z = logits.reshape(B * T, V).index_select(0, keep)
+    ids = token_ids.reshape(-1).to(logits.device).index_select(0, keep)
+    cdt = _compute(logits.dtype)
+    parts = []
+    for s in range(0, z.shape[0], chunk_rows):
+        i = slice(s, s + chunk_rows)
+        seen = None if seen_first is None else seen_first[rows[i]] < pos[i, None]  # (r, V)
+        parts.append(_rows_logprob(z[i].to(cdt), ids[i], processing, seen))
+    lp = torch.cat(parts) if parts else z.new_zeros(0, dtype=cdt)
+    return lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)
+
+
+def linear_sampler_logprobs(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
+                            mask: Tensor, bias: Tensor | None = None, seen_first: Tensor | None = None,
+                            chunk_size: int | None = None) -> Tensor:
+    """log π^s(y_t) straight from hidden states through the LM head, chunked (``core.fused_logprobs``): the same
+    values and gradients as ``sampler_logprobs`` on ``F.linear(hidden, weight, bias)`` without (B, T, V) logits;
+    the projection runs on the ``mask`` positions only, 0 with zero gradient elsewhere.
+
+    Shapes: hidden (B, T, H); weight (V, H); bias (V,) or None; token_ids, mask (B, T); seen_first (B, V) or
+    None; returns (B, T) float32 (float64 for float64 weights).
+    """
+    B, T, H = hidden.shape
+    keep = mask.reshape(-1).to(hidden.device).nonzero().squeeze(1)  # (N,) flat positions computed
+    rows, pos = keep // T, keep % T
+    h = hidden.reshape(B * T, H).index_select(0, keep)[None]  # (1, N, H)
+    ids = token_ids.reshape(-1).to(hidden.device).long().index_select(0, keep)[None]  # (1, N)
+    cdt = _compute(weight.dtype)
+
+    def fn(z, ids_r, rows_r, pos_r):  # (r, V) raw logits and the chunk's (r,) ids / rows / positions
+        seen = None if seen_first is None else seen_first[rows_r] < pos_r[:, None]
+        return _rows_logprob(z.to(cdt), ids_r, processing, seen)
+
+    lp = linear_rowwise(fn, Projection(h, weight, bias), [ids, rows[None], pos[None]], chunk_size)[0]  # (N,)
+    return lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)
