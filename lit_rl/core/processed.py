@@ -41,9 +41,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_rl.core.fused_logprobs import Projection, linear_rowwise
-
-__all__ = ["LogitProcessing", "first_seen", "linear_sampler_logprobs", "sampler_logprobs"]
+__all__ = ["History", "LogitProcessing", "sampler_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -112,22 +110,31 @@ class LogitProcessing:
         return x if drop is None else x.masked_fill(drop, -math.inf)
 
 
-def first_seen(input_ids: Tensor, attention_mask: Tensor, prompt_len: int, vocab_size: int) -> Tensor:
-    """(B, V) int64: for each row and token, −1 if it is a real token of the prompt, else the first completion
-    index t at which it occurs, else a value past every index. The repetition penalty at completion index t (the
-    scores predicting token t) applies to token v exactly when ``first_seen[b, v] < t``: the prompt and the
-    completion tokens before t, as the engines count them (left padding is not a token).
+@dataclass
+class History:
+    """The tokens a repetition penalty looks at: each row's real tokens with the completion index at which they
+    appear (−1 for the prompt). At completion index t (the scores predicting token t) the penalty applies to
+    exactly the tokens with ``time < t``: the prompt and the completion so far, as the engines count them (left
+    padding is no token). Kept sparse — a row has P + C tokens, the vocabulary V ≫ that.
 
-    Shapes: input_ids, attention_mask (B, P + C); returns (B, V) on input_ids' device.
+    Shapes: ids, time (B, L) int64, L = P + C; padding has ``time`` past every index.
     """
-    B, L = input_ids.shape
-    C = L - prompt_len
-    real = attention_mask.to(input_ids.device).bool()
-    t = torch.arange(L, device=input_ids.device).expand(B, L) - prompt_len  # (B, L): prompt < 0, completion ≥ 0
-    t = torch.where(t < 0, -1, t).masked_fill(~real, C + 1)
-    out = torch.full((B, vocab_size + 1), C + 1, dtype=torch.long, device=input_ids.device)
-    ids = input_ids.masked_fill(~real, vocab_size)  # padding lands in the extra column, dropped below
-    return out.scatter_reduce(1, ids, t, reduce="amin")[:, :vocab_size]
+
+    ids: Tensor
+    time: Tensor
+
+    @classmethod
+    def of(cls, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> History:
+        B, L = input_ids.shape
+        real = attention_mask.to(input_ids.device).bool()
+        t = torch.arange(L, device=input_ids.device).expand(B, L) - prompt_len  # (B, L): prompt < 0
+        return cls(input_ids, torch.where(t < 0, -1, t).masked_fill(~real, L + 1))
+
+    def seen(self, rows: Tensor, pos: Tensor, vocab_size: int) -> Tensor:
+        """(r, V) bool: the penalised tokens of the positions (rows[i], pos[i]) — one scatter of their histories."""
+        ids, valid = self.ids[rows], self.time[rows] < pos[:, None]  # (r, L)
+        out = torch.zeros(len(rows), vocab_size + 1, dtype=torch.bool, device=ids.device)
+        return out.scatter_(1, ids.masked_fill(~valid, vocab_size), True)[:, :vocab_size]  # column V: not seen
 
 
 def _rows_logprob(z: Tensor, ids: Tensor, processing: LogitProcessing, seen: Tensor | None) -> Tensor:
@@ -146,10 +153,10 @@ def _compute(dtype: torch.dtype) -> torch.dtype:
 
 
 def sampler_logprobs(logits: Tensor, token_ids: Tensor, processing: LogitProcessing, mask: Tensor,
-                     seen_first: Tensor | None = None, chunk_rows: int = 256) -> Tensor:
+                     history: History | None = None, chunk_rows: int = 256) -> Tensor:
     """log π^s(y_t) from materialised logits (the reference path and the fallback), 0 off ``mask``.
 
-    Shapes: logits (B, T, V); token_ids, mask (B, T); seen_first (B, V) from ``first_seen`` (needed only with a
+    Shapes: logits (B, T, V); token_ids, mask (B, T); history (``History.of``; needed only with a
     repetition penalty), T = the completion positions; returns (B, T) float32 (float64 for float64 logits).
     """
     B, T, V = logits.shape
@@ -161,32 +168,7 @@ def sampler_logprobs(logits: Tensor, token_ids: Tensor, processing: LogitProcess
     parts = []
     for s in range(0, z.shape[0], chunk_rows):
         i = slice(s, s + chunk_rows)
-        seen = None if seen_first is None else seen_first[rows[i]] < pos[i, None]  # (r, V)
+        seen = None if history is None else history.seen(rows[i], pos[i], V)  # (r, V)
         parts.append(_rows_logprob(z[i].to(cdt), ids[i], processing, seen))
     lp = torch.cat(parts) if parts else z.new_zeros(0, dtype=cdt)
-    return lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)
-
-
-def linear_sampler_logprobs(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
-                            mask: Tensor, bias: Tensor | None = None, seen_first: Tensor | None = None,
-                            chunk_size: int | None = None) -> Tensor:
-    """log π^s(y_t) straight from hidden states through the LM head, chunked (``core.fused_logprobs``): the same
-    values and gradients as ``sampler_logprobs`` on ``F.linear(hidden, weight, bias)`` without (B, T, V) logits;
-    the projection runs on the ``mask`` positions only, 0 with zero gradient elsewhere.
-
-    Shapes: hidden (B, T, H); weight (V, H); bias (V,) or None; token_ids, mask (B, T); seen_first (B, V) or
-    None; returns (B, T) float32 (float64 for float64 weights).
-    """
-    B, T, H = hidden.shape
-    keep = mask.reshape(-1).to(hidden.device).nonzero().squeeze(1)  # (N,) flat positions computed
-    rows, pos = keep // T, keep % T
-    h = hidden.reshape(B * T, H).index_select(0, keep)[None]  # (1, N, H)
-    ids = token_ids.reshape(-1).to(hidden.device).long().index_select(0, keep)[None]  # (1, N)
-    cdt = _compute(weight.dtype)
-
-    def fn(z, ids_r, rows_r, pos_r):  # (r, V) raw logits and the chunk's (r,) ids / rows / positions
-        seen = None if seen_first is None else seen_first[rows_r] < pos_r[:, None]
-        return _rows_logprob(z.to(cdt), ids_r, processing, seen)
-
-    lp = linear_rowwise(fn, Projection(h, weight, bias), [ids, rows[None], pos[None]], chunk_size)[0]  # (N,)
     return lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)

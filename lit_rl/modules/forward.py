@@ -14,8 +14,9 @@ import torch
 from torch import Tensor
 
 from lit_rl.core.fused_logprobs import Projection, linear_logprobs
+from lit_rl.core.fused_sampler import linear_logprobs_and_sampler
 from lit_rl.core.logprobs import token_logprobs
-from lit_rl.core.processed import LogitProcessing, first_seen, linear_sampler_logprobs, sampler_logprobs
+from lit_rl.core.processed import History, LogitProcessing, sampler_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
@@ -191,41 +192,41 @@ class PolicyForward:
         return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked
 
     def _full_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor:
-        """``completion_logprobs`` of an existing forward ``out`` (no entropy, no gradient needed)."""
-        head = out["head"]
-        if head is None:
-            return self.completion_logprobs(micro, logits=out["logits"])
-        ids = micro.completion_ids.to(head.hidden.device)
-        return linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                               self.hparams.logprob_chunk_size, entropy=False, mask=real_completion_tokens(micro))[0]
+        """``completion_logprobs`` of an existing forward ``out``."""
+        return self.logprobs_of(micro, out, sampler=False)[0]
 
-    def sampler_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor | None:
-        """log π^s(y_t) (b, C) of forward ``out`` under the rollout sampler's processing (``core.processed``: the
-        trainer's scores truncated / penalised as the engine's were, renormalised over the kept set; differentiable),
-        0 at padding; None when the processing is inactive (π^s is then the full softmax(z / T))."""
-        proc = self.processing
-        if not proc.active:
-            return None
-        head = out["head"]
+    def logprobs_of(self, micro: Experience, out: dict[str, Any], entropy: bool = False, sampler: bool = True
+                    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """(log π(y_t), H(π)(t) or None, log π^s(y_t) or None) of forward ``out``, each (b, C), 0 at padding,
+        differentiable: the model's full softmax(z / T) log-probs (what KL terms read), its entropy (None on the
+        materialised path or without ``entropy``), and the rollout sampler's (``core.processed``: the trainer's
+        scores truncated / penalised as the engine's were, renormalised over the kept set), None while the
+        processing is inactive (π^s is then the full softmax) or without ``sampler``. Chunked through the LM head
+        in one pass when ``out["head"]`` exists (no (b, C, V) tensor; real completion tokens only)."""
+        h, head = self.hparams, out["head"]
+        proc = self.processing if sampler else LogitProcessing()
         dev = head.hidden.device if head is not None else out["logits"].device
-        mask = real_completion_tokens(micro).to(dev)
-        ids = micro.completion_ids.to(dev)
-        seen = None
-        if proc.repetition_penalty != 1:  # (b, V): which tokens the penalty applies to at each position
-            V = head.vocab_size if head is not None else out["logits"].shape[-1]
-            seen = first_seen(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.prompt_len, V)
+        mask, ids = real_completion_tokens(micro).to(dev), micro.completion_ids.to(dev)
+        hist = None  # the tokens the repetition penalty applies to at each position
+        if proc.active and proc.repetition_penalty != 1:
+            hist = History.of(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.prompt_len)
+        if head is not None and proc.active:
+            lp, ent, lps = linear_logprobs_and_sampler(head.hidden, head.weight, ids, proc, mask, head.bias, hist,
+                                                       h.logprob_chunk_size, entropy=entropy)
+            return lp, (ent if entropy else None), lps
         if head is not None:
-            return linear_sampler_logprobs(head.hidden, head.weight, ids, proc, mask, head.bias, seen,
-                                           self.hparams.logprob_chunk_size)
-        return sampler_logprobs(out["logits"], ids, proc, mask, seen)
+            lp, ent = linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
+                                      h.logprob_chunk_size, entropy=entropy, mask=mask)
+            return lp, (ent if entropy else None), None
+        logits = out["logits"]
+        lp = token_logprobs(logits, ids, h.logprob_chunk_size, self.temperature).masked_fill(~mask, 0.0)
+        return lp, None, (sampler_logprobs(logits, ids, proc, mask, hist) if proc.active else None)
 
     def old_logprobs_pair(self, micro: Experience) -> tuple[Tensor, Tensor | None]:
         """One no-grad forward's (log π^s, log π) of a micro-batch: the ratio's denominator and, when the sampling
         is processed, the full distribution's log-probs for KL-type quantities (else None: the same values)."""
-        out = self.forward_outputs(micro)
-        full = self._full_logprobs(micro, out)
-        samp = self.sampler_logprobs(micro, out)
-        return (full, None) if samp is None else (samp, full)
+        lp, _, lps = self.logprobs_of(micro, self.forward_outputs(micro))
+        return (lp, None) if lps is None else (lps, lp)
 
     @torch.no_grad()
     def kl_policy_logprobs(self, exp: Experience) -> Tensor:

@@ -16,8 +16,7 @@ import torch
 from torch import Tensor
 
 from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
-from lit_rl.core.fused_logprobs import linear_logprobs
-from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
@@ -29,7 +28,7 @@ from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
 from lit_rl.modules.config import PolicyConfig
 from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing, real_completion_tokens
+from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.optim_step import LossParts, OptimizerStep
 from lit_rl.modules.protocols import loss_term_providers
@@ -368,7 +367,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
         out = self.forward_outputs(micro, hidden=any(getattr(t, "wants_hidden", False) for t in terms),
                                    cache=any(getattr(t, "wants_cache", False) for t in terms))
-        logprobs, entropy = self._train_logprobs(micro, out)
+        # full softmax log-probs (KL terms read them) and entropy, and the sampler's log-probs (core.processed)
+        logprobs, entropy, sampled = self.logprobs_of(micro, out, entropy=True)
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits)
         fwd = LazyLogits(common, logprobs=logprobs, entropy=entropy, mask=mask, hidden=out["hidden"],
@@ -381,7 +381,6 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
                                               self.temperature)
         # the ratio and the mismatch correction compare the sampler's distribution with itself (core.processed);
         # KL terms and the entropy read the model's full softmax (``fwd["logprobs"]``)
-        sampled = self.sampler_logprobs(micro, out)
         parts, metrics = policy_objective(ObjectiveInputs(
             logprobs=logprobs if sampled is None else sampled, mask=mask, advantages=micro.advantages, num_tokens=common["num_tokens"],
             num_seqs=common["num_seqs"], horizon=common.get("horizon"), old_logprobs=micro.old_logprobs,
@@ -403,18 +402,6 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             parts = {k: v if k in alone else v * 0.0 for k, v in parts.items()}
         self._last_metrics = metrics
         return LossParts(parts, metrics, shares)
-
-    def _train_logprobs(self, micro: Experience, out: dict[str, Any]) -> tuple[Tensor, Tensor | None]:
-        """log π(y_t) (b, C) and the differentiable entropy (b, C) of the training forward ``out``; the entropy
-        is None on the materialised path. Chunked through the LM head when ``out["head"]`` exists: no (b, C, V)
-        tensor in forward or backward, and the head runs on real completion tokens only. Log-probs are 0 at padding
-        on both paths."""
-        h, head = self.hparams, out["head"]
-        if head is not None:
-            return linear_logprobs(head.hidden, head.weight, micro.completion_ids.to(head.hidden.device), head.bias,
-                                   self.temperature, h.logprob_chunk_size, mask=real_completion_tokens(micro))
-        lp = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
-        return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0), None  # 0 at padding, as chunked
 
     def extra_loss_terms(self, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
         """Subclass hook: more loss terms from this micro-batch's forward (``fwd`` as a LossTerm sees it),

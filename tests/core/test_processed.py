@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from lit_rl.core.processed import LogitProcessing, first_seen, linear_sampler_logprobs, sampler_logprobs
+from lit_rl.core.fused_sampler import linear_sampler_logprobs
+from lit_rl.core.processed import History, LogitProcessing, sampler_logprobs
 from lit_rl.rollout.sampling import SamplingConfig
 
 SETTINGS = {
@@ -60,14 +61,14 @@ def _batch(seed=0, B=3, P=4, C=5, V=11, H=6):
     return ids, att, P, hidden, weight, bias
 
 
-def test_first_seen_by_hand():
+def test_history_seen_by_hand():
     ids = torch.tensor([[9, 1, 2, 3, 2, 4, 0]])  # P = 3: prompt (pad 9), 1, 2 | completion 3, 2, 4, 0
     att = torch.tensor([[0, 1, 1, 1, 1, 1, 1]])
-    fs = first_seen(ids, att, 3, 10)
-    # completion indices: token 3 at 0, token 2 at 1 (but in the prompt: -1), token 4 at 2, token 0 at 3
-    expect = torch.full((1, 10), 5)
-    expect[0, 1], expect[0, 2], expect[0, 3], expect[0, 4], expect[0, 0] = -1, -1, 0, 2, 3
-    assert torch.equal(fs, expect)  # 9 is padding: never seen (5 = past every index)
+    hist = History.of(ids, att, 3)
+    seen = hist.seen(torch.tensor([0, 0, 0, 0]), torch.tensor([0, 1, 2, 3]), 10)  # (4, V) at t = 0..3
+    expect = {0: {1, 2}, 1: {1, 2, 3}, 2: {1, 2, 3}, 3: {1, 2, 3, 4}}  # 9 is padding: never seen
+    for t, toks in expect.items():
+        assert set(seen[t].nonzero()[:, 0].tolist()) == toks, t
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -77,7 +78,7 @@ def test_sampler_logprobs_match_the_step_by_step_reference(name):
     logits = hidden @ weight.T + bias  # (B, C, V)
     comp = ids[:, P:]
     mask = att[:, P:].bool()
-    fs = first_seen(ids, att, P, weight.shape[0]) if pr.repetition_penalty != 1 else None
+    fs = History.of(ids, att, P) if pr.repetition_penalty != 1 else None
     got = sampler_logprobs(logits, comp, pr, mask, fs, chunk_rows=4)
     changed = 0
     for b in range(ids.shape[0]):
@@ -99,7 +100,7 @@ def test_fused_equals_materialised_values_and_gradients(name):
     pr = SETTINGS[name]
     ids, att, P, hidden, weight, bias = _batch(seed=1)
     comp, mask = ids[:, P:], att[:, P:].bool()
-    fs = first_seen(ids, att, P, weight.shape[0]) if pr.repetition_penalty != 1 else None
+    fs = History.of(ids, att, P) if pr.repetition_penalty != 1 else None
     g = torch.randn(comp.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     outs = []
     for fused in (False, True):
@@ -146,3 +147,62 @@ def test_active_only_when_the_distribution_changes():
     sp = SamplingConfig(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1, repetition_penalty=1.2)
     assert sp.processing == LogitProcessing(0.7, 0.9, 5, 0.1, 1.2)
     assert sp.processed
+
+
+@pytest.mark.parametrize("spread", [0.05, 4.0])  # near-uniform: top-p sorts whole rows; peaked: 256 candidates
+def test_fused_top_p_on_a_wide_vocabulary(spread):
+    """V = 600 > the 256 candidates the fused top-p reads first: a flat row (the candidates hold < p of the mass)
+    takes the full sort, a peaked one does not; both give the materialised values and gradients."""
+    pr = LogitProcessing(temperature=1.0, top_p=0.9)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(2, 4, 8, generator=g, dtype=torch.float64)
+    weight = torch.randn(600, 8, generator=g, dtype=torch.float64) * spread
+    ids = torch.randint(0, 600, (2, 4), generator=g)
+    mask = torch.ones(2, 4, dtype=torch.bool)
+    outs = []
+    for fused in (False, True):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        lp = linear_sampler_logprobs(h, w, ids, pr, mask, chunk_size=3) if fused else sampler_logprobs(h @ w.T, ids, pr,
+                                                                                                        mask)
+        lp.sum().backward()
+        outs.append((lp.detach(), h.grad, w.grad))
+    for a, c in zip(*outs):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-12)
+    logp = torch.log_softmax(hidden @ weight.T, -1)
+    plain = logp.gather(-1, ids[..., None])[..., 0]
+    assert float((outs[0][0] - plain).abs().mean()) > 1e-3  # top-p removed mass
+    top256 = logp.exp().topk(256, -1).values.sum(-1)  # which path the fused top-p took
+    assert bool((top256 < 0.9).all()) if spread < 1 else bool((top256 > 0.9).all())
+
+
+@pytest.mark.parametrize("name", ["top_k", "all", "greedy_penalty"])
+def test_one_pass_gives_the_full_logprobs_entropy_and_sampler_with_their_gradients(name):
+    """``linear_logprobs_and_sampler``: its first two outputs equal ``linear_logprobs`` (the model's full softmax and
+    entropy), its third ``sampler_logprobs``; a loss through all three gets the sum of the three gradients."""
+    from lit_rl.core.fused_logprobs import linear_logprobs
+    from lit_rl.core.fused_sampler import linear_logprobs_and_sampler
+    from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
+
+    pr = SETTINGS[name]
+    ids, att, P, hidden, weight, bias = _batch(seed=2)
+    comp, mask = ids[:, P:], att[:, P:].bool()
+    hist = History.of(ids, att, P) if pr.repetition_penalty != 1 else None
+    gen = torch.Generator().manual_seed(4)
+    c1, c2, c3 = (torch.randn(comp.shape, dtype=torch.float64, generator=gen) for _ in range(3))
+    outs = []
+    for fused in (False, True):
+        h, w, b = (x.clone().requires_grad_(True) for x in (hidden, weight, bias))
+        if fused:
+            lp, ent, lps = linear_logprobs_and_sampler(h, w, comp, pr, mask, b, hist, chunk_size=3)
+        else:
+            z = h @ w.T + b
+            t = pr.logprob_temperature
+            lp = token_logprobs(z, comp, temperature=t).masked_fill(~mask, 0)
+            ent = entropy_from_logits(z, temperature=t).masked_fill(~mask, 0)
+            lps = sampler_logprobs(z, comp, pr, mask, hist)
+        ((lp * c1).sum() + (ent * c2).sum() + (lps * c3).sum()).backward()
+        outs.append((lp.detach(), ent.detach(), lps.detach(), h.grad, w.grad, b.grad))
+    for a, c in zip(*outs):
+        torch.testing.assert_close(a, c, rtol=0, atol=1e-11)
+    base = linear_logprobs(hidden, weight, comp, bias, pr.logprob_temperature, mask=mask)
+    torch.testing.assert_close(outs[1][0], base[0], rtol=0, atol=1e-12)

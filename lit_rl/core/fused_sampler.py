@@ -1,0 +1,202 @@
+"""The model's log-probs, its entropy and the sampler's log-probs π^s (``core.processed``) in ONE chunked pass
+through the LM head: each chunk's logits are computed once in forward and once in backward, as for
+``core.fused_logprobs.linear_logprobs`` alone, and π^s costs only a few more V-wide elementwise passes.
+
+Per chunk (raw logits z (r, V), temperature T > 0, shifted scores y = z/T − m with m = max z/T):
+
+* full:    e = exp(y), S = Σ e;  log π(a) = y_a − log S;  H = log S − Σ e·y / S.
+* sampler: x = the penalised scores in the same shift (= y where no repetition penalty applies); the kept set
+  K = {x ≥ τ} ∪ {a} with τ one threshold per row (``_threshold``); log π^s(a) = x_a − log Σ_K exp(x). Without a
+  penalty exp(x) = e already, so π^s needs a compare and a masked sum, no new exp.
+* backward, w.r.t. z/T then divided by T: g_lp (onehot − π) − g_H π (log π + H) + g_s (onehot − π^s) ⊙ f, where
+  f = d x / d(z/T) is 1/ρ or ρ on penalised tokens (by the sign of z, which z/T keeps) and 1 elsewhere, and
+  π^s = π · S / S_K on K (0 off K) without a penalty.
+
+The forward keeps per row (N,) only max z/T, log S, H, τ and log S_K (τ and the masses in the shifted
+coordinates: the backward recomputes y with the same operations, bit for bit, and rebuilds K from τ with no
+second sort; an unshifted τ + max could round the boundary token out of K).
+Greedy (temperature 0): T = 1 and nothing is removed, only the penalty applies.
+
+Shapes: N selected positions, H hidden size, V vocabulary, r rows per chunk.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from lit_rl.core.fused_logprobs import _backprop_chunk, _chunk_logits, _finish, _new_grads, linear_chunk_rows
+from lit_rl.core.processed import History, LogitProcessing
+
+__all__ = ["linear_logprobs_and_sampler", "linear_sampler_logprobs"]
+
+TOP_P_CANDIDATES = 256  # top-p reads this many largest scores first (module doc of _threshold)
+
+
+def _threshold(x: Tensor, pr: LogitProcessing, ex: Tensor) -> Tensor:
+    """(r,) the kept set of scores x (r, V) as a threshold: K = {v : x_v >= τ} (−inf = nothing removed); ``ex`` =
+    exp(x) (x is shifted so that it does not overflow).
+
+    Every rule keeps the top of the score order, so a threshold describes K exactly (up to exact ties at the
+    boundary) and the backward rebuilds K from one number per row instead of a second sort: min-p keeps
+    x_v >= max x + log(min_p); top-k keeps x_v >= the k-th largest; top-p keeps a token while the mass of the
+    more likely kept tokens is < p (vLLM's "ascending cumulative mass <= 1 − p is removed", read from the top).
+    top-p looks at the TOP_P_CANDIDATES (or top-k) largest scores and sorts a whole row only where they hold < p
+    of the mass (a near-uniform row): a full sort of the vocabulary per position is the expensive part."""
+    x = x.detach()
+    tau = torch.full(x.shape[:1], -math.inf, dtype=x.dtype, device=x.device)
+    if pr.greedy:
+        return tau
+    if pr.min_p > 0:
+        tau = x.amax(-1) + math.log(pr.min_p)
+    if 0 < pr.top_k < x.shape[-1]:
+        tau = torch.maximum(tau, x.topk(pr.top_k, dim=-1).values[:, -1])
+    if pr.top_p < 1:
+        log_mass = torch.log((ex * (x >= tau[:, None])).sum(-1, keepdim=True))  # (r, 1) of the set left so far
+        k0 = min(x.shape[-1], pr.top_k if pr.top_k > 0 else TOP_P_CANDIDATES)
+        vals = x.topk(k0, dim=-1).values  # (r, k0) descending
+        short = torch.exp(vals - log_mass).sum(-1) < pr.top_p  # candidates hold too little: sort the whole row
+        if bool(short.any()):
+            vals = torch.cat([vals, vals.new_full((x.shape[0], x.shape[1] - k0), -math.inf)], -1)
+            vals[short] = x[short].sort(-1, descending=True).values
+        vals = torch.where(vals >= tau[:, None], vals, -math.inf)  # only what min-p / top-k kept
+        mass = torch.exp(vals - log_mass).cumsum(-1)  # (r, k): mass of the i+1 most likely
+        before = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], -1)  # mass strictly above token i
+        m = (before < pr.top_p).sum(-1).clamp(min=1)  # kept count (the top token always stays)
+        tau = torch.maximum(tau, vals.gather(-1, (m - 1)[:, None]).squeeze(-1))
+    return tau
+
+
+def _shifted(h: Tensor, weight: Tensor, bias: Tensor | None, cdt: torch.dtype, buf: Tensor, t: float,
+             m: Tensor | None, clamp: bool, out_max: Tensor | None = None) -> Tensor:
+    """(r, V) y = z/T − max z/T of one chunk, in ``buf`` (``m`` given: subtract it, the forward's, so the backward
+    recomputes the same bits; else the row max is taken and written to ``out_max``)."""
+    y = _chunk_logits(h, weight, bias, cdt, buf)
+    if t != 1.0:
+        y.div_(t)
+    if m is None:
+        m = y.amax(-1, keepdim=True)
+        if out_max is not None:
+            out_max.copy_(m.squeeze(-1))
+    y.sub_(m)
+    if clamp:  # masked vocabulary (a −inf bias): e·y = 0, not 0·(−inf)
+        y.clamp_min_(torch.finfo(cdt).min)
+    return y
+
+
+def _penalised(y: Tensor, m: Tensor, seen: Tensor, rho: float) -> Tensor:
+    """The penalty in shifted coordinates: y = z/T − m; penalised z/T is (z/T)/ρ when positive, (z/T)·ρ else."""
+    s = y + m  # (r, V) z/T
+    return torch.where(seen, torch.where(s > 0, s / rho, s * rho) - m, y)
+
+
+class _LinearLogprobsSampler(torch.autograd.Function):
+    """(log π(y), H, log π^s(y)) per selected position; see the module doc for the formulas."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, rows_idx, pos, pr, hist, rows, with_entropy):
+        ctx.set_materialize_grads(False)
+        N, V = hidden.shape[0], weight.shape[0]
+        cdt = torch.float64 if weight.dtype == torch.float64 else torch.float32
+        t = pr.logprob_temperature
+        lp, ent, lps, mx, log_s, tau, log_sk = (torch.zeros(N, dtype=cdt, device=hidden.device) for _ in range(7))
+        buf = torch.empty((min(rows, N), V), dtype=cdt, device=hidden.device)
+        clamp = bias is not None and not bool(torch.isfinite(bias).all())
+        for s in range(0, N, rows):
+            j, a = slice(s, s + rows), ids[s: s + rows, None]
+            y = _shifted(hidden[j], weight, bias, cdt, buf, t, None, clamp, mx[j])  # (r, V) z/T − max
+            e = torch.exp(y)
+            S = e.sum(-1)
+            log_s[j] = S.log()
+            lp[j] = y.gather(-1, a).squeeze(-1) - log_s[j]
+            if with_entropy:
+                ent[j] = log_s[j] - (e * y).sum(-1) / S
+            x, ex = y, e
+            if pr.repetition_penalty != 1:
+                x = _penalised(y, mx[j, None], hist.seen(rows_idx[j], pos[j], V), pr.repetition_penalty)
+                ex = torch.exp(x)
+            # the kept set and its mass in the shifted coordinates: the backward recomputes y bit for bit, so the
+            # boundary token compares the same way (an unshifted τ + m would round it out of K)
+            tau[j] = _threshold(x, pr, ex)
+            keep = (x >= tau[j, None]).scatter_(-1, a, True)
+            log_sk[j] = torch.log((ex * keep).sum(-1))
+            lps[j] = x.gather(-1, a).squeeze(-1) - log_sk[j]
+        ctx.save_for_backward(hidden, weight, bias, ids, rows_idx, pos, mx, log_s, ent, tau, log_sk)
+        ctx.pr, ctx.hist, ctx.rows, ctx.with_entropy, ctx.clamp = pr, hist, rows, with_entropy, clamp
+        return lp, ent, lps
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g_lp, g_ent, g_s):
+        hidden, weight, bias, ids, rows_idx, pos, mx, log_s, ent, tau, log_sk = ctx.saved_tensors
+        pr, hist, N, V = ctx.pr, ctx.hist, hidden.shape[0], weight.shape[0]
+        cdt, t = mx.dtype, pr.logprob_temperature
+        grads = _new_grads(ctx, hidden[None], weight, bias)
+        zero = torch.zeros(N, dtype=cdt, device=hidden.device)
+        g_lp = zero if g_lp is None else g_lp.to(cdt)
+        g_ent = zero if (g_ent is None or not ctx.with_entropy) else g_ent.to(cdt)
+        g_s = zero if g_s is None else g_s.to(cdt)
+        buf = torch.empty((min(ctx.rows, N), V), dtype=cdt, device=hidden.device)
+        for s in range(0, N, ctx.rows):
+            j, a = slice(s, s + ctx.rows), ids[s: s + ctx.rows, None]
+            y = _shifted(hidden[j], weight, bias, cdt, buf, t, mx[j, None], ctx.clamp)  # as in forward
+            logp = y - log_s[j, None]
+            p = torch.exp(logp)
+            # full: g_lp (onehot − p) − g_H p (log p + H), w.r.t. z/T
+            gz = p * (-g_lp[j, None] - g_ent[j, None] * (logp + ent[j, None]))
+            gz.scatter_add_(-1, a, g_lp[j, None])
+            seen = None
+            if pr.repetition_penalty != 1:
+                seen = hist.seen(rows_idx[j], pos[j], V)
+                x = _penalised(y, mx[j, None], seen, pr.repetition_penalty)
+                keep = (x >= tau[j, None]).scatter_(-1, a, True)
+                ps = torch.exp(x - log_sk[j, None]).masked_fill_(~keep, 0.0)
+            else:  # π^s = π · S / S_K on K: no exp
+                keep = (y >= tau[j, None]).scatter_(-1, a, True)
+                ps = (p * torch.exp(log_s[j] - log_sk[j])[:, None]).masked_fill_(~keep, 0.0)
+            gs = ps.mul_(-g_s[j, None]).scatter_add_(-1, a, g_s[j, None])  # g_s (onehot − π^s), w.r.t. x
+            if seen is not None:  # d x / d(z/T): the penalty's factor on seen tokens (sign of z/T = y + max)
+                one = torch.ones((), dtype=cdt, device=y.device)
+                rho = pr.repetition_penalty
+                gs.mul_(torch.where(seen, torch.where(y + mx[j, None] > 0, one / rho, one * rho), one))
+            gz.add_(gs)
+            if t != 1.0:
+                gz.div_(t)
+            _backprop_chunk(gz, hidden[j], weight, grads, j)
+        gh, gw, gb = _finish(grads, hidden[None].shape, weight, bias)
+        return (None if gh is None else gh[0]), gw, gb, None, None, None, None, None, None, None
+
+
+def linear_logprobs_and_sampler(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
+                                mask: Tensor, bias: Tensor | None = None, history: History | None = None,
+                                chunk_size: int | None = None, entropy: bool = True
+                                ) -> tuple[Tensor, Tensor, Tensor]:
+    """(log π(y_t), H(π)(t), log π^s(y_t)) from hidden states through the LM head in one chunked pass: the model's
+    full softmax(z / T) log-probs and entropy (what ``core.fused_logprobs.linear_logprobs`` returns) and the
+    sampler's (``core.processed``), all differentiable, without (B, T, V) logits. The projection runs on the
+    ``mask`` positions only; the others are 0 with zero gradient.
+
+    Shapes: hidden (B, T, H); weight (V, H); bias (V,) or None; token_ids, mask (B, T); history
+    (``processed.History.of``; needed only with a repetition penalty); returns three (B, T) float32 (float64 for
+    float64 weights). ``entropy=False``: the second output is zeros.
+    """
+    if processing.repetition_penalty != 1 and history is None:
+        raise ValueError("linear_logprobs_and_sampler: repetition_penalty needs the token history (History.of)")
+    B, T, H = hidden.shape
+    keep = mask.reshape(-1).to(hidden.device).nonzero().squeeze(1)  # (N,) flat positions computed
+    rows, pos = keep // T, keep % T
+    h = hidden.reshape(B * T, H).index_select(0, keep)  # (N, H)
+    ids = token_ids.reshape(-1).to(hidden.device).long().index_select(0, keep)  # (N,)
+    outs = _LinearLogprobsSampler.apply(h, weight, bias, ids, rows, pos, processing, history,
+                                        linear_chunk_rows(weight.shape[0], chunk_size), entropy)
+    return tuple(o.new_zeros(B * T).index_copy(0, keep, o).view(B, T) for o in outs)
+
+
+def linear_sampler_logprobs(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
+                            mask: Tensor, bias: Tensor | None = None, history: History | None = None,
+                            chunk_size: int | None = None) -> Tensor:
+    """log π^s(y_t) (B, T) alone (``linear_logprobs_and_sampler``'s third output)."""
+    return linear_logprobs_and_sampler(hidden, weight, token_ids, processing, mask, bias, history, chunk_size,
+                                       entropy=False)[2]
