@@ -1,0 +1,156 @@
+"""Device placement of every pass that runs a model, tested without a GPU (issue 36).
+
+The real loop hands the Experience to the no-grad passes (old log-probs, reference log-probs, critic values,
+teacher log-probs) as the rollout left it, on the CPU, while the models sit on the accelerator; only
+``training_step`` moves it (``exp.to(self.device)``). A forward that moves one input and not another works on
+a CPU-only machine and crashes on the first GPU iteration ("Expected all tensors to be on the same device"):
+``padding_free`` did, packing a device ``input_ids`` with a CPU ``attention_mask``.
+
+``tests/_fake_device.py`` is the stand-in accelerator: tensors on ``fakegpu:0`` that compute with the CPU's
+kernels and raise CUDA's error when an op mixes them with (non-scalar) CPU tensors. Each case below runs the
+passes with the model on that device and the Experience on the CPU, then one optimizer step's micro-batch losses
+and gradients with the Experience moved, and compares every result with the same passes run all on the CPU.
+The same body runs on real CUDA when there is one (``@pytest.mark.gpu``), to a float32 tolerance there.
+
+Covered: ``PolicyModule.on_experience`` (old log-probs, ``ppo_epochs: 2``; the critic's values, regression and
+yes/no token heads), ``ReferenceKL`` (``reference_logprobs`` and its ``loss`` term), ``TeacherRouter``
+(``on_experience``, a same-tokenizer in-memory teacher), ``_micro_loss`` + backward after ``exp.to(device)``;
+with and without ``padding_free``, ``share_prompt_forward`` on and off, fixed and token-budget micro-batches.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lit_rl.callbacks.reference_kl import ReferenceKL
+from lit_rl.callbacks.teachers import Teacher, TeacherRouter
+from lit_rl.modules import PolicyModule
+from lit_rl.modules.critic import CriticModule
+from tests._fake_device import FakeDeviceTensor, fake_device
+from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
+
+REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
+
+
+def _module(path, settings: dict) -> PolicyModule:
+    head = settings.get("critic", "regression")
+    critic = CriticModule(head="token", yes_token="Y", no_token="N") if head == "token" else CriticModule()
+    m = PolicyModule(model=str(path), critic=critic, advantage="gae", lam=0.95, ppo_epochs=2,
+                     optimizer=functools.partial(torch.optim.SGD, lr=0.0), micro_batch_size=4,
+                     padding_free=settings["padding_free"], share_prompt_forward=settings["share"],
+                     micro_batch_tokens=settings.get("micro_batch_tokens"))
+    if head == "regression":  # the head starts at zero (V = 0 whatever the forward): give it weights to read
+        with torch.no_grad():
+            m.critic.head.weight.copy_(torch.linspace(-0.2, 0.2, m.critic.head.weight.numel()).view_as(
+                m.critic.head.weight))
+    return m
+
+
+def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torch.Tensor]:
+    """Every pass of one iteration with the policy (and reference, teacher) on ``device`` (None: the CPU) and the
+    Experience on the CPU until the update; the results as CPU tensors."""
+    m = _module(path, settings)
+    kl = ReferenceKL(kind="k3", where="loss", beta=0.1)
+    kl.build_reference(m)  # as at ``setup``: copied before the strategy moves the policy
+    router = TeacherRouter({"default": Teacher(model=copy.deepcopy(m.model))})
+    m._trainer = SimpleNamespace(callbacks=[kl, router], world_size=1)  # what _micro_loss and the hooks read
+    exp = _experience(PROMPTS, COMPLETIONS)
+    exp.rewards = torch.tensor(REWARDS)
+    if device is not None:
+        m.to(device)  # the policy, its critic head; the reference and teacher follow it when first used
+    exp.old_logprobs = None
+    m.on_experience(m._trainer, m, exp)  # old log-probs (ppo_epochs 2) and the critic's values
+    kl.on_experience(m._trainer, m, exp)  # reference log-probs
+    router.on_experience(m._trainer, m, exp)  # teacher log-probs
+    m.compute_advantages(exp)
+    out = {"old_logprobs": exp.old_logprobs, "values": exp.values, "ref_logprobs": exp.ref_logprobs,
+           "teacher_logprobs": exp.teacher_logprobs}
+    assert all(t.device.type == "cpu" for t in out.values())  # the Experience stays where the loop keeps it
+    mb = exp.to(m.device).trim()  # training_step's move, then OptimizerStep's minibatch
+    common = m._denominators(mb)
+    losses = []
+    for micro in m.train_micro_batches(mb):
+        parts = m._micro_loss(micro, common)
+        loss = sum(parts.values())
+        loss.backward()
+        losses.append(loss.detach())
+    out["losses"] = torch.stack(losses)
+    for name in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight"):
+        out["grad:" + name] = m.model.get_parameter(name).grad
+    if settings.get("critic", "regression") == "regression":
+        out["grad:critic.head.weight"] = m.critic.head.weight.grad
+    assert all(v.device == m.device for k, v in out.items() if k == "losses" or k.startswith("grad:"))
+    return {k: v.detach().cpu() for k, v in out.items()}
+
+
+CASES = [
+    {"padding_free": True, "share": True},
+    {"padding_free": True, "share": False, "micro_batch_tokens": 40},
+    {"padding_free": True, "share": True, "micro_batch_tokens": 40, "critic": "token"},
+    {"padding_free": False, "share": True},
+    {"padding_free": False, "share": False, "micro_batch_tokens": 40, "critic": "token"},
+]
+
+
+def _case_id(s: dict) -> str:
+    return "-".join([("packed" if s["padding_free"] else "padded"), ("shared" if s["share"] else "plain"),
+                     f"mbt{s.get('micro_batch_tokens')}", s.get("critic", "regression")])
+
+
+def _check_same(got: dict, want: dict, **tol) -> None:
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].shape == want[k].shape, k
+        torch.testing.assert_close(got[k], want[k], msg=k, **tol)
+    assert float(want["old_logprobs"].abs().sum()) > 0 and float(want["values"].abs().sum()) > 0
+
+
+@pytest.mark.parametrize("settings", CASES, ids=_case_id)
+def test_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, settings):
+    """Model on the stand-in device, Experience on the CPU: every pass runs, and gives the CPU's numbers (the
+    same kernels run; the stand-in sees composite ops decomposed, so rounding may differ at 1e-7)."""
+    want = _passes(tiny_model_dir, settings, None)
+    with fake_device() as dev:
+        got = _passes(tiny_model_dir, settings, dev)
+    _check_same(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("settings", CASES, ids=_case_id)
+def test_passes_on_cuda_equal_the_cpu(tiny_model_dir, settings):
+    """The same body on a real GPU (CUDA kernels: float32 rounding differs from the CPU's, TF32 off)."""
+    want = _passes(tiny_model_dir, settings, None)
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+    try:
+        got = _passes(tiny_model_dir, settings, torch.device("cuda", 0))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    _check_same(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_stand_in_fails_like_cuda():
+    """The stand-in's own contract: the errors CUDA raises, and what CUDA allows (so it cannot false-alarm)."""
+    with fake_device() as dev:
+        a = torch.arange(6.0).view(2, 3).to(dev)
+        assert isinstance(a, FakeDeviceTensor) and a.device == dev and not a.is_cpu
+        for bad in (lambda: a + torch.ones(2, 3), lambda: torch.cat([a, torch.ones(2, 3)]),
+                    lambda: torch.ones(2, 3).masked_fill(a > 2, 0.0), lambda: torch.ones(3)[a[0].long()]):
+            with pytest.raises(RuntimeError, match="same device|indices should be"):
+                bad()
+        # allowed as on CUDA: a 0-dim CPU operand, CPU indices and masks, copies, host reads
+        assert (a * torch.tensor(2.0)).cpu().tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+        assert a[torch.tensor([True, False])].device == dev and a[torch.tensor([1])].tolist() == [[3.0, 4.0, 5.0]]
+        a[torch.tensor([0])] = 7.0
+        b = torch.zeros(2, 3, device=dev).copy_(torch.ones(2, 3))
+        assert a.sum().item() == 33.0 and b.sum().item() == 6.0 and torch.tensor([1, 2], device=dev).device == dev
+        assert a.nonzero().shape == (6, 2) and bool((a > 0).any())
+        with pytest.raises(TypeError, match="numpy"):
+            a.numpy()
+        lin = torch.nn.Linear(3, 2).to(dev)
+        assert isinstance(lin.weight, torch.nn.Parameter) and lin.weight.device == dev
+        lin(a).sum().backward()
+        assert lin.weight.grad.device == dev
