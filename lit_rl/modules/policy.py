@@ -231,7 +231,10 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         ``on_experience`` (a critic's values)."""
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
-            chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+            # on the Experience's device (the CPU here, before training_step moves it), like every other field:
+            # a field left on the model's device breaks the next select (index_select with a CPU index)
+            chunks = [self.completion_logprobs(m).to(exp.input_ids.device)
+                      for m in exp.micro_batches(self.hparams.micro_batch_size)]
             exp.old_logprobs = store_dtype(torch.cat(chunks))
             self._old_logprob_s = time.perf_counter() - t0
         for term in self.loss_modules:
