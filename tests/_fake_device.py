@@ -6,30 +6,34 @@ forward's attention mask) runs fine on a CPU-only machine, where everything is o
 first GPU iteration. This module makes that crash reproducible on the CPU.
 
 How: ``FakeDeviceTensor`` is a wrapper tensor subclass (``torch.Tensor._make_wrapper_subclass``) whose device is
-the renamed PrivateUse1 backend (``torch.utils.rename_privateuse1_backend("fakegpu")``: ``torch.device("fakegpu")``
-parses, ``tensor.device.type == "fakegpu"``, ``is_cpu`` is False) and which holds an ordinary CPU tensor. Every
-aten op with a fake operand, or with ``device=fakegpu`` (factories, ``.to(fake)``), goes through ``_dispatch``:
-it checks the operands' devices with CUDA's rule, unwraps, runs the real CPU kernel and wraps the results again.
-Inside ``fake_device()`` (a ``TorchDispatchMode``) plain CPU tensors and factories are seen too, so
-``torch.zeros(3, device="fakegpu")``, ``cpu_tensor.to("fakegpu")`` and ``model.to("fakegpu")`` work (parameters
-become ``FakeDeviceTensor``s, still ``nn.Parameter``s to ``isinstance``).
+PrivateUse1 renamed ``fakegpu`` (``torch.device("fakegpu")`` parses, ``tensor.device.type == "fakegpu"``,
+``is_cpu`` is False; a Python device guard is registered because C++ code such as advanced indexing takes one)
+and which holds an ordinary CPU tensor. Every aten op with a fake operand, or with ``device=fakegpu``
+(factories, ``.to(fake)``), goes through ``_dispatch``: it checks the operands' devices with CUDA's rule,
+unwraps, runs the real CPU kernel and wraps the results. Inside ``fake_device()`` (a ``TorchDispatchMode``, plus
+a ``TorchFunctionMode`` for ``torch.tensor(data, device=...)``, which bypasses dispatch modes) plain CPU tensors
+and factories are seen too, so ``torch.zeros(3, device="fakegpu")``, ``cpu_tensor.to("fakegpu")`` and
+``model.to("fakegpu")`` work. Parameters become ``FakeDeviceTensor``s (still ``nn.Parameter`` to ``isinstance``),
+swapped in place, so tied weights stay tied; autograd runs above the wrapper, gradients land on the device.
 
 The device rule, as CUDA applies it:
   * all tensor operands on the same device; a 0-dim CPU tensor is allowed next to device tensors (a "CPU
     scalar", as TensorIterator allows), a 0-dim *device* tensor next to CPU tensors is not;
   * cross-device by design: ``copy_`` and ``_to_copy`` (``.to``, ``.cpu()``), and CPU *indices* of an indexing op
     (``x[cpu_idx]``, ``x[cpu_mask] = v``: CUDA moves them), while a device index into a CPU tensor is an error;
+    ``index_select`` is no indexing op here (CUDA wants its index on the device too);
   * ``.item()``, ``.tolist()``, ``bool(t)`` read the value (CUDA synchronises); ``.numpy()`` raises as on CUDA.
 
 Why not the meta device: meta tensors have no values, so ``nonzero``, ``unique``, boolean indexing, ``.item()``
 and ``.tolist()`` (all used by packing, the shared-prompt pass and the chunked LM head) cannot run, and a model
-on meta cannot produce log-probs to compare. Here every kernel is the CPU's, so results equal a plain CPU run
-exactly (same kernels, same order), and a test can assert that.
+on meta cannot produce log-probs to compare. Here the kernels are the CPU's, so a test can compare with a plain
+CPU run: forwards bit for bit with eager attention; SDPA chooses its kernel by device type (the math path here,
+a fused kernel on the CPU) and a few backward kernels differ in the last bit, so those agree to ~5e-7 (float32).
 
-What it does not model: the CUDA kernels themselves (numerics, SDPA backends chosen by device, TF32), streams
-and asynchrony, memory, and code that branches on ``device.type == "cuda"`` (it sees ``"fakegpu"``). Ops that
-CUDA accepts with a 0-dim CPU operand only in some positions are accepted here in all (a missed error, never a
-false alarm). Autocast on ``fakegpu`` is a no-op.
+What it does not model: the CUDA kernels themselves (numerics, SDPA backends, TF32), streams and asynchrony,
+memory, and code that branches on ``device.type == "cuda"`` (it sees ``"fakegpu"``). Ops that CUDA accepts with
+a 0-dim CPU operand only in some positions are accepted here in all (a missed error, never a false alarm).
+Autocast on ``fakegpu`` is a no-op. Once imported, the process's PrivateUse1 backend is ``fakegpu`` for good.
 """
 from __future__ import annotations
 
@@ -93,6 +97,16 @@ class FakeDeviceTensor(torch.Tensor):
                                                 layout=inner.layout, device=FAKE, requires_grad=requires_grad)
         t.inner = inner
         return t
+
+    # A traceable wrapper: ``nn.Module._apply`` (``model.to(fake)``) then swaps each parameter's contents in place
+    # (``torch.utils.swap_tensors``) instead of replacing the Parameter object, so tied weights (an LM head sharing
+    # the embedding) stay one tensor, as ``param.data = ...`` keeps them on CUDA.
+    def __tensor_flatten__(self):
+        return ["inner"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors, meta, outer_size, outer_stride):
+        return FakeDeviceTensor(inner_tensors["inner"])
 
     def __repr__(self, *, tensor_contents=None):
         return f"FakeDeviceTensor({self.inner!r}, device='{FAKE}')"
