@@ -141,6 +141,46 @@ def test_passes_on_cuda_equal_the_cpu(tiny_model_dir, settings):
     _check_same(got, want, rtol=1e-4, atol=1e-5)
 
 
+def _distill_passes(path, padding_free: bool, device: torch.device | None) -> dict[str, torch.Tensor]:
+    """DistillModule's passes: the teacher's log-probs and top-k (``TeacherRouter.on_experience``), the student's
+    on-policy log-probs for the OPD advantages (one epoch: no old log-probs, no rollout log-probs), then the
+    loss with full-vocabulary terms (the teacher's forward on the training micro-batch)."""
+    from lit_rl.modules.distill import DistillModule
+
+    m = DistillModule(model=str(path), losses={"reverse_kl_sampled": 1.0, "topk_reverse_kl": 0.5, "forward_kl": 0.5},
+                      topk=4, padding_free=padding_free, optimizer=functools.partial(torch.optim.SGD, lr=0.0))
+    teacher = copy.deepcopy(m.model)
+    with torch.no_grad():  # a teacher that differs from the student: every term is non-zero
+        teacher.get_input_embeddings().weight.mul_(1.5)
+    router = TeacherRouter({"default": Teacher(model=teacher)})
+    m._trainer = SimpleNamespace(callbacks=[router], world_size=1)
+    m.teacher_router = router  # TeacherRouter.setup's wiring
+    exp = _experience(PROMPTS, COMPLETIONS)
+    if device is not None:
+        m.to(device)
+    router.on_experience(m._trainer, m, exp)
+    m.compute_advantages(exp)
+    out = {"teacher_logprobs": exp.teacher_logprobs, "opd_advantages": exp.extras["opd_advantages"],
+           "teacher_topk_logprobs": exp.extras["teacher_topk_logprobs"]}
+    mb = exp.to(m.device).trim()
+    common = m._denominators(mb)
+    loss = sum(sum(m._micro_loss(micro, common).values()) for micro in m.train_micro_batches(mb))
+    loss.backward()
+    out["loss"] = loss
+    out["grad:embed"] = m.model.get_input_embeddings().weight.grad
+    return {k: v.detach().cpu() for k, v in out.items()}
+
+
+@pytest.mark.parametrize("padding_free", [True, False], ids=["packed", "padded"])
+def test_distill_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, padding_free):
+    want = _distill_passes(tiny_model_dir, padding_free, None)
+    with fake_device() as dev:
+        got = _distill_passes(tiny_model_dir, padding_free, dev)
+    assert set(got) == set(want) and float(want["opd_advantages"].abs().sum()) > 0
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], msg=k, rtol=1e-6, atol=1e-6)
+
+
 def test_stand_in_fails_like_cuda():
     """The stand-in's own contract: the errors CUDA raises, and what CUDA allows (so it cannot false-alarm)."""
     with fake_device() as dev:
