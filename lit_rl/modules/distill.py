@@ -107,8 +107,8 @@ class DistillModule(PolicyModule):
                 raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
             pol = exp.old_logprobs if exp.old_logprobs is not None else exp.rollout_logprobs
             if pol is None:
-                with torch.no_grad():
-                    pol = self.completion_logprobs(exp).float()
+                with torch.no_grad():  # to the Experience's device (the CPU here), where the teacher's are
+                    pol = self.completion_logprobs(exp).float().to(exp.loss_mask.device)
             out = compute_advantages("opd", AdvantageInputs(
                 rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
                 teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),
