@@ -1,39 +1,43 @@
-"""A CPU stand-in for an accelerator: tensors that claim device ``fakegpu:0``, compute on the CPU, and refuse to
-mix with CPU tensors exactly where CUDA refuses ("Expected all tensors to be on the same device").
+"""A CPU stand-in for an accelerator: tensors that claim device ``fakegpu:0``, compute on the CPU, and refuse
+to mix with CPU tensors exactly where CUDA refuses ("Expected all tensors to be on the same device").
 
 Why: a forward that leaves one input on the CPU while the model sits on the accelerator (issue 36: the packed
 forward's attention mask) runs fine on a CPU-only machine, where everything is on the CPU, and crashes on the
 first GPU iteration. This module makes that crash reproducible on the CPU.
 
-How: ``FakeDeviceTensor`` is a wrapper tensor subclass (``torch.Tensor._make_wrapper_subclass``) whose device is
-PrivateUse1 renamed ``fakegpu`` (``torch.device("fakegpu")`` parses, ``tensor.device.type == "fakegpu"``,
+How: ``FakeDeviceTensor`` is a wrapper tensor subclass (``torch.Tensor._make_wrapper_subclass``) whose device
+is PrivateUse1 renamed ``fakegpu`` (``torch.device("fakegpu")`` parses, ``tensor.device.type == "fakegpu"``,
 ``is_cpu`` is False; a Python device guard is registered because C++ code such as advanced indexing takes one)
 and which holds an ordinary CPU tensor. Every aten op with a fake operand, or with ``device=fakegpu``
 (factories, ``.to(fake)``), goes through ``_dispatch``: it checks the operands' devices with CUDA's rule,
-unwraps, runs the real CPU kernel and wraps the results. Inside ``fake_device()`` (a ``TorchDispatchMode``, plus
-a ``TorchFunctionMode`` for ``torch.tensor(data, device=...)``, which bypasses dispatch modes) plain CPU tensors
-and factories are seen too, so ``torch.zeros(3, device="fakegpu")``, ``cpu_tensor.to("fakegpu")`` and
-``model.to("fakegpu")`` work. Parameters become ``FakeDeviceTensor``s (still ``nn.Parameter`` to ``isinstance``),
-swapped in place, so tied weights stay tied; autograd runs above the wrapper, gradients land on the device.
+unwraps, runs the real CPU kernel and wraps the results. Inside ``fake_device()`` (a ``TorchDispatchMode``,
+plus a ``TorchFunctionMode`` for ``torch.tensor(data, device=...)``, which bypasses dispatch modes) plain CPU
+tensors and factories are seen too, so ``torch.zeros(3, device="fakegpu")``, ``cpu_tensor.to("fakegpu")`` and
+``model.to("fakegpu")`` work. Parameters become ``FakeDeviceTensor``s (still ``nn.Parameter`` to
+``isinstance``), swapped in place, so tied weights stay tied; autograd runs above the wrapper, gradients land
+on the device.
 
 The device rule, as CUDA applies it:
   * all tensor operands on the same device; a 0-dim CPU tensor is allowed next to device tensors (a "CPU
     scalar", as TensorIterator allows), a 0-dim *device* tensor next to CPU tensors is not;
-  * cross-device by design: ``copy_`` and ``_to_copy`` (``.to``, ``.cpu()``), and CPU *indices* of an indexing op
-    (``x[cpu_idx]``, ``x[cpu_mask] = v``: CUDA moves them), while a device index into a CPU tensor is an error;
-    ``index_select`` is no indexing op here (CUDA wants its index on the device too);
-  * ``.item()``, ``.tolist()``, ``bool(t)`` read the value (CUDA synchronises); ``.numpy()`` raises as on CUDA.
+  * cross-device by design: ``copy_`` and ``_to_copy`` (``.to``, ``.cpu()``), and CPU *indices* of an indexing
+    op (``x[cpu_idx]``, ``x[cpu_mask] = v``: CUDA moves them), while a device index into a CPU tensor is an
+    error; ``index_select`` is no indexing op here (CUDA wants its index on the device too);
+  * ``.item()``, ``.tolist()``, ``bool(t)`` read the value (CUDA synchronises); ``.numpy()`` raises as on
+    CUDA.
 
-Why not the meta device: meta tensors have no values, so ``nonzero``, ``unique``, boolean indexing, ``.item()``
-and ``.tolist()`` (all used by packing, the shared-prompt pass and the chunked LM head) cannot run, and a model
-on meta cannot produce log-probs to compare. Here the kernels are the CPU's, so a test can compare with a plain
-CPU run: forwards bit for bit with eager attention; SDPA chooses its kernel by device type (the math path here,
-a fused kernel on the CPU) and a few backward kernels differ in the last bit, so those agree to ~5e-7 (float32).
+Why not the meta device: meta tensors have no values, so ``nonzero``, ``unique``, boolean indexing,
+``.item()`` and ``.tolist()`` (all used by packing, the shared-prompt pass and the chunked LM head) cannot
+run, and a model on meta cannot produce log-probs to compare. Here the kernels are the CPU's, so a test can
+compare with a plain CPU run: forwards bit for bit with eager attention; SDPA chooses its kernel by device
+type (the math path here, a fused kernel on the CPU) and a few backward kernels differ in the last bit, so
+those agree to ~5e-7 (float32).
 
 What it does not model: the CUDA kernels themselves (numerics, SDPA backends, TF32), streams and asynchrony,
-memory, and code that branches on ``device.type == "cuda"`` (it sees ``"fakegpu"``). Ops that CUDA accepts with
-a 0-dim CPU operand only in some positions are accepted here in all (a missed error, never a false alarm).
-Autocast on ``fakegpu`` is a no-op. Once imported, the process's PrivateUse1 backend is ``fakegpu`` for good.
+memory, and code that branches on ``device.type == "cuda"`` (it sees ``"fakegpu"``). Ops that CUDA accepts
+with a 0-dim CPU operand only in some positions are accepted here in all (a missed error, never a false
+alarm). Autocast on ``fakegpu`` is a no-op. Once imported, the process's PrivateUse1 backend is ``fakegpu``
+for good.
 """
 from __future__ import annotations
 
@@ -62,9 +66,9 @@ class _BackendModule:
 
 
 def _register_backend() -> torch.device:
-    """Name PrivateUse1 ``fakegpu`` with a Python device guard and hooks (C++ code such as advanced indexing takes
-    a device guard of the indexed tensor's device; without one it fails with "not linked with support"). Once
-    per process: the name cannot change later, so a second import finds it set."""
+    """Name PrivateUse1 ``fakegpu`` with a Python device guard and hooks (C++ code such as advanced indexing
+    takes a device guard of the indexed tensor's device; without one it fails with "not linked with
+    support"). Once per process: the name cannot change later, so a second import finds it set."""
     if torch._C._get_privateuse1_backend_name() != NAME:
         from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
@@ -85,7 +89,7 @@ _INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torc
 
 
 class FakeDeviceTensor(torch.Tensor):
-    """A tensor on ``fakegpu:0`` whose values live in ``self.inner``, a CPU tensor of the same shape/strides."""
+    """A tensor on ``fakegpu:0`` whose values live in ``self.inner``, a CPU tensor of its shape/strides."""
 
     inner: torch.Tensor
 
@@ -98,9 +102,9 @@ class FakeDeviceTensor(torch.Tensor):
         t.inner = inner
         return t
 
-    # A traceable wrapper: ``nn.Module._apply`` (``model.to(fake)``) then swaps each parameter's contents in place
-    # (``torch.utils.swap_tensors``) instead of replacing the Parameter object, so tied weights (an LM head sharing
-    # the embedding) stay one tensor, as ``param.data = ...`` keeps them on CUDA.
+    # A traceable wrapper: ``nn.Module._apply`` (``model.to(fake)``) then swaps each parameter's contents in
+    # place (``torch.utils.swap_tensors``) instead of replacing the Parameter object, so tied weights (an LM
+    # head sharing the embedding) stay one tensor, as ``param.data = ...`` keeps them on CUDA.
     def __tensor_flatten__(self):
         return ["inner"], None
 
@@ -120,8 +124,8 @@ class FakeDeviceTensor(torch.Tensor):
         return self.inner.tolist()
 
     def numpy(self, *, force: bool = False):
-        raise TypeError(f"can't convert {FAKE.type}:{FAKE.index} device type tensor to numpy. Use Tensor.cpu() "
-                        "to copy the tensor to host memory first.")
+        raise TypeError(f"can't convert {FAKE.type}:{FAKE.index} device type tensor to numpy. Use "
+                        "Tensor.cpu() to copy the tensor to host memory first.")
 
     def __array__(self, dtype=None):
         return self.numpy()
@@ -151,8 +155,8 @@ def _check_devices(func, args, kwargs) -> None:
         indices = [i for i in tree_flatten(args[1])[0] if isinstance(i, torch.Tensor)]
         for i in indices:
             if _device_of(i) != self_dev and _device_of(i) != CPU:
-                raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed tensor "
-                                   f"({self_dev}) ({func})")
+                raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed "
+                                   f"tensor ({self_dev}) ({func})")
         operands = [args[0]] + list(args[2:]) + list(kwargs.values())
     tensors = [t for t in tree_flatten(operands)[0] if isinstance(t, torch.Tensor)]
     devices = {_device_of(t) for t in tensors if not (_device_of(t) == CPU and t.dim() == 0)}

@@ -8,17 +8,22 @@ a CPU-only machine and crashes on the first GPU iteration ("Expected all tensors
 
 ``tests/_fake_device.py`` is the stand-in accelerator: tensors on ``fakegpu:0`` that compute with the CPU's
 kernels and raise CUDA's error when an op mixes them with (non-scalar) CPU tensors. Each case below runs the
-passes with the model on that device and the Experience on the CPU, then one optimizer step's micro-batch losses
-and gradients with the Experience moved, and compares every result with the same passes run all on the CPU.
-The same body runs on real CUDA when there is one (``@pytest.mark.gpu``), to a float32 tolerance there.
+passes with the model on that device and the Experience on the CPU, then one optimizer step's micro-batch
+losses and gradients with the Experience moved, and compares every result with the same passes run all on the
+CPU. The same body runs on real CUDA when there is one (``@pytest.mark.gpu``), to a float32 tolerance there.
 
 Covered: ``PolicyModule.on_experience`` (old log-probs, ``ppo_epochs: 2``; the critic's values, regression and
-yes/no token heads), ``ReferenceKL`` (``reference_logprobs`` and its ``loss`` term), ``TeacherRouter``
-(``on_experience``, a same-tokenizer in-memory teacher), ``_micro_loss`` + backward after ``exp.to(device)``;
-with and without ``padding_free``, ``share_prompt_forward`` on and off, fixed and token-budget micro-batches.
+yes/no token heads), ``ReferenceKL`` (``reference_logprobs``, its ``loss`` term, and ``where="reward"`` with a
+fresh policy forward), ``TeacherRouter`` (``on_experience``, a same-tokenizer in-memory teacher),
+``_micro_loss`` + backward after ``exp.to(device)``; with and without ``padding_free``,
+``share_prompt_forward`` on and off, fixed and token-budget micro-batches. ``DistillModule``: teacher top-k,
+the OPD advantages' fresh student forward, full-vocabulary terms. Found: the packed forward's CPU attention
+mask, old log-probs left on the device, the OPD advantages' device log-probs. Not covered: cross-tokenizer
+teachers, a separate critic backbone, ``ReferenceKL(device="cpu")``, the rollout engines, the eval callback.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 from types import SimpleNamespace
@@ -39,7 +44,8 @@ REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
 def _module(path, settings: dict) -> PolicyModule:
     head = settings.get("critic", "regression")
     critic = CriticModule(head="token", yes_token="Y", no_token="N") if head == "token" else CriticModule()
-    m = PolicyModule(model=str(path), critic=critic, advantage="gae", lam=0.95, ppo_epochs=2,
+    m = PolicyModule(model=str(path), critic=critic, advantage="gae", lam=0.95,
+                     ppo_epochs=settings.get("ppo_epochs", 2),
                      optimizer=functools.partial(torch.optim.SGD, lr=0.0), micro_batch_size=4,
                      padding_free=settings["padding_free"], share_prompt_forward=settings["share"],
                      micro_batch_tokens=settings.get("micro_batch_tokens"))
@@ -52,10 +58,11 @@ def _module(path, settings: dict) -> PolicyModule:
 
 
 def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torch.Tensor]:
-    """Every pass of one iteration with the policy (and reference, teacher) on ``device`` (None: the CPU) and the
-    Experience on the CPU until the update; the results as CPU tensors."""
+    """Every pass of one iteration with the policy (and reference, teacher) on ``device`` (None: the CPU) and
+    the Experience on the CPU until the update; the results as CPU tensors."""
     m = _module(path, settings)
-    kl = ReferenceKL(kind="k3", where="loss", beta=0.1)
+    where = settings.get("kl", "loss")  # reward: a penalty from the reference's and the policy's log-probs
+    kl = ReferenceKL(kind="k1" if where == "reward" else "k3", where=where, beta=0.1)
     kl.build_reference(m)  # as at ``setup``: copied before the strategy moves the policy
     router = TeacherRouter({"default": Teacher(model=copy.deepcopy(m.model))})
     m._trainer = SimpleNamespace(callbacks=[kl, router], world_size=1)  # what _micro_loss and the hooks read
@@ -69,7 +76,8 @@ def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torc
     router.on_experience(m._trainer, m, exp)  # teacher log-probs
     m.compute_advantages(exp)
     out = {"old_logprobs": exp.old_logprobs, "values": exp.values, "ref_logprobs": exp.ref_logprobs,
-           "teacher_logprobs": exp.teacher_logprobs}
+           "teacher_logprobs": exp.teacher_logprobs, "advantages": exp.advantages}
+    out = {k: v for k, v in out.items() if v is not None}  # one epoch: no old log-probs
     assert all(t.device.type == "cpu" for t in out.values())  # the Experience stays where the loop keeps it
     mb = exp.to(m.device).trim()  # training_step's move, then OptimizerStep's minibatch
     common = m._denominators(mb)
@@ -95,60 +103,70 @@ CASES = [
     {"padding_free": False, "share": True},
     {"padding_free": False, "share": False, "micro_batch_tokens": 40, "critic": "token"},
     {"padding_free": True, "share": False, "attn": "eager"},  # no SDPA: the very same kernels, bit for bit
+    # one epoch (no old log-probs) and the reward-form KL: its policy side is a fresh forward on the device
+    {"padding_free": True, "share": True, "ppo_epochs": 1, "kl": "reward"},
 ]
 
 
 def _case_id(s: dict) -> str:
     return "-".join([("packed" if s["padding_free"] else "padded"), ("shared" if s["share"] else "plain"),
-                     f"mbt{s.get('micro_batch_tokens')}", s.get("critic", "regression"), s.get("attn", "sdpa")])
+                     f"mbt{s.get('micro_batch_tokens')}", s.get("critic", "regression"),
+                     s.get("attn", "sdpa"), f"kl_{s.get('kl', 'loss')}"])
 
 
 def _check_same(got: dict, want: dict, **tol) -> None:
     assert set(got) == set(want)
-    for k in want:
-        assert got[k].shape == want[k].shape, k
-        torch.testing.assert_close(got[k], want[k], msg=k, **tol)
-    assert float(want["old_logprobs"].abs().sum()) > 0 and float(want["values"].abs().sum()) > 0
+    for k, w in want.items():
+        assert got[k].shape == w.shape, k
+        torch.testing.assert_close(got[k], w, msg=k, **tol)
+    assert float(want["ref_logprobs"].abs().sum()) > 0 and float(want["values"].abs().sum()) > 0
+
+
+@contextlib.contextmanager
+def _accelerator(kind: str):
+    """The device and the tolerance against the CPU run: the stand-in (the CPU's kernels) or a real GPU (CUDA's
+    kernels, TF32 off: float32 rounding of other summation orders)."""
+    if kind == "fakegpu":
+        with fake_device() as dev:
+            yield dev, {"rtol": 1e-6, "atol": 1e-6}
+        return
+    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
+    try:
+        yield torch.device("cuda", 0), {"rtol": 1e-4, "atol": 1e-5}
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+DEVICES = ["fakegpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 @pytest.mark.parametrize("settings", CASES, ids=_case_id)
-def test_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, settings):
-    """Model on the stand-in device, Experience on the CPU: every pass runs, and gives the CPU's numbers.
+@pytest.mark.parametrize("kind", DEVICES)
+def test_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, kind, settings):
+    """Model on the device, Experience on the CPU: every pass runs, and gives the CPU's numbers.
 
-    With eager attention the forwards run the very same CPU kernels: log-probs, values and losses are bit for
-    bit the CPU's. SDPA picks its kernel by device (the CPU's fused kernel on the CPU, the math path on an
-    unknown device), and some backward kernels differ in the last bit on the stand-in (the first difference
-    is in SiLU's backward, 4e-9; not pinned down further): those agree to float32 rounding (~5e-7)."""
+    On the stand-in with eager attention the forwards run the very same CPU kernels: log-probs, values and
+    losses are bit for bit the CPU's. SDPA picks its kernel by device (the CPU's fused kernel on the CPU, the
+    math path on an unknown device), and some backward kernels differ in the last bit on the stand-in (the
+    first difference is in SiLU's backward, 4e-9; not pinned down further): those agree to ~5e-7."""
     want = _passes(tiny_model_dir, settings, None)
-    with fake_device() as dev:
+    with _accelerator(kind) as (dev, tol):
         got = _passes(tiny_model_dir, settings, dev)
-    _check_same(got, want, rtol=1e-6, atol=1e-6)
-    if settings.get("attn") == "eager":
+    _check_same(got, want, **tol)
+    if kind == "fakegpu" and settings.get("attn") == "eager":
         for k in want:
             assert k.startswith("grad:") or torch.equal(got[k], want[k]), k
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("settings", CASES, ids=_case_id)
-def test_passes_on_cuda_equal_the_cpu(tiny_model_dir, settings):
-    """The same body on a real GPU (CUDA kernels: float32 rounding differs from the CPU's, TF32 off)."""
-    want = _passes(tiny_model_dir, settings, None)
-    tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
-    try:
-        got = _passes(tiny_model_dir, settings, torch.device("cuda", 0))
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    _check_same(got, want, rtol=1e-4, atol=1e-5)
-
-
 def _distill_passes(path, padding_free: bool, device: torch.device | None) -> dict[str, torch.Tensor]:
-    """DistillModule's passes: the teacher's log-probs and top-k (``TeacherRouter.on_experience``), the student's
-    on-policy log-probs for the OPD advantages (one epoch: no old log-probs, no rollout log-probs), then the
-    loss with full-vocabulary terms (the teacher's forward on the training micro-batch)."""
+    """DistillModule's passes: the teacher's log-probs and top-k (``TeacherRouter.on_experience``), the
+    student's on-policy log-probs for the OPD advantages (one epoch: no old log-probs, no rollout log-probs),
+    then the loss with full-vocabulary terms (the teacher's forward on the training micro-batch)."""
     from lit_rl.modules.distill import DistillModule
 
-    m = DistillModule(model=str(path), losses={"reverse_kl_sampled": 1.0, "topk_reverse_kl": 0.5, "forward_kl": 0.5},
-                      topk=4, padding_free=padding_free, optimizer=functools.partial(torch.optim.SGD, lr=0.0))
+    losses = {"reverse_kl_sampled": 1.0, "topk_reverse_kl": 0.5, "forward_kl": 0.5}
+    m = DistillModule(model=str(path), losses=losses, topk=4, padding_free=padding_free,
+                      optimizer=functools.partial(torch.optim.SGD, lr=0.0))
     teacher = copy.deepcopy(m.model)
     with torch.no_grad():  # a teacher that differs from the student: every term is non-zero
         teacher.get_input_embeddings().weight.mul_(1.5)
@@ -172,17 +190,18 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
 
 
 @pytest.mark.parametrize("padding_free", [True, False], ids=["packed", "padded"])
-def test_distill_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, padding_free):
+@pytest.mark.parametrize("kind", DEVICES)
+def test_distill_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, kind, padding_free):
     want = _distill_passes(tiny_model_dir, padding_free, None)
-    with fake_device() as dev:
+    with _accelerator(kind) as (dev, tol):
         got = _distill_passes(tiny_model_dir, padding_free, dev)
     assert set(got) == set(want) and float(want["opd_advantages"].abs().sum()) > 0
-    for k in want:
-        torch.testing.assert_close(got[k], want[k], msg=k, rtol=1e-6, atol=1e-6)
+    for k, w in want.items():
+        torch.testing.assert_close(got[k], w, msg=k, **tol)
 
 
 def test_stand_in_fails_like_cuda():
-    """The stand-in's own contract: the errors CUDA raises, and what CUDA allows (so it cannot false-alarm)."""
+    """The stand-in's own contract: the errors CUDA raises, and what CUDA allows (no false alarm)."""
     with fake_device() as dev:
         a = torch.arange(6.0).view(2, 3).to(dev)
         assert isinstance(a, FakeDeviceTensor) and a.device == dev and not a.is_cpu
@@ -192,10 +211,12 @@ def test_stand_in_fails_like_cuda():
                 bad()
         # allowed as on CUDA: a 0-dim CPU operand, CPU indices and masks, copies, host reads
         assert (a * torch.tensor(2.0)).cpu().tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
-        assert a[torch.tensor([True, False])].device == dev and a[torch.tensor([1])].tolist() == [[3.0, 4.0, 5.0]]
+        assert a[torch.tensor([True, False])].device == dev
+        assert a[torch.tensor([1])].tolist() == [[3.0, 4.0, 5.0]]
         a[torch.tensor([0])] = 7.0
         b = torch.zeros(2, 3, device=dev).copy_(torch.ones(2, 3))
-        assert a.sum().item() == 33.0 and b.sum().item() == 6.0 and torch.tensor([1, 2], device=dev).device == dev
+        assert a.sum().item() == 33.0 and b.sum().item() == 6.0
+        assert torch.tensor([1, 2], device=dev).device == dev
         assert a.nonzero().shape == (6, 2) and bool((a > 0).any())
         with pytest.raises(TypeError, match="numpy"):
             a.numpy()
