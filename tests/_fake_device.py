@@ -36,8 +36,12 @@ those agree to ~5e-7 (float32).
 What it does not model: the CUDA kernels themselves (numerics, SDPA backends, TF32), streams and asynchrony,
 memory, and code that branches on ``device.type == "cuda"`` (it sees ``"fakegpu"``). Ops that CUDA accepts
 with a 0-dim CPU operand only in some positions are accepted here in all (a missed error, never a false
-alarm). Autocast on ``fakegpu`` is a no-op. Once imported, the process's PrivateUse1 backend is ``fakegpu``
-for good.
+alarm). Autocast on ``fakegpu`` is a no-op.
+
+Import it in a process of its own: importing registers PrivateUse1 for good, and from then on
+``torch.accelerator`` answers ``fakegpu`` (transformers, pinned memory and the autograd engine's stream
+handling consult it), which must not leak into other tests, least of all CUDA ones.
+``tests/test_device_placement.py`` runs it in a spawned worker.
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ kernels and raise CUDA's error when an op mixes them with (non-scalar) CPU tenso
 passes with the model on that device and the Experience on the CPU, then one optimizer step's micro-batch
 losses and gradients with the Experience moved, and compares every result with the same passes run all on the
 CPU. The same body runs on real CUDA when there is one (``@pytest.mark.gpu``), to a float32 tolerance there.
+The stand-in runs in a spawned worker process (``stand_in``): registering it is process-wide and permanent, so
+the pytest process never imports it.
 
 Covered: ``PolicyModule.on_experience`` (old log-probs, ``ppo_epochs: 2``; the critic's values, regression and
 yes/no token heads), ``ReferenceKL`` (``reference_logprobs``, its ``loss`` term, and ``where="reward"`` with a
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import multiprocessing
 from types import SimpleNamespace
 
 import pytest
@@ -35,7 +38,6 @@ from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 from lit_rl.modules import PolicyModule
 from lit_rl.modules.critic import CriticModule
-from tests._fake_device import FakeDeviceTensor, fake_device
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 
 REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
@@ -124,35 +126,73 @@ def _check_same(got: dict, want: dict, **tol) -> None:
 
 @contextlib.contextmanager
 def _accelerator(kind: str):
-    """The device and the tolerance against the CPU run: the stand-in (the CPU's kernels) or a real GPU (CUDA's
-    kernels, TF32 off: float32 rounding of other summation orders)."""
+    """The device of ``kind``: the stand-in, or a real GPU with TF32 off (its float32 matmuls as IEEE)."""
     if kind == "fakegpu":
+        from tests._fake_device import fake_device  # only in the worker process: see ``stand_in``
+
         with fake_device() as dev:
-            yield dev, {"rtol": 1e-6, "atol": 1e-6}
+            yield dev
         return
     tf32, torch.backends.cuda.matmul.allow_tf32 = torch.backends.cuda.matmul.allow_tf32, False
     try:
-        yield torch.device("cuda", 0), {"rtol": 1e-4, "atol": 1e-5}
+        yield torch.device("cuda", 0)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
+def _on(kind: str, fn, *args):
+    """``fn(*args, device)`` with the device of ``kind``."""
+    with _accelerator(kind) as dev:
+        return fn(*args, dev)
+
+
+# Against the CPU run: the stand-in runs the CPU's kernels (SDPA's choice and last bits of a few backward
+# kernels differ: see the test); CUDA's kernels sum in other orders.
+TOL = {"fakegpu": {"rtol": 1e-6, "atol": 1e-6}, "cuda": {"rtol": 1e-4, "atol": 1e-5}}
 DEVICES = ["fakegpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+class _Worker:
+    """A spawned process that runs the stand-in, started on first use. Registering ``fakegpu`` (PrivateUse1)
+    is process-wide and permanent: ``torch.accelerator`` then answers ``fakegpu``, which transformers, pinned
+    memory and the autograd engine's stream handling consult, so it must never happen in the pytest process
+    that runs the rest of the suite (on a GPU machine, CUDA tests after it)."""
+
+    def __init__(self):
+        self.pool = None
+
+    def run(self, kind: str, fn, *args):
+        if kind != "fakegpu":
+            return _on(kind, fn, *args)
+        if self.pool is None:
+            self.pool = multiprocessing.get_context("spawn").Pool(1)
+        return self.pool.apply(_on, (kind, fn, *args))
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.close()
+            self.pool.join()
+
+
+@pytest.fixture(scope="module")
+def stand_in():
+    worker = _Worker()
+    yield worker
+    worker.close()
 
 
 @pytest.mark.parametrize("settings", CASES, ids=_case_id)
 @pytest.mark.parametrize("kind", DEVICES)
-def test_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, kind, settings):
+def test_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, stand_in, kind, settings):
     """Model on the device, Experience on the CPU: every pass runs, and gives the CPU's numbers.
 
     On the stand-in with eager attention the forwards run the very same CPU kernels: log-probs, values and
     losses are bit for bit the CPU's. SDPA picks its kernel by device (the CPU's fused kernel on the CPU, the
     math path on an unknown device), and some backward kernels differ in the last bit on the stand-in (the
     first difference is in SiLU's backward, 4e-9; not pinned down further): those agree to ~5e-7."""
-    want = _passes(tiny_model_dir, settings, None)
-    with _accelerator(kind) as (dev, tol):
-        got = _passes(tiny_model_dir, settings, dev)
-    _check_same(got, want, **tol)
+    want = _passes(str(tiny_model_dir), settings, None)
+    got = stand_in.run(kind, _passes, str(tiny_model_dir), settings)
+    _check_same(got, want, **TOL[kind])
     if kind == "fakegpu" and settings.get("attn") == "eager":
         for k in want:
             assert k.startswith("grad:") or torch.equal(got[k], want[k]), k
@@ -191,40 +231,46 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
 
 @pytest.mark.parametrize("padding_free", [True, False], ids=["packed", "padded"])
 @pytest.mark.parametrize("kind", DEVICES)
-def test_distill_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, kind, padding_free):
-    want = _distill_passes(tiny_model_dir, padding_free, None)
-    with _accelerator(kind) as (dev, tol):
-        got = _distill_passes(tiny_model_dir, padding_free, dev)
+def test_distill_passes_on_an_accelerator_equal_the_cpu(tiny_model_dir, stand_in, kind, padding_free):
+    want = _distill_passes(str(tiny_model_dir), padding_free, None)
+    got = stand_in.run(kind, _distill_passes, str(tiny_model_dir), padding_free)
     assert set(got) == set(want) and float(want["opd_advantages"].abs().sum()) > 0
     for k, w in want.items():
-        torch.testing.assert_close(got[k], w, msg=k, **tol)
+        torch.testing.assert_close(got[k], w, msg=k, **TOL[kind])
 
 
-def test_stand_in_fails_like_cuda():
+def test_stand_in_fails_like_cuda(stand_in):
     """The stand-in's own contract: the errors CUDA raises, and what CUDA allows (no false alarm)."""
-    with fake_device() as dev:
-        a = torch.arange(6.0).view(2, 3).to(dev)
-        assert isinstance(a, FakeDeviceTensor) and a.device == dev and not a.is_cpu
-        for bad in (lambda: a + torch.ones(2, 3), lambda: torch.cat([a, torch.ones(2, 3)]),
-                    lambda: torch.ones(2, 3).masked_fill(a > 2, 0.0), lambda: torch.ones(3)[a[0].long()]):
-            with pytest.raises(RuntimeError, match="same device|indices should be"):
-                bad()
-        # allowed as on CUDA: a 0-dim CPU operand, CPU indices and masks, copies, host reads
-        assert (a * torch.tensor(2.0)).cpu().tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
-        assert a[torch.tensor([True, False])].device == dev
-        assert a[torch.tensor([1])].tolist() == [[3.0, 4.0, 5.0]]
-        a[torch.tensor([0])] = 7.0
-        b = torch.zeros(2, 3, device=dev).copy_(torch.ones(2, 3))
-        assert a.sum().item() == 33.0 and b.sum().item() == 6.0
-        assert torch.tensor([1, 2], device=dev).device == dev
-        assert a.nonzero().shape == (6, 2) and bool((a > 0).any())
-        with pytest.raises(TypeError, match="numpy"):
-            a.numpy()
-        lin = torch.nn.Linear(3, 2).to(dev)
-        assert isinstance(lin.weight, torch.nn.Parameter) and lin.weight.device == dev
-        lin(a).sum().backward()
-        assert lin.weight.grad.device == dev
-        tied = torch.nn.Sequential(torch.nn.Embedding(4, 3), torch.nn.Linear(3, 4, bias=False))
-        tied[1].weight = tied[0].weight
-        tied.to(dev)  # swapped in place: still one Parameter (an LM head tied to its embedding)
-        assert tied[1].weight is tied[0].weight and tied[0].weight.device == dev
+    stand_in.run("fakegpu", _stand_in_contract)
+    assert torch._C._get_privateuse1_backend_name() == "privateuseone"  # this process never registered it
+
+
+def _stand_in_contract(dev):
+    """Runs in the worker: the device is ``fakegpu:0``."""
+    from tests._fake_device import FakeDeviceTensor
+
+    a = torch.arange(6.0).view(2, 3).to(dev)
+    assert isinstance(a, FakeDeviceTensor) and a.device == dev and not a.is_cpu
+    for bad in (lambda: a + torch.ones(2, 3), lambda: torch.cat([a, torch.ones(2, 3)]),
+                lambda: torch.ones(2, 3).masked_fill(a > 2, 0.0), lambda: torch.ones(3)[a[0].long()]):
+        with pytest.raises(RuntimeError, match="same device|indices should be"):
+            bad()
+    # allowed as on CUDA: a 0-dim CPU operand, CPU indices and masks, copies, host reads
+    assert (a * torch.tensor(2.0)).cpu().tolist() == [[0.0, 2.0, 4.0], [6.0, 8.0, 10.0]]
+    assert a[torch.tensor([True, False])].device == dev
+    assert a[torch.tensor([1])].tolist() == [[3.0, 4.0, 5.0]]
+    a[torch.tensor([0])] = 7.0
+    b = torch.zeros(2, 3, device=dev).copy_(torch.ones(2, 3))
+    assert a.sum().item() == 33.0 and b.sum().item() == 6.0
+    assert torch.tensor([1, 2], device=dev).device == dev
+    assert a.nonzero().shape == (6, 2) and bool((a > 0).any())
+    with pytest.raises(TypeError, match="numpy"):
+        a.numpy()
+    lin = torch.nn.Linear(3, 2).to(dev)
+    assert isinstance(lin.weight, torch.nn.Parameter) and lin.weight.device == dev
+    lin(a).sum().backward()
+    assert lin.weight.grad.device == dev
+    tied = torch.nn.Sequential(torch.nn.Embedding(4, 3), torch.nn.Linear(3, 4, bias=False))
+    tied[1].weight = tied[0].weight
+    tied.to(dev)  # swapped in place: still one Parameter (an LM head tied to its embedding)
+    assert tied[1].weight is tied[0].weight and tied[0].weight.device == dev
