@@ -16,12 +16,13 @@ the pytest process never imports it.
 
 Covered: ``PolicyModule.on_experience`` (old log-probs, ``ppo_epochs: 2``; the critic's values, regression and
 yes/no token heads), ``ReferenceKL`` (``reference_logprobs``, its ``loss`` term, and ``where="reward"`` with a
-fresh policy forward), ``TeacherRouter`` (``on_experience``, a same-tokenizer in-memory teacher),
-``_micro_loss`` + backward after ``exp.to(device)``; with and without ``padding_free``,
-``share_prompt_forward`` on and off, fixed and token-budget micro-batches. ``DistillModule``: teacher top-k,
-the OPD advantages' fresh student forward, full-vocabulary terms. Found: the packed forward's CPU attention
-mask, old log-probs left on the device, the OPD advantages' device log-probs. Not covered: cross-tokenizer
-teachers, a separate critic backbone, ``ReferenceKL(device="cpu")``, the rollout engines, the eval callback.
+fresh policy forward), ``TeacherRouter`` (``on_experience``, a same-tokenizer in-memory teacher), a critic
+with its own backbone, a reference kept on the CPU (``ReferenceKL(device="cpu")``), ``_micro_loss`` + backward
+after ``exp.to(device)``; with and without ``padding_free``, ``share_prompt_forward`` on and off, fixed and
+token-budget micro-batches. ``DistillModule``: teacher top-k, the OPD advantages' fresh student forward,
+full-vocabulary terms. Found: the packed forward's CPU attention mask, old log-probs left on the device, the
+OPD advantages' device log-probs. Not covered: cross-tokenizer teachers, the rollout engines, the eval
+callback.
 """
 from __future__ import annotations
 
@@ -45,7 +46,9 @@ REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
 
 def _module(path, settings: dict) -> PolicyModule:
     head = settings.get("critic", "regression")
-    critic = CriticModule(head="token", yes_token="Y", no_token="N") if head == "token" else CriticModule()
+    own = {"share_backbone": False} if settings.get("critic_backbone") == "own" else {}  # a second model
+    critic = (CriticModule(head="token", yes_token="Y", no_token="N", **own) if head == "token"
+              else CriticModule(**own))
     m = PolicyModule(model=str(path), critic=critic, advantage="gae", lam=0.95,
                      ppo_epochs=settings.get("ppo_epochs", 2),
                      optimizer=functools.partial(torch.optim.SGD, lr=0.0), micro_batch_size=4,
@@ -64,7 +67,8 @@ def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torc
     the Experience on the CPU until the update; the results as CPU tensors."""
     m = _module(path, settings)
     where = settings.get("kl", "loss")  # reward: a penalty from the reference's and the policy's log-probs
-    kl = ReferenceKL(kind="k1" if where == "reward" else "k3", where=where, beta=0.1)
+    kl = ReferenceKL(kind="k1" if where == "reward" else "k3", where=where, beta=0.1,
+                     device=settings.get("ref_device"))  # "cpu": the reference stays off the accelerator
     kl.build_reference(m)  # as at ``setup``: copied before the strategy moves the policy
     router = TeacherRouter({"default": Teacher(model=copy.deepcopy(m.model))})
     m._trainer = SimpleNamespace(callbacks=[kl, router], world_size=1)  # what _micro_loss and the hooks read
@@ -100,9 +104,9 @@ def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torc
 
 CASES = [
     {"padding_free": True, "share": True},
-    {"padding_free": True, "share": False, "micro_batch_tokens": 40},
+    {"padding_free": True, "share": False, "micro_batch_tokens": 40, "critic_backbone": "own"},
     {"padding_free": True, "share": True, "micro_batch_tokens": 40, "critic": "token"},
-    {"padding_free": False, "share": True},
+    {"padding_free": False, "share": True, "ref_device": "cpu"},
     {"padding_free": False, "share": False, "micro_batch_tokens": 40, "critic": "token"},
     {"padding_free": True, "share": False, "attn": "eager"},  # no SDPA: the very same kernels, bit for bit
     # one epoch (no old log-probs) and the reward-form KL: its policy side is a fresh forward on the device
@@ -113,7 +117,8 @@ CASES = [
 def _case_id(s: dict) -> str:
     return "-".join([("packed" if s["padding_free"] else "padded"), ("shared" if s["share"] else "plain"),
                      f"mbt{s.get('micro_batch_tokens')}", s.get("critic", "regression"),
-                     s.get("attn", "sdpa"), f"kl_{s.get('kl', 'loss')}"])
+                     s.get("attn", "sdpa"), f"kl_{s.get('kl', 'loss')}",
+                     f"critic_{s.get('critic_backbone', 'shared')}", f"ref_{s.get('ref_device', 'policy')}"])
 
 
 def _check_same(got: dict, want: dict, **tol) -> None:
