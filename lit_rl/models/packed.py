@@ -104,15 +104,20 @@ def _first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
 
 
 def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
-              row_tokens: int = DEFAULT_ROW_TOKENS) -> PackedRows | None:
+              row_tokens: int = DEFAULT_ROW_TOKENS, device: torch.device | None = None) -> PackedRows | None:
     """Pack a micro-batch's real tokens (see the module doc); None when the layout does not allow it (no
     completion column, a row without a prompt token, or real tokens that are not one contiguous run on each
     side of ``prompt_len``), in which case the caller runs its padded forward.
 
     Shapes:
         input_ids, attention_mask: (B, P + C), prompts left-padded to ``prompt_len`` = P, completions
-        right-padded. Returns ``PackedRows`` on ``input_ids``' device.
+        right-padded, on any device (each may be on its own: the no-grad passes hand over the Experience as
+        the rollout left it, on the CPU). Returns ``PackedRows`` on ``device`` (default: ``input_ids``').
     """
+    dev = input_ids.device if device is None else torch.device(device)
+    # The layout is planned on the CPU whatever the inputs' device: it reads every length into Python (.tolist())
+    # anyway, so two small copies replace a device sync per read, and inputs on two devices cannot meet in an op.
+    input_ids, attention_mask = input_ids.cpu(), attention_mask.cpu()
     B, width = input_ids.shape
     P, C = prompt_len, width - prompt_len
     if C < 1 or P < 1 or B < 1:
@@ -125,7 +130,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
         return None
     sel = distinct_prompts(input_ids, attention_mask, P)
     first, inverse = (sel[0].tolist(), sel[1].tolist()) if sel is not None else (list(range(B)), list(range(B)))
-    plen_l, clen_l, ids = plen.tolist(), clen.tolist(), input_ids.cpu()
+    plen_l, clen_l, ids = plen.tolist(), clen.tolist(), input_ids
     members: list[list[int]] = [[] for _ in first]
     for b, u in enumerate(inverse):
         members[u].append(b)
@@ -176,5 +181,4 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     mask = (q_unit == k_unit) & causal & ((k_own == -1) | (k_own == q_own))
     mask |= torch.eye(T, dtype=torch.bool)  # padding attends itself: no all-masked row (NaN in sdpa)
-    dev = input_ids.device
     return PackedRows(p_ids.to(dev), p_pos.to(dev), mask[:, None].to(dev), index.to(dev))

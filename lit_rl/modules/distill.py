@@ -105,7 +105,8 @@ class DistillModule(PolicyModule):
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
                 raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
-            pol = self.kl_policy_logprobs(exp)  # the model's full softmax (with processed sampling too)
+            # the model's full softmax (with processed sampling too), on the Experience's device like the teacher's
+            pol = self.kl_policy_logprobs(exp)
             out = compute_advantages("opd", AdvantageInputs(
                 rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
                 teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),

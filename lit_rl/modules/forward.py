@@ -151,8 +151,10 @@ class PolicyForward:
         runs padded); None = the padded forward."""
         if not self.hparams.get("padding_free") or unsupported_reason(model) is not None:
             return None
-        return pack_rows(micro.input_ids.to(next(model.parameters()).device), micro.attention_mask,
-                         micro.prompt_len, self.hparams.get("pack_row_tokens") or DEFAULT_ROW_TOKENS)
+        # the Experience may still be on the CPU (the no-grad passes run before ``training_step`` moves it)
+        return pack_rows(micro.input_ids, micro.attention_mask, micro.prompt_len,
+                         self.hparams.get("pack_row_tokens") or DEFAULT_ROW_TOKENS,
+                         device=next(model.parameters()).device)
 
     def _shares_prompt(self, model) -> bool:
         """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the

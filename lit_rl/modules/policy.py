@@ -230,10 +230,13 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         ``on_experience`` (a critic's values)."""
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
+            # on the Experience's device (the CPU here, before training_step moves it), like every other field:
+            # a field left on the model's device breaks the next select (index_select with a CPU index)
+            dev = exp.input_ids.device
             pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
-            exp.old_logprobs = store_dtype(torch.cat([p[0] for p in pairs]))  # the sampler's (core.processed)
+            exp.old_logprobs = store_dtype(torch.cat([p[0].to(dev) for p in pairs]))  # the sampler's (core.processed)
             if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
-                exp.old_full_logprobs = store_dtype(torch.cat([p[1] for p in pairs]))
+                exp.old_full_logprobs = store_dtype(torch.cat([p[1].to(dev) for p in pairs]))
             self._old_logprob_s = time.perf_counter() - t0
         for term in self.loss_modules:
             if hasattr(term, "on_experience"):
