@@ -118,7 +118,8 @@ class ProgressLog(Callback):
         now = time.monotonic()
         self._last, self._printed = (it, now), True
         of = "" if math.isinf(total) else f"/{int(total)}"
-        parts = [f"{k} {_fmt(v)}" for k, v in trainer.progress_bar_metrics.items() if not k.startswith("eval/")]
+        bar = trainer.progress_bar_metrics
+        parts = [f"{k} {_fmt(v)}" for k, v in bar.items() if not k.startswith("eval/")]
         parts.append(f"{(now - last_t) / (it - last_it):.2f} s/it")
         _print(trainer, f"Iteration {it}{of}: {', '.join(parts)}")
 
@@ -132,7 +133,7 @@ class ProgressLog(Callback):
 
 
 def _print(trainer, line: str) -> None:
-    if isinstance(trainer.progress_bar_callback, TQDMProgressBar):  # on its own line, not after the bar's redraw
+    if isinstance(trainer.progress_bar_callback, TQDMProgressBar):  # a line of its own, not after the bar
         from tqdm import tqdm
 
         tqdm.write(line, file=sys.stdout)

@@ -113,11 +113,12 @@ def console_main() -> None:
 
 
 def _close_engines(cli) -> None:
-    """Shut down the run's rollout engines (they outlive a fit on purpose: ``EngineBase.teardown``). An in-process
-    vLLM engine created the default process group (a one-process run) or its groups inside Lightning's; left
-    alive, it shuts down at interpreter exit (vLLM's weakref finalizer), after ``_destroy_process_group`` has
-    destroyed every group, and its ``destroy_process_group(<its TP group>)`` then raised "ValueError: Invalid
-    process group specified" (a ``[rank0]: Traceback`` after a run that had exited 0)."""
+    """Shut down the run's rollout engines (they outlive a fit on purpose: ``EngineBase.teardown``). An
+    in-process vLLM engine created the default process group (a one-process run) or its groups inside
+    Lightning's; left alive, it shuts down at interpreter exit (vLLM's weakref finalizer), after
+    ``_destroy_process_group`` has destroyed every group, and its ``destroy_process_group(<its TP group>)``
+    then raised "ValueError: Invalid process group specified" (a ``[rank0]: Traceback`` after a run that had
+    exited 0)."""
     for cb in getattr(getattr(cli, "trainer", None), "callbacks", None) or []:
         engine = getattr(cb, "engine", None)
         if callable(getattr(engine, "close", None)):

@@ -181,7 +181,7 @@ class LitRLCLI(LightningCLI):
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
-        quiet.set_verbose(self.subcommand == "fit" and cfg.get("verbose"))  # before any model, engine, dataset
+        quiet.set_verbose(self.subcommand == "fit" and cfg.get("verbose"))  # before models, engines, data
         for module in cfg.get("imports") or []:
             try:
                 importlib.import_module(module)

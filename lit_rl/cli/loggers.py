@@ -6,9 +6,9 @@ monitoring callbacks every recipe gets.
   *added* to those two, as a TRL user adding ``report_to="wandb"`` still has the run directory's files; a user
   logger writing into the same directory as one of ours replaces it. ``--run_loggers false`` keeps only the
   user's; ``--trainer.logger false`` turns every logger off.
-- Callbacks. A ``LearningRateMonitor`` (``IterationLRMonitor``: ``lr-AdamW`` at each iteration's step) when there is a logger to write to,
-  ``TokensSeen`` (``tokens_seen``) and ``ProgressLog`` (progress lines when stdout is not a terminal), unless the
-  config already has one of the same class.
+- Callbacks. A ``LearningRateMonitor`` (``IterationLRMonitor``: ``lr-AdamW`` at each iteration's step) when
+  there is a logger to write to, ``TokensSeen`` (``tokens_seen``) and ``ProgressLog`` (progress lines when
+  stdout is not a terminal), unless the config already has one of the same class.
 """
 from __future__ import annotations
 

@@ -1,12 +1,13 @@
-"""What a ``lit-rl`` run prints: progress, evaluations, where things are written and real problems; no chatter of
-the libraries underneath (issues 24 and 40). ``lit-rl fit --verbose ...`` (``LIT_RL_VERBOSE=1 lit-rl ...`` for any
-command) shows it all.
+"""What a ``lit-rl`` run prints: progress, evaluations, where things are written and real problems; no
+chatter of the libraries underneath (issues 24 and 40). ``lit-rl fit --verbose ...`` (``LIT_RL_VERBOSE=1``
+for any command) shows it all.
 
 Each filter below drops exactly one known message of a dependency, by logger name (or warning category and
 module) and text, so a new warning, or the same words from another place, still shows. Installed once, by
 ``lit_rl.cli.app`` on import, before Lightning / transformers / vLLM / DeepSpeed log anything; ``set_verbose``
 (the ``--verbose`` flag, read once the command line is parsed) takes every one of them back.
-``tests/test_cli_output.py`` (allow-list) and ``tests/test_cli_quiet.py`` (deny-list, ``--verbose``) run short fits.
+``tests/test_cli_output.py`` (allow-list) and ``tests/test_cli_quiet.py`` (deny-list, ``--verbose``) run
+short fits.
 """
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ import sys
 import warnings
 
 VERBOSE_ENV = "LIT_RL_VERBOSE"
-VERBOSE_HELP = ("Print every message of the libraries underneath (vLLM's INFO lines, Lightning's advice, known "
-                "harmless warnings), which lit-rl drops by default. LIT_RL_VERBOSE=1 does the same for every "
-                "command (validate's --verbose is Lightning's: print the results).")
+VERBOSE_HELP = ("Print every message of the libraries underneath (vLLM's INFO lines, Lightning's advice, "
+                "known harmless warnings), which lit-rl drops by default. LIT_RL_VERBOSE=1 does the same for "
+                "every command (validate's --verbose is Lightning's: print the results).")
 
-# Environment defaults, read by a library when it is imported (after this module: vLLM and datasets are imported
-# lazily, when an engine starts or a dataset is loaded). A value the user exported wins.
+# Environment defaults, read by a library when it is imported (after this module: vLLM and datasets are
+# imported lazily, when an engine starts or a dataset is loaded). A value the user exported wins.
 _ENV = {
     # vLLM's INFO lines: its configuration at start-up, and three lines per weight sync (the reload, its time,
     # the prefix-cache reset), i.e. every iteration. Its WARNING and ERROR lines still show (those known to be
@@ -57,11 +58,11 @@ _LOG_MESSAGES = (
     # vLLM's CPU worker replaces torch.set_num_threads with this warning; the callers are vLLM's own renderer
     # during start-up (VLLMEngine puts the original function back afterwards, so the trainer's calls work).
     ("vllm.v1.worker.cpu_worker", r"CPU backend doesn't allow to use `torch\.set_num_threads`"),
-    # Every weight sync (reload_weights): the rotary embedding's only tensor is cos_sin_cache, a non-persistent
-    # buffer computed from the config (rope theta, head size), never in a checkpoint or a state dict, so it has
-    # nothing to load; vLLM counts buffers as loadable, finds 0 elements loaded, warns, and puts the unchanged
-    # cache back (layerwise.finalize_layerwise_processing: _place_kernel_tensors). Any other layer that fails to
-    # load still warns.
+    # Every weight sync (reload_weights): the rotary embedding's only tensor is cos_sin_cache, a
+    # non-persistent buffer computed from the config (rope theta, head size), never in a checkpoint or a state
+    # dict, so it has nothing to load; vLLM counts buffers as loadable, finds 0 elements loaded, warns, and
+    # puts the unchanged cache back (layerwise.finalize_layerwise_processing: _place_kernel_tensors). Any
+    # other layer that fails to load still warns.
     ("vllm.model_executor.model_loader.reload.layerwise", r"\w*RotaryEmbedding: Failed to load weights$"),
 )
 
@@ -71,16 +72,17 @@ _WARNINGS = (
     (FutureWarning, r"`isinstance\(treespec, LeafSpec\)` is deprecated", ""),
     # vLLM's Triton dispatcher looks at every attribute of torch.distributed, the deprecated alias included.
     (FutureWarning, r"`torch\.distributed\.reduce_op` is deprecated", r"vllm\."),
-    # Lightning's advice for a metric logged on epoch level without sync_dist, given whenever torch.distributed
-    # is initialised (an in-process vLLM engine initialises a one-process group, so even a one-process run got
-    # it). lit_rl's epoch-level metrics are reduced over ranks already: HeldoutEval's `eval/*` by torchmetrics
-    # (MeanMetric.compute syncs), `step` is the same iteration on every rank (and logged with sync_dist on
-    # more than one). Training metrics are logged per step, reduced by PolicyModule itself (core/metrics.py,
-    # one all_gather of every rank's dict). A user's own epoch-level metric still gets the advice.
+    # Lightning's advice for a metric logged on epoch level without sync_dist, given whenever
+    # torch.distributed is initialised (an in-process vLLM engine initialises a one-process group, so even a
+    # one-process run got it). lit_rl's epoch-level metrics are reduced over ranks already: HeldoutEval's
+    # `eval/*` by torchmetrics (MeanMetric.compute syncs), `step` is the same iteration on every rank (and
+    # logged with sync_dist on more than one). Training metrics are logged per step, reduced by PolicyModule
+    # itself (core/metrics.py, one all_gather of every rank's dict). A user's own epoch-level metric still
+    # gets the advice.
     (UserWarning, r"It is recommended to use `self\.log\('(step|eval/[^']+)', \.\.\., sync_dist=True\)`",
      r"lightning\."),
-    # PromptDataModule.val_dataloader's deliberate "no evaluation" (data.datamodule.NoEvaluation) while fitting
-    # without a HeldoutEval; an empty loader of any other type still warns.
+    # PromptDataModule.val_dataloader's deliberate "no evaluation" (data.datamodule.NoEvaluation) while
+    # fitting without a HeldoutEval; an empty loader of any other type still warns.
     (UserWarning, r"Total length of `NoEvaluation` across ranks is zero", r"lightning\."),
 )
 

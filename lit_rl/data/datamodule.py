@@ -15,9 +15,9 @@ from lit_rl.data.tasks import get_task
 
 
 class NoEvaluation(list):
-    """The empty validation "loader" of a fit without evaluation: a list, as Lightning takes it, with a name of its
-    own, so ``lit_rl.cli.quiet`` drops Lightning's "Total length of `NoEvaluation` across ranks is zero" for it
-    and for nothing else."""
+    """The empty validation "loader" of a fit without evaluation: a list, as Lightning takes it, with a name
+    of its own, so ``lit_rl.cli.quiet`` drops Lightning's "Total length of `NoEvaluation` across ranks is zero"
+    for it and for nothing else."""
 
 
 class _ListDataset(Dataset):
