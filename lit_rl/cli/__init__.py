@@ -69,6 +69,10 @@ def _light_dispatch(argv: list[str]) -> int | None:
         return 0 if argv else 2
     cmd = argv[0]
     if cmd in LIGHT_COMMANDS:
+        if cmd == "models":  # saves a model (DeepSpeed's accelerator notice, transformers' bars); export
+            from lit_rl.cli import quiet  # imports cli.app, which installs them; inspect must stay light
+
+            quiet.install()
         module, _, func = LIGHT_COMMANDS[cmd][0].partition(":")
         return getattr(importlib.import_module(module), func)(argv[1:])
     if not cmd.startswith("-") and cmd not in LIGHTNING_COMMANDS:
