@@ -30,6 +30,7 @@ ALLOWED = [
     r"([\w/]+: [-+\d.e]+\s*)+",
     r"[\w/]+:|[-+\d.e]+",  # a bar metric wrapped between its name and its value (the width depends on the it/s)
     r"Validation .*",
+    r"Evaluation at iteration \d+: .*",  # ProgressLog (stdout is no terminal here), as its "Iteration k/N"
     r"Sanity Checking.*",
 ]
 

@@ -4,7 +4,7 @@ from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot, SaveHFModel
 from lit_rl.callbacks.inspector import RolloutInspector
 from lit_rl.callbacks.monitoring import RLHealthMonitor
-from lit_rl.callbacks.progress import IterationProgressBar, RichIterationProgressBar
+from lit_rl.callbacks.progress import IterationProgressBar, ProgressLog, RichIterationProgressBar
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
@@ -12,4 +12,5 @@ from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 __all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel", "ReferenceKL",
            "EntropyRegularization", "RLHealthMonitor", "Curriculum",
            "Teacher", "TeacherRouter", "RolloutInspector", "IterationProgressBar", "RichIterationProgressBar",
+           "ProgressLog",
            "AgentRolloutCallback", "ObservationLoss"]

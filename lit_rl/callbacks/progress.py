@@ -8,8 +8,10 @@ steps one iteration takes (measured after the first iteration; ``ppo_epochs`` ×
 from __future__ import annotations
 
 import math
+import sys
+import time
 
-from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
 
 
 def _iteration(trainer, pl_module) -> int:
@@ -79,3 +81,74 @@ class RichIterationProgressBar(RichProgressBar):
         total = _total(trainer, pl_module)
         self.progress.update(self.train_progress_bar_id, total=None if math.isinf(total) else total,
                              completed=_iteration(trainer, pl_module))
+
+
+class ProgressLog(Callback):
+    """Progress as plain lines when stdout is not a terminal (a run piped to a file, a batch job's log).
+
+    There a progress bar shows nothing useful: the rich bar draws only its final state, at the end; tqdm's
+    carriage-return redraws pile up on one line. This prints ``Iteration k/N: reward/mean 0.41, 1.23 s/it`` at
+    the first iteration, every ``every_n_iterations`` and the last one, and ``Evaluation at iteration k:
+    eval/accuracy 0.52, ...`` after each held-out evaluation. Added by ``lit-rl`` to every run; prints nothing
+    on a terminal, or when the progress bar is off (``--trainer.enable_progress_bar false``).
+    """
+
+    def __init__(self, every_n_iterations: int = 10):
+        if every_n_iterations < 1:
+            raise ValueError(f"ProgressLog: every_n_iterations must be >= 1, got {every_n_iterations}")
+        self.every_n_iterations = every_n_iterations
+        self._last: tuple[int, float] | None = None  # (iteration, time) of the last line, or of the start
+        self._printed = False
+
+    @staticmethod
+    def _active(trainer) -> bool:
+        bar = trainer.progress_bar_callback
+        return trainer.is_global_zero and bar is not None and bar.is_enabled and not _isatty(sys.stdout)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._last = (_iteration(trainer, pl_module), time.monotonic())
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        it, total = _iteration(trainer, pl_module), _total(trainer, pl_module)
+        last_it, last_t = self._last or (it - 1, time.monotonic())
+        if it <= last_it or not self._active(trainer):
+            return
+        if self._printed and it % self.every_n_iterations and it < total:  # the first (a resumed run's too)
+            return
+        now = time.monotonic()
+        self._last, self._printed = (it, now), True
+        of = "" if math.isinf(total) else f"/{int(total)}"
+        bar = trainer.progress_bar_metrics
+        parts = [f"{k} {_fmt(v)}" for k, v in bar.items() if not k.startswith("eval/")]
+        parts.append(f"{(now - last_t) / (it - last_it):.2f} s/it")
+        _print(trainer, f"Iteration {it}{of}: {', '.join(parts)}")
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not self._active(trainer):
+            return
+        evals = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("eval/")}
+        if evals:
+            parts = ", ".join(f"{k} {_fmt(v)}" for k, v in sorted(evals.items()))
+            _print(trainer, f"Evaluation at iteration {_iteration(trainer, pl_module)}: {parts}")
+
+
+def _print(trainer, line: str) -> None:
+    if isinstance(trainer.progress_bar_callback, TQDMProgressBar):  # a line of its own, not after the bar
+        from tqdm import tqdm
+
+        tqdm.write(line, file=sys.stdout)
+        sys.stdout.flush()
+    else:
+        print(line, flush=True)
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a replaced or closed stream: not a terminal
+        return False
+
+
+def _fmt(v) -> str:
+    v = float(v)
+    return f"{v:.4g}"

@@ -69,6 +69,10 @@ def _light_dispatch(argv: list[str]) -> int | None:
         return 0 if argv else 2
     cmd = argv[0]
     if cmd in LIGHT_COMMANDS:
+        if cmd == "models":  # saves a model (DeepSpeed's accelerator notice, transformers' bars); export
+            from lit_rl.cli import quiet  # imports cli.app, which installs them; inspect must stay light
+
+            quiet.install()
         module, _, func = LIGHT_COMMANDS[cmd][0].partition(":")
         return getattr(importlib.import_module(module), func)(argv[1:])
     if not cmd.startswith("-") and cmd not in LIGHTNING_COMMANDS:
@@ -102,13 +106,27 @@ def console_main() -> None:
     from lit_rl.cli.app import main
 
     try:
-        main()
+        cli = main()
     except ConfigError as e:
         if os.environ.get("LIT_RL_TRACEBACK"):
             raise
         print(f"lit-rl: error: {e}", file=sys.stderr)
         sys.exit(2)
+    _close_engines(cli)  # first: an in-process vLLM engine's own process groups must go before the world's
     _destroy_process_group()
+
+
+def _close_engines(cli) -> None:
+    """Shut down the run's rollout engines (they outlive a fit on purpose: ``EngineBase.teardown``). An
+    in-process vLLM engine created the default process group (a one-process run) or its groups inside
+    Lightning's; left alive, it shuts down at interpreter exit (vLLM's weakref finalizer), after
+    ``_destroy_process_group`` has destroyed every group, and its ``destroy_process_group(<its TP group>)``
+    then raised "ValueError: Invalid process group specified" (a ``[rank0]: Traceback`` after a run that had
+    exited 0)."""
+    for cb in getattr(getattr(cli, "trainer", None), "callbacks", None) or []:
+        engine = getattr(cb, "engine", None)
+        if callable(getattr(engine, "close", None)):
+            engine.close()
 
 
 def _destroy_process_group() -> None:

@@ -24,7 +24,7 @@ from lit_rl.cli import quiet
 
 quiet.install()  # before Lightning / transformers log anything
 
-from jsonargparse import Namespace, set_parsing_settings  # noqa: E402
+from jsonargparse import ActionYesNo, Namespace, set_parsing_settings  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, SaveConfigCallback  # noqa: E402
 
 from lit_rl.errors import ConfigError  # noqa: E402
@@ -157,6 +157,8 @@ class LitRLCLI(LightningCLI):
 
     def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
+        if subcommand == "fit":  # validate / test have Lightning's own --verbose (print the results)
+            parser.add_argument("--verbose", action=ActionYesNo, default=False, help=quiet.VERBOSE_HELP)
         for action in parser._actions:  # Lightning's stock text names "hpc" / "registry", which mean nothing here
             if action.dest == "ckpt_path":
                 action.help = CKPT_PATH_HELP[subcommand == "fit"]
@@ -179,6 +181,7 @@ class LitRLCLI(LightningCLI):
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
         cfg = self.config.get(str(self.subcommand), self.config) if self.subcommand else self.config
+        quiet.set_verbose(self.subcommand == "fit" and cfg.get("verbose"))  # before models, engines, data
         for module in cfg.get("imports") or []:
             try:
                 importlib.import_module(module)

@@ -6,8 +6,9 @@ monitoring callbacks every recipe gets.
   *added* to those two, as a TRL user adding ``report_to="wandb"`` still has the run directory's files; a user
   logger writing into the same directory as one of ours replaces it. ``--run_loggers false`` keeps only the
   user's; ``--trainer.logger false`` turns every logger off.
-- Callbacks. A ``LearningRateMonitor`` (``IterationLRMonitor``: ``lr-AdamW`` at each iteration's step) when there is a logger to write to, and
-  ``TokensSeen`` (``tokens_seen``), unless the config already has one of the same class.
+- Callbacks. A ``LearningRateMonitor`` (``IterationLRMonitor``: ``lr-AdamW`` at each iteration's step) when
+  there is a logger to write to, ``TokensSeen`` (``tokens_seen``) and ``ProgressLog`` (progress lines when
+  stdout is not a terminal), unless the config already has one of the same class.
 """
 from __future__ import annotations
 
@@ -48,15 +49,18 @@ def _log_dir(logger) -> str | None:
 
 
 def monitoring_callbacks(callbacks: list, has_logger: bool) -> list:
-    """``callbacks`` plus a ``LearningRateMonitor`` (only with a logger: it refuses to run without one) and a
-    ``TokensSeen``, each unless one of its class is already there."""
+    """``callbacks`` plus a ``LearningRateMonitor`` (only with a logger: it refuses to run without one), a
+    ``TokensSeen`` and a ``ProgressLog``, each unless one of its class is already there."""
     from lightning.pytorch.callbacks import LearningRateMonitor
 
     from lit_rl.callbacks.monitoring import IterationLRMonitor, TokensSeen
+    from lit_rl.callbacks.progress import ProgressLog
 
     out = list(callbacks)
     if has_logger and not any(isinstance(c, LearningRateMonitor) for c in out):
         out.append(IterationLRMonitor(logging_interval="step"))
     if not any(isinstance(c, TokensSeen) for c in out):
         out.append(TokensSeen())
+    if not any(isinstance(c, ProgressLog) for c in out):
+        out.append(ProgressLog())
     return out

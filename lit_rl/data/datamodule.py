@@ -14,6 +14,12 @@ from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl, records_fro
 from lit_rl.data.tasks import get_task
 
 
+class NoEvaluation(list):
+    """The empty validation "loader" of a fit without evaluation: a list, as Lightning takes it, with a name
+    of its own, so ``lit_rl.cli.quiet`` drops Lightning's "Total length of `NoEvaluation` across ranks is zero"
+    for it and for nothing else."""
+
+
 class _ListDataset(Dataset):
     def __init__(self, items: list[Prompt]):
         self.items = items
@@ -218,7 +224,7 @@ class PromptDataModule(L.LightningDataModule):
         trainer = getattr(self, "trainer", None)
         fitting = trainer is not None and trainer.state.fn == "fit"
         if not self.heldout_prompts or (fitting and not self.heldout_in_fit):
-            return []
+            return NoEvaluation()
         # Its own generator, as the training loader's: a new iterator draws a seed from it, and from the global
         # torch RNG the rollouts sample with otherwise, so every evaluation would change the next rollouts.
         return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
