@@ -107,6 +107,7 @@ def row_records(exp: Experience, learner_version: int | None = None, max_text_ch
             "length": int(n_tok[i]), "policy_version": version,
             "staleness": None if learner_version is None else learner_version - version,
             "logprob": lp[i], "error": errors[i],
+            **({"extra": exp.reward_extras[i]} if exp.reward_extras and exp.reward_extras[i] else {}),
         })
     return out
 
@@ -218,7 +219,8 @@ class RolloutInspector(L.Callback):
                              random.Random(f"{self.seed}:{step}"))
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
             for r in rows:
-                f.write(json.dumps({"step": step, **r}, ensure_ascii=False) + "\n")
+                # default=str: log_extra values are the user's (any type); the file must still be written
+                f.write(json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n")
         if self.log_to_loggers:
             self._to_loggers(trainer, step, [{"step": step, **r} for r in rows])
 
