@@ -32,9 +32,8 @@ def drop_unlogged(results: Any, seen: dict[str, Any]) -> dict[str, Any]:
 class StepMetricsOnly:
     """LightningModule mixin: each step's logs hold only the metrics that step logged (module doc)."""
 
-    _step_metrics_seen: dict[str, Any] = {}
-
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         trainer = getattr(self, "_trainer", None)
         if trainer is not None:
-            self._step_metrics_seen = drop_unlogged(getattr(trainer, "_results", None), self._step_metrics_seen)
+            seen = getattr(self, "_step_metrics_seen", None) or {}
+            self._step_metrics_seen = drop_unlogged(getattr(trainer, "_results", None), seen)
