@@ -131,10 +131,13 @@ def trl_dir(tmp_path, monkeypatch):
     for name, code in EXAMPLES.items():
         (tmp_path / f"{name}.py").write_text(code)
         sys.modules.pop(name, None)
-    # 8 prompts: two batches of 4 per epoch (Lightning keeps step values for an epoch: item 8 needs two steps in one)
-    text = [{"prompt": f"What is {a}+{b}? Solution:", "ground_truth": str(a + b)} for a in range(4) for b in range(2)]
+    # 8 prompts: two batches of 4 per epoch (Lightning keeps step values for an epoch: the stale-metric check
+    # needs two steps in one)
+    text = [{"prompt": f"What is {a}+{b}? Solution:", "ground_truth": str(a + b)}
+            for a in range(4) for b in range(2)]
     (tmp_path / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text))
-    chat = [{"prompt": [{"role": "user", "content": f"What is {a}*2?"}], "ground_truth": str(2 * a)} for a in range(4)]
+    chat = [{"prompt": [{"role": "user", "content": f"What is {a}*2?"}], "ground_truth": str(2 * a)}
+            for a in range(4)]
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
     tasks = [{"prompt": "What is 2+2?", "task": "math"},  # Example 4's dataset, as the docs build it
              {"prompt": "Write a function that returns the sum of two numbers.", "task": "code"},
@@ -217,7 +220,8 @@ def test_example_4_multi_task_none_and_unscored_rows(trl_dir, tiny_model_dir):
         code = [r for r in rows(step) if r["prompt"].rstrip().endswith("numbers.") or "function" in r["prompt"]]
         assert len(code) == 4  # 2 code prompts x 2 completions
         for r in code:
-            assert r["reward"] is None and r["advantage"] == 0.0 and r["components"] == {"math": None, "coding": None}
+            assert r["reward"] is None and r["advantage"] == 0.0
+            assert r["components"] == {"math": None, "coding": None}
         for r in rows(step):
             if r not in code:
                 assert r["reward"] == r["components"]["math"] in (1.0, -1.0)

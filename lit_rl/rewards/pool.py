@@ -121,9 +121,9 @@ class RewardPool:
                 raise TypeError(f"RewardPool: reward {name!r} is not callable ({type(fn).__name__})")
         if isinstance(weights, (list, tuple)):
             if len(weights) != len(rewards):
-                raise ValueError(f"RewardPool: weights has {len(weights)} entries but there are {len(rewards)} rewards "
-                                 f"({', '.join(rewards)}); give one weight per reward in that order, or a dict "
-                                 "name -> weight")
+                raise ValueError(f"RewardPool: weights has {len(weights)} entries but there are {len(rewards)} "
+                                 f"rewards ({', '.join(rewards)}); give one weight per reward in that order, or a "
+                                 "dict name -> weight")
             weights = dict(zip(rewards, weights))
         weights = dict(weights or {})
         bad = {n: w for n, w in weights.items() if isinstance(w, bool) or not isinstance(w, (int, float))
@@ -297,7 +297,8 @@ class RewardPool:
         partial = [(i, f"{n}: {failed[n][i]}") for n in failed for i in range(B)
                    if failed[n][i] is not None and errors[i] is None]
         if (bad or partial) and self.warn_rows:
-            shown = "; ".join(f"row {i}: {_cut(e, self.max_error_chars)}" for i, e in (bad + partial)[: self.warn_rows])
+            first = (bad + partial)[: self.warn_rows]
+            shown = "; ".join(f"row {i}: {_cut(e, self.max_error_chars)}" for i, e in first)
             head = f"{len(bad)}/{B} rows have no reward (masked out of training)" if bad else ""
             if partial:
                 head += ("; " if head else "") + (f"{len(partial)} reward calls failed on rows that other rewards "
@@ -305,8 +306,7 @@ class RewardPool:
             warnings.warn(f"RewardPool: {head}; first {min(len(bad) + len(partial), self.warn_rows)}: {shown}",
                           RewardErrorWarning, stacklevel=3)
         texts = Counter(e for i, e in bad if e and not _unscored(e))
-        texts.update(_cut(f"{n}: {failed[n][i]}", self.max_error_chars) for i, _ in partial
-                     for n in failed if failed[n][i] is not None)
+        texts.update(_cut(t, self.max_error_chars) for _, t in partial)
         self._recent.append((failed_rows, B, texts, Counter(comp_fails)))
         if self.max_invalid_frac is None or not B:
             return
@@ -366,7 +366,8 @@ class RewardPool:
     def _join_async(self, thread: threading.Thread, out: list, t0: float) -> list[tuple[bool, Any, float]]:
         # a coroutine that blocks its loop (time.sleep in an async def) cannot be cancelled: abandon the thread
         thread.join(max(0.0, self.timeout_s + 1.0 - (time.monotonic() - t0)))
-        return [o if o is not None else (False, f"timed out after {self.timeout_s}s", self.timeout_s) for o in out]
+        late = (False, f"timed out after {self.timeout_s}s", self.timeout_s)
+        return [o if o is not None else late for o in out]
 
     def _run(self, calls, names) -> list[tuple[bool, Any, float]]:
         pool = self._pool()

@@ -215,7 +215,8 @@ def test_trl_style_function_is_adapted_with_columns():
     pool = RewardPool(accuracy)
     rb = pool.score([P("3", level=2), P("4", level=1)], ["3", " 5"])
     assert rb.total.tolist() == [1.0, 0.0] and rb.valid.all()
-    assert seen["prompts"] == ["q", "q"] and seen["kwargs"] == ["domain", "level", "log_extra", "log_metric", "trainer_state", "uid"]
+    assert seen["prompts"] == ["q", "q"]
+    assert seen["kwargs"] == ["domain", "level", "log_extra", "log_metric", "trainer_state", "uid"]
 
 
 def test_trl_style_chat_prompts_get_message_lists_and_none_is_not_applicable():

@@ -114,7 +114,8 @@ def test_wrong_log_extra_length_fails_that_reward_only():
     rb = RewardPool({"bad": bad_log, "ok": lambda prompt, completion: 1.0}, max_invalid_frac=None).score(
         [P("1")] * 2, ["a", "b"])
     assert rb.valid.all() and rb.total.tolist() == [1.0, 1.0]
-    assert rb.extras[0]["bad/error"] == "ValueError: log_extra('col'): 1 values for 2 completions; give one value per completion"
+    assert rb.extras[0]["bad/error"] == ("ValueError: log_extra('col'): 1 values for 2 completions; give one value "
+                                         "per completion")
 
 
 def test_trl_weight_list_in_reward_order_and_its_errors():
