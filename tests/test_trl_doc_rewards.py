@@ -240,6 +240,7 @@ def test_example_6_log_extra_and_log_metric_reach_the_logs(trl_dir, tiny_model_d
         acc = sum(r["components"]["acc"] for r in rs) / len(rs)
         assert m[step]["reward/acc/accuracy"] == acc
         assert float(logged[step]["reward/acc/accuracy"]) == pytest.approx(acc)
+    assert '"golden_answer"' in Path("run/report.html").read_text()  # the report's rows carry the columns too
 
 
 def test_curriculum_trainer_state_and_no_stale_metric(trl_dir, tiny_model_dir):
