@@ -64,8 +64,8 @@ def is_trl_style(fn: Callable) -> bool:
 
 def is_async(fn: Callable) -> bool:
     """``async def`` functions (also behind ``functools.partial``) and objects with an ``async def __call__``."""
-    call = vars(type(fn)).get("__call__")  # a callable object's own method (functions' type has one too)
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+    # a callable object's method, inherited ones too (a plain function's type has a non-async one)
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def adapt_reward(name: str, fn: Callable) -> Callable:

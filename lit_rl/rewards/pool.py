@@ -274,9 +274,10 @@ class RewardPool:
         n_invalid = B - int(valid.sum())
         n_errors = sum(f is not None for n in names for f in failed[n])
         n_timeouts = sum(f is not None and "timed out" in f for n in names for f in failed[n])
+        unscored = sum(e is not None and e.startswith("no reward applies") for e in errors)
         metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
                    "reward/invalid_frac": n_invalid / max(B, 1), "perf/reward_s": wall,
-                   "reward/none_rows": float(n_invalid - failed_rows)}
+                   "reward/none_rows": float(unscored)}
         for n in names:
             ok_mask = ~comps[n].isnan()
             metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan

@@ -153,7 +153,7 @@ def test_per_component_failure_rule():
     assert rb.extras[1] == {"a/error": "RuntimeError: a down"}
     m = rb.metrics
     assert (m["reward/a/errors"], m["reward/b/errors"], m["reward/zero/errors"]) == (3.0, 1.0, 0.0)
-    assert m["reward/none_rows"] == 2.0 and m["reward/invalid_frac"] == 4 / 6 and m["reward/infra_errors"] == 4.0
+    assert m["reward/none_rows"] == 1.0 and m["reward/invalid_frac"] == 4 / 6 and m["reward/infra_errors"] == 4.0
 
 
 def test_every_row_none_does_not_raise_and_is_not_a_failure():
