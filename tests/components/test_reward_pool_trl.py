@@ -176,3 +176,33 @@ def test_a_component_failing_over_the_window_stops_the_run_although_rows_stay_va
             pytest.raises(RewardFailureError, match=r"reward 'flaky' failed on 5/8 rows \(62%\) of the last 2 "
                                                     r"scoring calls"):
         pool.score([P("1")] * 4, ["ok", "x", "y", "z"])
+
+
+def test_other_awaitable_forms_are_awaited():
+    class Judge:  # a callable object with an async __call__, as a client class would be
+        async def __call__(self, completions, **kwargs):
+            await asyncio.sleep(0)
+            return [3.0] * len(completions)
+
+    async def score(completions):
+        return [5.0] * len(completions)
+
+    def wrapper(completions, **kwargs):  # a sync function handing back a coroutine
+        return score(completions)
+
+    rb = RewardPool({"obj": Judge(), "wrapped": wrapper}).score([P("1")] * 2, ["a", "b"])
+    assert rb.total.tolist() == [8.0, 8.0] and rb.valid.all()
+
+
+def test_trainer_state_from_a_run_without_max_steps():
+    from types import SimpleNamespace
+
+    # the Lightning Trainer attributes from_trainer reads: 3 epochs of 4 batches, no max_steps
+    trainer = SimpleNamespace(max_steps=-1, max_epochs=3, num_training_batches=4, current_epoch=1, global_step=6,
+                              estimated_stepping_batches=12)
+    st = TrainerState.from_trainer(trainer, batch_idx=2, log_history=({"step": 5},))
+    assert (st.global_step, st.max_steps, st.epoch, st.num_train_epochs) == (6, 12, 1.5, 3)
+    assert st.log_history == ({"step": 5},)
+    steps_only = SimpleNamespace(max_steps=10, max_epochs=-1, num_training_batches=4, current_epoch=0, global_step=0,
+                                 estimated_stepping_batches=float("inf"))
+    assert TrainerState.from_trainer(steps_only).num_train_epochs == 3  # ceil(10 / 4)
