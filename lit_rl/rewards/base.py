@@ -4,8 +4,10 @@ A reward function is a plain callable ``fn(prompt: Prompt, completion: str) -> f
 (the habit TRL users have, typed). ``prompt`` is the whole record, so verifiers read ``prompt.answer`` or
 ``prompt.metadata``. Returning ``RewardResult`` lets a function report sub-scores (logged as
 ``reward/<name>/<key>``) or say that it could not judge the completion (``ok=False``: an infrastructure
-failure, masked out of the advantages and counted — never scored 0; ``error`` says why, and that text
-travels with the row into ``Experience.reward_errors``).
+failure of this reward for this row, never scored 0: the component is left out of the row's weighted sum, and
+the row is masked out of the advantages when no other weighted reward scored it; ``error`` says why, and that
+text travels with the row into ``Experience.reward_errors`` or, for a row that kept a reward, its
+``reward_extras`` as ``"<name>/error"``; see ``lit_rl.rewards.pool``).
 
 A ``None`` return means "this reward does not apply to this row" (TRL's convention): skipped in the weighted
 sum. TRL-style batched functions ``fn(prompts, completions, **kwargs) -> list[float | None]`` are recognised by

@@ -90,8 +90,9 @@ class RewardPool:
             gets a copy per worker process -- give it its own pool or set ``executor``), ``"thread"`` or
             ``"process"`` (see module doc).
         max_invalid_frac: stop (``RewardFailureError``) when more than this fraction of the rows scored by
-            the last ``window`` calls had no reward, or when one call has no row with a reward; ``None`` never
-            stops. In [0, 1).
+            the last ``window`` calls had no reward because a reward failed, or one reward failed on more than
+            this fraction of them, or when every row of one call failed, or one reward failed on every row of a
+            call (rows every reward returned ``None`` for never count); ``None`` never stops. In [0, 1).
         window: number of scoring calls (one per training step) the fraction is measured over; the check
             starts once that many calls were made, so a reward that always fails stops the run at step ``window``.
         max_error_chars: error texts are cut to this many characters.
