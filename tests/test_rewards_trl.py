@@ -80,8 +80,8 @@ def test_trl_rewards_get_columns_by_original_name_once_per_batch(user_dir, tiny_
 def test_unknown_required_parameter_is_one_line_at_setup(user_dir, tiny_model_dir):
     with pytest.raises(ConfigError, match=r"rollout.rewards: reward 'gold': required parameter 'gold_answer' is "
                                           r"neither passed by the trainer nor a column of the data; available: "
-                                          r"answer, completion_ids, completions, domain, level, prompts, solution, "
-                                          r"trainer_state, uid$"):
+                                          r"answer, completion_ids, completions, domain, level, log_extra, "
+                                          r"log_metric, prompts, solution, trainer_state, uid$"):
         main(_args("runs/gold", tiny_model_dir, "{gold: trl_rewards.needs_gold}", "--trainer.max_steps", "1"))
     assert not (user_dir / "runs/gold/checkpoints").exists()
 

@@ -12,7 +12,7 @@ it also appends the step's scalar metrics and any new held-out points to ``rollo
 report's curves). At the end of training it writes ``<run dir>/report.html`` (``lit_rl.report``).
 
 Which rows (``max_rows_per_step`` bounds each file): whole prompt groups, in this order -- every group with a
-reward error (so failures are never sampled away), then the best and the worst group by mean reward, then
+reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away), then the best and the worst group by mean reward, then
 groups drawn at random (seeded by ``seed`` and the step) until the budget is full; the last group may be cut.
 Each row records why it was chosen (``pick``: error | best | worst | random | all).
 
@@ -35,7 +35,7 @@ from lit_rl.data.experience import Experience
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
 METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/", "async/")
 TABLE_COLUMNS = ("step", "group", "pick", "prompt", "completion", "reward", "advantage", "finish", "length",
-                 "staleness", "logprob", "error")
+                 "staleness", "logprob", "error", "extra")
 
 
 def prompt_text(prompt: Any) -> str:
@@ -107,6 +107,7 @@ def row_records(exp: Experience, learner_version: int | None = None, max_text_ch
             "length": int(n_tok[i]), "policy_version": version,
             "staleness": None if learner_version is None else learner_version - version,
             "logprob": lp[i], "error": errors[i],
+            **({"extra": exp.reward_extras[i]} if exp.reward_extras and exp.reward_extras[i] else {}),
         })
     return out
 
@@ -124,8 +125,8 @@ def select_groups(rows: list[dict], max_rows: int | None, rng: random.Random) ->
         vals = [r["reward"] for r in groups[g] if r["reward"] is not None]
         return sum(vals) / len(vals) if vals else -math.inf
 
-    order: list[tuple[int, str]] = [(g, "error") for g in groups if any(r["error"] for r in groups[g])]
-    rest = sorted((g for g in groups if all(not r["error"] for r in groups[g])), key=mean_reward)
+    order: list[tuple[int, str]] = [(g, "error") for g in groups if any(_failed(r) for r in groups[g])]
+    rest = sorted((g for g in groups if not any(_failed(r) for r in groups[g])), key=mean_reward)
     if rest:
         order.append((rest.pop(), "best"))
     if rest:
@@ -139,6 +140,11 @@ def select_groups(rows: list[dict], max_rows: int | None, rng: random.Random) ->
         if len(out) >= max_rows:
             break
     return out
+
+
+def _failed(row: dict) -> bool:
+    """The row has no reward because of an error, or one of its reward components failed (``extra``)."""
+    return bool(row["error"]) or any(k.endswith("/error") for k in row.get("extra") or {})
 
 
 def _markdown(rows: list[dict], width: int = 200) -> str:
@@ -218,7 +224,8 @@ class RolloutInspector(L.Callback):
                              random.Random(f"{self.seed}:{step}"))
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
             for r in rows:
-                f.write(json.dumps({"step": step, **r}, ensure_ascii=False) + "\n")
+                # default=str: log_extra values are the user's (any type); the file must still be written
+                f.write(json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n")
         if self.log_to_loggers:
             self._to_loggers(trainer, step, [{"step": step, **r} for r in rows])
 

@@ -134,6 +134,7 @@ class RolloutCallback(RolloutProducer):
         self.overlong_filter, self.overlong_buffer = overlong_filter, overlong_buffer
         self.overlong_penalty_factor = overlong_penalty_factor
         self._default_eval: HeldoutEval | None = None
+        self._log_history: list[dict[str, float]] = []  # TrainerState.log_history: one dict per finished iteration
         if pipeline is None:
             # generation, weight loads and evaluation use the engine one at a time
             self.engine_lock = threading.RLock()
@@ -205,8 +206,8 @@ class RolloutCallback(RolloutProducer):
 
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
-        if self.rewards is not None:
-            self.rewards.trainer_state = TrainerState(trainer.global_step, trainer.current_epoch)
+        if self.rewards is not None:  # what TRL-style rewards get as trainer_state (rewards/base.py)
+            self.rewards.trainer_state = TrainerState.from_trainer(trainer, batch_idx, tuple(self._log_history))
         # steps 1-5 end with an agreement: one rank's error raises on every rank before any rank enters the
         # collectives of steps 6-7 or the training step (callbacks/_agree.py)
         if self.mode == "async":
@@ -248,6 +249,9 @@ class RolloutCallback(RolloutProducer):
 
     # ----------------------------------------------------------- weight sync
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        metrics = getattr(batch, "metrics", None) or {}
+        self._log_history.append({"step": trainer.global_step, "epoch": trainer.current_epoch, **{
+            k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}})
         self.weight_sync.after_iteration(trainer, pl_module, self._async if self._async.running else None)
         self._async.end_iteration()
         _log_iteration_step(trainer, pl_module, on_step=True)

@@ -91,7 +91,7 @@ class MetricRegistry:
         return dict(self._reduce)
 
 
-# The extremes among the metrics PolicyModule logs (everything else is a mean):
+# The extremes and counts among the metrics PolicyModule logs (everything else is a mean):
 METRICS = MetricRegistry([
     Metric("actor/ratio_max", "max"), Metric("actor/ratio_min", "min"),  # core.policy_losses, per micro-batch
     Metric("is/max_weight", "max"),  # core.importance.rollout_correction, per micro-batch
@@ -101,4 +101,5 @@ METRICS = MetricRegistry([
     Metric("rollout/response_len_min", "min"), Metric("response_length/min", "min"),
     Metric("rollout/response_len_stopped_max", "max"), Metric("rollout/response_len_stopped_min", "min"),
     Metric("async/staleness_max", "max"),  # callbacks.rollout (async), per rank
+    Metric("reward/none_rows", "sum"),  # rewards.pool: rows no reward applied to, over all ranks
 ])

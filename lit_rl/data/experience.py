@@ -76,6 +76,9 @@ class Experience:
     prompts: list[Any] = field(default_factory=list)  # the Prompt record behind each row
     texts: list[str] = field(default_factory=list)  # decoded completions
     reward_errors: list[str | None] = field(default_factory=list)  # per row: why it has no reward (None: scored)
+    # per row: what rewards logged for it (TRL's log_extra columns, "<reward>/error" of a component that failed
+    # on a row other rewards scored); [] = nothing logged. Shown by the rollout inspector.
+    reward_extras: list[dict[str, Any]] = field(default_factory=list)
     # Tensors other components attach (e.g. multi-turn observation masks); sliced like token fields.
     extras: dict[str, Tensor] = field(default_factory=dict)
 

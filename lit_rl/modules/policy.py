@@ -32,6 +32,7 @@ from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.optim_step import LossParts, OptimizerStep
 from lit_rl.modules.protocols import loss_term_providers
+from lit_rl.modules.step_metrics import StepMetricsOnly
 from lit_rl.modules.validation import HeldoutValidation
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
@@ -51,7 +52,7 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
-class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
+class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
     Args:

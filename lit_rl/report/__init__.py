@@ -21,7 +21,7 @@ from lit_rl.report._template import TEMPLATE
 
 # Per-row array layout in the embedded JSON (the page's JavaScript reads the same order).
 ROW_FIELDS = ("row", "group", "prompt", "completion", "reward", "advantage", "finish", "length", "policy_version",
-              "staleness", "logprob", "error", "pick", "components")
+              "staleness", "logprob", "error", "pick", "components", "extra")
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
 

@@ -183,7 +183,9 @@ function groupHead(g) {
 // empty or whitespace-only completions are shown as a quoted string, so they are never an invisible cell
 const showText = t => String(t ?? "").trim() ? `<pre class="txt">${esc(t)}</pre>` : `<span class="muted">${esc(JSON.stringify(t ?? ""))} (blank)</span>`;
 function rowHtml(r, step) {
-  const comps = D.components.map((k, i) => r[F.components] && r[F.components][i] != null ? `${esc(k)}=${fmt(r[F.components][i])}` : "").filter(Boolean).join("<br>");
+  const comps = D.components.map((k, i) => r[F.components] && r[F.components][i] != null ? `${esc(k)}=${fmt(r[F.components][i])}` : "").filter(Boolean)
+    // what rewards logged for the row (TRL's log_extra columns, a failed component's "<reward>/error")
+    .concat(Object.entries(r[F.extra] || {}).map(([k, v]) => `<span class="muted">${esc(k)}: ${esc(typeof v === "string" ? v : JSON.stringify(v))}</span>`)).join("<br>");
   const err = r[F.error];
   return `<tr class="row" data-step="${step}" data-row="${r[F.row]}" data-err="${err ? 1 : 0}" data-finish="${esc(r[F.finish])}">
    <td class="num">${r[F.row]}</td><td>${showText(r[F.completion])}</td>

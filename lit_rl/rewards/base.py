@@ -4,8 +4,10 @@ A reward function is a plain callable ``fn(prompt: Prompt, completion: str) -> f
 (the habit TRL users have, typed). ``prompt`` is the whole record, so verifiers read ``prompt.answer`` or
 ``prompt.metadata``. Returning ``RewardResult`` lets a function report sub-scores (logged as
 ``reward/<name>/<key>``) or say that it could not judge the completion (``ok=False``: an infrastructure
-failure, masked out of the advantages and counted — never scored 0; ``error`` says why, and that text
-travels with the row into ``Experience.reward_errors``).
+failure of this reward for this row, never scored 0: the component is left out of the row's weighted sum, and
+the row is masked out of the advantages when no other weighted reward scored it; ``error`` says why, and that
+text travels with the row into ``Experience.reward_errors`` or, for a row that kept a reward, its
+``reward_extras`` as ``"<name>/error"``; see ``lit_rl.rewards.pool``).
 
 A ``None`` return means "this reward does not apply to this row" (TRL's convention): skipped in the weighted
 sum. TRL-style batched functions ``fn(prompts, completions, **kwargs) -> list[float | None]`` are recognised by
@@ -28,10 +30,50 @@ class RewardResult:
 
 @dataclass(frozen=True)
 class TrainerState:
-    """What TRL-style rewards get as ``trainer_state`` (the parts of TRL's ``TrainerState`` rewards read)."""
+    """What TRL-style rewards get as ``trainer_state``: the fields of TRL's ``TrainerState`` a reward reads, in
+    lit_rl's terms (``RolloutCallback`` builds it before each rollout, ``from_trainer``).
+
+    Fields:
+        global_step: optimizer steps taken before this rollout (Lightning's ``trainer.global_step``; one per
+            RL iteration unless ``ppo_epochs`` / ``minibatch_size`` make several).
+        max_steps: the run's step budget in the same unit: ``trainer.max_steps``, else Lightning's estimate from
+            ``max_epochs`` (``estimated_stepping_batches``); 0 when unbounded (as an unset TRL state).
+        epoch: fractional epochs over the training prompts done (``current_epoch + batch / batches per epoch``).
+        num_train_epochs: ``trainer.max_epochs``, else the epochs ``max_steps`` spans; 0 when unknown.
+        log_history: one dict per finished RL iteration, ``{"step": global_step, "epoch": ..., <metric>: value}``
+            with that iteration's rollout and reward metrics (what lit_rl logged; this rank's values). Starts
+            empty in each process (a resumed run does not restore it).
+    """
 
     global_step: int = 0
-    epoch: int = 0
+    epoch: float = 0.0
+    max_steps: int = 0
+    num_train_epochs: int = 0
+    log_history: tuple[dict[str, float], ...] = ()
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, batch_idx: int = 0, log_history: tuple = ()) -> TrainerState:
+        """The state of a Lightning ``trainer`` before batch ``batch_idx`` of the current epoch."""
+        per_epoch = _finite(getattr(trainer, "num_training_batches", None))
+        epoch = trainer.current_epoch + (batch_idx / per_epoch if per_epoch else 0.0)
+        max_steps = trainer.max_steps if (trainer.max_steps or -1) > 0 else 0
+        if not max_steps:
+            try:  # Lightning's estimate from max_epochs; inf / errors (no dataloader yet) leave 0
+                max_steps = int(_finite(trainer.estimated_stepping_batches) or 0)
+            except Exception:  # noqa: BLE001
+                max_steps = 0
+        epochs = trainer.max_epochs if (trainer.max_epochs or -1) > 0 else 0
+        if not epochs and max_steps and per_epoch:
+            epochs = math.ceil(max_steps / per_epoch)
+        return cls(int(trainer.global_step), float(epoch), int(max_steps), int(epochs), tuple(log_history))
+
+
+def _finite(x: Any) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
 
 
 @runtime_checkable

@@ -21,26 +21,34 @@ works stops instead of finishing green: at the first scoring call where no row h
 ``window`` steps when only some rows do.
 
 TRL-style rewards (``fn(prompts, completions, **kwargs)``) are one call per scoring call with the whole batch
-(``timeout_s`` then limits that call; a failed call fails every row); per-row rewards are one call per row.
-A ``None`` score means "not applicable": skipped in the weighted sum (as TRL), counted in
-``reward/<name>/none_frac``; a row no reward applies to has no reward.
+(``timeout_s`` then limits that call; a failed call fails that reward on every row); per-row rewards are one
+call per row. ``async def`` TRL-style rewards run together in one event loop (``asyncio.gather``, each under
+``timeout_s``) while the other rewards run in the workers.
+
+Per component (TRL's nansum): a reward that returns ``None`` ("not applicable", ``reward/<name>/none_frac``) or
+fails for a row (``reward/<name>/errors``) is left out of that row's weighted sum; the row keeps a reward when at
+least one reward with a non-zero weight scored it. A row every weighted reward failed on (or some failed and the
+rest returned ``None``) is an infrastructure error: NaN, ``valid=False``, counted in ``invalid_frac`` and the
+failure window. A row every reward returned ``None`` for is *unscored*: NaN, ``valid=False`` (out of its group's
+baseline, advantage 0), counted in ``reward/none_rows``, never a failure. A reward failing on more than
+``max_invalid_frac`` of the window's rows (or on every row of one call) stops the run too, although the other
+rewards kept those rows valid: a broken component never trains silently on the rest.
 """
 from __future__ import annotations
 
+import asyncio
 import math
-import multiprocessing as mp
-import queue
 import threading
 import time
 import warnings
 from collections import Counter, deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-from lit_rl.rewards.adapters import TRLRewardAdapter, adapt_reward, record_columns
+from lit_rl.rewards._workers import _ProcessWorkers, _ThreadWorkers
+from lit_rl.rewards.adapters import BatchScores, TRLRewardAdapter, adapt_reward, record_columns
 from lit_rl.rewards.base import RewardResult, TrainerState, as_result
 
 EXECUTORS = ("auto", "thread", "process")
@@ -61,117 +69,9 @@ class RewardBatch:
     components: dict[str, torch.Tensor]  # name -> (B,) float64, NaN where that call failed
     errors: list[str | None]  # per row: why it is invalid
     metrics: dict[str, float] = field(default_factory=dict)
-
-
-class _ThreadWorkers:
-    def __init__(self, n: int):
-        self.n, self.q, self.lock, self.alive = n, queue.Queue(), threading.Lock(), 0
-        for _ in range(n):
-            self._spawn()
-
-    def _spawn(self) -> None:
-        with self.lock:
-            self.alive += 1
-        threading.Thread(target=self._loop, daemon=True, name="lit_rl-reward").start()
-
-    def _loop(self) -> None:
-        while True:
-            fut, fn, args = self.q.get()
-            fut.started_at = time.monotonic()
-            try:
-                fut.set_result(fn(*args))
-            except BaseException as e:  # noqa: BLE001 - any failure of user code is an infra error
-                fut.set_exception(e)
-            with self.lock:  # a replacement was spawned while we hung: retire to keep n workers
-                if self.alive > self.n:
-                    self.alive -= 1
-                    return
-
-    def submit(self, fn: Callable, *args) -> Future:
-        fut: Future = Future()
-        fut.started_at = None
-        self.q.put((fut, fn, args))
-        return fut
-
-    def abandon(self, fut: Future) -> None:
-        self._spawn()  # the stuck thread keeps running but no longer counts towards capacity
-
-    def close(self) -> None:
-        pass
-
-
-def _proc_loop(conn, fns) -> None:
-    while True:
-        msg = conn.recv()
-        if msg is None:
-            return
-        idx, args = msg
-        try:
-            out = (True, fns[idx](*args))
-        except BaseException as e:  # noqa: BLE001
-            out = (False, f"{type(e).__name__}: {e}")
-        try:
-            conn.send(out)
-        except Exception as e:  # noqa: BLE001 - e.g. an unpicklable return value
-            msg = f"reward result could not be sent back from the worker process: {type(e).__name__}: {e}"
-            conn.send((False, msg))
-
-
-class _ProcessWorkers:
-    """Forked workers holding copies of the reward functions; a hung call's worker is killed and replaced."""
-
-    def __init__(self, n: int, fns: list[Callable]):
-        self.fns, self.ctx = fns, mp.get_context("fork")
-        self.idle: list = [self._spawn() for _ in range(n)]
-
-    def _spawn(self):
-        parent, child = self.ctx.Pipe()
-        p = self.ctx.Process(target=_proc_loop, args=(child, self.fns), daemon=True)
-        p.start()
-        return p, parent
-
-    def run_all(self, calls: list[tuple[int, tuple]], timeout: float) -> list[tuple[bool, Any]]:
-        results: list[Any] = [None] * len(calls)
-        pending = list(range(len(calls)))
-        busy: dict[int, tuple] = {}  # call index -> (worker, started)
-        while pending or busy:
-            while pending and self.idle:
-                i = pending.pop(0)
-                w = self.idle.pop()
-                w[1].send(calls[i])
-                busy[i] = (w, time.monotonic())
-            time.sleep(0.0005)
-            for i, (w, t0) in list(busy.items()):
-                if w[1].poll():
-                    try:
-                        results[i] = w[1].recv()
-                        self.idle.append(w)
-                    except (EOFError, OSError):
-                        results[i] = (False, f"reward worker process died (exit code {w[0].exitcode})")
-                        self.idle.append(self._spawn())
-                    del busy[i]
-                elif not w[0].is_alive():
-                    results[i] = (False, f"reward worker process died (exit code {w[0].exitcode})")
-                    self.idle.append(self._spawn())
-                    del busy[i]
-                elif time.monotonic() - t0 > timeout:
-                    w[0].kill()
-                    w[0].join(1)
-                    results[i] = (False, f"timed out after {timeout}s")
-                    self.idle.append(self._spawn())
-                    del busy[i]
-        return results
-
-    def close(self) -> None:
-        for p, conn in self.idle:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            p.join(0.5)
-            if p.is_alive():
-                p.kill()
-        self.idle = []
+    # per row: what TRL-style rewards logged with log_extra ({column: value}) and "<reward>/error" for a
+    # component that failed on a row that stayed valid; [] = nothing logged (the inspector's "extra")
+    extras: list[dict[str, Any]] = field(default_factory=list)
 
 
 class RewardPool:
@@ -181,7 +81,8 @@ class RewardPool:
         rewards: one function, a list (named by their ``__name__``/class) or a dict name -> function. Each is
             ``fn(prompt, completion) -> float | RewardResult`` or TRL-style ``fn(prompts, completions,
             **columns) -> list[float]`` (adapted; see ``lit_rl.rewards.adapters``); anything else is refused here.
-        weights: name -> weight of each component in the total (default 1.0 each).
+        weights: name -> weight of each component in the total (default 1.0 each), or a list with one weight
+            per reward in the order of ``rewards`` (TRL's ``reward_weights``).
         timeout_s: per-call limit; past it the call is an infra error.
         num_workers: parallel calls.
         executor: ``"auto"`` (default: processes if a reward declares ``executor = "process"``, else threads;
@@ -189,8 +90,9 @@ class RewardPool:
             gets a copy per worker process -- give it its own pool or set ``executor``), ``"thread"`` or
             ``"process"`` (see module doc).
         max_invalid_frac: stop (``RewardFailureError``) when more than this fraction of the rows scored by
-            the last ``window`` calls had no reward, or when one call has no row with a reward; ``None`` never
-            stops. In [0, 1).
+            the last ``window`` calls had no reward because a reward failed, or one reward failed on more than
+            this fraction of them, or when every row of one call failed, or one reward failed on every row of a
+            call (rows every reward returned ``None`` for never count); ``None`` never stops. In [0, 1).
         window: number of scoring calls (one per training step) the fraction is measured over; the check
             starts once that many calls were made, so a reward that always fails stops the run at step ``window``.
         max_error_chars: error texts are cut to this many characters.
@@ -200,7 +102,7 @@ class RewardPool:
     def __init__(
         self,
         rewards: Callable | list[Callable] | dict[str, Callable],
-        weights: dict[str, float] | None = None,
+        weights: dict[str, float] | list[float] | None = None,
         timeout_s: float = 10.0,
         num_workers: int = 1,
         executor: str = "auto",
@@ -218,7 +120,17 @@ class RewardPool:
         for name, fn in rewards.items():
             if not callable(fn):
                 raise TypeError(f"RewardPool: reward {name!r} is not callable ({type(fn).__name__})")
+        if isinstance(weights, (list, tuple)):
+            if len(weights) != len(rewards):
+                raise ValueError(f"RewardPool: weights has {len(weights)} entries but there are {len(rewards)} "
+                                 f"rewards ({', '.join(rewards)}); give one weight per reward in that order, or a "
+                                 "dict name -> weight")
+            weights = dict(zip(rewards, weights))
         weights = dict(weights or {})
+        bad = {n: w for n, w in weights.items() if isinstance(w, bool) or not isinstance(w, (int, float))
+               or not math.isfinite(w)}
+        if bad:
+            raise ValueError(f"RewardPool: weights must be finite numbers, got {bad}")
         unknown = set(weights) - set(rewards)
         if unknown:
             raise ValueError(f"RewardPool: weights name unknown rewards {sorted(unknown)}; rewards are {sorted(rewards)}")
@@ -244,7 +156,8 @@ class RewardPool:
         self.timeout_s, self.num_workers, self.executor = timeout_s, num_workers, executor
         self.max_invalid_frac, self.window = max_invalid_frac, window
         self.max_error_chars, self.warn_rows = max_error_chars, warn_rows
-        self._recent: deque[tuple[int, int, Counter]] = deque(maxlen=window)  # (invalid rows, rows, error texts)
+        # per call: (failed rows, rows, error texts, {reward: rows it failed on})
+        self._recent: deque[tuple[int, int, Counter, Counter]] = deque(maxlen=window)
         self._workers = None
         self.trainer_state = TrainerState()  # what TRL-style rewards get as trainer_state (RolloutCallback updates it)
 
@@ -275,7 +188,7 @@ class RewardPool:
               trainer_state: TrainerState | None = None) -> RewardBatch:
         """Score B rows. Per-row rewards are called once per row, TRL-style ones once with the whole batch
         (with ``completion_ids`` and ``trainer_state``; default: the pool's ``trainer_state``, which the
-        RolloutCallback keeps current). A ``None`` score is "not applicable": skipped in the weighted sum."""
+        RolloutCallback keeps current). Per-component rule: module doc."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
         if completion_ids is not None and len(completion_ids) != len(completions):
@@ -283,99 +196,180 @@ class RewardPool:
         state = trainer_state if trainer_state is not None else self.trainer_state
         names = list(self.rewards)
         B = len(prompts)
-        calls, where = [], []  # where[j]: (reward index, row or None for a whole-batch call)
+        batch_args = (list(prompts), list(completions), completion_ids, state)
+        calls, where, async_ks = [], [], []  # where[j]: (reward index, row or None for a whole-batch call)
         for k, n in enumerate(names):
-            if getattr(self.rewards[n], "batched", False):
-                calls.append((k, (list(prompts), list(completions), completion_ids, state)))
+            fn = self.rewards[n]
+            if getattr(fn, "is_async", False):
+                async_ks.append(k)
+            elif getattr(fn, "batched", False):
+                calls.append((k, batch_args))
                 where.append((k, None))
             else:
                 calls += [(k, (p, c)) for p, c in zip(prompts, completions)]
                 where += [(k, i) for i in range(B)]
         t0 = time.monotonic()
-        raw = self._run(calls, names) if B else []
+        if not B:
+            calls, where, async_ks = [], [], []
+        pending = self._start_async([self.rewards[names[k]] for k in async_ks], batch_args) if async_ks else None
+        raw = self._run(calls, names) if calls else []
+        if pending is not None:  # TRL runs async rewards concurrently with asyncio.gather: so do we
+            raw += self._join_async(*pending)
+            where += [(k, None) for k in async_ks]
         wall = time.monotonic() - t0
         comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
-        applies = torch.zeros(B, dtype=torch.bool)  # some reward returned a score (not None) for the row
-        errors: list[str | None] = [None] * B
+        failed = {n: [None] * B for n in names}  # per reward, per row: why it could not score the row
         latency = {n: 0.0 for n in names}
         n_calls = {n: 0 for n in names}
-        n_timeouts = n_errors = 0
         none_rows = {n: 0 for n in names}
-
-        def fail(k: int, row: int, why: str) -> None:
-            nonlocal n_errors, n_timeouts
-            n_errors += 1
-            n_timeouts += "timed out" in why
-            errors[row] = errors[row] or _cut(f"{names[k]}: {why}", self.max_error_chars)
+        extras: list[dict[str, Any]] = [{} for _ in range(B)]
+        logged: dict[str, list[float]] = {}
 
         for (k, row), (ok, val, dt) in zip(where, raw):
-            latency[names[k]] += dt
-            n_calls[names[k]] += 1
+            n = names[k]
+            latency[n] += dt
+            n_calls[n] += 1
             rows = range(B) if row is None else [row]
+            if ok and isinstance(val, BatchScores):
+                for col, vals in val.extra.items():
+                    for r, v in zip(rows, vals):
+                        extras[r][col] = v
+                for m, vs in val.metrics.items():
+                    logged.setdefault(f"reward/{n}/{m}", []).extend(vs)
+                val = val.scores
             vals = val if (ok and row is None) else [val] * len(rows)
             for r, v in zip(rows, vals):
                 if not ok:
-                    fail(k, r, str(v))
+                    failed[n][r] = str(v)
                     continue
-                if v is None:  # not applicable (TRL): skipped in the weighted sum
-                    none_rows[names[k]] += 1
+                if v is None:  # not applicable (TRL): left out of the weighted sum
+                    none_rows[n] += 1
                     continue
                 try:
                     res = as_result(v)
                 except TypeError as e:
-                    fail(k, r, f"TypeError: {e}")
+                    failed[n][r] = f"TypeError: {e}"
                     continue
                 if not res.ok:
-                    fail(k, r, _not_ok_text(res))
+                    failed[n][r] = _not_ok_text(res)
                     continue
-                comps[names[k]][r] = res.score
-                applies[r] = True
+                comps[n][r] = res.score
+        weighted = [n for n in names if self.weights[n] != 0.0]
+        errors: list[str | None] = [None] * B
+        failed_rows = 0  # invalid because a reward failed (the failure window counts these)
         for r in range(B):
-            if errors[r] is None and not applies[r]:
+            fails = [(n, failed[n][r]) for n in names if failed[n][r] is not None]
+            if any(not comps[n][r].isnan() for n in weighted):  # scored by a weighted reward: valid
+                for n, why in fails:
+                    extras[r][f"{n}/error"] = _cut(why, self.max_error_chars)
+            elif fails:
+                errors[r] = _cut(f"{fails[0][0]}: {fails[0][1]}", self.max_error_chars)
+                failed_rows += 1
+            elif any(not comps[n][r].isnan() for n in names):
+                errors[r] = "only rewards with weight 0 scored this row"
+            else:
                 errors[r] = "no reward applies to this row (every reward returned None)"
         valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
         total = sum(self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
         total = torch.where(valid, total, torch.full_like(total, float("nan")))
         n_invalid = B - int(valid.sum())
+        n_errors = sum(f is not None for n in names for f in failed[n])
+        n_timeouts = sum(f is not None and "timed out" in f for n in names for f in failed[n])
+        unscored = sum(e is not None and e.startswith("no reward applies") for e in errors)
         metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
-                   "reward/invalid_frac": n_invalid / max(B, 1), "perf/reward_s": wall}
+                   "reward/invalid_frac": n_invalid / max(B, 1), "perf/reward_s": wall,
+                   "reward/none_rows": float(unscored)}
         for n in names:
             ok_mask = ~comps[n].isnan()
             metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan
+            metrics[f"reward/{n}/errors"] = float(sum(f is not None for f in failed[n]))
             metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(n_calls[n], 1)
             if none_rows[n]:
                 metrics[f"reward/{n}/none_frac"] = none_rows[n] / max(B, 1)
-        self._report(errors)
-        return RewardBatch(total, valid, comps, errors, metrics)
+        metrics.update({k: sum(v) / len(v) for k, v in logged.items()})  # log_metric: mean over the step's calls
+        self._report(errors, failed_rows, {n: sum(f is not None for f in failed[n]) for n in names}, failed)
+        return RewardBatch(total, valid, comps, errors, metrics, extras if any(extras) else [])
 
-    def _report(self, errors: list[str | None]) -> None:
-        """Warn once per call with errors; raise when the window's invalid fraction is over the limit."""
+    def _report(self, errors: list[str | None], failed_rows: int, comp_fails: dict[str, int],
+                failed: dict[str, list[str | None]]) -> None:
+        """Warn once per call with rows lacking a reward or failed components; raise when a reward failed on
+        every row of the call, or the window's failed fraction (rows, or one reward's rows) is over the limit."""
+        B = len(errors)
         bad = [(i, e) for i, e in enumerate(errors) if e is not None]
-        if bad and self.warn_rows:
-            shown = "; ".join(f"row {i}: {e}" for i, e in bad[: self.warn_rows])
-            warnings.warn(f"RewardPool: {len(bad)}/{len(errors)} rows have no reward (masked out of training); "
-                          f"first {min(len(bad), self.warn_rows)}: {shown}", RewardErrorWarning, stacklevel=3)
-        self._recent.append((len(bad), len(errors), Counter(e for _, e in bad)))
-        if self.max_invalid_frac is None:
+        partial = [(i, f"{n}: {failed[n][i]}") for n in failed for i in range(B)
+                   if failed[n][i] is not None and errors[i] is None]
+        if (bad or partial) and self.warn_rows:
+            first = (bad + partial)[: self.warn_rows]
+            shown = "; ".join(f"row {i}: {_cut(e, self.max_error_chars)}" for i, e in first)
+            head = f"{len(bad)}/{B} rows have no reward (masked out of training)" if bad else ""
+            if partial:
+                head += ("; " if head else "") + (f"{len(partial)} reward calls failed on rows that other rewards "
+                                                  "scored (left out of their weighted sum)")
+            warnings.warn(f"RewardPool: {head}; first {min(len(bad) + len(partial), self.warn_rows)}: {shown}",
+                          RewardErrorWarning, stacklevel=3)
+        texts = Counter(e for i, e in bad if e and not _unscored(e))
+        texts.update(_cut(t, self.max_error_chars) for _, t in partial)
+        self._recent.append((failed_rows, B, texts, Counter(comp_fails)))
+        if self.max_invalid_frac is None or not B:
             return
-        if bad and len(bad) == len(errors):  # not one row scored: no point waiting for the window
-            err, times = Counter(e for _, e in bad).most_common(1)[0]
+        every = [n for n, c in comp_fails.items() if c == B]
+        if failed_rows == B and not every:  # every row failed, on different rewards
+            err, times = texts.most_common(1)[0]
             raise RewardFailureError(
-                f"RewardPool: none of the {len(errors)} rows of this scoring call has a reward. Most frequent error "
-                f"({times}x): {err}. Fix the reward function (or the data it reads); set max_invalid_frac to null "
-                "to train on whatever rows do get a reward.")
+                f"RewardPool: none of the {B} rows of this scoring call has a reward. Most frequent error ({times}x): "
+                f"{err}. Fix the reward function (or the data it reads); set max_invalid_frac to null to train on "
+                "whatever rows do get a reward.")
+        if every:  # a reward that failed on every row of a call is broken, whatever the others scored
+            n = every[0]
+            err, times = Counter(_cut(f"{n}: {f}", self.max_error_chars) for f in failed[n]).most_common(1)[0]
+            rows = "none of the" if failed_rows == B else f"reward {n!r} failed on all"
+            raise RewardFailureError(
+                f"RewardPool: {rows} {B} rows of this scoring call {'has a reward' if failed_rows == B else ''}"
+                .rstrip() + f". Most frequent error ({times}x): {err}. Fix the reward function (or the data it "
+                "reads); set max_invalid_frac to null to train on whatever rows do get a reward.")
         if len(self._recent) < self.window:
             return
-        n_bad = sum(b for b, _, _ in self._recent)
-        n_rows = sum(n for _, n, _ in self._recent)
-        if n_rows and n_bad / n_rows > self.max_invalid_frac:
-            counts = sum((c for _, _, c in self._recent), Counter())
+        n_rows = sum(n for _, n, _, _ in self._recent)
+        n_bad = sum(b for b, _, _, _ in self._recent)
+        per_comp = sum((c for _, _, _, c in self._recent), Counter())
+        worst, n_worst = per_comp.most_common(1)[0] if per_comp else ("", 0)
+        if n_rows and max(n_bad, n_worst) / n_rows > self.max_invalid_frac:
+            counts = sum((c for _, _, c, _ in self._recent), Counter())
             err, times = counts.most_common(1)[0]
+            what = (f"{n_bad}/{n_rows} rows ({n_bad / n_rows:.0%})" if n_bad >= n_worst else
+                    f"reward {worst!r} failed on {n_worst}/{n_rows} rows ({n_worst / n_rows:.0%})")
             raise RewardFailureError(
-                f"RewardPool: {n_bad}/{n_rows} rows ({n_bad / n_rows:.0%}) of the last {len(self._recent)} scoring "
-                f"calls had no reward (max_invalid_frac={self.max_invalid_frac}). Most frequent error ({times}x): "
+                f"RewardPool: {what} of the last {len(self._recent)} scoring calls had no reward "
+                f"(max_invalid_frac={self.max_invalid_frac}). Most frequent error ({times}x): "
                 f"{err}. Fix the reward function (or the data it reads), or raise max_invalid_frac / set it to "
                 "null to train on the valid rows only.")
+
+    def _start_async(self, fns: list[TRLRewardAdapter], args: tuple) -> tuple:
+        """Run the async rewards' ``acall`` in one event loop in its own thread (a loop may already run in the
+        caller's thread), each under ``asyncio.wait_for(timeout_s)``; ``_join_async`` collects them."""
+        out: list[Any] = [None] * len(fns)
+
+        async def one(i: int, fn: TRLRewardAdapter) -> None:
+            t0 = time.monotonic()
+            try:
+                out[i] = (True, await asyncio.wait_for(fn.acall(*args), self.timeout_s), time.monotonic() - t0)
+            except TimeoutError:  # asyncio's is the builtin since 3.11
+                out[i] = (False, f"timed out after {self.timeout_s}s", time.monotonic() - t0)
+            except BaseException as e:  # noqa: BLE001 - any failure of user code is an infra error
+                out[i] = (False, f"{type(e).__name__}: {e}", time.monotonic() - t0)
+
+        async def gather() -> None:
+            await asyncio.gather(*(one(i, f) for i, f in enumerate(fns)))
+
+        thread = threading.Thread(target=asyncio.run, args=(gather(),), daemon=True, name="lit_rl-reward-async")
+        thread.start()
+        return thread, out, time.monotonic()
+
+    def _join_async(self, thread: threading.Thread, out: list, t0: float) -> list[tuple[bool, Any, float]]:
+        # a coroutine that blocks its loop (time.sleep in an async def) cannot be cancelled: abandon the thread
+        thread.join(max(0.0, self.timeout_s + 1.0 - (time.monotonic() - t0)))
+        late = (False, f"timed out after {self.timeout_s}s", self.timeout_s)
+        return [o if o is not None else late for o in out]
 
     def _run(self, calls, names) -> list[tuple[bool, Any, float]]:
         pool = self._pool()
@@ -409,6 +403,11 @@ def _not_ok_text(res: RewardResult) -> str:
         return res.error
     flags = ", ".join(f"{k}={v:g}" for k, v in res.info.items() if v)
     return "reward reported ok=False" + (f" ({flags})" if flags else "")
+
+
+def _unscored(error: str) -> bool:
+    """Error texts of rows no weighted reward scored although none failed (not failures)."""
+    return error.startswith(("no reward applies", "only rewards with weight 0"))
 
 
 def _cut(text: str, n: int) -> str:

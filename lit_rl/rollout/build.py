@@ -66,7 +66,7 @@ def single_turn_rows(batch: Rollouts, decode: Callable[[Completion], str]) -> Ro
         logprobs=[c.logprobs for c in comps],
         fields={"reward_components": {k: v.float() for k, v in rb.components.items()},
                 "finish_reasons": [c.finish_reason for c in comps], "texts": [decode(c) for c in comps],
-                "reward_errors": list(rb.errors)})
+                "reward_errors": list(rb.errors), "reward_extras": list(rb.extras)})
 
 
 class ExperienceBuilder:

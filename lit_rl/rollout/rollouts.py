@@ -44,7 +44,8 @@ class Rollouts:
             G = len(rb.total) // max(len(self.prompts), 1)
             rows = torch.tensor([g * G + j for g in idx for j in range(G)], dtype=torch.long)
             rb = RewardBatch(rb.total[rows], rb.valid[rows], {k: v[rows] for k, v in rb.components.items()},
-                             [rb.errors[int(r)] for r in rows], rb.metrics)
+                             [rb.errors[int(r)] for r in rows], rb.metrics,
+                             [rb.extras[int(r)] for r in rows] if rb.extras else [])
         return Rollouts([self.prompts[g] for g in idx], [self.prompt_ids[g] for g in idx],
                         [self.groups[g] for g in idx], rb, self.generate_s)
 
@@ -56,7 +57,9 @@ class Rollouts:
         rb = RewardBatch(
             total=torch.cat([p.rewards.total for p in parts]), valid=torch.cat([p.rewards.valid for p in parts]),
             components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in first.components},
-            errors=[e for p in parts for e in p.rewards.errors], metrics=first.metrics)
+            errors=[e for p in parts for e in p.rewards.errors], metrics=first.metrics,
+            extras=[x for p in parts for x in (p.rewards.extras or [{}] * len(p.rewards.total))]
+            if any(p.rewards.extras for p in parts) else [])
         return Rollouts([x for p in parts for x in p.prompts], [x for p in parts for x in p.prompt_ids],
                         [x for p in parts for x in p.groups], rb, sum(p.generate_s for p in parts))
 

@@ -44,7 +44,7 @@ class OverlongShaping:
         pen = torch.where(rb.valid, pen, torch.full_like(pen, float("nan")))
         total = torch.where(rb.valid, rb.total.double() + pen.nan_to_num(0.0), rb.total.double())
         return RewardBatch(total.to(rb.total.dtype), rb.valid, {**rb.components, "overlong_penalty": pen},
-                           rb.errors, rb.metrics)
+                           rb.errors, rb.metrics, rb.extras)
 
 
 class Scorer:

@@ -380,3 +380,11 @@ def test_async_staleness_in_the_files_matches_the_async_metric(tiny_model_dir, t
         seen += stale
     assert max(seen) >= 1  # the producer ran ahead at least once: a real off-policy row was checked
     assert not (tmp_path / "report.html").exists()  # report=False
+
+
+def test_a_group_with_a_failed_component_is_an_error_pick_although_its_rows_have_rewards():
+    rows = _rows({0: ([1.0, 1.0], [None, None]), 1: ([0.0, 0.0], [None, None]), 2: ([0.5, 0.5], [None, None])})
+    rows[5]["extra"] = {"judge/error": "TimeoutError"}  # group 2: its reward came from the other components
+    rows[0]["extra"] = {"golden_answer": "3"}  # a log_extra column is not a failure
+    picks = [(r["group"], r["pick"]) for r in select_groups(rows, 4, random.Random(0))]
+    assert picks == [(2, "error"), (2, "error"), (0, "best"), (0, "best")]

@@ -119,7 +119,10 @@ def test_missing_answer_and_gold_parse_errors_are_quoted():
         rb = pool.score([Prompt(prompt="q", uid="p7"), P("\\")], ["1", "1"])  # a lone backslash does not parse
     pool.close()
     assert rb.errors[0] == "exact: ValueError: prompt 'p7' has no 'answer' to verify against"
-    assert rb.errors[1] == "math: gold answer '\\\\' did not parse with math-verify"
+    # row 1: exact scored it (0.0), so only math's component is left out; its error travels in the row's extras
+    assert rb.errors[1] is None and rb.valid.tolist() == [False, True] and rb.total[1] == 0.0
+    assert rb.extras[1] == {"math/error": "gold answer '\\\\' did not parse with math-verify"}
+    assert rb.metrics["reward/math/errors"] == 2.0 and rb.metrics["reward/exact/errors"] == 1.0
 
 
 def test_a_hung_process_reward_row_says_timed_out():
@@ -212,7 +215,8 @@ def test_trl_style_function_is_adapted_with_columns():
     pool = RewardPool(accuracy)
     rb = pool.score([P("3", level=2), P("4", level=1)], ["3", " 5"])
     assert rb.total.tolist() == [1.0, 0.0] and rb.valid.all()
-    assert seen["prompts"] == ["q", "q"] and seen["kwargs"] == ["domain", "level", "trainer_state", "uid"]
+    assert seen["prompts"] == ["q", "q"]
+    assert seen["kwargs"] == ["domain", "level", "log_extra", "log_metric", "trainer_state", "uid"]
 
 
 def test_trl_style_chat_prompts_get_message_lists_and_none_is_not_applicable():
