@@ -86,10 +86,16 @@ def _shifted(h: Tensor, weight: Tensor, bias: Tensor | None, cdt: torch.dtype, b
     return y
 
 
-def _penalised(y: Tensor, m: Tensor, seen: Tensor, rho: float) -> Tensor:
-    """The penalty in shifted coordinates: y = z/T − m; penalised z/T is (z/T)/ρ when positive, (z/T)·ρ else."""
-    s = y + m  # (r, V) z/T
-    return torch.where(seen, torch.where(s > 0, s / rho, s * rho) - m, y)
+def _penalised(y: Tensor, m: Tensor, idx: Tensor, on: Tensor, rho: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The penalty in shifted coordinates (y = z/T − m: penalised z/T is (z/T)/ρ when positive, (z/T)·ρ else),
+    applied sparsely at the history entries ``idx`` (r, L) where ``on``: (x (r, V), x at idx (r, L), d x / d(z/T) at
+    idx (r, L)). Only a row's P + C history tokens change, so one copy and one scatter, no V-wide where()."""
+    yv = y.gather(1, idx)
+    s = yv + m  # z/T at the history entries; its sign is z's
+    one = torch.ones((), dtype=y.dtype, device=y.device)
+    factor = torch.where(on, torch.where(s > 0, one / rho, one * rho), one)
+    xv = torch.where(on, s * factor - m, yv)
+    return y.clone().scatter_(1, idx, xv), xv, factor
 
 
 class _LinearLogprobsSampler(torch.autograd.Function):
@@ -114,14 +120,18 @@ class _LinearLogprobsSampler(torch.autograd.Function):
             if with_entropy:
                 ent[j] = log_s[j] - (e * y).sum(-1) / S
             x, ex = y, e
-            if pr.repetition_penalty != 1:
-                x = _penalised(y, mx[j, None], hist.seen(rows_idx[j], pos[j], V), pr.repetition_penalty)
-                ex = torch.exp(x)
+            if pr.repetition_penalty != 1:  # changes only the history's tokens: patch x and exp(x) there
+                idx, on = hist.sparse(rows_idx[j], pos[j])
+                x, xv, _ = _penalised(y, mx[j, None], idx, on, pr.repetition_penalty)
+                ex = e.clone().scatter_(1, idx, torch.exp(xv))
             # the kept set and its mass in the shifted coordinates: the backward recomputes y bit for bit, so the
             # boundary token compares the same way (an unshifted τ + m would round it out of K)
-            tau[j] = _threshold(x, pr, ex)
-            keep = (x >= tau[j, None]).scatter_(-1, a, True)
-            log_sk[j] = torch.log((ex * keep).sum(-1))
+            if pr.truncates:
+                tau[j] = _threshold(x, pr, ex)
+                keep = (x >= tau[j, None]).scatter_(-1, a, True)
+                log_sk[j] = torch.log((ex * keep).sum(-1))
+            else:  # a repetition penalty alone (or greedy): K is the whole vocabulary
+                log_sk[j] = torch.log(ex.sum(-1))
             lps[j] = x.gather(-1, a).squeeze(-1) - log_sk[j]
         ctx.save_for_backward(hidden, weight, bias, ids, rows_idx, pos, mx, log_s, ent, tau, log_sk)
         ctx.pr, ctx.hist, ctx.rows, ctx.with_entropy, ctx.clamp = pr, hist, rows, with_entropy, clamp
@@ -147,20 +157,18 @@ class _LinearLogprobsSampler(torch.autograd.Function):
             # full: g_lp (onehot − p) − g_H p (log p + H), w.r.t. z/T
             gz = p * (-g_lp[j, None] - g_ent[j, None] * (logp + ent[j, None]))
             gz.scatter_add_(-1, a, g_lp[j, None])
-            seen = None
+            # π^s = π · S / S_K on K (no exp), exp(x − log S_K) at the penalised history entries
+            x, idx = y, None
+            ps = p * torch.exp(log_s[j] - log_sk[j])[:, None]
             if pr.repetition_penalty != 1:
-                seen = hist.seen(rows_idx[j], pos[j], V)
-                x = _penalised(y, mx[j, None], seen, pr.repetition_penalty)
-                keep = (x >= tau[j, None]).scatter_(-1, a, True)
-                ps = torch.exp(x - log_sk[j, None]).masked_fill_(~keep, 0.0)
-            else:  # π^s = π · S / S_K on K: no exp
-                keep = (y >= tau[j, None]).scatter_(-1, a, True)
-                ps = (p * torch.exp(log_s[j] - log_sk[j])[:, None]).masked_fill_(~keep, 0.0)
+                idx, on = hist.sparse(rows_idx[j], pos[j])
+                x, xv, factor = _penalised(y, mx[j, None], idx, on, pr.repetition_penalty)
+                ps.scatter_(1, idx, torch.exp(xv - log_sk[j, None]))
+            if pr.truncates:
+                ps.masked_fill_(~(x >= tau[j, None]).scatter_(-1, a, True), 0.0)  # 0 off K
             gs = ps.mul_(-g_s[j, None]).scatter_add_(-1, a, g_s[j, None])  # g_s (onehot − π^s), w.r.t. x
-            if seen is not None:  # d x / d(z/T): the penalty's factor on seen tokens (sign of z/T = y + max)
-                one = torch.ones((), dtype=cdt, device=y.device)
-                rho = pr.repetition_penalty
-                gs.mul_(torch.where(seen, torch.where(y + mx[j, None] > 0, one / rho, one * rho), one))
+            if idx is not None:  # d x / d(z/T): the penalty's factor at the history entries (one value per token)
+                gs.scatter_(1, idx, gs.gather(1, idx) * factor)
             gz.add_(gs)
             if t != 1.0:
                 gz.div_(t)

@@ -64,11 +64,14 @@ class LogitProcessing:
         return self.temperature if self.temperature > 0 else 1.0
 
     @property
+    def truncates(self) -> bool:
+        """True when steps 3-5 remove tokens (min-p, top-k or top-p on, not greedy)."""
+        return not self.greedy and (self.top_p < 1 or self.top_k > 0 or self.min_p > 0)
+
+    @property
     def active(self) -> bool:
         """True when the sampler's log-probs are not plain ``log softmax(logits / T)``."""
-        if self.repetition_penalty != 1:
-            return True
-        return not self.greedy and (self.top_p < 1 or self.top_k > 0 or self.min_p > 0)
+        return self.repetition_penalty != 1 or self.truncates
 
     def scale(self, logits: Tensor, seen: Tensor | None) -> Tensor:
         """Steps 1-2: penalised, temperature-scaled scores (differentiable). logits (N, V); seen (N, V) bool."""
@@ -117,24 +120,37 @@ class History:
     exactly the tokens with ``time < t``: the prompt and the completion so far, as the engines count them (left
     padding is no token). Kept sparse — a row has P + C tokens, the vocabulary V ≫ that.
 
-    Shapes: ids, time (B, L) int64, L = P + C; padding has ``time`` past every index.
+    Shapes: ids, time, first (B, L) int64, L = P + C; padding has ``time`` past every index; ``first`` is, for
+    every entry, the time of its token's first real occurrence in the row (so all entries of one token agree).
     """
 
     ids: Tensor
     time: Tensor
+    first: Tensor
 
     @classmethod
     def of(cls, input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> History:
         B, L = input_ids.shape
         real = attention_mask.to(input_ids.device).bool()
         t = torch.arange(L, device=input_ids.device).expand(B, L) - prompt_len  # (B, L): prompt < 0
-        return cls(input_ids, torch.where(t < 0, -1, t).masked_fill(~real, L + 1))
+        time = torch.where(t < 0, -1, t).masked_fill(~real, L + 1)
+        # first real occurrence per (row, token): a transient (B, V') table, V' = the largest id + 2 (padding → last)
+        V = int(input_ids.max()) + 2 if input_ids.numel() else 2
+        table = torch.full((B, V), L + 1, dtype=torch.long, device=input_ids.device)
+        table.scatter_reduce_(1, input_ids.masked_fill(~real, V - 1), time, reduce="amin")
+        return cls(input_ids, time, table.gather(1, input_ids))
 
     def seen(self, rows: Tensor, pos: Tensor, vocab_size: int) -> Tensor:
         """(r, V) bool: the penalised tokens of the positions (rows[i], pos[i]) — one scatter of their histories."""
         ids, valid = self.ids[rows], self.time[rows] < pos[:, None]  # (r, L)
         out = torch.zeros(len(rows), vocab_size + 1, dtype=torch.bool, device=ids.device)
         return out.scatter_(1, ids.masked_fill(~valid, vocab_size), True)[:, :vocab_size]  # column V: not seen
+
+    def sparse(self, rows: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        """(ids (r, L), penalised (r, L) bool) of the positions (rows[i], pos[i]): every history entry with whether
+        the penalty applies to its token there. All entries of one token carry the same flag, so a scatter of
+        per-token values over ``ids`` writes one value per token whatever the duplicates."""
+        return self.ids[rows], self.first[rows] < pos[:, None]
 
 
 def _rows_logprob(z: Tensor, ids: Tensor, processing: LogitProcessing, seen: Tensor | None) -> Tensor:

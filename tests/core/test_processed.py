@@ -69,6 +69,11 @@ def test_history_seen_by_hand():
     expect = {0: {1, 2}, 1: {1, 2, 3}, 2: {1, 2, 3}, 3: {1, 2, 3, 4}}  # 9 is padding: never seen
     for t, toks in expect.items():
         assert set(seen[t].nonzero()[:, 0].tolist()) == toks, t
+    # the sparse form: every entry (padding included) flags its token's first real occurrence, so entries agree
+    idx, on = hist.sparse(torch.tensor([0, 0]), torch.tensor([0, 2]))
+    assert idx[0].tolist() == [9, 1, 2, 3, 2, 4, 0]
+    assert on.tolist() == [[False, True, True, False, True, False, False],
+                           [False, True, True, True, True, False, False]]
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
