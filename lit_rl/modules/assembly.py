@@ -29,14 +29,15 @@ class PolicyAssembly:
         """Advantages (and returns) of every row, zero off ``exp.train_mask``.
 
         Group statistics use every ``valid`` row (a row filtered by ``trainable`` still tells its group what
-        the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
+        the prompt's rewards look like), and so does ``std_scope: batch``'s std, over all ranks; whitening
+        (``whiten_advantages``) uses the trainable tokens of all ranks.
         """
         h = self.hparams
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=exp.rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
             values=exp.values, valid=exp.valid, logprobs=exp.rollout_logprobs, teacher_logprobs=exp.teacher_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
-            bootstrap=self._bootstrap_rows(exp)))
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, std_scope=h.get("std_scope", "group"),
+            baseline=h.baseline, bootstrap=self._bootstrap_rows(exp), reduce=self._all_reduce_sum))
         train = exp.train_mask
         adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
         metrics = dict(out.metrics)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lit_rl.core.advantages import ADVANTAGES
+from lit_rl.core.advantages import ADVANTAGES, STD_SCOPES
 from lit_rl.core.aggregation import AGG_MODES
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
 from lit_rl.core.objective import ObjectiveSettings
@@ -33,6 +33,7 @@ class PolicyConfig:
     lora: dict[str, Any] | None = None
     advantage: str = "grpo"
     std_normalize: bool = True
+    std_scope: str = "group"
     gamma: float = 1.0
     lam: float = 1.0
     baseline: bool = False
@@ -83,10 +84,14 @@ class PolicyConfig:
         ADVANTAGES.check(self.advantage, "advantage")
         POLICY_LOSSES.check(self.policy_loss, "policy_loss")
         for name, value, valid in (("loss_agg", self.loss_agg, AGG_MODES),
+                                   ("std_scope", self.std_scope, STD_SCOPES),
                                    ("rollout_correction", self.rollout_correction, CORRECTION_MODES),
                                    ("correction_level", self.correction_level, CORRECTION_LEVELS)):
             if value not in valid:
                 raise ValueError(f"{name}={value!r}; valid values: {', '.join(valid)}")
+        if self.std_scope == "batch" and not self.std_normalize:
+            raise ValueError("std_scope='batch' divides by the batch's reward std, but std_normalize is false (no "
+                             "division at all); set std_normalize: true, or leave std_scope: group")
         for name, v in (("ppo_epochs", self.ppo_epochs), ("max_nonfinite_steps", self.max_nonfinite_steps)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")

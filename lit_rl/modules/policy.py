@@ -20,7 +20,7 @@ from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
-from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
+from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName, StdScope
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
@@ -65,6 +65,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
         std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
             opd's leave-one-out per-position group baseline).
+        std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch`` (the
+            std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
@@ -122,6 +124,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         lora: dict[str, Any] | None = None,
         advantage: AdvantageName | str = "grpo",
         std_normalize: bool = True,
+        std_scope: StdScope = "group",
         gamma: float = 1.0,
         lam: float = 1.0,
         baseline: bool = False,
