@@ -1,4 +1,4 @@
-"""Per-token policy-gradient losses: PPO-clip, GSPO, CISPO, REINFORCE.
+"""Per-token policy-gradient losses: PPO-clip, GSPO, CISPO, SAPO, REINFORCE.
 
 Every loss is registered in ``POLICY_LOSSES`` with one signature: it takes a ``PolicyLossInputs`` and returns
 ``(per_token_loss, metrics)``. ``per_token_loss`` is (B, T), zero wherever ``mask`` is False, and still has to be
@@ -67,7 +67,9 @@ class PolicyLossInputs:
     ``clip_low`` / ``clip_high`` give the ratio interval [1 - clip_low, 1 + clip_high] (asymmetric "clip-higher",
     DAPO arXiv 2503.14476). ``clip_low`` may be 1.0: the lower bound is then 0, which a ratio can never cross, so
     1.0 is the clean way to say "no lower bound" (CISPO, arXiv 2506.13585, uses a large eps_low for the same
-    effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None.
+    effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None. ``sapo_tau_pos`` /
+    ``sapo_tau_neg`` are the gate temperatures of ``sapo`` for A > 0 / A <= 0 (None = the paper's 1.0 / 1.05);
+    every other loss refuses them.
     """
 
     logprobs: Tensor
@@ -79,6 +81,8 @@ class PolicyLossInputs:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    sapo_tau_pos: float | None = None
+    sapo_tau_neg: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,6 +112,10 @@ class PolicyLossInputs:
             raise ValueError(f"clip_high must be a finite number > 0, got {self.clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
+        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+            v = getattr(self, name)
+            if v is not None and not (v > 0 and math.isfinite(v)):
+                raise ValueError(f"{name} must be None or a finite number > 0, got {v}")
         for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs", "is_weights"):
             x = getattr(self, name)
             if x is not None:
@@ -211,6 +219,14 @@ def _reject_dual_clip(name: str, inputs: PolicyLossInputs) -> None:
     if inputs.dual_clip is not None:
         raise ValueError(f"dual_clip={inputs.dual_clip} is not used by policy loss {name!r}; "
                          "only 'ppo_clip' and 'gspo' apply it")
+    _reject_sapo_taus(name, inputs)
+
+
+def _reject_sapo_taus(name: str, inputs: PolicyLossInputs) -> None:
+    for field in ("sapo_tau_pos", "sapo_tau_neg"):
+        if getattr(inputs, field) is not None:
+            raise ValueError(f"{field}={getattr(inputs, field)} is not used by policy loss {name!r}; only 'sapo' "
+                             "applies it (set it to null)")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,6 +248,7 @@ def ppo_clip_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     Shapes:
         inputs: (B, T) tensors (see ``PolicyLossInputs``). returns loss (B, T), metrics dict[str, float].
     """
+    _reject_sapo_taus("ppo_clip", inputs)
     lp, old, adv = _sanitized(inputs)
     log_ratio = lp - old  # (B, T), 0 on padding
     ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
@@ -259,6 +276,7 @@ def gspo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     Shapes:
         inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
     """
+    _reject_sapo_taus("gspo", inputs)
     mask = inputs.mask
     lp, old, adv = _sanitized(inputs)
     tok_log_ratio = lp - old  # (B, T), 0 on padding
@@ -298,6 +316,37 @@ def cispo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         low, high = active & (ratio < weight), active & (ratio > weight)
     loss = -weight * adv * lp
     metrics = _metrics(inputs.mask, low, high, torch.zeros_like(low), log_ratio, log_ratio, inputs.mask)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Soft Adaptive Policy Optimization (SAPO, arXiv 2511.20347): a smooth gate instead of the hard ratio clip.
+
+    L_t = -f(r_t) * A_t,  f(r) = sigmoid(tau * (r - 1)) * 4 / tau,  r_t = pi(y_t) / pi_old(y_t),
+    tau = ``sapo_tau_pos`` (default 1.0) where A_t > 0, ``sapo_tau_neg`` (default 1.05) where A_t <= 0.
+
+    The gradient is -A_t * 4 s (1 - s) * r_t * grad log pi(y_t) with s = sigmoid(tau (r_t - 1)): exactly the
+    policy gradient on-policy (r = 1, weight 1) and fading smoothly as r leaves 1, faster for the larger tau
+    (the paper damps negative-advantage tokens harder, as their updates spread mass over the whole vocabulary).
+    The paper (and TRL's ``loss_type="sapo"``) aggregates per sequence, then over rows: ``seq_mean_token_mean``.
+    No hard clip: clip fractions are 0. ``dual_clip`` is rejected. Departure: log r clamped to [-20, 20].
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    if inputs.dual_clip is not None:
+        raise ValueError(f"dual_clip={inputs.dual_clip} is not used by policy loss 'sapo'; "
+                         "only 'ppo_clip' and 'gspo' apply it")
+    lp, old, adv = _sanitized(inputs)
+    log_ratio = lp - old  # (B, T), 0 on padding
+    ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
+    pos = 1.0 if inputs.sapo_tau_pos is None else float(inputs.sapo_tau_pos)
+    neg = 1.05 if inputs.sapo_tau_neg is None else float(inputs.sapo_tau_neg)
+    tau = torch.where(adv > 0, torch.full_like(ratio, pos), torch.full_like(ratio, neg))  # (B, T)
+    loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    none = torch.zeros_like(inputs.mask)
+    metrics = _metrics(inputs.mask, none, none, none, log_ratio, log_ratio, inputs.mask)
     return _finish(loss, inputs), metrics
 
 

@@ -11,6 +11,7 @@ CLI's ``config.yaml``), made on demand, so a test that edits ``hparams`` sees it
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -45,6 +46,8 @@ class PolicyConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    sapo_tau_pos: float | None = None
+    sapo_tau_neg: float | None = None
     ppo_epochs: int = 1
     minibatch_size: int | None = None
     micro_batch_size: int | None = None
@@ -74,7 +77,8 @@ class PolicyConfig:
         """The settings ``core.objective.policy_objective`` reads."""
         return ObjectiveSettings(
             policy_loss=self.policy_loss, loss_agg=self.loss_agg, clip_low=self.clip_low, clip_high=self.clip_high,
-            dual_clip=self.dual_clip, rollout_correction=self.rollout_correction,
+            dual_clip=self.dual_clip, sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
+            rollout_correction=self.rollout_correction,
             correction_level=self.correction_level, correction_cap=self.correction_cap,
             correction_low=self.correction_low)
 
@@ -132,6 +136,11 @@ class PolicyConfig:
             raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 or null, got {self.dual_clip}")
+        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+            v = getattr(self, name)
+            if v is not None and (self.policy_loss != "sapo" or not 0 < v < math.inf):
+                raise ValueError(f"{name}={v!r} must be null or a finite number > 0, and only policy_loss: sapo "
+                                 f"reads it (policy_loss={self.policy_loss!r})")
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if not self.correction_cap > 0:

@@ -133,7 +133,7 @@ class DistillModule(PolicyModule):
             per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
                 logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
                 rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
-                dual_clip=h.dual_clip))
+                dual_clip=h.dual_clip, sapo_tau_pos=h.get("sapo_tau_pos"), sapo_tau_neg=h.get("sapo_tau_neg")))
             out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * self.aggregate(per_tok, mask, fwd)
         if "topk_reverse_kl" in c:
             C = mask.shape[1]

@@ -67,7 +67,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             opd's leave-one-out per-position group baseline).
         std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch`` (the
             std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
-        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
+        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
         loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
@@ -79,6 +79,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             rollout, old-log-prob, reference, value and training passes evaluate the same function (TRL does
             the same); False keeps the checkpoint's dropout.
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
+        sapo_tau_pos, sapo_tau_neg: ``policy_loss: sapo``'s gate temperatures for positive / non-positive
+            advantages; null = the paper's 1.0 / 1.05 (TRL's ``sapo_temperature_pos`` / ``_neg``).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
         micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
@@ -136,6 +138,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
+        sapo_tau_pos: float | None = None,
+        sapo_tau_neg: float | None = None,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,
