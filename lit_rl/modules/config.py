@@ -11,7 +11,6 @@ CLI's ``config.yaml``), made on demand, so a test that edits ``hparams`` sees it
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -20,7 +19,7 @@ from lit_rl.core.advantages import ADVANTAGES, STD_SCOPES
 from lit_rl.core.aggregation import AGG_MODES
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
 from lit_rl.core.objective import ObjectiveSettings
-from lit_rl.core.policy_losses import POLICY_LOSSES
+from lit_rl.core.policy_losses import LOSS_PARAMS, POLICY_LOSSES, loss_param_error
 from lit_rl.models.loading import check_model_source, resolve_dtype
 
 
@@ -48,6 +47,10 @@ class PolicyConfig:
     dual_clip: float | None = None
     sapo_tau_pos: float | None = None
     sapo_tau_neg: float | None = None
+    vespo_k_pos: float | None = None
+    vespo_lambda_pos: float | None = None
+    vespo_k_neg: float | None = None
+    vespo_lambda_neg: float | None = None
     ppo_epochs: int = 1
     minibatch_size: int | None = None
     micro_batch_size: int | None = None
@@ -77,7 +80,7 @@ class PolicyConfig:
         """The settings ``core.objective.policy_objective`` reads."""
         return ObjectiveSettings(
             policy_loss=self.policy_loss, loss_agg=self.loss_agg, clip_low=self.clip_low, clip_high=self.clip_high,
-            dual_clip=self.dual_clip, sapo_tau_pos=self.sapo_tau_pos, sapo_tau_neg=self.sapo_tau_neg,
+            dual_clip=self.dual_clip, **{k: getattr(self, k) for k in LOSS_PARAMS},
             rollout_correction=self.rollout_correction,
             correction_level=self.correction_level, correction_cap=self.correction_cap,
             correction_low=self.correction_low)
@@ -136,11 +139,13 @@ class PolicyConfig:
             raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 or null, got {self.dual_clip}")
-        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        for name, (owner, *_) in LOSS_PARAMS.items():  # the settings of one loss only (core.policy_losses)
             v = getattr(self, name)
-            if v is not None and (self.policy_loss != "sapo" or not 0 < v < math.inf):
-                raise ValueError(f"{name}={v!r} must be null or a finite number > 0, and only policy_loss: sapo "
-                                 f"reads it (policy_loss={self.policy_loss!r})")
+            if v is not None and owner != self.policy_loss:
+                raise ValueError(f"{name}={v!r} is read only by policy_loss: {owner} (policy_loss="
+                                 f"{self.policy_loss!r}); set it to null")
+            if (why := loss_param_error(name, v)) is not None:
+                raise ValueError(why.replace("None", "null"))
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if not self.correction_cap > 0:

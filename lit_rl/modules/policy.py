@@ -67,7 +67,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             opd's leave-one-out per-position group baseline).
         std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch`` (the
             std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
-        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, reinforce.
+        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, vespo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
         loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
@@ -81,6 +81,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
         sapo_tau_pos, sapo_tau_neg: ``policy_loss: sapo``'s gate temperatures for positive / non-positive
             advantages; null = the paper's 1.0 / 1.05 (TRL's ``sapo_temperature_pos`` / ``_neg``).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``policy_loss: vespo``'s Gamma weight of
+            the sequence ratio for A >= 0 / A < 0; null = the paper's 2, 3 / 3, 2 (TRL's names).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
         micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
@@ -140,6 +142,10 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         dual_clip: float | None = None,
         sapo_tau_pos: float | None = None,
         sapo_tau_neg: float | None = None,
+        vespo_k_pos: float | None = None,
+        vespo_lambda_pos: float | None = None,
+        vespo_k_neg: float | None = None,
+        vespo_lambda_neg: float | None = None,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,

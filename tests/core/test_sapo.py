@@ -66,7 +66,7 @@ def test_refuses_dual_clip_and_bad_temperatures():
         _run([0.0], [1.0], sapo_tau_neg=0.0)
 
 
-@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "reinforce"])
+@pytest.mark.parametrize("loss", ["ppo_clip", "gspo", "cispo", "vespo", "reinforce"])
 def test_other_losses_refuse_the_sapo_temperatures(loss):
     z = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError, match=f"sapo_tau_pos=2.0 is not used by policy loss '{loss}'"):
@@ -76,9 +76,11 @@ def test_other_losses_refuse_the_sapo_temperatures(loss):
 def test_policy_config_names_the_field_and_the_loss_that_reads_it():
     from lit_rl.modules.config import PolicyConfig
 
-    with pytest.raises(ValueError, match=r"sapo_tau_pos=2.0 must be null .* only policy_loss: sapo reads it "
-                                         r"\(policy_loss='ppo_clip'\)"):
+    with pytest.raises(ValueError, match=r"sapo_tau_pos=2.0 is read only by policy_loss: sapo "
+                                         r"\(policy_loss='ppo_clip'\); set it to null"):
         PolicyConfig(model="m", tiny_if_missing={}, sapo_tau_pos=2.0).validate()
     PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_pos=2.0).validate()
-    with pytest.raises(ValueError, match="policy_loss='clipped'.*valid names: cispo, gspo, ppo_clip, reinforce, sapo"):
+    with pytest.raises(ValueError, match="sapo_tau_neg must be null or a finite number > 0, got -1"):
+        PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_neg=-1.0).validate()
+    with pytest.raises(ValueError, match="policy_loss='clipped'.*valid names: cispo, gspo, ppo_clip, reinforce, sapo, vespo"):
         PolicyConfig(model="m", tiny_if_missing={}, policy_loss="clipped").validate()
