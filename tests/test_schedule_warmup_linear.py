@@ -1,6 +1,8 @@
-"""``WarmupLinearDecay`` (lit_rl/modules/schedules.py), TRL's default schedule: the closed form per branch (warmup
-by steps, by ratio, none; decay to 0 and to a floor), transformers' ``get_linear_schedule_with_warmup`` as a
-second reference, the input errors, and a restored state taking T and W from the loading run."""
+"""``WarmupLinearDecay`` (lit_rl/modules/schedules.py), TRL's default schedule: the closed form per branch
+(warmup by steps, by ratio, none; decay to 0 and to a floor), transformers'
+``get_linear_schedule_with_warmup`` as a second reference, the input errors, and a restored state taking T and
+W from the loading run."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,13 +54,19 @@ def test_equals_transformers_linear_schedule_with_warmup():
     assert ours == pytest.approx(theirs, abs=1e-21)
 
 
-@pytest.mark.parametrize("kw,field", [({"total_steps": 0}, "total_steps"), ({"total_steps": 3.0}, "total_steps"),
-                                      ({"total_steps": 4, "warmup_ratio": 1.0}, "warmup_ratio"),
-                                      ({"total_steps": 4, "warmup_ratio": -0.1}, "warmup_ratio"),
-                                      ({"total_steps": 4, "warmup_steps": 4}, "warmup_steps"),
-                                      ({"total_steps": 4, "warmup_steps": 0.5}, "warmup_steps"),
-                                      ({"total_steps": 4, "warmup_steps": 1, "warmup_ratio": 0.1}, "warmup_ratio"),
-                                      ({"total_steps": 4, "min_ratio": 2.0}, "min_ratio")])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"total_steps": 0}, "total_steps"),
+        ({"total_steps": 3.0}, "total_steps"),
+        ({"total_steps": 4, "warmup_ratio": 1.0}, "warmup_ratio"),
+        ({"total_steps": 4, "warmup_ratio": -0.1}, "warmup_ratio"),
+        ({"total_steps": 4, "warmup_steps": 4}, "warmup_steps"),
+        ({"total_steps": 4, "warmup_steps": 0.5}, "warmup_steps"),
+        ({"total_steps": 4, "warmup_steps": 1, "warmup_ratio": 0.1}, "warmup_ratio"),
+        ({"total_steps": 4, "min_ratio": 2.0}, "min_ratio"),
+    ],
+)
 def test_bad_settings_name_the_field(kw, field):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=f"WarmupLinearDecay {field}="):

@@ -1,5 +1,7 @@
-"""README "Every GRPOConfig argument": every argument of TRL 1.16's ``GRPOConfig`` has a row (mapped, mapped with
-a different meaning, or not supported), every row says which, and the lit_rl names the rows map to exist."""
+"""README "Every GRPOConfig argument": every argument of TRL 1.16's ``GRPOConfig`` has a row (mapped, mapped
+with a different meaning, or not supported), every row says which, and the lit_rl names the rows map to
+exist."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,43 +9,133 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = re.search(r"### Every GRPOConfig argument\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.S).group(1)
+SECTION = re.search(
+    r"### Every GRPOConfig argument\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.S
+).group(1)
 
-# The fields of trl.GRPOConfig and of the _BaseConfig it derives from, in source order, read from the trl 1.16.0
-# wheel on PyPI (trl-1.16.0-py3-none-any.whl, sha256 c4726e139dd40e1a41661511c639c8a68416782b2e3e8c0befebd77bb7ba0396;
-# trl/trainer/base_config.py and trl/trainer/grpo_config.py). The github:huggingface/trl mirror read alongside has
-# no v1.16 tag (its newest commit, f2cd57710ae3, is 1.10.0.dev0), so the released wheel is the source here.
+# The fields of trl.GRPOConfig and of the _BaseConfig it derives from, in source order, read from the trl
+# 1.16.0 wheel on PyPI (trl-1.16.0-py3-none-any.whl, sha256
+# c4726e139dd40e1a41661511c639c8a68416782b2e3e8c0befebd77bb7ba0396; trl/trainer/base_config.py and
+# trl/trainer/grpo_config.py). The github:huggingface/trl mirror read alongside has no v1.16 tag (its newest
+# commit, f2cd57710ae3, is 1.10.0.dev0), so the released wheel is the source here.
 GRPO_CONFIG_FIELDS = [
     # _BaseConfig (overrides of TrainingArguments for every TRL trainer)
-    "logging_steps", "gradient_checkpointing", "bf16", "lr_scheduler_kwargs", "use_liger_kernel",
+    "logging_steps",
+    "gradient_checkpointing",
+    "bf16",
+    "lr_scheduler_kwargs",
+    "use_liger_kernel",
     "torch_empty_cache_steps",
     # GRPOConfig
-    "learning_rate", "model_init_kwargs", "trust_remote_code", "router_aux_loss_coef", "disable_dropout",
-    "cast_lm_head_to_fp32", "remove_unused_columns", "num_generations", "num_generations_eval",
-    "max_completion_length", "ds3_gather_for_generation", "shuffle_dataset", "pad_to_multiple_of",
-    "generation_batch_size", "steps_per_generation", "temperature", "top_p", "top_k", "min_p", "generation_kwargs",
-    "chat_template_kwargs", "repetition_penalty", "cache_implementation", "use_vllm", "vllm_mode", "vllm_model_impl",
-    "vllm_enable_sleep_mode", "vllm_structured_outputs_regex", "vllm_server_base_url", "vllm_server_host",
-    "vllm_server_port", "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization",
-    "vllm_max_model_length", "vllm_tensor_parallel_size", "beta", "num_iterations", "epsilon", "delta",
-    "epsilon_high", "sapo_temperature_neg", "sapo_temperature_pos", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
-    "vespo_lambda_neg", "importance_sampling_level", "reward_weights", "multi_objective_aggregation",
-    "scale_rewards", "loss_type", "mask_truncated_completions", "sync_ref_model", "ref_model_mixup_alpha",
-    "ref_model_sync_steps", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy", "entropy_coef_min",
-    "entropy_coef_max", "entropy_coef_delta", "entropy_target", "max_tool_calling_iterations",
-    "vllm_importance_sampling_correction", "vllm_importance_sampling_mode", "vllm_importance_sampling_clip_max",
-    "vllm_importance_sampling_clip_min", "off_policy_mask_threshold", "use_bias_correction_kl", "log_completions",
-    "log_multimodal", "num_completions_to_print", "log_unique_prompts", "log_completions_hub_repo",
-    "use_transformers_continuous_batching", "transformers_continuous_batching_config", "use_transformers_paged",
+    "learning_rate",
+    "model_init_kwargs",
+    "trust_remote_code",
+    "router_aux_loss_coef",
+    "disable_dropout",
+    "cast_lm_head_to_fp32",
+    "remove_unused_columns",
+    "num_generations",
+    "num_generations_eval",
+    "max_completion_length",
+    "ds3_gather_for_generation",
+    "shuffle_dataset",
+    "pad_to_multiple_of",
+    "generation_batch_size",
+    "steps_per_generation",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "generation_kwargs",
+    "chat_template_kwargs",
+    "repetition_penalty",
+    "cache_implementation",
+    "use_vllm",
+    "vllm_mode",
+    "vllm_model_impl",
+    "vllm_enable_sleep_mode",
+    "vllm_structured_outputs_regex",
+    "vllm_server_base_url",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout",
+    "vllm_group_port",
+    "vllm_gpu_memory_utilization",
+    "vllm_max_model_length",
+    "vllm_tensor_parallel_size",
+    "beta",
+    "num_iterations",
+    "epsilon",
+    "delta",
+    "epsilon_high",
+    "sapo_temperature_neg",
+    "sapo_temperature_pos",
+    "vespo_k_pos",
+    "vespo_lambda_pos",
+    "vespo_k_neg",
+    "vespo_lambda_neg",
+    "importance_sampling_level",
+    "reward_weights",
+    "multi_objective_aggregation",
+    "scale_rewards",
+    "loss_type",
+    "mask_truncated_completions",
+    "sync_ref_model",
+    "ref_model_mixup_alpha",
+    "ref_model_sync_steps",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "use_adaptive_entropy",
+    "entropy_coef_min",
+    "entropy_coef_max",
+    "entropy_coef_delta",
+    "entropy_target",
+    "max_tool_calling_iterations",
+    "vllm_importance_sampling_correction",
+    "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_max",
+    "vllm_importance_sampling_clip_min",
+    "off_policy_mask_threshold",
+    "use_bias_correction_kl",
+    "log_completions",
+    "log_multimodal",
+    "num_completions_to_print",
+    "log_unique_prompts",
+    "log_completions_hub_repo",
+    "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config",
+    "use_transformers_paged",
     "vllm_importance_sampling_cap",
 ]
 # TrainingArguments fields GRPOConfig inherits unchanged that change training or where it is saved / logged.
 INHERITED_FIELDS = [
-    "lr_scheduler_type", "warmup_steps", "warmup_ratio", "optim", "weight_decay", "adam_beta1", "adam_beta2",
-    "adam_epsilon", "max_grad_norm", "max_steps", "num_train_epochs", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "gradient_checkpointing_kwargs", "fp16", "seed", "data_seed", "save_steps",
-    "save_strategy", "save_total_limit", "output_dir", "resume_from_checkpoint", "eval_strategy", "eval_steps",
-    "report_to", "push_to_hub", "torch_compile",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "optim",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "max_steps",
+    "num_train_epochs",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "gradient_checkpointing_kwargs",
+    "fp16",
+    "seed",
+    "data_seed",
+    "save_steps",
+    "save_strategy",
+    "save_total_limit",
+    "output_dir",
+    "resume_from_checkpoint",
+    "eval_strategy",
+    "eval_steps",
+    "report_to",
+    "push_to_hub",
+    "torch_compile",
 ]
 # The values of the string-valued choices (grpo_config.py's lists; grpo_trainer.py's branches).
 CHOICES = {
@@ -100,8 +192,12 @@ def test_the_lit_rl_names_the_rows_map_to_exist():
     from lit_rl.core.aggregation import AGG_MODES
     from lit_rl.core.policy_losses import POLICY_LOSSES
 
-    known = {"policy_loss": set(POLICY_LOSSES.names()), "loss_agg": set(AGG_MODES), "std_scope": set(STD_SCOPES),
-             "advantage": set(ADVANTAGES.names())}
+    known = {
+        "policy_loss": set(POLICY_LOSSES.names()),
+        "loss_agg": set(AGG_MODES),
+        "std_scope": set(STD_SCOPES),
+        "advantage": set(ADVANTAGES.names()),
+    }
     for r in rows():
         for key, value in re.findall(r"\b(policy_loss|loss_agg|std_scope|advantage): ([a-z_]+)", r[1]):
             assert value in known[key], f"{key}: {value} in {r}"

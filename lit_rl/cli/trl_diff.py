@@ -1,11 +1,13 @@
-"""``lit-rl explain-trl -c CONFIG [-c ...] [--flags]``: one line per setting of the run that differs from what TRL
-1.16's ``GRPOTrainer`` does by default, with both values (README "Every GRPOConfig argument" has every argument).
+"""``lit-rl explain-trl -c CONFIG [-c ...] [--flags]``: one line per setting of the run that differs from what
+TRL 1.16's ``GRPOTrainer`` does by default, with both values (README "Every GRPOConfig argument" has every
+argument).
 
 The run's configuration is resolved exactly as ``lit-rl fit`` resolves it (``fit ... --print_config``: the
 configs in order, the flags, the classes' defaults), so what is compared is what would train. Nothing is
 built and no model is loaded. TRL's defaults are written here in lit_rl's terms (``TRL_DEFAULTS``): e.g.
 ``loss_type="dapo"`` is ``policy_loss: ppo_clip`` and ``loss_agg: token_mean``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,18 +34,20 @@ def _get(cfg: dict, path: str) -> Any:
 
 
 def _callback_arg(cls: str, arg: str, absent: Any) -> Callable[[dict], Any]:
-    """``arg`` of the first callback of class ``cls`` in trainer.callbacks; ``absent`` when the run has none."""
+    """``arg`` of the first ``cls`` callback in trainer.callbacks; ``absent`` when the run has none."""
+
     def read(cfg: dict) -> Any:
         for cb in _get(cfg, "trainer.callbacks") or []:
             if isinstance(cb, dict) and str(cb.get("class_path", "")).endswith("." + cls):
                 return (cb.get("init_args") or {}).get(arg, absent)
         return absent
+
     return read
 
 
 def _warmup(cfg: dict) -> Any:
-    """WarmupLinearDecay's warmup (steps, or the ratio); 0 under another schedule (the schedule's own line says
-    that one differs)."""
+    """WarmupLinearDecay's warmup (steps, or the ratio); 0 under another schedule (the schedule's own line
+    says that one differs)."""
     if not str(_get(cfg, f"{_SCHED}.class_path")).endswith("WarmupLinearDecay"):
         return 0
     args = _get(cfg, f"{_SCHED}.init_args") or {}
@@ -75,8 +79,12 @@ TRL_DEFAULTS: list[tuple[str, str | Callable[[dict], Any], str, Any]] = [
     ("passes per batch", _M + "ppo_epochs", "num_iterations=1", 1),
     ("KL to the reference", _callback_arg("ReferenceKL", "beta", 0.0), "beta=0.0 (no reference model)", 0.0),
     ("entropy bonus", _callback_arg("EntropyRegularization", "coef", 0.0), "entropy_coef=0.0", 0.0),
-    ("prompts per rank and step", "data.init_args.batch_size",
-     "per_device_train_batch_size=8 (completions) / num_generations=8", 1),
+    (
+        "prompts per rank and step",
+        "data.init_args.batch_size",
+        "per_device_train_batch_size=8 (completions) / num_generations=8",
+        1,
+    ),
     ("group size", "rollout.group_size", "num_generations=8", 8),
     ("completion budget", "rollout.sampling.max_new_tokens", "max_completion_length=512", 512),
     ("temperature", "rollout.sampling.temperature", "temperature=1.0", 1.0),
@@ -101,7 +109,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def differences(cfg: dict) -> list[str]:
-    """One line per entry of ``TRL_DEFAULTS`` whose value in the resolved config ``cfg`` differs from TRL's."""
+    """One line per entry of ``TRL_DEFAULTS`` whose value in the resolved ``cfg`` differs from TRL's."""
     lines = []
     for what, where, trl_arg, trl_value in TRL_DEFAULTS:
         ours = where(cfg) if callable(where) else _get(cfg, where)
@@ -127,8 +135,10 @@ def resolved_config(argv: list[str]) -> dict:
 def main(argv: list[str]) -> int:
     """``lit-rl explain-trl``: print the differences; exit code 0 (they are information, not errors)."""
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: lit-rl explain-trl -c CONFIG [-c MORE] [--key value ...]: the settings of that `lit-rl fit` "
-              f"run that differ from TRL {TRL_VERSION} GRPOTrainer's defaults, with both values")
+        print(
+            "usage: lit-rl explain-trl -c CONFIG [-c MORE] [--key value ...]: the settings of that "
+            f"`lit-rl fit` run that differ from TRL {TRL_VERSION} GRPOTrainer's defaults, with both values"
+        )
         return 0 if argv else 2
     from lit_rl.errors import ConfigError
 
@@ -139,6 +149,9 @@ def main(argv: list[str]) -> int:
         return 2
     for line in lines:
         print(line)
-    print(f"{len(lines)} setting(s) differ from TRL {TRL_VERSION}'s defaults; every GRPOConfig argument: README "
-          "\"Every GRPOConfig argument\"", file=sys.stdout)
+    print(
+        f"{len(lines)} setting(s) differ from TRL {TRL_VERSION}'s defaults; every GRPOConfig argument: "
+        'README "Every GRPOConfig argument"',
+        file=sys.stdout,
+    )
     return 0

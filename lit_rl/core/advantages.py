@@ -322,8 +322,8 @@ def grpo(inp: AdvantageInputs) -> AdvantageOutputs:
 
 
 def _batch_std(r: Tensor, valid: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
-    """Unbiased std of ``r`` over the valid rows of every rank: n, Σr, Σr² summed with ``reduce`` (in float64, where
-    the one-pass form's cancellation is negligible at reward scales); 0 when fewer than 2 rows.
+    """Unbiased std of ``r`` over the valid rows of every rank: n, Σr, Σr² summed with ``reduce`` (in float64,
+    where the one-pass form's cancellation is negligible at reward scales); 0 when fewer than 2 rows.
 
     Shapes:
         r: (B,); valid: (B,) bool; returns a scalar float64 tensor.

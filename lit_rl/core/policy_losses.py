@@ -75,8 +75,8 @@ class PolicyLossInputs:
     DAPO arXiv 2503.14476). ``clip_low`` may be 1.0: the lower bound is then 0, which a ratio can never cross, so
     1.0 is the clean way to say "no lower bound" (CISPO, arXiv 2506.13585, uses a large eps_low for the same
     effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None. ``sapo_tau_pos`` /
-    ``sapo_tau_neg`` are the gate temperatures of ``sapo``, ``vespo_k_*`` / ``vespo_lambda_*`` the Gamma weight
-    of ``vespo`` (``LOSS_PARAMS``: None = the paper's value); every other loss refuses them.
+    ``sapo_tau_neg`` are the gate temperatures of ``sapo``, ``vespo_k_*`` / ``vespo_lambda_*`` the Gamma
+    weight of ``vespo`` (``LOSS_PARAMS``: None = the paper's value); every other loss refuses them.
     """
 
     logprobs: Tensor
@@ -345,16 +345,18 @@ def cispo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
 
 @POLICY_LOSSES.register("sapo")
 def sapo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
-    """Soft Adaptive Policy Optimization (SAPO, arXiv 2511.20347): a smooth gate instead of the hard ratio clip.
+    """Soft Adaptive Policy Optimization (SAPO, arXiv 2511.20347): a smooth gate instead of the hard ratio
+    clip.
 
     L_t = -f(r_t) * A_t,  f(r) = sigmoid(tau * (r - 1)) * 4 / tau,  r_t = pi(y_t) / pi_old(y_t),
     tau = ``sapo_tau_pos`` (default 1.0) where A_t > 0, ``sapo_tau_neg`` (default 1.05) where A_t <= 0.
 
     The gradient is -A_t * 4 s (1 - s) * r_t * grad log pi(y_t) with s = sigmoid(tau (r_t - 1)): exactly the
     policy gradient on-policy (r = 1, weight 1) and fading smoothly as r leaves 1, faster for the larger tau
-    (the paper damps negative-advantage tokens harder, as their updates spread mass over the whole vocabulary).
-    The paper (and TRL's ``loss_type="sapo"``) aggregates per sequence, then over rows: ``seq_mean_token_mean``.
-    No hard clip: clip fractions are 0. ``dual_clip`` is rejected. Departure: log r clamped to [-20, 20].
+    (the paper damps negative-advantage tokens harder, as their updates spread mass over the whole
+    vocabulary). The paper (and TRL's ``loss_type="sapo"``) aggregates per sequence, then over rows:
+    ``seq_mean_token_mean``. No hard clip: clip fractions are 0. ``dual_clip`` is rejected. Departure: log r
+    clamped to [-20, 20].
 
     Shapes:
         inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
@@ -373,21 +375,22 @@ def sapo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
 
 @POLICY_LOSSES.register("vespo")
 def vespo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
-    """Variational sequence-level soft policy optimization (VESPO, arXiv 2602.10693): a smooth Gamma-shaped weight
-    of the *sequence* ratio on a REINFORCE term instead of a clip.
+    """Variational sequence-level soft policy optimization (VESPO, arXiv 2602.10693): a smooth Gamma-shaped
+    weight of the *sequence* ratio on a REINFORCE term instead of a clip.
 
     w_i = exp(sum_{t in y_i} (log pi(y_t) - log pi_old(y_t)))   (the product of the token ratios, not a mean)
     phi(w) = e^lambda * w^k * e^(-lambda w)                       (phi(1) = 1; k, lambda from the sign of A)
     L_t = -sg[phi(w_i)] * A_t * log pi(y_t)
 
-    k, lambda = ``vespo_k_pos``, ``vespo_lambda_pos`` (2, 3) where A_t >= 0, ``vespo_k_neg``, ``vespo_lambda_neg``
-    (3, 2) where A_t < 0: phi peaks at w = k / lambda and falls to 0 both for w -> 0 (power k) and for large w
-    (exponential decay lambda), so stale sequences fade instead of being cut. On-policy (w = 1) the gradient is
-    the policy gradient -A_t * grad log pi(y_t). The paper (and TRL's ``loss_type="vespo"``) aggregates over the
-    batch's tokens: ``token_mean``. Departures: log w is clamped to [log 1e-8, 20] (TRL clamps each token's
-    log-ratio to [-20, 20] and the sum to the same band); an engine-mismatch correction (``is_weights``) multiplies
-    the loss per token, where TRL folds it into w. ``dual_clip`` is rejected; clip fractions are 0; ratio
-    metrics describe w_i over rows with at least one token.
+    k, lambda = ``vespo_k_pos``, ``vespo_lambda_pos`` (2, 3) where A_t >= 0, ``vespo_k_neg``,
+    ``vespo_lambda_neg`` (3, 2) where A_t < 0: phi peaks at w = k / lambda and falls to 0 both for w -> 0
+    (power k) and for large w (exponential decay lambda), so stale sequences fade instead of being cut.
+    On-policy (w = 1) the gradient is the policy gradient -A_t * grad log pi(y_t). The paper (and TRL's
+    ``loss_type="vespo"``) aggregates over the batch's tokens: ``token_mean``. Departures: log w is clamped to
+    [log 1e-8, 20] (TRL clamps each token's log-ratio to [-20, 20] and the sum to the same band); an
+    engine-mismatch correction (``is_weights``) multiplies the loss per token, where TRL folds it into w.
+    ``dual_clip`` is rejected; clip fractions are 0; ratio metrics describe w_i over rows with at least one
+    token.
 
     Shapes:
         inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].

@@ -97,8 +97,8 @@ class PolicyConfig:
             if value not in valid:
                 raise ValueError(f"{name}={value!r}; valid values: {', '.join(valid)}")
         if self.std_scope == "batch" and not self.std_normalize:
-            raise ValueError("std_scope='batch' divides by the batch's reward std, but std_normalize is false (no "
-                             "division at all); set std_normalize: true, or leave std_scope: group")
+            raise ValueError("std_scope='batch' divides by the batch's reward std, but std_normalize is "
+                             "false (no division at all); set std_normalize: true, or leave std_scope: group")
         for name, v in (("ppo_epochs", self.ppo_epochs), ("max_nonfinite_steps", self.max_nonfinite_steps)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")

@@ -20,7 +20,8 @@ from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
-from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName, StdScope
+from lit_rl.core.names import (AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName,
+                               StdScope)
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
@@ -65,7 +66,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
         std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
             opd's leave-one-out per-position group baseline).
-        std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch`` (the
+        std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch``
+        (the
             std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
         policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, vespo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm

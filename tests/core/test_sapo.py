@@ -1,6 +1,7 @@
 """``policy_loss: sapo`` (SAPO, arXiv 2511.20347; TRL's ``loss_type="sapo"``): float64 values and gradients,
 hand-computed from f(r) = sigmoid(tau (r - 1)) * 4 / tau, one test per branch (A > 0, A < 0, A = 0, the
 temperatures, on-policy), and the settings it refuses."""
+
 from __future__ import annotations
 
 import math
@@ -70,17 +71,24 @@ def test_refuses_dual_clip_and_bad_temperatures():
 def test_other_losses_refuse_the_sapo_temperatures(loss):
     z = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError, match=f"sapo_tau_pos=2.0 is not used by policy loss '{loss}'"):
-        compute_policy_loss(loss, PolicyLossInputs(z, z, z, torch.ones(1, 2, dtype=torch.bool), sapo_tau_pos=2.0))
+        compute_policy_loss(
+            loss, PolicyLossInputs(z, z, z, torch.ones(1, 2, dtype=torch.bool), sapo_tau_pos=2.0)
+        )
 
 
 def test_policy_config_names_the_field_and_the_loss_that_reads_it():
     from lit_rl.modules.config import PolicyConfig
 
-    with pytest.raises(ValueError, match=r"sapo_tau_pos=2.0 is read only by policy_loss: sapo "
-                                         r"\(policy_loss='ppo_clip'\); set it to null"):
+    with pytest.raises(
+        ValueError,
+        match=r"sapo_tau_pos=2.0 is read only by policy_loss: sapo "
+        r"\(policy_loss='ppo_clip'\); set it to null",
+    ):
         PolicyConfig(model="m", tiny_if_missing={}, sapo_tau_pos=2.0).validate()
     PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_pos=2.0).validate()
     with pytest.raises(ValueError, match="sapo_tau_neg must be null or a finite number > 0, got -1"):
         PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_neg=-1.0).validate()
-    with pytest.raises(ValueError, match="policy_loss='clipped'.*valid names: cispo, gspo, ppo_clip, reinforce, sapo, vespo"):
+    with pytest.raises(
+        ValueError, match="policy_loss='clipped'.*valid names: cispo, gspo, ppo_clip, reinforce, sapo, vespo"
+    ):
         PolicyConfig(model="m", tiny_if_missing={}, policy_loss="clipped").validate()

@@ -1,5 +1,6 @@
-"""``std_scope`` of the grpo estimator (TRL's ``scale_rewards``): ``batch`` divides the group-centred rewards by
-the unbiased std of every valid row of the (global) batch. Float64, hand-computed; one test per branch."""
+"""``std_scope`` of the grpo estimator (TRL's ``scale_rewards``): ``batch`` divides the group-centred rewards
+by the unbiased std of every valid row of the (global) batch. Float64, hand-computed; one test per branch."""
+
 from __future__ import annotations
 
 import math
@@ -29,8 +30,9 @@ def _close(a, b):
 
 
 def test_batch_scope_divides_by_the_batch_std():
-    out = compute_advantages("grpo", AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS,
-                                                     std_scope="batch"))
+    out = compute_advantages(
+        "grpo", AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS, std_scope="batch")
+    )
     _close(out.advantages, _rows([a / (math.sqrt(2.5) + EPS) for a in CENTRED]))
     assert out.metrics["adv/batch_std"] == pytest.approx(math.sqrt(2.5), rel=1e-12)
 
@@ -43,23 +45,29 @@ def test_group_scope_is_the_default_and_divides_by_each_groups_std():
 
 
 def test_batch_scope_without_std_normalize_is_only_centred():
-    out = compute_advantages("grpo", AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS,
-                                                     std_normalize=False))
+    out = compute_advantages(
+        "grpo", AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS, std_normalize=False)
+    )
     _close(out.advantages, _rows(CENTRED))
 
 
 def test_batch_std_is_over_all_ranks_through_reduce():
     """Another rank holds rewards 3 and 5: reduce adds its (n, Σr, Σr²) = (2, 8, 34). Global batch: n = 7,
-    Σr = 15.5, Σr² = 55.25, unbiased variance (55.25 − 15.5² / 7) / 6 = 146.5 / 42. The group means stay local."""
+    Σr = 15.5, Σr² = 55.25, unbiased variance (55.25 − 15.5² / 7) / 6 = 146.5 / 42. The group means stay
+    local."""
     seen = []
 
     def reduce(t):
         seen.append(t.clone())
         return t + torch.tensor([2.0, 8.0, 34.0], dtype=t.dtype)
 
-    out = compute_advantages("grpo", AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS,
-                                                     std_scope="batch", reduce=reduce))
-    _close(seen[0], torch.tensor([5.0, 7.5, 21.25], dtype=F64))  # this rank's n, Σr, Σr² = 1 + 0 + 0.25 + 4 + 16
+    out = compute_advantages(
+        "grpo",
+        AdvantageInputs(torch.tensor(REWARDS, dtype=F64), MASK, GROUPS, std_scope="batch", reduce=reduce),
+    )
+    _close(
+        seen[0], torch.tensor([5.0, 7.5, 21.25], dtype=F64)
+    )  # this rank's n, Σr, Σr² = 1 + 0 + 0.25 + 4 + 16
     std = math.sqrt(146.5 / 42)
     _close(out.advantages, _rows([a / (std + EPS) for a in CENTRED]))
 
@@ -71,7 +79,10 @@ def test_invalid_rows_stay_out_of_the_batch_std():
     valid = torch.tensor([T_, F_, T_, T_, T_])
     out = compute_advantages("grpo", AdvantageInputs(r, MASK, GROUPS, valid=valid, std_scope="batch"))
     std = math.sqrt(7.1875 / 3)
-    _close(out.advantages, _rows([0.25 / (std + EPS), 0.0, -0.25 / (std + EPS), -1 / (std + EPS), 1 / (std + EPS)]))
+    _close(
+        out.advantages,
+        _rows([0.25 / (std + EPS), 0.0, -0.25 / (std + EPS), -1 / (std + EPS), 1 / (std + EPS)]),
+    )
 
 
 def test_unknown_scope_names_the_field_and_the_allowed_values():

@@ -1,6 +1,7 @@
-"""``policy_loss: vespo`` (VESPO, arXiv 2602.10693; TRL's ``loss_type="vespo"``): float64 values and gradients,
-hand-computed from phi(w) = e^lambda w^k e^(-lambda w) on the sequence ratio w, one test per branch (A >= 0,
-A < 0, on-policy, the clamp of log w, configured parameters), and the settings it refuses."""
+"""``policy_loss: vespo`` (VESPO, arXiv 2602.10693; TRL's ``loss_type="vespo"``): float64 values and
+gradients, hand-computed from phi(w) = e^lambda w^k e^(-lambda w) on the sequence ratio w, one test per branch
+(A >= 0, A < 0, on-policy, the clamp of log w, configured parameters), and the settings it refuses."""
+
 from __future__ import annotations
 
 import math
@@ -22,14 +23,16 @@ def _run(log_ratio, adv, **kw):
     old = torch.tensor(OLD, dtype=F64)
     lp = (old + torch.tensor([log_ratio], dtype=F64)).requires_grad_(True)
     a = torch.tensor([adv], dtype=F64)
-    loss, metrics = compute_policy_loss("vespo", PolicyLossInputs(lp, old, a, torch.ones_like(a, dtype=torch.bool),
-                                                                  **kw))
+    loss, metrics = compute_policy_loss(
+        "vespo", PolicyLossInputs(lp, old, a, torch.ones_like(a, dtype=torch.bool), **kw)
+    )
     loss.sum().backward()
     return loss.detach()[0].tolist(), lp.grad[0].tolist(), lp.detach()[0].tolist(), metrics
 
 
 def test_non_negative_advantage_uses_k_pos_lambda_pos():
-    # log w = 0.1 + 0.2 (a sum over the row, not a mean); k = 2, lambda = 3; L_t = -phi A log pi_t, dL/dlogpi_t = -phi A
+    # log w = 0.1 + 0.2 (a sum over the row, not a mean); k = 2, lambda = 3; L_t = -phi A log pi_t,
+    # dL/dlogpi_t = -phi A
     phi = _phi(0.3, 2.0, 3.0)
     loss, grad, lp, m = _run([0.1, 0.2], [1.5, 1.5])
     assert loss == pytest.approx([-phi * 1.5 * lp[0], -phi * 1.5 * lp[1]], rel=1e-12)
@@ -79,6 +82,9 @@ def test_policy_config_reads_vespo_parameters_only_with_vespo():
     from lit_rl.modules.config import PolicyConfig
 
     PolicyConfig(model="m", tiny_if_missing={}, policy_loss="vespo", vespo_k_neg=0.0).validate()
-    with pytest.raises(ValueError, match=r"vespo_k_neg=1.0 is read only by policy_loss: vespo "
-                                         r"\(policy_loss='gspo'\); set it to null"):
+    with pytest.raises(
+        ValueError,
+        match=r"vespo_k_neg=1.0 is read only by policy_loss: vespo "
+        r"\(policy_loss='gspo'\); set it to null",
+    ):
         PolicyConfig(model="m", tiny_if_missing={}, policy_loss="gspo", vespo_k_neg=1.0).validate()
