@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_literals_mirror_the_registries_and_tuples():
     from lit_rl.callbacks._async import STALE_POLICIES
     from lit_rl.callbacks.rollout import MODES
-    from lit_rl.core.advantages import ADVANTAGES
+    from lit_rl.core.advantages import ADVANTAGES, STD_SCOPES
     from lit_rl.core.aggregation import AGG_MODES
     from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
     from lit_rl.core.policy_losses import POLICY_LOSSES
@@ -31,6 +31,7 @@ def test_literals_mirror_the_registries_and_tuples():
     assert sorted(get_args(names.PolicyLossName)) == POLICY_LOSSES.names()
     assert get_args(names.LossAgg) == tuple(AGG_MODES)
     assert get_args(names.CorrectionMode) == tuple(CORRECTION_MODES)
+    assert get_args(names.StdScope) == tuple(STD_SCOPES)
     assert get_args(names.CorrectionLevel) == tuple(CORRECTION_LEVELS)
     assert get_args(names.OverlongPrompts) == tuple(OVERLONG)
     assert get_args(names.RolloutMode) == tuple(MODES)

@@ -41,6 +41,10 @@ RUN = {
     "lit-rl fit --config configs/distill.yaml": ["--trainer.max_steps", "1"],
     "lit-rl inspect runs/quickstart": [],
     "lit-rl inspect runs/quickstart -o report.html": [],
+    "lit-rl fit -c configs/quickstart.yaml -c callbacks/trl_defaults.yaml":
+        ["--trainer.max_steps", "2", "--rollout.sampling.max_new_tokens", "1", "--trainer.default_root_dir",
+         "runs/trl_defaults"],
+    "lit-rl explain-trl -c configs/quickstart.yaml": [],
 }
 # Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
 ELSEWHERE = {
@@ -147,6 +151,12 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
             from lit_rl.report import main as inspect_main
 
             assert inspect_main(shlex.split(cmd)[2:]) == 0
+        elif cmd.startswith("lit-rl explain-trl"):  # console_main dispatches it to lit_rl.cli.trl_diff.main
+            from lit_rl.cli.trl_diff import main as explain_main
+
+            capsys.readouterr()
+            assert explain_main(shlex.split(cmd)[2:]) == 0
+            assert "under TRL 1.16's learning_rate=1e-6" in capsys.readouterr().out
         elif "--print_config >" in cmd:
             first, second = cmd.split(" && ")
             capsys.readouterr()  # only what --print_config prints goes to the file
@@ -172,6 +182,8 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
     mine = next(c for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
                 if isinstance(c, RolloutCallback))
     assert list(mine.rewards.rewards) == ["mine"]
+    trl = results["lit-rl fit -c configs/quickstart.yaml -c callbacks/trl_defaults.yaml"]
+    assert trl.model.iteration == 2 and trl.model.hparams.gradient_checkpointing
     assert (workdir / "report.html").exists() and (runs / "quickstart/report.html").exists()
     for rel in ("quickstart/checkpoints/last.ckpt", "quickstart/final_model/config.json", "mine/logs/metrics.csv",
                 "printed/config.yaml", "distill/final_model/config.json"):

@@ -34,6 +34,7 @@ LIGHT_COMMANDS = {
     "inspect": ("lit_rl.report:main", "the rollout report of a run directory (lit-rl inspect runs/quickstart)"),
     "models": ("lit_rl.cli:_models_main", "get a real model as a local directory (lit-rl models smollm2 DIR)"),
     "export": ("lit_rl.export:main", "a Hugging Face model (or --adapter) from a run or .ckpt (lit-rl export RUN -o DIR)"),
+    "explain-trl": ("lit_rl.cli.trl_diff:main", "what a config sets unlike TRL 1.16's defaults (-c CONFIG)"),
 }
 
 

@@ -3,7 +3,7 @@
 Which fields each estimator reads (everything else is ignored, so one config can switch estimators):
 
 =========  =========================================================================================
-grpo       rewards (+ Σ token_rewards), group_ids, valid, std_normalize, eps
+grpo       rewards (+ Σ token_rewards), group_ids, valid, std_normalize, std_scope, eps, reduce
 dr_grpo    rewards (+ Σ token_rewards), group_ids, valid
 rloo       rewards (+ Σ token_rewards), group_ids, valid
 reinforce  rewards, token_rewards, valid, gamma, baseline
@@ -55,6 +55,10 @@ class AdvantageInputs:
     read them (valid rows; action tokens for (B, T) fields) raise ``ValueError``.
     ``baseline`` (reinforce only): subtract one scalar, the mean of G_t over all valid action tokens
     of the batch — see ``reinforce``.
+    ``std_scope`` (grpo with ``std_normalize``): ``group`` divides by each group's reward std, ``batch`` by
+    the std of every valid row of the batch (TRL's ``scale_rewards="batch"``) — see ``grpo``.
+    ``reduce``: sums a small float64 tensor over the data-parallel ranks (None = one process); ``std_scope
+    ="batch"`` calls it so that every rank divides by the std of the *global* batch.
     """
 
     rewards: Tensor
@@ -68,12 +72,16 @@ class AdvantageInputs:
     gamma: float = 1.0
     lam: float = 1.0
     std_normalize: bool = True
+    std_scope: str = "group"
     eps: float = 1e-6
     baseline: bool = False
     bootstrap: Tensor | None = None
+    reduce: Callable[[Tensor], Tensor] | None = None
 
     def __post_init__(self) -> None:
         r, m = self.rewards, self.mask
+        if self.std_scope not in STD_SCOPES:
+            raise ValueError(f"std_scope={self.std_scope!r}; valid values: {', '.join(STD_SCOPES)}")
         if not isinstance(r, Tensor) or r.dim() != 1:
             raise ValueError(f"rewards must be a (B,) tensor, got shape {_shape(r)}")
         if not r.is_floating_point():
@@ -145,6 +153,8 @@ class AdvantageOutputs:
 
 
 _TOKEN_FIELDS = ("token_rewards", "values", "logprobs", "teacher_logprobs")
+# What grpo divides by when std_normalize is on: each group's reward std, or the whole (global) batch's.
+STD_SCOPES: tuple[str, ...] = ("group", "batch")
 
 ADVANTAGES: Registry[Callable[[AdvantageInputs], AdvantageOutputs]] = Registry("advantage")
 
@@ -289,6 +299,11 @@ def grpo(inp: AdvantageInputs) -> AdvantageOutputs:
     Departures: std is the unbiased sample std (``group_stats``); singleton and zero-std groups get
     0 exactly (the paper's formula would give 0/eps·0); invalid rows are excluded from the statistics.
 
+    ``std_scope="batch"`` keeps the group mean but divides by std_B, the unbiased std of r over every valid
+    row of the batch — of all ranks, summed with ``reduce`` (PPO Lite / "Tricks or Traps", arXiv 2508.08221;
+    TRL's ``scale_rewards="batch"``): a group of near-identical rewards is no longer blown up to unit scale.
+    Metric ``adv/batch_std`` = std_B.
+
     Shapes:
         rewards: (B,); group_ids: (B,); mask: (B, T); returns advantages (B, T), returns None.
     """
@@ -296,9 +311,31 @@ def grpo(inp: AdvantageInputs) -> AdvantageOutputs:
     r = _sequence_scores(inp, dt)
     st = group_stats(r, inp.valid_rows(), inp.group_ids)
     adv = r - st.mean[st.inverse]
+    if inp.std_normalize and inp.std_scope == "batch":
+        std_b = _batch_std(r, inp.valid_rows(), inp.reduce)
+        out = _group_output(inp, adv / (std_b.to(dt) + inp.eps), st)
+        out.metrics["adv/batch_std"] = float(std_b)
+        return out
     if inp.std_normalize:
         adv = adv / (st.std[st.inverse] + inp.eps)
     return _group_output(inp, adv, st)
+
+
+def _batch_std(r: Tensor, valid: Tensor, reduce: Callable[[Tensor], Tensor] | None) -> Tensor:
+    """Unbiased std of ``r`` over the valid rows of every rank: n, Σr, Σr² summed with ``reduce`` (in float64,
+    where the one-pass form's cancellation is negligible at reward scales); 0 when fewer than 2 rows.
+
+    Shapes:
+        r: (B,); valid: (B,) bool; returns a scalar float64 tensor.
+    """
+    x = torch.where(valid, r.double(), torch.zeros((), dtype=torch.float64, device=r.device))
+    stats = torch.stack([valid.double().sum(), x.sum(), (x * x).sum()])  # (3,)
+    if reduce is not None:
+        stats = reduce(stats.cpu()).to(torch.float64)
+    n, s1, s2 = (float(v) for v in stats)
+    if n < 2:
+        return torch.zeros((), dtype=torch.float64)
+    return torch.tensor(max(s2 - s1 * s1 / n, 0.0) / (n - 1), dtype=torch.float64).sqrt()
 
 
 @ADVANTAGES.register("dr_grpo")

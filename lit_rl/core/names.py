@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import Literal
 
 AdvantageName = Literal["grpo", "dr_grpo", "rloo", "reinforce", "gae", "opd"]
-PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
+PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "sapo", "vespo", "reinforce"]
 LossAgg = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
 CorrectionMode = Literal["none", "tis", "mis"]
+StdScope = Literal["group", "batch"]
 CorrectionLevel = Literal["token", "sequence", "geometric"]
 OverlongPrompts = Literal["truncate", "drop", "error"]
 RolloutMode = Literal["sync", "async"]

@@ -8,7 +8,7 @@ trained, π_old the policy the ratio is taken against and μ the engine that sam
    per Experience), else the detached current log-probs (one on-policy step: ratio 1, gradient ∇ log π_θ);
 2. engine-mismatch correction (``rollout_correction`` none|tis|mis, ``core.importance``): per-token weights
    w_t · keep_t from ρ = π_old / μ, times any per-token ``is_weights`` the Experience carries;
-3. per-token policy loss ``L_t`` (``core.policy_losses``: ppo_clip, gspo, cispo, reinforce);
+3. per-token policy loss ``L_t`` (``core.policy_losses``: ppo_clip, gspo, cispo, sapo, vespo, reinforce);
 4. ``policy = agg(L_t)`` with ``loss_agg`` over the *minibatch* denominators (``num_tokens`` / ``num_seqs``
    of all ranks) and the run's constant horizon, so micro-batch parts sum to the minibatch loss
    (``core.aggregation``).
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from lit_rl.core.aggregation import aggregate
 from lit_rl.core.importance import k3_mismatch_kl, rollout_correction
-from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss
+from lit_rl.core.policy_losses import LOSS_PARAMS, PolicyLossInputs, compute_policy_loss
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,12 @@ class ObjectiveSettings:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    sapo_tau_pos: float | None = None
+    sapo_tau_neg: float | None = None
+    vespo_k_pos: float | None = None
+    vespo_lambda_pos: float | None = None
+    vespo_k_neg: float | None = None
+    vespo_lambda_neg: float | None = None
     rollout_correction: str = "none"
     correction_level: str = "token"
     correction_cap: float = 2.0
@@ -90,7 +96,8 @@ def policy_objective(inputs: ObjectiveInputs, settings: ObjectiveSettings) -> tu
         is_w = x.is_weights if is_w is None else is_w * x.is_weights
     per_token, pm = compute_policy_loss(s.policy_loss, PolicyLossInputs(
         logprobs=lp, old_logprobs=old, advantages=x.advantages, mask=mask, rollout_logprobs=None, is_weights=is_w,
-        clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip))
+        clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
+        **{k: getattr(s, k) for k in LOSS_PARAMS}))
     policy = aggregate(per_token, mask, s.loss_agg, x.horizon, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
     with torch.no_grad():
         if mask.any():

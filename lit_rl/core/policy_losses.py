@@ -1,4 +1,4 @@
-"""Per-token policy-gradient losses: PPO-clip, GSPO, CISPO, REINFORCE.
+"""Per-token policy-gradient losses: PPO-clip, GSPO, CISPO, SAPO, VESPO, REINFORCE.
 
 Every loss is registered in ``POLICY_LOSSES`` with one signature: it takes a ``PolicyLossInputs`` and returns
 ``(per_token_loss, metrics)``. ``per_token_loss`` is (B, T), zero wherever ``mask`` is False, and still has to be
@@ -33,12 +33,19 @@ from torch import Tensor
 
 from lit_rl.core.registry import Registry
 
-__all__ = ["POLICY_LOSSES", "PolicyLossInputs", "compute_policy_loss"]
+__all__ = ["LOSS_PARAMS", "POLICY_LOSSES", "PolicyLossInputs", "compute_policy_loss"]
 
 POLICY_LOSSES: Registry = Registry("policy_loss")
 
 # Bound on |log r| inside the losses; e^20 ~ 4.85e8 is far outside any useful clip range yet far from overflow.
 _LOG_RATIO_CLAMP = 20.0
+# The settings only one loss reads: field -> (that loss, its default when the field is None, the lowest value
+# allowed, whether the lowest value itself is allowed). Every other loss refuses a field that is set.
+LOSS_PARAMS: dict[str, tuple[str, float, float, bool]] = {
+    "sapo_tau_pos": ("sapo", 1.0, 0.0, False), "sapo_tau_neg": ("sapo", 1.05, 0.0, False),
+    "vespo_k_pos": ("vespo", 2.0, 0.0, True), "vespo_lambda_pos": ("vespo", 3.0, 0.0, False),
+    "vespo_k_neg": ("vespo", 3.0, 0.0, True), "vespo_lambda_neg": ("vespo", 2.0, 0.0, False),
+}
 _METRIC_KEYS = (
     "clipfrac_low", "clipfrac_high", "clipfrac", "dual_clipfrac", "ratio_min", "ratio_mean", "ratio_max", "approx_kl",
 )
@@ -67,7 +74,9 @@ class PolicyLossInputs:
     ``clip_low`` / ``clip_high`` give the ratio interval [1 - clip_low, 1 + clip_high] (asymmetric "clip-higher",
     DAPO arXiv 2503.14476). ``clip_low`` may be 1.0: the lower bound is then 0, which a ratio can never cross, so
     1.0 is the clean way to say "no lower bound" (CISPO, arXiv 2506.13585, uses a large eps_low for the same
-    effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None.
+    effect). ``dual_clip`` is c > 1 of dual-clip PPO (arXiv 1912.09729), or None. ``sapo_tau_pos`` /
+    ``sapo_tau_neg`` are the gate temperatures of ``sapo``, ``vespo_k_*`` / ``vespo_lambda_*`` the Gamma
+    weight of ``vespo`` (``LOSS_PARAMS``: None = the paper's value); every other loss refuses them.
     """
 
     logprobs: Tensor
@@ -79,6 +88,12 @@ class PolicyLossInputs:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    sapo_tau_pos: float | None = None
+    sapo_tau_neg: float | None = None
+    vespo_k_pos: float | None = None
+    vespo_lambda_pos: float | None = None
+    vespo_k_neg: float | None = None
+    vespo_lambda_neg: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -108,6 +123,9 @@ class PolicyLossInputs:
             raise ValueError(f"clip_high must be a finite number > 0, got {self.clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             raise ValueError(f"dual_clip must be None or > 1, got {self.dual_clip}")
+        for name in LOSS_PARAMS:
+            if (why := loss_param_error(name, getattr(self, name))) is not None:
+                raise ValueError(why)
         for name in ("logprobs", "old_logprobs", "advantages", "rollout_logprobs", "is_weights"):
             x = getattr(self, name)
             if x is not None:
@@ -211,6 +229,28 @@ def _reject_dual_clip(name: str, inputs: PolicyLossInputs) -> None:
     if inputs.dual_clip is not None:
         raise ValueError(f"dual_clip={inputs.dual_clip} is not used by policy loss {name!r}; "
                          "only 'ppo_clip' and 'gspo' apply it")
+    _reject_foreign_params(name, inputs)
+
+
+def _reject_foreign_params(name: str, inputs: PolicyLossInputs) -> None:
+    """Refuse a set ``LOSS_PARAMS`` field that belongs to another loss (it would be silently ignored)."""
+    for field, (owner, *_) in LOSS_PARAMS.items():
+        if owner != name and getattr(inputs, field) is not None:
+            raise ValueError(f"{field}={getattr(inputs, field)} is not used by policy loss {name!r}; only "
+                             f"{owner!r} applies it (set it to null)")
+
+
+def loss_param_error(field: str, value: float | None) -> str | None:
+    """Why ``value`` is not a valid ``field`` of ``LOSS_PARAMS`` (None: it is valid, or unset)."""
+    _, _, low, inclusive = LOSS_PARAMS[field]
+    if value is None or (math.isfinite(value) and (value >= low if inclusive else value > low)):
+        return None
+    return f"{field} must be None or a finite number {'>=' if inclusive else '>'} {low:g}, got {value}"
+
+
+def _param(inputs: PolicyLossInputs, field: str) -> float:
+    v = getattr(inputs, field)
+    return LOSS_PARAMS[field][1] if v is None else float(v)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -232,6 +272,7 @@ def ppo_clip_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     Shapes:
         inputs: (B, T) tensors (see ``PolicyLossInputs``). returns loss (B, T), metrics dict[str, float].
     """
+    _reject_foreign_params("ppo_clip", inputs)
     lp, old, adv = _sanitized(inputs)
     log_ratio = lp - old  # (B, T), 0 on padding
     ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
@@ -259,6 +300,7 @@ def gspo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     Shapes:
         inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
     """
+    _reject_foreign_params("gspo", inputs)
     mask = inputs.mask
     lp, old, adv = _sanitized(inputs)
     tok_log_ratio = lp - old  # (B, T), 0 on padding
@@ -298,6 +340,77 @@ def cispo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         low, high = active & (ratio < weight), active & (ratio > weight)
     loss = -weight * adv * lp
     metrics = _metrics(inputs.mask, low, high, torch.zeros_like(low), log_ratio, log_ratio, inputs.mask)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Soft Adaptive Policy Optimization (SAPO, arXiv 2511.20347): a smooth gate instead of the hard ratio
+    clip.
+
+    L_t = -f(r_t) * A_t,  f(r) = sigmoid(tau * (r - 1)) * 4 / tau,  r_t = pi(y_t) / pi_old(y_t),
+    tau = ``sapo_tau_pos`` (default 1.0) where A_t > 0, ``sapo_tau_neg`` (default 1.05) where A_t <= 0.
+
+    The gradient is -A_t * 4 s (1 - s) * r_t * grad log pi(y_t) with s = sigmoid(tau (r_t - 1)): exactly the
+    policy gradient on-policy (r = 1, weight 1) and fading smoothly as r leaves 1, faster for the larger tau
+    (the paper damps negative-advantage tokens harder, as their updates spread mass over the whole
+    vocabulary). The paper (and TRL's ``loss_type="sapo"``) aggregates per sequence, then over rows:
+    ``seq_mean_token_mean``. No hard clip: clip fractions are 0. ``dual_clip`` is rejected. Departure: log r
+    clamped to [-20, 20].
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    _reject_dual_clip("sapo", inputs)
+    lp, old, adv = _sanitized(inputs)
+    log_ratio = lp - old  # (B, T), 0 on padding
+    ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
+    pos, neg = _param(inputs, "sapo_tau_pos"), _param(inputs, "sapo_tau_neg")
+    tau = torch.where(adv > 0, torch.full_like(ratio, pos), torch.full_like(ratio, neg))  # (B, T)
+    loss = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * adv
+    none = torch.zeros_like(inputs.mask)
+    metrics = _metrics(inputs.mask, none, none, none, log_ratio, log_ratio, inputs.mask)
+    return _finish(loss, inputs), metrics
+
+
+@POLICY_LOSSES.register("vespo")
+def vespo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
+    """Variational sequence-level soft policy optimization (VESPO, arXiv 2602.10693): a smooth Gamma-shaped
+    weight of the *sequence* ratio on a REINFORCE term instead of a clip.
+
+    w_i = exp(sum_{t in y_i} (log pi(y_t) - log pi_old(y_t)))   (the product of the token ratios, not a mean)
+    phi(w) = e^lambda * w^k * e^(-lambda w)                       (phi(1) = 1; k, lambda from the sign of A)
+    L_t = -sg[phi(w_i)] * A_t * log pi(y_t)
+
+    k, lambda = ``vespo_k_pos``, ``vespo_lambda_pos`` (2, 3) where A_t >= 0, ``vespo_k_neg``,
+    ``vespo_lambda_neg`` (3, 2) where A_t < 0: phi peaks at w = k / lambda and falls to 0 both for w -> 0
+    (power k) and for large w (exponential decay lambda), so stale sequences fade instead of being cut.
+    On-policy (w = 1) the gradient is the policy gradient -A_t * grad log pi(y_t). The paper (and TRL's
+    ``loss_type="vespo"``) aggregates over the batch's tokens: ``token_mean``. Departures: log w is clamped to
+    [log 1e-8, 20] (TRL clamps each token's log-ratio to [-20, 20] and the sum to the same band); an
+    engine-mismatch correction (``is_weights``) multiplies the loss per token, where TRL folds it into w.
+    ``dual_clip`` is rejected; clip fractions are 0; ratio metrics describe w_i over rows with at least one
+    token.
+
+    Shapes:
+        inputs: (B, T) tensors. returns loss (B, T), metrics dict[str, float].
+    """
+    _reject_dual_clip("vespo", inputs)
+    mask = inputs.mask
+    lp, old, adv = _sanitized(inputs)
+    tok_log_ratio = lp - old  # (B, T), 0 on padding
+    with torch.no_grad():
+        log_w = tok_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).sum(dim=-1)  # (B,)
+        log_w = log_w.clamp(math.log(1e-8), _LOG_RATIO_CLAMP)[:, None]  # (B, 1)
+        nonneg = adv >= 0
+        pick = lambda pos, neg: torch.where(nonneg, torch.full_like(adv, _param(inputs, pos)),  # noqa: E731
+                                            torch.full_like(adv, _param(inputs, neg)))
+        k, lam = pick("vespo_k_pos", "vespo_k_neg"), pick("vespo_lambda_pos", "vespo_lambda_neg")  # (B, T)
+        phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B, T), finite by the clamps
+    loss = -phi * adv * lp
+    none = torch.zeros_like(mask)
+    seq_log_ratio = tok_log_ratio.sum(dim=-1)  # (B,) unclamped, for the metrics
+    metrics = _metrics(mask, none, none, none, tok_log_ratio, seq_log_ratio, mask.sum(dim=-1) > 0)
     return _finish(loss, inputs), metrics
 
 

@@ -29,7 +29,8 @@ class PolicyAssembly:
         """Advantages (and returns) of every row, zero off ``exp.train_mask``.
 
         Group statistics use every ``valid`` row (a row filtered by ``trainable`` still tells its group what
-        the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
+        the prompt's rewards look like), and so does ``std_scope: batch``'s std, over all ranks; whitening
+        (``whiten_advantages``) uses the trainable tokens of all ranks.
         """
         h = self.hparams
         out = compute_advantages(h.advantage, AdvantageInputs(
@@ -37,8 +38,8 @@ class PolicyAssembly:
             values=exp.values, valid=exp.valid, teacher_logprobs=exp.teacher_logprobs,
             # a teacher's advantage compares two models: the policy's full softmax, not the sampler's (processed)
             logprobs=self.kl_policy_logprobs(exp) if exp.teacher_logprobs is not None else exp.rollout_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, baseline=h.baseline,
-            bootstrap=self._bootstrap_rows(exp)))
+            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, std_scope=h.get("std_scope", "group"),
+            baseline=h.baseline, bootstrap=self._bootstrap_rows(exp), reduce=self._all_reduce_sum))
         train = exp.train_mask
         adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
         metrics = dict(out.metrics)

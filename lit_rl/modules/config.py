@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from lit_rl.core.advantages import ADVANTAGES
+from lit_rl.core.advantages import ADVANTAGES, STD_SCOPES
 from lit_rl.core.aggregation import AGG_MODES
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
 from lit_rl.core.objective import ObjectiveSettings
-from lit_rl.core.policy_losses import POLICY_LOSSES
+from lit_rl.core.policy_losses import LOSS_PARAMS, POLICY_LOSSES, loss_param_error
 from lit_rl.models.loading import check_model_source, resolve_dtype
 
 
@@ -33,6 +33,7 @@ class PolicyConfig:
     lora: dict[str, Any] | None = None
     advantage: str = "grpo"
     std_normalize: bool = True
+    std_scope: str = "group"
     gamma: float = 1.0
     lam: float = 1.0
     baseline: bool = False
@@ -44,6 +45,12 @@ class PolicyConfig:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
+    sapo_tau_pos: float | None = None
+    sapo_tau_neg: float | None = None
+    vespo_k_pos: float | None = None
+    vespo_lambda_pos: float | None = None
+    vespo_k_neg: float | None = None
+    vespo_lambda_neg: float | None = None
     ppo_epochs: int = 1
     minibatch_size: int | None = None
     micro_batch_size: int | None = None
@@ -73,7 +80,8 @@ class PolicyConfig:
         """The settings ``core.objective.policy_objective`` reads."""
         return ObjectiveSettings(
             policy_loss=self.policy_loss, loss_agg=self.loss_agg, clip_low=self.clip_low, clip_high=self.clip_high,
-            dual_clip=self.dual_clip, rollout_correction=self.rollout_correction,
+            dual_clip=self.dual_clip, **{k: getattr(self, k) for k in LOSS_PARAMS},
+            rollout_correction=self.rollout_correction,
             correction_level=self.correction_level, correction_cap=self.correction_cap,
             correction_low=self.correction_low)
 
@@ -83,10 +91,14 @@ class PolicyConfig:
         ADVANTAGES.check(self.advantage, "advantage")
         POLICY_LOSSES.check(self.policy_loss, "policy_loss")
         for name, value, valid in (("loss_agg", self.loss_agg, AGG_MODES),
+                                   ("std_scope", self.std_scope, STD_SCOPES),
                                    ("rollout_correction", self.rollout_correction, CORRECTION_MODES),
                                    ("correction_level", self.correction_level, CORRECTION_LEVELS)):
             if value not in valid:
                 raise ValueError(f"{name}={value!r}; valid values: {', '.join(valid)}")
+        if self.std_scope == "batch" and not self.std_normalize:
+            raise ValueError("std_scope='batch' divides by the batch's reward std, but std_normalize is "
+                             "false (no division at all); set std_normalize: true, or leave std_scope: group")
         for name, v in (("ppo_epochs", self.ppo_epochs), ("max_nonfinite_steps", self.max_nonfinite_steps)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
@@ -127,6 +139,13 @@ class PolicyConfig:
             raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
         if self.dual_clip is not None and not self.dual_clip > 1:
             raise ValueError(f"dual_clip must be > 1 or null, got {self.dual_clip}")
+        for name, (owner, *_) in LOSS_PARAMS.items():  # the settings of one loss only (core.policy_losses)
+            v = getattr(self, name)
+            if v is not None and owner != self.policy_loss:
+                raise ValueError(f"{name}={v!r} is read only by policy_loss: {owner} (policy_loss="
+                                 f"{self.policy_loss!r}); set it to null")
+            if (why := loss_param_error(name, v)) is not None:
+                raise ValueError(why.replace("None", "null"))
         if not self.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {self.max_grad_norm}")
         if not self.correction_cap > 0:

@@ -35,7 +35,7 @@ from lit_rl.core.distill import check_losses, masked_cross_entropy, topk_reverse
 from lit_rl.core.fused_logprobs import Projection, linear_divergence, linear_logprobs
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import token_logprobs
-from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss
+from lit_rl.core.policy_losses import LOSS_PARAMS, PolicyLossInputs, compute_policy_loss
 from lit_rl.data.experience import Experience
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.policy import PolicyModule
@@ -131,7 +131,7 @@ class DistillModule(PolicyModule):
             per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
                 logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
                 rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
-                dual_clip=h.dual_clip))
+                dual_clip=h.dual_clip, **{k: h.get(k) for k in LOSS_PARAMS}))
             out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * self.aggregate(per_tok, mask, fwd)
         if "topk_reverse_kl" in c:
             C = mask.shape[1]

@@ -19,7 +19,8 @@ from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
 from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
-from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
+from lit_rl.core.names import (AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName,
+                               StdScope)
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
@@ -65,7 +66,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
         std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
             opd's leave-one-out per-position group baseline).
-        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, reinforce.
+        std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch``
+        (the
+            std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
+        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, vespo, reinforce.
         loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
             (Dr. GRPO).
         loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
@@ -77,6 +81,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             rollout, old-log-prob, reference, value and training passes evaluate the same function (TRL does
             the same); False keeps the checkpoint's dropout.
         clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
+        sapo_tau_pos, sapo_tau_neg: ``policy_loss: sapo``'s gate temperatures for positive / non-positive
+            advantages; null = the paper's 1.0 / 1.05 (TRL's ``sapo_temperature_pos`` / ``_neg``).
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``policy_loss: vespo``'s Gamma weight of
+            the sequence ratio for A >= 0 / A < 0; null = the paper's 2, 3 / 3, 2 (TRL's names).
         ppo_epochs: passes over each Experience.
         minibatch_size: rows per optimizer step (None = the whole Experience).
         micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
@@ -122,6 +130,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         lora: dict[str, Any] | None = None,
         advantage: AdvantageName | str = "grpo",
         std_normalize: bool = True,
+        std_scope: StdScope = "group",
         gamma: float = 1.0,
         lam: float = 1.0,
         baseline: bool = False,
@@ -133,6 +142,12 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         clip_low: float = 0.2,
         clip_high: float = 0.2,
         dual_clip: float | None = None,
+        sapo_tau_pos: float | None = None,
+        sapo_tau_neg: float | None = None,
+        vespo_k_pos: float | None = None,
+        vespo_lambda_pos: float | None = None,
+        vespo_k_neg: float | None = None,
+        vespo_lambda_neg: float | None = None,
         ppo_epochs: int = 1,
         minibatch_size: int | None = None,
         micro_batch_size: int | None = None,

@@ -52,3 +52,52 @@ class CosineDecay(torch.optim.lr_scheduler.LRScheduler):
         for group, lr in zip(self.optimizer.param_groups, self.get_lr()):
             group["lr"] = lr
         self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+
+class WarmupLinearDecay(CosineDecay):
+    """Linear warmup from 0, then linear decay to base · m at step T (TRL's and transformers' default
+    schedule, ``lr_scheduler_type="linear"``); constant at base · m from step T on. With W warmup steps:
+
+        factor(t) = t / W                                    for t < W,
+        factor(t) = m + (1 − m) · (T − t) / max(T − W, 1)    for W ≤ t ≤ T,   and m for t > T.
+
+    W is ``warmup_steps``, or ceil(``warmup_ratio`` · T) as transformers rounds it; W is then recomputed from
+    the loading run's T, like T itself (the state is the step count only: see the module doc).
+
+    Args:
+        total_steps: T (a recipe writes ``${trainer.max_steps}``); >= 1.
+        warmup_ratio: fraction of T spent warming up, in [0, 1) (TRL's ``warmup_ratio``).
+        warmup_steps: W directly, an integer in [0, T) (TRL's ``warmup_steps``); not both.
+        min_ratio: m, the final learning rate as a fraction of the initial one, in [0, 1] (transformers: 0).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.0,
+                 warmup_steps: int = 0, min_ratio: float = 0.0, last_epoch: int = -1):
+        name = "WarmupLinearDecay"
+        if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+            raise ValueError(f"{name} total_steps={total_steps!r}: must be an integer >= 1 (the step at "
+                             "which the decay ends; with trainer.max_steps: -1 set total_steps explicitly)")
+        if not 0.0 <= warmup_ratio < 1.0:  # `not` also rejects NaN
+            raise ValueError(f"{name} warmup_ratio={warmup_ratio!r}: must be in [0, 1) (a fraction of "
+                             "total_steps)")
+        steps_ok = isinstance(warmup_steps, int) and not isinstance(warmup_steps, bool)
+        if not steps_ok or not 0 <= warmup_steps < total_steps:
+            raise ValueError(f"{name} warmup_steps={warmup_steps!r}: must be an integer in [0, total_steps="
+                             f"{total_steps})")
+        if warmup_ratio and warmup_steps:
+            raise ValueError(f"{name} warmup_ratio={warmup_ratio} and warmup_steps={warmup_steps}: set one "
+                             "of them (the other stays 0)")
+        self.warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
+        if not 0.0 <= min_ratio <= 1.0:
+            raise ValueError(f"{name} min_ratio={min_ratio!r}: must be in [0, 1] (the final lr / initial lr)")
+        super().__init__(optimizer, total_steps, min_ratio, last_epoch)
+
+    def factor(self, step: int) -> float:
+        t, T, W, m = max(step, 0), self.total_steps, self.warmup, self.min_ratio
+        if t < W:
+            return t / W
+        return m + (1.0 - m) * max(T - t, 0) / max(T - W, 1)  # T = W (ceil of a ratio near 1): m at once
+
+    def state_dict(self) -> dict[str, Any]:
+        # like total_steps, the warmup length comes from the config of the run that loads this state
+        return {k: v for k, v in super().state_dict().items() if k != "warmup"}

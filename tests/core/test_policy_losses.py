@@ -34,8 +34,8 @@ def loss_and_grad(name, inputs):
 
 
 def test_registry_names_and_unknown_name():
-    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo_clip", "reinforce"]
-    with pytest.raises(ValueError, match="valid names: cispo, gspo, ppo_clip, reinforce"):
+    assert POLICY_LOSSES.names() == ["cispo", "gspo", "ppo_clip", "reinforce", "sapo", "vespo"]
+    with pytest.raises(ValueError, match="valid names: cispo, gspo, ppo_clip, reinforce, sapo, vespo"):
         compute_policy_loss("ppo", make([[0.0]], [[1.0]]))
 
 

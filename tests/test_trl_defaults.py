@@ -1,0 +1,125 @@
+"""``callbacks/trl_defaults.yaml`` (TRL 1.16's defaults as a fragment) trains on the quickstart and resumes on
+its linear schedule; ``lit-rl explain-trl`` names the settings that differ from TRL's defaults, with both
+values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lit_rl.cli import main
+from lit_rl.cli import trl_diff
+
+ROOT = Path(__file__).resolve().parents[1]
+QS, PRESET = str(ROOT / "configs/quickstart.yaml"), str(ROOT / "callbacks/trl_defaults.yaml")
+TINY = [
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--rollout.sampling.max_new_tokens",
+    "1",
+    "--trainer.enable_progress_bar",
+    "false",
+]
+
+
+def test_preset_trains_the_quickstart_and_resumes_on_one_linear_decay(tmp_path, monkeypatch):
+    """Two iterations with TRL's settings (lr 1e-6 decaying linearly to 0 at max_steps, gradient
+    checkpointing, dapo's loss), then a resume extended to 4: lr_t = 1e-6 (T − t) / T with T = 2, then T = 4
+    from t = 2 on."""
+    from lit_rl.modules import WarmupLinearDecay
+    from lit_rl.runs import log_rows
+
+    monkeypatch.chdir(tmp_path)
+    common = [
+        "-c",
+        QS,
+        "-c",
+        PRESET,
+        *TINY,
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--checkpoint.every_n_iterations",
+        "2",
+    ]
+    cli = main(["fit", *common, "--trainer.max_steps", "2"])
+    h = cli.model.hparams
+    assert cli.model.iteration == 2
+    assert (h.gradient_checkpointing, h.policy_loss, h.loss_agg, h.std_scope) == (
+        True,
+        "ppo_clip",
+        "token_mean",
+        "group",
+    )
+    assert isinstance(cli.trainer.lr_scheduler_configs[0].scheduler, WarmupLinearDecay)
+    main(["fit", *common, "--trainer.max_steps", "4", "--ckpt_path", "last"])
+    got = {
+        int(r["step"]): r["lr-AdamW"] for r in log_rows(tmp_path / "run/logs/metrics.csv") if "lr-AdamW" in r
+    }
+    assert got == pytest.approx({1: 1e-6, 2: 0.5e-6, 3: 0.5e-6, 4: 0.25e-6}, abs=1e-18), got
+
+
+def test_explain_names_each_difference_with_both_values(capsys):
+    assert trl_diff.main(["-c", QS, "--model.init_args.loss_agg", "seq_mean_token_mean"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert (
+        "model.init_args.optimizer.init_args.lr: 0.002 here, 1e-06 under TRL 1.16's learning_rate=1e-6" in out
+    )
+    assert (
+        "model.init_args.loss_agg: 'seq_mean_token_mean' here, 'token_mean' under TRL 1.16's "
+        'loss_type="dapo"'
+    ) in out
+    assert "model.init_args.temperature" not in "\n".join(out)  # equal settings are not listed
+    assert out[-1].startswith(f"{len(out) - 1} setting(s) differ")
+
+
+def test_explain_after_the_preset_lists_only_what_it_keeps_from_lit_rl(capsys):
+    assert trl_diff.main(["-c", QS, "-c", PRESET]) == 0
+    keys = [line.split(":")[0] for line in capsys.readouterr().out.splitlines()[:-1]]
+    assert keys == [
+        "model.init_args.disable_dropout",
+        "trainer.precision",
+        "data.init_args.batch_size",
+        "trainer.log_every_n_steps",
+        "checkpoint.every_n_iterations",
+    ]
+
+
+def test_differences_read_callbacks_and_schedules():
+    """Without the whole CLI: a ReferenceKL's beta and a warmup are differences, equal values are not."""
+    cfg = {
+        "seed_everything": 42,
+        "trainer": {
+            "callbacks": [
+                {"class_path": "lit_rl.callbacks.reference_kl.ReferenceKL", "init_args": {"beta": 0.04}}
+            ]
+        },
+        "model": {
+            "init_args": {
+                "lr_scheduler": {
+                    "class_path": "lit_rl.modules.WarmupLinearDecay",
+                    "init_args": {"warmup_ratio": 0.1, "warmup_steps": 0},
+                }
+            }
+        },
+    }
+    lines = trl_diff.differences(cfg)
+    assert "KL to the reference: 0.04 here, 0.0 under TRL 1.16's beta=0.0 (no reference model)" in lines
+    assert "warmup: 0.1 here, 0 under TRL 1.16's warmup_steps=0, warmup_ratio=0.0" in lines
+    assert not [
+        line for line in lines if line.startswith(("seed_everything", "model.init_args.lr_scheduler"))
+    ]
+
+
+@pytest.mark.parametrize("loss,extra", [("sapo", ["--model.init_args.sapo_tau_neg", "1.2"]),
+                                        ("vespo", ["--model.init_args.vespo_lambda_pos", "2.5"])])
+def test_trl_loss_types_train_through_the_cli(loss, extra, tmp_path, monkeypatch):
+    """TRL's loss_type="sapo" / "vespo" as lit_rl settings: one iteration through PolicyModule with a
+    configured parameter of the loss (the module hands it to the loss; another loss would refuse it)."""
+    monkeypatch.chdir(tmp_path)
+    cli = main(["fit", "-c", QS, *TINY, "--trainer.default_root_dir", str(tmp_path / "run"),
+                "--trainer.max_steps", "1", "--model.init_args.policy_loss", loss, *extra])
+    assert cli.model.iteration == 1 and cli.model.hparams.policy_loss == loss
+    assert "actor/ratio_mean" in cli.trainer.callback_metrics
