@@ -59,6 +59,12 @@ def structure(run) -> list[str]:
             out.append(f"{k} = {v!r} is not finite")
     if not math.isfinite(m.get("actor/grad_norm", math.nan)):
         out.append(f"actor/grad_norm = {m.get('actor/grad_norm')!r} is not finite")
+    if run.weight_diffs:
+        out.append(f"the engine's own weights differ from the policy's when it generated: {len(run.weight_diffs)} "
+                   f"tensors, e.g. {run.weight_diffs[:2]} (name, engine dtype, policy dtype)")
+    if run.settings["stop"] and "stop" not in run.exp.finish_reasons:
+        out.append(f"no row ended on a stop string {run.settings['stop']}: the setting was not exercised "
+                   f"(texts {run.exp.texts})")
     if not run.steps:
         out.append("no optimizer step ran")
     for i, (_, grads) in enumerate(run.steps):

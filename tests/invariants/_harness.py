@@ -50,13 +50,27 @@ class Run:
     exp: object  # the Experience after every ExperienceHook (ReferenceKL's token rewards in), before advantages
     steps: list = field(default_factory=list)  # (minibatch rows as Experience, gradient list) per optimizer step
     corrections: list = field(default_factory=list)  # (weights, keep, mask) per correction call
+    weight_diffs: list = field(default_factory=list)  # engine weights unlike the policy's when it generated
 
 
 class _Spy(L.Callback):
-    """Last ExperienceHook: a copy of the Experience every hook before it has annotated."""
+    """Last ExperienceHook: a copy of the Experience every hook before it has annotated, and the engine weights
+    that differ from the policy's right after they generated it (name, engine dtype, policy dtype)."""
+
+    def __init__(self, engine):
+        self.engine, self.weight_diffs = engine, []
 
     def on_experience(self, trainer, module, exp):
         self.exp = copy.deepcopy(exp)
+        own = getattr(self.engine, "model", None)
+        if own is None or own is module.model:  # shared weights (or an engine in another process)
+            return
+        params = dict(own.named_parameters(remove_duplicate=False))
+        params.update(dict(own.named_buffers(remove_duplicate=False)))
+        for name, t in self.engine.sync_items(module.model):
+            e = params.get(name)
+            if e is None or e.dtype != t.dtype or not torch.equal(e, t.to(e.device)):
+                self.weight_diffs.append((name, None if e is None else e.dtype, t.dtype))
 
 
 def module_kwargs(s: dict) -> dict:
@@ -125,7 +139,7 @@ def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None,
 
     module = Probe(model=str(model_dir), optimizer=NoStep, max_grad_norm=1e30, **module_kwargs(settings))
     engine = engine or HFEngine(share_weights=settings["engine"] == "hf_shared")
-    spy = _Spy()
+    spy = _Spy(engine)
     kl = reference_kl(settings)
     callbacks = [RolloutCallback(engine=engine, rewards=reward, group_size=GROUP, sampling=sampling(settings)),
                  *([kl] if kl else []), spy]
@@ -139,7 +153,8 @@ def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None,
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     grads = trainer.optimizers[0].grads
     assert len(grads) == len(minibatches), f"{len(minibatches)} optimizer steps, {len(grads)} gradients recorded"
-    return Run(settings, module, engine, metrics, spy.exp, list(zip(minibatches, grads)), corrections)
+    return Run(settings, module, engine, metrics, spy.exp, list(zip(minibatches, grads)), corrections,
+               spy.weight_diffs)
 
 
 def rows_of(exp, sub) -> list[int]:
