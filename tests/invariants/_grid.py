@@ -25,7 +25,7 @@ STOP = ["G", "e", "w", "=", "z"]  # frequent characters in the tiny model's samp
 DIMENSIONS: OrderedDict[str, list] = OrderedDict([
     ("family", ["grpo", "dr_grpo", "gspo", "cispo", "rloo"]),
     ("correction", ["none", "tis/token", "tis/sequence", "mis/token", "mis/sequence"]),
-    ("kl", ["none", "loss/k2", "loss/k3", "reward/k1", "reward/k3"]),
+    ("kl", ["none", "loss/k2", "loss/k3", "reward/k1", "reward/k3", "loss/k1"]),  # loss/k1: refused
     ("temperature", [1.0, 0.7]),
     ("top_p", [1.0, 0.8]),
     ("top_k", [0, 3]),
