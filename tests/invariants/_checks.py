@@ -87,7 +87,7 @@ def structure(run, f32: Float32Bounds | None = None) -> list[str]:
     if not run.steps:
         out.append("no optimizer step ran")
     for i, (_, grads) in enumerate(run.steps):
-        if not all(bool(torch.isfinite(g).all()) for g in grads):
+        if grads is not None and not all(bool(torch.isfinite(g).all()) for g in grads):
             out.append(f"optimizer step {i}: non-finite gradient")
     return out
 

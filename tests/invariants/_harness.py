@@ -124,7 +124,10 @@ def _record_corrections(into: list):
         objective.rollout_correction = real
 
 
-def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None, trainer_kw=None) -> Run:
+def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None, trainer_kw=None,
+        optimizer=None) -> Run:
+    """``optimizer``: None = ``NoStep`` (gradients recorded); a strategy that owns the optimizer step (DeepSpeed)
+    gets e.g. SGD with lr 0 instead (weights still never move; ``Run.steps`` then hold None gradients)."""
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
     from lit_rl.modules import PolicyModule
@@ -137,7 +140,7 @@ def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None,
             minibatches.append(copy.deepcopy(mb))  # the rows of this optimizer step, as the module has them
             return super()._optimizer_step(opt, sched, mb, micro_loss)
 
-    module = Probe(model=str(model_dir), optimizer=NoStep, max_grad_norm=1e30, **module_kwargs(settings))
+    module = Probe(model=str(model_dir), optimizer=optimizer or NoStep, max_grad_norm=1e30, **module_kwargs(settings))
     engine = engine or HFEngine(share_weights=settings["engine"] == "hf_shared")
     spy = _Spy(engine)
     kl = reference_kl(settings)
@@ -145,13 +148,14 @@ def run(settings: dict, model_dir: str, precision: str = "64-true", engine=None,
                  *([kl] if kl else []), spy]
     corrections: list = []
     L.seed_everything(0)
-    trainer = L.Trainer(accelerator="cpu", devices=1, precision=precision, max_steps=1, max_epochs=-1, logger=False,
+    kw = {"devices": 1, **(trainer_kw or {})}
+    trainer = L.Trainer(accelerator="cpu", precision=precision, max_steps=1, max_epochs=-1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=callbacks, **(trainer_kw or {}))
+                        callbacks=callbacks, **kw)
     with _record_corrections(corrections):
         trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args=TASK, batch_size=PROMPTS))
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    grads = trainer.optimizers[0].grads
+    grads = getattr(trainer.optimizers[0], "grads", None) or [None] * len(minibatches)
     assert len(grads) == len(minibatches), f"{len(minibatches)} optimizer steps, {len(grads)} gradients recorded"
     return Run(settings, module, engine, metrics, spy.exp, list(zip(minibatches, grads)), corrections,
                spy.weight_diffs)
