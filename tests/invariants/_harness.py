@@ -63,7 +63,7 @@ class _Spy(L.Callback):
     def on_experience(self, trainer, module, exp):
         self.exp = copy.deepcopy(exp)
         own = getattr(self.engine, "model", None)
-        if own is None or own is module.model:  # shared weights (or an engine in another process)
+        if not isinstance(own, torch.nn.Module) or own is module.model:  # shared, or weights in another process
             return
         params = dict(own.named_parameters(remove_duplicate=False))
         params.update(dict(own.named_buffers(remove_duplicate=False)))
