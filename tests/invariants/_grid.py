@@ -42,14 +42,15 @@ DIMENSIONS: OrderedDict[str, list] = OrderedDict([
 
 # advantage + policy loss + aggregation + clip bounds of each family (the recipes' settings, configs/*.yaml)
 FAMILIES = {
-    "grpo": dict(advantage="grpo", policy_loss="ppo_clip", loss_agg="seq_mean_token_mean", clip_low=0.2,
-                 clip_high=0.2),
-    "dr_grpo": dict(advantage="dr_grpo", policy_loss="ppo_clip", loss_agg="seq_mean_token_sum_norm", clip_low=0.2,
-                    clip_high=0.2),
-    "gspo": dict(advantage="grpo", policy_loss="gspo", loss_agg="seq_mean_token_mean", clip_low=3e-4,
-                 clip_high=4e-4),
-    "cispo": dict(advantage="grpo", policy_loss="cispo", loss_agg="token_mean", clip_low=1.0, clip_high=0.28),
-    "rloo": dict(advantage="rloo", policy_loss="reinforce", loss_agg="token_mean"),
+    "grpo": {"advantage": "grpo", "policy_loss": "ppo_clip", "loss_agg": "seq_mean_token_mean", "clip_low": 0.2,
+             "clip_high": 0.2},
+    "dr_grpo": {"advantage": "dr_grpo", "policy_loss": "ppo_clip", "loss_agg": "seq_mean_token_sum_norm",
+                "clip_low": 0.2, "clip_high": 0.2},
+    "gspo": {"advantage": "grpo", "policy_loss": "gspo", "loss_agg": "seq_mean_token_mean", "clip_low": 3e-4,
+             "clip_high": 4e-4},
+    "cispo": {"advantage": "grpo", "policy_loss": "cispo", "loss_agg": "token_mean", "clip_low": 1.0,
+              "clip_high": 0.28},
+    "rloo": {"advantage": "rloo", "policy_loss": "reinforce", "loss_agg": "token_mean"},
 }
 
 # Refused by design: (settings that together are refused, the error's text). ReferenceKL(k1, loss) has zero
@@ -135,12 +136,14 @@ def params(rows: list[Combo]) -> list:
 
 
 def table(rows: list[Combo], where: dict[int, str] | None = None) -> str:
-    """The array as a markdown table (one row per combination), for the -s print and docs/invariants.md."""
+    """The array as a markdown table (one row per combination), for the -s print and docs/invariants.md;
+    ``where``: an extra column (by row index), e.g. the suites a row also runs in."""
     short = {"temperature": "T", "repetition_penalty": "rep", "micro_batch_tokens": "mbt", "padding_free": "pf",
              "gradient_checkpointing": "ckpt", "ppo_epochs": "epochs"}
-    head = ["#", *[short.get(n, n) for n in DIMENSIONS], "issue 36"]
+    head = ["#", *[short.get(n, n) for n in DIMENSIONS], "issue 36", *(["also"] if where else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in rows:
         vals = ["/".join(v) if isinstance(v, list) else "–" if v is None else str(v) for v in c.settings.values()]
-        lines.append("| " + " | ".join([str(c.index), *vals, "xfail" if c.truncated else ""]) + " |")
+        extra = [where.get(c.index, "")] if where else []
+        lines.append("| " + " | ".join([str(c.index), *vals, "xfail" if c.truncated else "", *extra]) + " |")
     return "\n".join(lines)

@@ -23,9 +23,9 @@ import lightning as L
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))  # the shared references
-from _conformance import NoStep  # noqa: E402
+from _conformance import NoStep
 
-from invariants._grid import FAMILIES  # noqa: E402
+from invariants._grid import FAMILIES
 
 TASK = {"answer_width": 1, "max_sum": 9}
 PROMPTS, GROUP, NEW_TOKENS = 2, 2, 6

@@ -10,10 +10,23 @@ on-policy point they are 1 up to that storage, and a correction that drops or sh
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import torch
-from _conformance import (cispo_reference, clip_reference, flat, group_advantage, gspo_reference, max_rel_diff,
-                          reference_grad, reinforce_reference, trained)
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "conformance"))  # the shared references
+from _conformance import (
+    cispo_reference,
+    clip_reference,
+    flat,
+    group_advantage,
+    gspo_reference,
+    max_rel_diff,
+    reference_grad,
+    reinforce_reference,
+    trained,
+)
 
 from invariants._grid import FAMILIES
 from invariants._harness import rows_of

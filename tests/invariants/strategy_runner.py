@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the invariants package, _conformance
 
-import torch  # noqa: E402
+import torch
 
-from invariants import _checks, _grid, _harness  # noqa: E402
+from invariants import _checks, _grid, _harness
 
 
 def make_strategy(name: str):
