@@ -4,17 +4,19 @@ Known values at the on-policy point (engine weights = policy = reference = old p
 
 - structure (``structure``): PPO ratio 1 (``actor/ratio_min|mean|max``), no clipping (``actor/*clipfrac``),
   the loss-form KL 0 (``kl/mean``), every loss part, the gradient norm and every gradient finite;
-- distribution (``distribution``): the reward-form KL 0, every importance weight of the mismatch correction 1 and
-  every token kept (``is/*`` and the weights themselves), the engine/trainer mismatch KL 0.
+- distribution (``distribution``): the reward-form KL 0, every importance weight of the mismatch correction
+  1 and every token kept (``is/*`` and the weights themselves), the engine/trainer mismatch KL 0.
 
-Float64 tolerances. The engine reports float64 log-probs, but ``ExperienceBuilder`` stores ``rollout_logprobs``
-in float32 (``rollout/build.py``): each is off by at most |μ_t|·2⁻²⁴ (round to nearest), ``eps_t`` below, plus
-float64 noise (1e-12 covers it: measured ≤ 1e-14). Everything read from μ is bounded through eps_t: a weight by
-expm1(Σ_t eps_t) (the sequence level sums a row), k1 by max eps_t, k3 (≈ Δ²/2) by max eps_t²/2 (+10 %). What does
-not involve μ is exact: ratio and loss-form KL compare two float64 forwards of the same weights (1e-9 / 1e-12).
-Logged metrics pass through a float32 tensor (``trainer.callback_metrics``): ratio 1 ± 1e-9 then means "rounds to
-exactly 1.0 in float32"; the weights are read from the recorded tensors instead.
+Float64 tolerances. The engine reports float64 log-probs, but ``ExperienceBuilder`` stores
+``rollout_logprobs`` in float32 (``rollout/build.py``): each is off by at most |μ_t|·2⁻²⁴ (round to nearest),
+``eps_t`` below, plus float64 noise (1e-12 covers it: measured ≤ 1e-14). Everything read from μ is bounded
+through eps_t: a weight by expm1(Σ_t eps_t) (the sequence level sums a row), k1 by max eps_t, k3 (≈ Δ²/2) by
+max eps_t²/2 (+10 %). What does not involve μ is exact: ratio and loss-form KL compare two float64 forwards of
+the same weights (1e-9 / 1e-12). Logged metrics pass through a float32 tensor (``trainer.callback_metrics``):
+ratio 1 ± 1e-9 then means "rounds to exactly 1.0 in float32"; the weights are read from the recorded tensors
+instead.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-F32 = 2.0 ** -24  # float32 round-to-nearest relative error
+F32 = 2.0**-24  # float32 round-to-nearest relative error
 NOISE = 1e-12  # float64 forwards of the same weights through different batching / packing (measured ≤ 1e-14)
 RATIO_TOL = 1e-9
 LOSS_KL_TOL = 1e-12
@@ -31,9 +33,9 @@ CLIPFRAC = ("actor/clipfrac", "actor/clipfrac_low", "actor/clipfrac_high", "acto
 
 @dataclass(frozen=True)
 class Float32Bounds:
-    """precision 32-true: measured on the 26 EXACT rows (2026-12-05, this repo's CPU), bound = 10x the largest.
-    ratio 4.8e-7 (4 float32 ulps of the logged 1.0: old log-probs from a separate forward), loss-form KL 1.9e-14,
-    reward-form k1 5.3e-8 (k3 1.9e-14), mismatch KL 3.2e-14, |w − 1| 9.5e-7 (sequence level)."""
+    """precision 32-true: measured on the 26 EXACT rows (2026-12-05, this repo's CPU), bound = 10x the
+    largest. ratio 4.8e-7 (4 float32 ulps of the logged 1.0: old log-probs from a separate forward), loss-form
+    KL 1.9e-14, reward-form k1 5.3e-8 (k3 1.9e-14), mismatch KL 3.2e-14, |w − 1| 9.5e-7 (sequence level)."""
 
     ratio: float = 5e-6
     loss_kl: float = 2e-13
@@ -79,11 +81,15 @@ def structure(run, f32: Float32Bounds | None = None) -> list[str]:
     if not math.isfinite(m.get("actor/grad_norm", math.nan)):
         out.append(f"actor/grad_norm = {m.get('actor/grad_norm')!r} is not finite")
     if run.weight_diffs:
-        out.append(f"the engine's own weights differ from the policy's when it generated: {len(run.weight_diffs)} "
-                   f"tensors, e.g. {run.weight_diffs[:2]} (name, engine dtype, policy dtype)")
+        out.append(
+            f"the engine's own weights differ from the policy's when it generated: {len(run.weight_diffs)} "
+            f"tensors, e.g. {run.weight_diffs[:2]} (name, engine dtype, policy dtype)"
+        )
     if run.settings["stop"] and "stop" not in run.exp.finish_reasons:
-        out.append(f"no row ended on a stop string {run.settings['stop']}: the setting was not exercised "
-                   f"(texts {run.exp.texts})")
+        out.append(
+            f"no row ended on a stop string {run.settings['stop']}: the setting was not exercised "
+            f"(texts {run.exp.texts})"
+        )
     if not run.steps:
         out.append("no optimizer step ran")
     for i, (_, grads) in enumerate(run.steps):
@@ -97,7 +103,7 @@ def distribution(run, f32: Float32Bounds | None = None) -> list[str]:
     m, out = run.metrics, []
     eps = engine_eps(run)
     e_max = float(eps.max())
-    k3_bound = f32.mismatch if f32 else 0.5 * e_max ** 2 * 1.1 + 1e-15
+    k3_bound = f32.mismatch if f32 else 0.5 * e_max**2 * 1.1 + 1e-15
     # a sequence-level weight sums its row's log-ratios
     row_bound = f32.weight if f32 else math.expm1(float(eps.sum(-1).max())) * 1.1
     kl = run.settings["kl"]
@@ -131,9 +137,13 @@ def _weights(run, tol: float) -> list[str]:
         out.append("the mismatch correction never ran")
     for i, (w, keep, mask) in enumerate(run.corrections):
         if not torch.equal(keep, mask):
-            out.append(f"correction call {i}: kept {int(keep.sum())} of {int(mask.sum())} tokens, expected all")
+            out.append(
+                f"correction call {i}: kept {int(keep.sum())} of {int(mask.sum())} tokens, expected all"
+            )
         dev = float((w.double() - 1.0)[mask].abs().max()) if mask.any() else 0.0
         if not dev <= tol:
-            out.append(f"correction call {i}: max |w − 1| = {dev:.3e} (mean weight "
-                       f"{float(w.double()[mask].mean()):.6f}), expected ≤ {tol:.1e}")
+            out.append(
+                f"correction call {i}: max |w − 1| = {dev:.3e} (mean weight "
+                f"{float(w.double()[mask].mean()):.6f}), expected ≤ {tol:.1e}"
+            )
     return out

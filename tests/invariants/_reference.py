@@ -2,11 +2,12 @@
 
 For each recorded optimizer step (its minibatch rows and gradient) the reference is the family's loss from
 ``tests/conformance/_conformance.py`` on those rows, with advantages computed from the rewards by the paper's
-formula over the whole Experience (r_i = reward_i + Σ_t token_rewards_{i,t}: the reward-form KL's penalty, which
-is 0 up to float32 storage of μ at the on-policy point, enters exactly as the module received it), and for the
-clipped-surrogate families the documented correction weights from the stored μ (``_weights``): at the
+formula over the whole Experience (r_i = reward_i + Σ_t token_rewards_{i,t}: the reward-form KL's penalty,
+which is 0 up to float32 storage of μ at the on-policy point, enters exactly as the module received it), and
+for the clipped-surrogate families the documented correction weights from the stored μ (``_weights``): at the
 on-policy point they are 1 up to that storage, and a correction that drops or shrinks tokens there differs.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,11 +38,17 @@ CAP = 2.0  # PolicyModule's default correction_cap (the band of mis: [1/CAP, CAP
 
 def checkable(settings: dict) -> bool:
     """The combinations whose step has a conformance reference: untruncated sampling (the references use the
-    full softmax), and a correction only with the clipped surrogate (the only reference that takes weights)."""
-    untruncated = (settings["top_p"] == 1 and settings["top_k"] == 0 and settings["min_p"] == 0
-                   and settings["repetition_penalty"] == 1)
-    return untruncated and (settings["correction"] == "none" or FAMILIES[settings["family"]]["policy_loss"]
-                            == "ppo_clip")
+    full softmax), and a correction only with the clipped surrogate (the only reference that takes
+    weights)."""
+    untruncated = (
+        settings["top_p"] == 1
+        and settings["top_k"] == 0
+        and settings["min_p"] == 0
+        and settings["repetition_penalty"] == 1
+    )
+    return untruncated and (
+        settings["correction"] == "none" or FAMILIES[settings["family"]]["policy_loss"] == "ppo_clip"
+    )
 
 
 def _shaped_rewards(exp):
@@ -82,6 +89,7 @@ def _weights(sub, correction: str):
         if mode == "mis":  # the two-sided band [1/cap, cap]: outside it a token (row) is dropped
             rho = torch.where((lr <= math.log(CAP)) & (lr >= -math.log(CAP)), rho, 0.0)
         return rho
+
     return w
 
 
@@ -97,8 +105,17 @@ def step_diffs(run) -> list[float]:
         sub, adv = exp.select(idx), adv_all[idx]
         if fam["policy_loss"] == "ppo_clip":
             weights = None if s["correction"] == "none" else _weights(sub, s["correction"])
-            loss = clip_reference(module, sub, adv, fam["loss_agg"], fam["clip_low"], fam["clip_high"],
-                                  horizon=exp.horizon, weights=weights, temperature=T)
+            loss = clip_reference(
+                module,
+                sub,
+                adv,
+                fam["loss_agg"],
+                fam["clip_low"],
+                fam["clip_high"],
+                horizon=exp.horizon,
+                weights=weights,
+                temperature=T,
+            )
         elif fam["policy_loss"] == "gspo":
             loss = gspo_reference(module, sub, adv, fam["clip_low"], fam["clip_high"], temperature=T)
         elif fam["policy_loss"] == "cispo":

@@ -4,6 +4,7 @@ Runs the EXACT-array rows with the given ids (``_grid.Combo.id``) one after anot
 (ddp | fsdp | deepspeed_zero2 | deepspeed_zero3; CPU, gloo, float32) and writes each rank's violations as
 ``OUT_DIR/rank<r>.json`` ({id: [violation, ...]}). Lightning's launcher re-executes this script for rank 1.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,13 @@ def main(name: str, model_dir: str, out_dir: str, ids: list[str]) -> None:
     opt = functools.partial(torch.optim.SGD, lr=0.0) if name.startswith("deepspeed") else None
     results = {}
     for i in ids:
-        run = _harness.run(rows[i].settings, model_dir, precision="32-true", optimizer=opt,
-                           trainer_kw={"strategy": make_strategy(name), "devices": 2})
+        run = _harness.run(
+            rows[i].settings,
+            model_dir,
+            precision="32-true",
+            optimizer=opt,
+            trainer_kw={"strategy": make_strategy(name), "devices": 2},
+        )
         results[i] = _checks.structure(run, _checks.FLOAT32) + _checks.distribution(run, _checks.FLOAT32)
     rank = int(os.environ.get("LOCAL_RANK", "0"))
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results, indent=1))

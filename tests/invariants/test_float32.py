@@ -1,5 +1,6 @@
-"""The same invariants in float32 (``precision="32-true"``, the default dtype) on a few EXACT rows, against the
-measured bounds of ``_checks.Float32Bounds`` (float64 runs check the exact values: ``test_on_policy``)."""
+"""The same invariants in float32 (``precision="32-true"``, the default dtype) on a few EXACT rows, against
+the measured bounds of ``_checks.Float32Bounds`` (float64 runs check the exact values: ``test_on_policy``)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,11 +1,12 @@
 """The on-policy invariants over two pairwise covering arrays of the settings space (float64, real loop).
 
-``FULL``: every dimension of ``_grid.DIMENSIONS``; ``EXACT``: the same with the four truncation settings off, so
-that the pairs of the other dimensions are all checked where every invariant must hold today. Each combination
-runs once (``_run``, cached); three tests read it: ``structure`` (all rows), ``distribution`` (issue-36 rows
-xfail strict until ``TRUNCATION_FIXED``), ``one_step_gradient`` (the rows with a conformance reference).
-``-s`` prints the arrays as tables (the same tables as docs/invariants.md).
+``FULL``: every dimension of ``_grid.DIMENSIONS``; ``EXACT``: the same with the four truncation settings off,
+so that the pairs of the other dimensions are all checked where every invariant must hold today. Each
+combination runs once (``_run``, cached); three tests read it: ``structure`` (all rows), ``distribution``
+(issue-36 rows xfail strict until ``TRUNCATION_FIXED``), ``one_step_gradient`` (the rows with a conformance
+reference). ``-s`` prints the arrays as tables (the same tables as docs/invariants.md).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -19,8 +20,9 @@ _RUNS: dict[str, _harness.Run] = {}
 
 
 def _run(combo: _grid.Combo, model_dir) -> _harness.Run:
-    # RMSNorm in float64 (tests/_float64.py): the padding-free pass sums a prompt's gradients before the norm, the
-    # reference after it; with transformers' float32-internal norm they differ by ~1e-7, not float64 rounding.
+    # RMSNorm in float64 (tests/_float64.py): the padding-free pass sums a prompt's gradients before the norm,
+    # the reference after it; with transformers' float32-internal norm they differ by ~1e-7, not float64
+    # rounding.
     if combo.id not in _RUNS:
         with float64_rmsnorm():
             _RUNS[combo.id] = _harness.run(combo.settings, str(model_dir))
@@ -51,7 +53,9 @@ def test_distribution(combo, tiny_model_dir):
     assert not bad, "\n".join(bad)
 
 
-@pytest.mark.parametrize("combo", [pytest.param(c, id=c.id) for c in EXACT if _reference.checkable(c.settings)])
+@pytest.mark.parametrize(
+    "combo", [pytest.param(c, id=c.id) for c in EXACT if _reference.checkable(c.settings)]
+)
 def test_one_step_gradient(combo, tiny_model_dir):
     """Every optimizer step's gradient equals the documented objective's (float64, rtol 1e-9)."""
     run = _run(combo, tiny_model_dir)

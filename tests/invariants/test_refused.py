@@ -1,5 +1,6 @@
 """Combinations refused by design are refused at construction, with an error naming the reason, and are not in
 the covering arrays (allpairspy's filter, ``_grid.REFUSED``)."""
+
 from __future__ import annotations
 
 import re
@@ -9,8 +10,9 @@ import pytest
 from invariants import _grid, _harness
 
 
-@pytest.mark.parametrize("rule,match", _grid.REFUSED, ids=[" ".join(f"{k}={v}" for k, v in r.items())
-                                                           for r, _ in _grid.REFUSED])
+@pytest.mark.parametrize(
+    "rule,match", _grid.REFUSED, ids=[" ".join(f"{k}={v}" for k, v in r.items()) for r, _ in _grid.REFUSED]
+)
 def test_refused_at_construction(rule, match, tiny_model_dir):
     from lit_rl.modules import PolicyModule
 

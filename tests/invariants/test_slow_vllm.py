@@ -1,10 +1,11 @@
 """The on-policy invariants with the in-process ``VLLMEngine`` (slow, vllm): float32, a few EXACT rows.
 
 vLLM computes the same function with other kernels, so the engine/trainer mismatch is small but not 0: the
-mismatch KL must be > 0 (a 0 would mean the metric compares the trainer with itself) and below a measured bound;
-the IS weights and the reward-form KL, which read μ, get bounds of the same origin (``VLLM`` below). The ratio and
-the loss-form KL do not read μ and keep the float32 bounds.
+mismatch KL must be > 0 (a 0 would mean the metric compares the trainer with itself) and below a measured
+bound; the IS weights and the reward-form KL, which read μ, get bounds of the same origin (``VLLM`` below).
+The ratio and the loss-form KL do not read μ and keep the float32 bounds.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,9 @@ ROWS = [c for c in EXACT if c.index in (28, 29, 31, 37)]
 def engine(tiny_model_dir):
     from lit_rl.rollout.vllm import VLLMEngine
 
-    e = VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60,
-                   llm_kwargs={"block_size": 32})
+    e = VLLMEngine(
+        max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
+    )
     yield e
     e.close()
 
@@ -35,8 +37,10 @@ def engine(tiny_model_dir):
 def test_vllm_on_policy(combo, engine, tiny_model_dir):
     run = _harness.run(combo.settings, str(tiny_model_dir), precision="32-true", engine=engine)
     m = run.metrics
-    print(f"\n{combo.id}: mismatch_kl {m['rollout/logprob_mismatch_kl']:.2e} kl {m.get('kl/mean', 0):.2e} "
-          f"max_weight {m.get('is/max_weight', 1) - 1:+.2e}")
+    print(
+        f"\n{combo.id}: mismatch_kl {m['rollout/logprob_mismatch_kl']:.2e} kl {m.get('kl/mean', 0):.2e} "
+        f"max_weight {m.get('is/max_weight', 1) - 1:+.2e}"
+    )
     bad = _checks.structure(run, VLLM) + _checks.distribution(run, VLLM)
     assert not bad, "\n".join(bad)
     assert m["rollout/logprob_mismatch_kl"] > 0, "vLLM and the trainer agree exactly: is μ the trainer's own?"
