@@ -32,8 +32,8 @@ class PolicyAssembly:
         the prompt's rewards look like); whitening (``whiten_advantages``) uses the trainable tokens of all ranks.
         """
         h = self.hparams
-        # A float64 policy (precision "64-true", the exact checks) computes its advantages in float64 also from
-        # the float32 rewards ExperienceBuilder stores: float32 group statistics cost ~1e-6 of the gradient.
+        # A float64 policy (precision "64-true", the exact checks) computes its advantages in float64 also
+        # from the float32 rewards ExperienceBuilder stores: float32 group statistics cost ~1e-6 of the gradient.
         rewards = exp.rewards.double() if self._float64_policy() else exp.rewards
         out = compute_advantages(h.advantage, AdvantageInputs(
             rewards=rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,

@@ -229,7 +229,8 @@ def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float, hi: float)
 # ------------------------------------------------------------------------- the papers' losses (shared)
 # One place for the per-family reference losses, so the invariants suite (tests/invariants/) checks its
 # on-policy steps against the very formulas the recipe conformance tests use. Each returns a closure for
-# ``reference_grad``; ``adv`` is (B, 1) per row or (B, C) per token; ``weights(lp)`` optional per-token IS weights.
+# ``reference_grad``; ``adv`` is (B, 1) per row or (B, C) per token; ``weights(lp)``: optional per-token IS
+# weights.
 def clip_reference(module, exp: Experience, adv, mode: str, lo: float, hi: float, horizon=None, weights=None,
                    temperature: float = 1.0):
     """Clipped surrogate (PPO / GRPO / Dr. GRPO / DAPO) at θ = θ_old: ρ = exp(lp − sg(lp))."""

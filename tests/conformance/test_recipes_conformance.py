@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 import pytest
-from _conformance import (agg, build_module, cispo_reference, clip_objective, clip_reference, flat, full_logprobs,
-                          group_advantage, gspo_reference, hand_experience, max_rel_diff, recipe, reference_grad,
-                          reinforce_reference, run_step, trained)
+from _conformance import (agg, build_module, cispo_reference, clip_objective, clip_reference, flat,
+                          full_logprobs, group_advantage, gspo_reference, hand_experience, max_rel_diff, recipe,
+                          reference_grad, reinforce_reference, run_step, trained)
 
 RTOL = 1e-6
 GRADIENT_DIFFS: dict[str, float] = {}
