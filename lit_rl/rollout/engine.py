@@ -102,6 +102,7 @@ class HFEngine(EngineBase):
             # number of generation steps in lock-step. A private full copy, synced by gathering each
             # parameter once per sync, avoids that.
             self.share_weights = False
+        self._source = src
         if self.share_weights:
             self.model = src
         else:
@@ -141,6 +142,7 @@ class HFEngine(EngineBase):
         if self.model is None:
             raise RuntimeError("HFEngine.generate called before bind(module); RolloutCallback.setup binds it")
         check_generation_kwargs(sampling, _hf_generation_keys(), "HFEngine", "transformers GenerationConfig")
+        self._follow_source_dtype()
         rows = [p for p in prompt_ids for _ in range(n)]  # prompt i's samples are rows i*n .. i*n+n-1
         step = self.batch_size or len(rows)
         flat: list[Completion] = []
@@ -161,6 +163,18 @@ class HFEngine(EngineBase):
         finally:
             self.model.train(was_training)
         return self._count([flat[i * n : (i + 1) * n] for i in range(len(prompt_ids))])
+
+    def _follow_source_dtype(self) -> None:
+        """A private copy takes the policy's floating dtype: ``bind`` runs at the callback's setup, before
+        Lightning's ``*-true`` precision converts the module (``64-true``, ``bf16-true``), so the copy would
+        otherwise sample from float32 weights while the trainer's log-probs come from the converted ones."""
+        src = getattr(self, "_source", None)
+        if self.share_weights or src is None:
+            return
+        want = next(src.parameters()).dtype
+        have = next(self.model.parameters()).dtype
+        if want.is_floating_point and want != have:
+            self.model.to(dtype=want)
 
     def _generate(self, rows: list[list[int]], sp: SamplingConfig) -> list[Completion]:
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList

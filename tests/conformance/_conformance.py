@@ -224,3 +224,53 @@ def reference_grad(module, loss_fn) -> torch.Tensor:
 def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     """−min(ρA, clip(ρ, 1−lo, 1+hi)A) per token (PPO, arXiv 1707.06347 eq. 7; asymmetric: DAPO)."""
     return -torch.minimum(ratio * adv, ratio.clamp(1 - lo, 1 + hi) * adv)
+
+
+# ------------------------------------------------------------------------- the papers' losses (shared)
+# One place for the per-family reference losses, so the invariants suite (tests/invariants/) checks its
+# on-policy steps against the very formulas the recipe conformance tests use. Each returns a closure for
+# ``reference_grad``; ``adv`` is (B, 1) per row or (B, C) per token; ``weights(lp)``: optional per-token IS
+# weights.
+def clip_reference(module, exp: Experience, adv, mode: str, lo: float, hi: float, horizon=None, weights=None,
+                   temperature: float = 1.0):
+    """Clipped surrogate (PPO / GRPO / Dr. GRPO / DAPO) at θ = θ_old: ρ = exp(lp − sg(lp))."""
+    def loss():
+        lp, _, _ = full_logprobs(module.model, exp, temperature)
+        ratio = torch.exp(lp - lp.detach())
+        per_tok = clip_objective(ratio, adv.expand_as(lp), lo, hi)
+        if weights is not None:
+            per_tok = per_tok * weights(lp)
+        return agg(per_tok, trained(exp), mode, horizon)
+    return loss
+
+
+def gspo_reference(module, exp: Experience, adv, lo: float, hi: float, temperature: float = 1.0):
+    """GSPO (arXiv 2507.18071): s_i = exp(mean_t log ρ_t) clipped at (1 − lo, 1 + hi), mean over sequences."""
+    adv = adv.reshape(-1)
+
+    def loss():
+        lp, _, _ = full_logprobs(module.model, exp, temperature)
+        m = trained(exp)
+        terms = []
+        for i in m.any(-1).nonzero().flatten().tolist():
+            s = torch.exp((lp[i] - lp[i].detach())[m[i]].mean())
+            terms.append(-torch.minimum(s * adv[i], s.clamp(1 - lo, 1 + hi) * adv[i]))
+        return torch.stack(terms).mean()
+    return loss
+
+
+def cispo_reference(module, exp: Experience, adv, lo: float, hi: float, temperature: float = 1.0):
+    """CISPO (arXiv 2506.13585): −sg(clip(ρ, 1 − lo, 1 + hi)) · A · log π, token mean."""
+    def loss():
+        lp, _, _ = full_logprobs(module.model, exp, temperature)
+        w = torch.exp(lp - lp.detach()).clamp(1 - lo, 1 + hi).detach()
+        return agg(-w * adv * lp, trained(exp), "token_mean")
+    return loss
+
+
+def reinforce_reference(module, exp: Experience, adv, temperature: float = 1.0):
+    """REINFORCE (Williams 1992): −A · log π, token mean."""
+    def loss():
+        lp, _, _ = full_logprobs(module.model, exp, temperature)
+        return agg(-adv * lp, trained(exp), "token_mean")
+    return loss

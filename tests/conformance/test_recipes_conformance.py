@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 
 import pytest
-from _conformance import (agg, build_module, clip_objective, flat, full_logprobs, group_advantage,
-                          hand_experience, max_rel_diff, recipe, reference_grad, run_step, trained)
+from _conformance import (agg, build_module, cispo_reference, clip_objective, clip_reference, flat,
+                          full_logprobs, group_advantage, gspo_reference, hand_experience, max_rel_diff, recipe,
+                          reference_grad, reinforce_reference, run_step, trained)
 
 RTOL = 1e-6
 GRADIENT_DIFFS: dict[str, float] = {}
@@ -33,15 +34,7 @@ def _check(name, grads, ref):
 
 def _policy_ref(module, exp, adv_fn, mode, lo, hi, horizon=None, weights=None):
     """Clipped-surrogate references at the first step (θ = θ_old, ρ = exp(lp − sg(lp)))."""
-    def loss():
-        lp, _, _ = full_logprobs(module.model, exp)
-        m = trained(exp)
-        ratio = torch.exp(lp - lp.detach())
-        per_tok = clip_objective(ratio, adv_fn(lp).expand_as(lp) if callable(adv_fn) else adv_fn, lo, hi)
-        if weights is not None:
-            per_tok = per_tok * weights(lp)
-        return agg(per_tok, m, mode, horizon)
-    return reference_grad(module, loss)
+    return reference_grad(module, clip_reference(module, exp, adv_fn, mode, lo, hi, horizon, weights))
 
 
 @pytest.mark.parametrize("name,std,mode,lo,hi", [
@@ -97,18 +90,8 @@ def test_gspo_matches_the_paper(tiny_model_dir):
     exp = _exp(module)
     grads = run_step(module, exp)
     adv = group_advantage(exp, std_normalize=True)
-
-    def loss():
-        lp, _, _ = full_logprobs(module.model, exp)
-        m = trained(exp)
-        rows = m.any(-1).nonzero().flatten()
-        terms = []
-        for i in rows.tolist():
-            s = torch.exp((lp[i] - lp[i].detach())[m[i]].mean())
-            terms.append(-torch.minimum(s * adv[i], s.clamp(1 - 3e-4, 1 + 4e-4) * adv[i]))
-        return torch.stack(terms).mean()
     assert len(grads) == 2
-    _check("gspo", grads, reference_grad(module, loss))
+    _check("gspo", grads, reference_grad(module, gspo_reference(module, exp, adv, 3e-4, 4e-4)))
 
 
 def test_cispo_matches_the_paper(tiny_model_dir):
@@ -118,12 +101,7 @@ def test_cispo_matches_the_paper(tiny_model_dir):
     exp = _exp(module)
     grads = run_step(module, exp)
     adv = group_advantage(exp, std_normalize=True)[:, None]
-
-    def loss():
-        lp, _, _ = full_logprobs(module.model, exp)
-        w = torch.exp(lp - lp.detach()).clamp(0.0, 1.28).detach()
-        return agg(-w * adv * lp, trained(exp), "token_mean")
-    _check("cispo", grads, reference_grad(module, loss))
+    _check("cispo", grads, reference_grad(module, cispo_reference(module, exp, adv, 1.0, 0.28)))
 
 
 def test_reinforce_matches_the_paper(tiny_model_dir):
@@ -135,11 +113,7 @@ def test_reinforce_matches_the_paper(tiny_model_dir):
     m = trained(exp)
     G = torch.where(m, torch.nan_to_num(exp.rewards)[:, None].expand_as(m), 0.0)
     adv = torch.where(m, G - G[m].mean(), 0.0)
-
-    def loss():
-        lp, _, _ = full_logprobs(module.model, exp)
-        return agg(-adv * lp, m, "token_mean")
-    _check("reinforce", grads, reference_grad(module, loss))
+    _check("reinforce", grads, reference_grad(module, reinforce_reference(module, exp, adv)))
 
 
 def test_ppo_matches_the_paper(tiny_model_dir):
