@@ -30,9 +30,7 @@ Files:
 - ``test_slow_strategies.py``  DDP, FSDP2, ZeRO-2/3 (``slow``);
 - ``test_slow_vllm.py``  VLLMEngine (``slow``, ``vllm``).
 
-Issue 36 (``_grid.TRUNCATION_FIXED = False``): until the trainer uses the processed (truncated, renormalised)
-log-probs for the ratio and the correction, the rows with top_p < 1, top_k > 0, min_p > 0 or
-repetition_penalty != 1 fail the distribution invariants: ``test_distribution`` marks exactly those rows
-``xfail(strict=True)``. Flip the constant after the fix. The table of rows and results: docs/invariants.md.
+Rows with top_p < 1, top_k > 0, min_p > 0 or repetition_penalty != 1 check the truncated-sampling rule (ratios
+compare the sampler's distribution with itself, KL the full softmax on both sides; issue 36). The table of rows and results: docs/invariants.md.
 Run ``pytest tests/invariants -s`` to print the arrays.
 """

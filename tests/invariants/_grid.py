@@ -1,13 +1,12 @@
-"""The settings space, its pairwise covering array and the known-bug switch.
+"""The settings space and its pairwise covering array.
 
 ``DIMENSIONS`` lists every setting a user can change that the on-policy invariants must survive, each with the
 values tried (the default first). ``covering_array()`` asks allpairspy for rows such that every pair of values
 of any two dimensions appears in some row; ``REFUSED`` are combinations lit_rl refuses by design: the filter
 keeps them out of the array and ``test_refused.py`` asserts each is refused at construction with a clear error.
 
-``TRUNCATION_FIXED`` is the one switch for issue 36: until the trainer computes the processed (truncated,
-renormalised) log-probs for the ratio and the correction, every row with truncated / penalised sampling fails
-the KL / IS-weight / mismatch invariants and is marked ``xfail(strict=True)``; flip it after the fix lands.
+Rows with truncated / penalised sampling (top_p, top_k, min_p, repetition_penalty) check that the trainer compares
+the sampler's distribution with itself in every ratio and the full softmax in every KL (docs/invariants.md).
 """
 
 from __future__ import annotations
@@ -16,9 +15,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import pytest
-
-TRUNCATION_FIXED = False
-TRUNCATION_REASON = "truncated sampling: issue 36"
 
 # frequent characters in the tiny model's samples: some row of every stop run ends on one (checked)
 STOP = ["G", "e", "w", "=", "z"]
@@ -178,16 +174,8 @@ def uncovered_pairs(rows: list[Combo], exact: bool = False) -> list[tuple]:
 
 
 def params(rows: list[Combo]) -> list:
-    """pytest params: the issue-36 rows xfail (strict) until ``TRUNCATION_FIXED``."""
-    out = []
-    for c in rows:
-        marks = (
-            [pytest.mark.xfail(strict=True, reason=TRUNCATION_REASON)]
-            if c.truncated and not TRUNCATION_FIXED
-            else []
-        )
-        out.append(pytest.param(c, id=c.id, marks=marks))
-    return out
+    """pytest params, one per row, named by the row's id."""
+    return [pytest.param(c, id=c.id) for c in rows]
 
 
 def table(rows: list[Combo], where: dict[int, str] | None = None) -> str:
@@ -208,5 +196,5 @@ def table(rows: list[Combo], where: dict[int, str] | None = None) -> str:
             "/".join(v) if isinstance(v, list) else "–" if v is None else str(v) for v in c.settings.values()
         ]
         extra = [where.get(c.index, "")] if where else []
-        lines.append("| " + " | ".join([str(c.index), *vals, "xfail" if c.truncated else "", *extra]) + " |")
+        lines.append("| " + " | ".join([str(c.index), *vals, "truncated" if c.truncated else "", *extra]) + " |")
     return "\n".join(lines)

@@ -3,7 +3,7 @@
 ``FULL``: every dimension of ``_grid.DIMENSIONS``; ``EXACT``: the same with the four truncation settings off,
 so that the pairs of the other dimensions are all checked where every invariant must hold today. Each
 combination runs once (``_run``, cached); three tests read it: ``structure`` (all rows), ``distribution``
-(issue-36 rows xfail strict until ``TRUNCATION_FIXED``), ``one_step_gradient`` (the rows with a conformance
+(the truncated-sampling rows included: issue 36), ``one_step_gradient`` (the rows with a conformance
 reference). ``-s`` prints the arrays as tables (the same tables as docs/invariants.md).
 """
 
