@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,18 +159,20 @@ class ServerPool:
         live = [s for s in self.servers if s.alive]
         if not live:
             self._pick()  # raises the all-down error
-        with ThreadPoolExecutor(len(live)) as ex:
-            futs = {s.url: (s, ex.submit(fn, s)) for s in live}
-            t_end = time.monotonic() + timeout
-            for url, (s, f) in futs.items():
-                try:
-                    f.result(max(0.0, t_end - time.monotonic()))
-                except TimeoutError as exc:
-                    raise TimeoutError(f"server {url}: weight sync exceeded sync_timeout_s={timeout}") from exc
-                except Exception as exc:
-                    if not _gone(exc):
-                        raise RuntimeError(f"server {url}: {type(exc).__name__}: {exc}") from exc
-                    self._fail(s, exc)
+        # Daemon threads, not a pool left by ``with``: leaving one waits for every worker, and a hung server's
+        # worker runs on through each of its requests' own timeouts, so the TimeoutError came several
+        # sync_timeout_s late (issue 36). An abandoned worker ends with its request's timeout.
+        calls = [(s, _Call(fn, s)) for s in live]
+        t_end = time.monotonic() + timeout
+        for s, call in calls:
+            try:
+                call.result(max(0.0, t_end - time.monotonic()))
+            except TimeoutError as exc:
+                raise TimeoutError(f"server {s.url}: weight sync exceeded sync_timeout_s={timeout}") from exc
+            except Exception as exc:
+                if not _gone(exc):
+                    raise RuntimeError(f"server {s.url}: {type(exc).__name__}: {exc}") from exc
+                self._fail(s, exc)
         if not any(s.alive for s in self.servers):
             self._pick()
 
@@ -228,6 +229,32 @@ class ServerPool:
         """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push); one whose process
         is gone is dropped (``_each_live``)."""
         self._each_live(lambda s: self._check_version(s, version), 30)
+
+
+class _Call:
+    """``fn(*args)`` in a daemon thread; ``result(timeout)`` returns its value, re-raises its exception, or raises
+    ``TimeoutError`` (the thread is left running: a daemon never holds up the interpreter's exit either)."""
+
+    def __init__(self, fn, *args):
+        self._done = threading.Event()
+        self._value = self._exc = None
+
+        def run():
+            try:
+                self._value = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to result()
+                self._exc = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, daemon=True, name="lit_rl-server-sync").start()
+
+    def result(self, timeout: float):
+        if not self._done.wait(timeout):
+            raise TimeoutError
+        if self._exc is not None:
+            raise self._exc
+        return self._value
 
 
 def _gone(exc: BaseException) -> bool:
