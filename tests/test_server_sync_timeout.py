@@ -37,10 +37,10 @@ def slow_server():
                     return
             self.wfile.write(b'{"success": true, "weight_version": "1"}')
 
-        def do_GET(self):  # noqa: N802 - http.server's name
+        def do_GET(self):
             self._answer()
 
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self._answer()
 
