@@ -334,8 +334,11 @@ class VLLMServerEngine(SeededRequests, EngineBase):
 
     def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
+        # skip_special_tokens: vLLM matches ``stop`` against text detokenised this way, so it must be the text
+        # every engine's stop rule reads (special tokens skipped, ``sampling.stop_index``); with them kept, a stop
+        # string inside a special token's text ended completions on servers only
         return {**model, "prompt": ids, **sampling_fields(sp, n, self._next_seed(sp, n)),
-                "return_token_ids": True, "skip_special_tokens": False}
+                "return_token_ids": True, "skip_special_tokens": True}
 
     def metrics(self) -> dict[str, float]:
         """Cumulative failure counts, per server i (in ``urls`` / launch order) the group requests it answered
