@@ -34,6 +34,7 @@ class Server:
     outstanding: int = 0
     served: int = 0  # requests answered
     why_dead: str = ""
+    why_unsynced: str = ""  # the weight version it reported when found unsynced (ServerPool.unsynced)
     info: dict = field(default_factory=dict)
 
 
@@ -48,6 +49,7 @@ class ServerPool:
         self.errors = 0
         self.retries = 0
         self.cache_reset_retries = 0  # /reset_prefix_cache answers of success=false (each retried)
+        self.resyncs = 0  # servers found restarted (another weight version) and given the last weights again
         self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -185,13 +187,8 @@ class ServerPool:
                     s.alive, s.why_dead = False, why
 
     def reload_from_file(self, sync_dir: str, version: str, timeout: float) -> None:
-        def one(s: Server) -> None:
-            self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
-                                                  "timeout": timeout}, timeout)
-            self._reset_prefix_cache(s, timeout)  # cached KV came from the old weights
-            self._set_and_check(s, version, timeout)
-
-        self._each_live(one, timeout)
+        # per server: reload, reset the prefix cache (cached KV came from the old weights), set the version
+        self._each_live(lambda s: self.reload_one(s, sync_dir, version, timeout), timeout)
 
     def set_versions(self, version: str, timeout: float = 60.0) -> None:
         self._each_live(lambda s: (self._reset_prefix_cache(s, timeout),
@@ -224,6 +221,28 @@ class ServerPool:
         got = self._get(s.url, "/weight_info", 30).get("weight_version")
         if got != version:
             raise RuntimeError(f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}")
+
+    def unsynced(self, version: str) -> list[Server]:
+        """The live servers that do not report weight ``version`` (``Server.why_unsynced``: what they report).
+        One that fails the check (connection, timeout, 5xx) is dropped as a failed request is."""
+        out = []
+        for s in [s for s in self.servers if s.alive]:
+            try:
+                got = self._get(s.url, "/weight_info", self.request_timeout_s).get("weight_version")
+            except (requests.RequestException, ServerError, ValueError) as exc:
+                self._fail(s, exc)
+                continue
+            if got != version:
+                s.why_unsynced = repr(got)
+                out.append(s)
+        return out
+
+    def reload_one(self, s: Server, sync_dir: str, version: str, timeout: float) -> None:
+        """``reload_from_file`` for server ``s`` alone (a restarted server given the last sync's weights again)."""
+        self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
+                                              "timeout": timeout}, timeout)
+        self._reset_prefix_cache(s, timeout)
+        self._set_and_check(s, version, timeout)
 
     def check_versions(self, version: str) -> None:
         """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push); one whose process

@@ -138,6 +138,15 @@ class AdapterSync:
         self.current = name
         self._drop_older(pool, timeout)
 
+    def reload(self, pool, s, version: str, sync_dir: str, timeout: float) -> None:
+        """Load the current adapter again on server ``s`` alone (restarted since the last sync: it lost it)."""
+        name = self.name(version)
+        _post(pool, s.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.path.join(sync_dir, name)},
+              timeout)
+        pool._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
+        _check_listed(pool, s, name)
+        pool._check_version(s, version)
+
     def release(self, pool, timeout: float = 10.0) -> None:
         """Unload every adapter this engine loaded (at close: servers given by URL outlive the run)."""
         self._drop_older(pool, timeout, keep_current=False)

@@ -8,10 +8,13 @@ engine's own gloo group: barrier, rank 0 pushes, broadcast of the outcome, the o
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import time
 
 from lit_rl.rollout._vllm_common import check_weight_names, write_weights_file
+
+_log = logging.getLogger("lit_rl.rollout.server")
 
 
 class WeightPush:
@@ -63,8 +66,10 @@ class WeightPush:
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
             box = [None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                   [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None]
+                   [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None,
+                   self._sync_dir if rank0 else None]
             dist.broadcast_object_list(box, src=0, group=self._group)
+            self._push_dir = box[2]  # where this sync's files are (the servers read them): ``_resync_restarted``
             if box[0] is not None and err is None:
                 bad_names = box[0][0]
                 err = (ValueError if bad_names else RuntimeError)(f"rank 0 failed the weight sync: {box[0][1]}")
@@ -86,7 +91,40 @@ class WeightPush:
                 raise err
             raise RuntimeError(f"VLLMServerEngine weight sync (version {version}) failed: {err}") from err
         self._stale = None
+        if self._group is None:
+            self._push_dir = self._sync_dir
         self.last_sync_s = time.perf_counter() - t0
+
+    def _resync_restarted(self) -> None:
+        """Before each generate round (engine lock held): a live server that does not report the last sync's
+        weight version was restarted since (it holds its base weights) or synced by another client, and its
+        rows would carry our version's label falsely. With transport ``file`` it is given the last sync's
+        weights again from their files, still in the sync directory until the next sync (merged weights:
+        reload; adapter path: the current adapter), and must report the version back; any rank can do this (the
+        servers read the files; two ranks re-pushing the same files concurrently load the same weights). Else
+        (``nccl``: the tensors are gone) or when that fails, the server is dropped as a failed request drops it.
+        """
+        from lit_rl.rollout._server_http import ServerError
+
+        version = str(self._sync_seq)
+        for s in self.pool.unsynced(version):
+            try:
+                if self.weight_transport != "file" or self._push_dir is None:
+                    raise ServerError(f"reports weight version {s.why_unsynced}, not {version!r} (restarted or "
+                                      f"synced by another client) and transport {self.weight_transport} cannot "
+                                      "push the last weights again")
+                if self._lora is not None:
+                    self._lora.reload(self.pool, s, version, self._push_dir, self.sync_timeout_s)
+                else:
+                    self.pool.reload_one(s, self._push_dir, version, self.sync_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - the server is dropped with the reason; others go on
+                self.pool._fail(s, exc)
+                _log.warning("VLLMServerEngine: dropped server %s: %s", s.url, exc)
+                continue
+            with self.pool._lock:
+                self.pool.resyncs += 1
+            _log.warning("VLLMServerEngine: server %s reported weight version %s, not %r (restarted?): pushed "
+                         "the last sync's weights to it again", s.url, s.why_unsynced, version)
 
     def _sync_nccl(self, items, version: str) -> None:
         """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own

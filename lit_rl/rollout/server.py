@@ -24,6 +24,9 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
   dead for the rest of the run (a restarted server would hold the base weights) and its requests go to
   another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
   no live server left, ``generate`` raises naming every URL: never a hang.
+* Restarted servers: before each generate round every server must report the last sync's weight version; one
+  that does not (restarted since, on its checkpoint) is given the last sync's weights again from their files
+  (``rollout/server_resyncs``), or dropped when that cannot be done (``_server_sync._resync_restarted``).
 
 With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
 ranks' weights are equal after a step), the others wait on a gloo group of their own and check the version.
@@ -149,6 +152,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         self._stale: str | None = None
         self._sync_seq = 0  # syncs pushed to the servers; the version string they must report
         self._sync_dir: str | None = None
+        self._push_dir: str | None = None  # the last sync's files (rank 0's sync dir, also on the other ranks)
         self._seed_cursor = 0
         self._lock = threading.RLock()  # generate and weight sync never overlap
         self._executor: ThreadPoolExecutor | None = None
@@ -287,7 +291,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
             self.pool = None
         if self._sync_dir is not None and self.sync_dir_arg is None:
             shutil.rmtree(self._sync_dir, ignore_errors=True)
-        self._sync_dir = None
+        self._sync_dir = self._push_dir = None
 
     def teardown(self) -> None:
         self.close()
@@ -318,6 +322,8 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
                 self._needs_initial_sync = False
             if self._stale is not None:
                 raise RuntimeError(f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again.")
+            if self._sync_seq:  # a server restarted since the last sync gets its weights again, or is dropped
+                self._resync_restarted()
             sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMServerEngine")
             version = self.policy_version
             bodies = [self._body(ids, n, sampling) for ids in sent]
@@ -347,6 +353,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         out = {**super().metrics(), "rollout/server_errors": float(pool.errors if pool else 0),
                "rollout/retries": float(pool.retries if pool else 0),
                "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
+               "rollout/server_resyncs": float(pool.resyncs if pool else 0),
                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
                "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
                "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
