@@ -275,6 +275,7 @@ def test_async_rollout_callback_on_servers_keeps_the_staleness_bound(pair, tiny_
         assert 0 <= int(stale.max()) <= 1
         assert metrics["rollout/server_errors"] == 0.0 and metrics["rollout/servers_alive"] == 2.0
     assert rc.state_dict()["async"]["version"] == 4
+    pair[0].update_weights(merged_state_items(pair[1].model))  # the pair's own weights (and version) back
 
 
 def _completions_served(proc) -> int:
@@ -297,6 +298,7 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
         assert r["urls"] == urls and min(got) >= 1 and sum(got) == 8, (name, got)
     # initial push + one per step, by rank 0 only (rank 1 checks): version 3 on both servers
     assert [requests.get(u + "/weight_info", timeout=10).json()["weight_version"] for u in urls] == ["3", "3"]
+    pair[0].update_weights(merged_state_items(pair[1].model))  # the pair's own weights (and version) back
 
 
 class _BadServer:

@@ -155,3 +155,40 @@ def test_processed_logprobs_and_stop_strings_agree_with_transformers(served):
     c = engine.generate(prompts[:1], 2, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[stop]))[0][0]
     assert (c.token_ids, c.finish_reason) == (free.token_ids[: first + 1], "stop")
     engine.update_weights(merged_state_items(module.model))
+
+
+def test_a_stop_string_of_special_token_text_stops_the_server_as_it_stops_hf_engine(served):
+    """Stop strings match text decoded with special tokens skipped, on every engine (``end_of_completion``). A
+    policy with a flat next-token distribution (final norm zeroed: every logit 0) samples ``<|im_end|>`` (a
+    special token) inside completions; with ``stop=["<|im_end|>"]`` neither HFEngine nor the server may end a
+    completion there. Each returned completion must be what the shared rule makes of its own tokens. Before,
+    the server detokenised with special tokens kept and ended every completion at its first ``<|im_end|>``."""
+    import copy
+
+    from lit_rl.rollout.engine import HFEngine
+    from lit_rl.rollout.sampling import end_of_completion
+
+    engine, module = served
+    flat = copy.deepcopy(module.model)
+    with torch.no_grad():
+        flat.model.norm.weight.zero_()
+    tok = module.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    decode = lambda t: tok.decode(t, skip_special_tokens=True)
+    hf = HFEngine()
+    hf.bind(types.SimpleNamespace(model=flat, tokenizer=tok))
+    sp = SamplingConfig(temperature=1.0, max_new_tokens=40, stop=["<|im_end|>"], seed=3)
+    prompts = [tok.encode("ab"), tok.encode("cd")]
+    engine.update_weights(merged_state_items(flat))
+    try:
+        for name, eng in (("hf", hf), ("server", engine)):
+            comps = [c for g in eng.generate(prompts, 8, sp) for c in g]
+            for c in comps:  # before: the server's ended at their first <|im_end|>, finish_reason "stop"
+                rule = end_of_completion(c.token_ids, tok.eos_token_id, decode, sp.stops)
+                assert (len(c.token_ids), c.finish_reason) == rule, (name, c.token_ids, c.finish_reason)
+                assert c.finish_reason == "stop" or len(c.token_ids) == sp.max_new_tokens, (name, c.token_ids)
+            inside = sum(im_end in c.token_ids[:-1] or (c.token_ids[-1:] == [im_end] and c.finish_reason == "length")
+                         for c in comps)
+            assert inside, (name, "no completion went on past a sampled <|im_end|>")
+    finally:
+        engine.update_weights(merged_state_items(module.model))

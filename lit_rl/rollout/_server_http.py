@@ -9,7 +9,6 @@ import sys
 import threading
 import time
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +34,7 @@ class Server:
     outstanding: int = 0
     served: int = 0  # requests answered
     why_dead: str = ""
+    why_unsynced: str = ""  # the weight version it reported when found unsynced (ServerPool.unsynced)
     info: dict = field(default_factory=dict)
 
 
@@ -49,6 +49,7 @@ class ServerPool:
         self.errors = 0
         self.retries = 0
         self.cache_reset_retries = 0  # /reset_prefix_cache answers of success=false (each retried)
+        self.resyncs = 0  # servers found restarted (another weight version) and given the last weights again
         self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -160,18 +161,20 @@ class ServerPool:
         live = [s for s in self.servers if s.alive]
         if not live:
             self._pick()  # raises the all-down error
-        with ThreadPoolExecutor(len(live)) as ex:
-            futs = {s.url: (s, ex.submit(fn, s)) for s in live}
-            t_end = time.monotonic() + timeout
-            for url, (s, f) in futs.items():
-                try:
-                    f.result(max(0.0, t_end - time.monotonic()))
-                except TimeoutError as exc:
-                    raise TimeoutError(f"server {url}: weight sync exceeded sync_timeout_s={timeout}") from exc
-                except Exception as exc:
-                    if not _gone(exc):
-                        raise RuntimeError(f"server {url}: {type(exc).__name__}: {exc}") from exc
-                    self._fail(s, exc)
+        # Daemon threads, not a pool left by ``with``: leaving one waits for every worker, and a hung server's
+        # worker runs on through each of its requests' own timeouts, so the TimeoutError came several
+        # sync_timeout_s late (issue 36). An abandoned worker ends with its request's timeout.
+        calls = [(s, _Call(fn, s)) for s in live]
+        t_end = time.monotonic() + timeout
+        for s, call in calls:
+            try:
+                call.result(max(0.0, t_end - time.monotonic()))
+            except TimeoutError as exc:
+                raise TimeoutError(f"server {s.url}: weight sync exceeded sync_timeout_s={timeout}") from exc
+            except Exception as exc:
+                if not _gone(exc):
+                    raise RuntimeError(f"server {s.url}: {type(exc).__name__}: {exc}") from exc
+                self._fail(s, exc)
         if not any(s.alive for s in self.servers):
             self._pick()
 
@@ -184,13 +187,8 @@ class ServerPool:
                     s.alive, s.why_dead = False, why
 
     def reload_from_file(self, sync_dir: str, version: str, timeout: float) -> None:
-        def one(s: Server) -> None:
-            self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
-                                                  "timeout": timeout}, timeout)
-            self._reset_prefix_cache(s, timeout)  # cached KV came from the old weights
-            self._set_and_check(s, version, timeout)
-
-        self._each_live(one, timeout)
+        # per server: reload, reset the prefix cache (cached KV came from the old weights), set the version
+        self._each_live(lambda s: self.reload_one(s, sync_dir, version, timeout), timeout)
 
     def set_versions(self, version: str, timeout: float = 60.0) -> None:
         self._each_live(lambda s: (self._reset_prefix_cache(s, timeout),
@@ -224,10 +222,58 @@ class ServerPool:
         if got != version:
             raise RuntimeError(f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}")
 
+    def unsynced(self, version: str) -> list[Server]:
+        """The live servers that do not report weight ``version`` (``Server.why_unsynced``: what they report).
+        One that fails the check (connection, timeout, 5xx) is dropped as a failed request is."""
+        out = []
+        for s in [s for s in self.servers if s.alive]:
+            try:
+                got = self._get(s.url, "/weight_info", self.request_timeout_s).get("weight_version")
+            except (requests.RequestException, ServerError, ValueError) as exc:
+                self._fail(s, exc)
+                continue
+            if got != version:
+                s.why_unsynced = repr(got)
+                out.append(s)
+        return out
+
+    def reload_one(self, s: Server, sync_dir: str, version: str, timeout: float) -> None:
+        """``reload_from_file`` for server ``s`` alone (a restarted server given the last sync's weights again)."""
+        self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
+                                              "timeout": timeout}, timeout)
+        self._reset_prefix_cache(s, timeout)
+        self._set_and_check(s, version, timeout)
+
     def check_versions(self, version: str) -> None:
         """Every live server reports ``version`` (DDP ranks other than 0 check rank 0's push); one whose process
         is gone is dropped (``_each_live``)."""
         self._each_live(lambda s: self._check_version(s, version), 30)
+
+
+class _Call:
+    """``fn(*args)`` in a daemon thread; ``result(timeout)`` returns its value, re-raises its exception, or raises
+    ``TimeoutError`` (the thread is left running: a daemon never holds up the interpreter's exit either)."""
+
+    def __init__(self, fn, *args):
+        self._done = threading.Event()
+        self._value = self._exc = None
+
+        def run():
+            try:
+                self._value = fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - handed to result()
+                self._exc = exc
+            finally:
+                self._done.set()
+
+        threading.Thread(target=run, daemon=True, name="lit_rl-server-sync").start()
+
+    def result(self, timeout: float):
+        if not self._done.wait(timeout):
+            raise TimeoutError
+        if self._exc is not None:
+            raise self._exc
+        return self._value
 
 
 def _gone(exc: BaseException) -> bool:

@@ -138,6 +138,15 @@ class AdapterSync:
         self.current = name
         self._drop_older(pool, timeout)
 
+    def reload(self, pool, s, version: str, sync_dir: str, timeout: float) -> None:
+        """Load the current adapter again on server ``s`` alone (restarted since the last sync: it lost it)."""
+        name = self.name(version)
+        _post(pool, s.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.path.join(sync_dir, name)},
+              timeout)
+        pool._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
+        _check_listed(pool, s, name)
+        pool._check_version(s, version)
+
     def release(self, pool, timeout: float = 10.0) -> None:
         """Unload every adapter this engine loaded (at close: servers given by URL outlive the run)."""
         self._drop_older(pool, timeout, keep_current=False)
@@ -186,24 +195,34 @@ def _check_listed(pool, s, name: str) -> None:
         raise RuntimeError(f"server {s.url} does not list LoRA adapter {name!r} after loading it (serves {ids})")
 
 
-def choose(lora_sync: str, model, pool, sync_dir, transport: str, tag: str) -> tuple[bool, str]:
+def choose(lora_sync: str, model, pool, sync_dir, transport: str, tag: str,
+           items: list | None = None) -> tuple[bool, str]:
     """Pick the sync path at setup: (True, why) for the adapter path, (False, why) for merged weights.
 
-    ``sync_dir()`` gives the directory for the probe's adapter files. Raises ``ValueError`` naming ``lora_sync``
-    when it is ``adapter`` and the adapter path cannot run.
+    ``sync_dir()`` gives the directory for the probe's adapter files; ``items``: the adapter's tensors
+    (``probe_items``, gathered by every rank), else read here. Raises ``ValueError`` naming ``lora_sync`` when it
+    is ``adapter`` and the adapter path cannot run.
     """
     if lora_sync == "merged":
         return False, "lora_sync=merged"
     cfg = policy_lora(model)
     why = _why_not(cfg, pool, transport)
     if why is None:
-        why = _probe(pool, adapter_state_items(model), cfg, sync_dir(), tag)
+        why = _probe(pool, adapter_state_items(model) if items is None else items, cfg, sync_dir(), tag)
     if why is not None:
         if lora_sync == "adapter":
             raise ValueError(f"VLLMServerEngine.lora_sync='adapter' cannot run: {why}. Use lora_sync: auto "
                              "(merged weights when the adapter path cannot run) or merged")
         return False, why
     return True, f"LoRA rank {lora_rank(cfg)} adapter accepted by every server"
+
+
+def probe_items(lora_sync: str, model) -> list | None:
+    """The adapter tensors ``choose`` may probe with, or None when it never probes (no LoRA, ``merged``). Under
+    FSDP2 / ZeRO-3 they are gathered by collectives, so every rank calls this, though only rank 0 probes."""
+    if lora_sync == "merged" or policy_lora(model) is None:
+        return None
+    return adapter_state_items(model)
 
 
 def _why_not(cfg, pool, transport: str) -> str | None:

@@ -24,6 +24,9 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
   dead for the rest of the run (a restarted server would hold the base weights) and its requests go to
   another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
   no live server left, ``generate`` raises naming every URL: never a hang.
+* Restarted servers: before each generate round every server must report the last sync's weight version; one
+  that does not (restarted since, on its checkpoint) is given the last sync's weights again from their files
+  (``rollout/server_resyncs``), or dropped when that cannot be done (``_server_sync._resync_restarted``).
 
 With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
 ranks' weights are equal after a step), the others wait on a gloo group of their own and check the version.
@@ -38,7 +41,6 @@ import logging
 import os
 import shutil
 import threading
-import time
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -48,16 +50,15 @@ from torch import Tensor
 
 from lit_rl.rollout import _server_lora as lora
 from lit_rl.rollout._server_http import ServerPool
+from lit_rl.rollout._server_sync import WeightPush, _ddp_group
 from lit_rl.rollout._vllm_common import (
     SeededRequests,
     architectures,
     check_prompts,
-    check_weight_names,
     deprecated_overlong,
     dtype_name,
     make_sync_dir,
     sampling_fields,
-    write_weights_file,
 )
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import Completion, SamplingConfig
@@ -69,7 +70,7 @@ LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_l
                "kv_cache_gb", "extra_args", "env", "timeout_s"}
 
 
-class VLLMServerEngine(SeededRequests, EngineBase):
+class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
     """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
 
     Args:
@@ -151,6 +152,7 @@ class VLLMServerEngine(SeededRequests, EngineBase):
         self._stale: str | None = None
         self._sync_seq = 0  # syncs pushed to the servers; the version string they must report
         self._sync_dir: str | None = None
+        self._push_dir: str | None = None  # the last sync's files (rank 0's sync dir, also on the other ranks)
         self._seed_cursor = 0
         self._lock = threading.RLock()  # generate and weight sync never overlap
         self._executor: ThreadPoolExecutor | None = None
@@ -192,10 +194,11 @@ class VLLMServerEngine(SeededRequests, EngineBase):
 
         rank0 = self._group is None or dist.get_rank() == 0
         box = [None]
+        items = lora.probe_items(self.lora_sync, module.model)  # every rank: sharded adapters are gathered
         if rank0:
             try:
                 found = lora.choose(self.lora_sync, module.model, self.pool, self._ensure_sync_dir,
-                                    self.weight_transport, tag=str(os.getpid()))
+                                    self.weight_transport, tag=str(os.getpid()), items=items)
                 # adapter names carry a run token: two runs sharing a server never load over each other's
                 box = [("adapter" if found[0] else "merged", found[1], f"policy-{uuid.uuid4().hex[:8]}-v")]
             except BaseException as exc:
@@ -288,7 +291,7 @@ class VLLMServerEngine(SeededRequests, EngineBase):
             self.pool = None
         if self._sync_dir is not None and self.sync_dir_arg is None:
             shutil.rmtree(self._sync_dir, ignore_errors=True)
-        self._sync_dir = None
+        self._sync_dir = self._push_dir = None
 
     def teardown(self) -> None:
         self.close()
@@ -319,6 +322,8 @@ class VLLMServerEngine(SeededRequests, EngineBase):
                 self._needs_initial_sync = False
             if self._stale is not None:
                 raise RuntimeError(f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again.")
+            if self._sync_seq:  # a server restarted since the last sync gets its weights again, or is dropped
+                self._resync_restarted()
             sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMServerEngine")
             version = self.policy_version
             bodies = [self._body(ids, n, sampling) for ids in sent]
@@ -334,8 +339,11 @@ class VLLMServerEngine(SeededRequests, EngineBase):
 
     def _body(self, ids: list[int], n: int, sp: SamplingConfig) -> dict:
         model = {"model": self._lora.current} if self._lora is not None else {}  # else the pool's base model
+        # skip_special_tokens: vLLM matches ``stop`` against text detokenised this way, so it must be the text
+        # every engine's stop rule reads (special tokens skipped, ``sampling.stop_index``); with them kept, a stop
+        # string inside a special token's text ended completions on servers only
         return {**model, "prompt": ids, **sampling_fields(sp, n, self._next_seed(sp, n)),
-                "return_token_ids": True, "skip_special_tokens": False}
+                "return_token_ids": True, "skip_special_tokens": True}
 
     def metrics(self) -> dict[str, float]:
         """Cumulative failure counts, per server i (in ``urls`` / launch order) the group requests it answered
@@ -345,6 +353,7 @@ class VLLMServerEngine(SeededRequests, EngineBase):
         out = {**super().metrics(), "rollout/server_errors": float(pool.errors if pool else 0),
                "rollout/retries": float(pool.retries if pool else 0),
                "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
+               "rollout/server_resyncs": float(pool.resyncs if pool else 0),
                "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
                "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
                "rollout/weight_sync_bytes": float(self.last_sync_bytes)}
@@ -366,113 +375,9 @@ class VLLMServerEngine(SeededRequests, EngineBase):
             self._needs_initial_sync = False
             self.policy_version += 1
 
-    def _sync(self, named_tensors) -> None:
-        import torch.distributed as dist
-
-        t0 = time.perf_counter()
-        self._sync_seq += 1
-        version = str(self._sync_seq)
-        rank0 = self._group is None or dist.get_rank() == 0
-        if self._group is not None:
-            # Every rank waits here with no request of its own in flight (generate holds self._lock for all of
-            # its requests), so rank 0 never reloads the servers, resets their prefix cache or unloads an
-            # adapter under another rank's running or queued requests, whose rows would carry the old version.
-            dist.barrier(group=self._group)
-        err: BaseException | None = None
-        bad_names = False  # rank 0 refused the names: servers untouched, every rank raises ValueError
-        if rank0:
-            try:
-                items = list(named_tensors)
-                try:
-                    check_weight_names(items, self._expected_names)
-                except ValueError as exc:
-                    raise ValueError(f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))")
-                if self._lora is not None:
-                    self._lora.push(self.pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
-                    self.last_sync_bytes = self._lora.bytes_written
-                elif self.weight_transport == "file":
-                    path = write_weights_file(items, self._ensure_sync_dir())
-                    self.last_sync_bytes = os.path.getsize(path)
-                    self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
-                else:
-                    self._sync_nccl(items, version)
-            except ValueError as exc:  # told to the other ranks too: raising here would leave them in the broadcast
-                err, bad_names = exc, True
-            except BaseException as exc:  # noqa: BLE001 - reported below (and to the other ranks)
-                err = exc
-        if self._group is not None:  # rank 0 tells the others how it went; they then check the version
-            # (and the servers it synced: one it dropped as gone is dropped on every rank)
-            box = [None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                   [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None]
-            dist.broadcast_object_list(box, src=0, group=self._group)
-            if box[0] is not None and err is None:
-                bad_names = box[0][0]
-                err = (ValueError if bad_names else RuntimeError)(f"rank 0 failed the weight sync: {box[0][1]}")
-            if err is None and not rank0:
-                try:
-                    if box[1] is not None:
-                        self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
-                    self.pool.check_versions(version)
-                    if self._lora is not None:
-                        self._lora.check(self.pool, version)
-                except BaseException as exc:  # noqa: BLE001
-                    err = exc
-        if bad_names:  # nothing was pushed: the sequence number is not used, the servers are not stale
-            self._sync_seq -= 1
-            raise err
-        if err is not None:
-            self._stale = f"the last weight sync failed ({type(err).__name__}: {err})"
-            if isinstance(err, TimeoutError):
-                raise err
-            raise RuntimeError(f"VLLMServerEngine weight sync (version {version}) failed: {err}") from err
-        self._stale = None
-        self.last_sync_s = time.perf_counter() - t0
-
-    def _sync_nccl(self, items, version: str) -> None:
-        """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own
-        trainer-side engine broadcasting each tensor; then the version is set and checked like transport (a)."""
-        import torch
-
-        from lit_rl.rollout._server_http import nccl_engines
-
-        items = [(n, t.detach().to("cuda", non_blocking=True)) for n, t in items]  # NCCL sends device tensors
-        torch.cuda.synchronize()
-        source = _items_source(items)
-        if self._nccl is None:
-            self._nccl = nccl_engines(self.pool, source, self.sync_timeout_s)
-        for eng in self._nccl.values():
-            eng.source = source
-            eng.send_weights()
-        self.pool.set_versions(version)
-
-
-def _items_source(items):
-    """A vLLM ``WeightSource`` over one sync's (name, tensor) list (re-iterable, metadata without copies)."""
-    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
-
-    class ItemsSource(WeightSource):
-        def metadata(self):
-            return [ParamMeta(n, t.dtype, tuple(t.shape)) for n, t in items]
-
-        def __iter__(self):
-            return iter(items)
-
-    return ItemsSource()
-
 
 def _policy_info(module) -> dict:
     cfg = getattr(module.model, "config", None)
     path = str(getattr(module, "model_path", "") or "")
     return {"architectures": list(getattr(cfg, "architectures", None) or architectures(path)),
             "vocab_size": getattr(cfg, "vocab_size", None), "path": path}
-
-
-def _ddp_group():
-    """A gloo group of all ranks when torch.distributed runs with several ranks (else None). Its own group,
-    so weight-sync messages never interleave with the strategy's gradient collectives."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
-    return dist.new_group(backend="gloo")
-
