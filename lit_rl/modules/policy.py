@@ -22,6 +22,8 @@ from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
+from lit_rl.core.seeds import run_seed
+from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
@@ -109,6 +111,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             ``eager`` attention and no sliding-window layer (checked when the model loads). TRL's name for
             the same idea; off by default.
         gradient_checkpointing: recompute decoder layers in backward (non-reentrant; no shared-prompt pass).
+        seed: the sampling RNG (reseeded when the model is built), minibatch shuffles and a ``tiny_if_missing``
+            model's weights; None = the run's ``seed_everything`` (``lit_rl.core.seeds``).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
@@ -148,7 +152,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         padding_free: bool = False,
         pack_row_tokens: int | None = None,
         gradient_checkpointing: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
         critic: CriticModule | None = None,
@@ -156,6 +160,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
+        # None: the run's seed_everything (lit_rl.core.seeds); the resolved number is what the checkpoint keeps
+        self.hparams.seed = run_seed(seed)
         PolicyConfig.from_mapping(self.hparams).validate()  # every setting, before the model is loaded
         self.model_path = model
         self.tiny_if_missing = tiny_if_missing
@@ -177,7 +183,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         if self.tiny_if_missing is not None and not (Path(self.model_path) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
-            ensure_tiny_model(self.model_path, **self.tiny_if_missing)
+            # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
+            ensure_tiny_model(self.model_path, **{"seed": self.hparams.seed, **self.tiny_if_missing})
         torch.manual_seed(self.hparams.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
                                     adapter=self.config.adapter).train()
@@ -217,6 +224,11 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         if self.scheduler_factory is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def optimizer_steps_per_iteration(self, rows: int) -> int | None:
+        """Optimizer steps (``global_step``, what ``trainer.max_steps`` counts) one iteration of ``rows`` rollout
+        rows per rank takes: ``ppo_epochs`` x minibatches; None when it varies (``lit_rl.core.steps``)."""
+        return optimizer_steps_per_iteration(rows, self.hparams.ppo_epochs, self.hparams.minibatch_size)
 
     # ------------------------------------------------------------ experience
     @property
