@@ -140,7 +140,6 @@ def _condense_parse_error(message: str) -> str:
 class LitRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         from lit_rl.callbacks.rollout import RolloutCallback
-
         from lit_rl.cli.loggers import RUN_LOGGERS_HELP
 
         parser.add_argument("--run_loggers", type=bool, default=True, help=RUN_LOGGERS_HELP)
@@ -187,6 +186,9 @@ class LitRLCLI(LightningCLI):
         self._move_rollout_callback(cfg)
         if self._rollout_enabled:
             self._check_rollout_first(cfg)
+            from lit_rl.cli import run_settings
+
+            run_settings.check(cfg)  # max_steps, accumulate_grad_batches, a top-level optimizer (issues 36, 38)
         _one_prompt_source(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
@@ -249,7 +251,14 @@ class LitRLCLI(LightningCLI):
         except ConfigError:
             raise
         except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
-            raise ConfigError(_one_line(e)) from e
+            from lit_rl.cli.errors import union_error_message
+
+            line = _one_line(e)
+            if line.startswith("Expected a <class"):  # the union's first member's complaint: find the real one
+                union = union_error_message(e, self.config)  # trainer.strategy=...: DeepSpeed is not installed
+                hint = _strategy_hint(union) if union else None
+                line = f"{union} {hint.removeprefix('lit_rl: ')}" if hint else union or line
+            raise ConfigError(line) from e
 
     def _check_data_first(self) -> None:
         """jsonargparse builds the model (loading its weights) before the datamodule; a PromptDataModule reads
