@@ -170,3 +170,33 @@ def test_missing_strategy_package_says_so_in_one_line(tmp_path):
     assert "DeepSpeed installed" in line and "pip install" in line
     assert "Expected a <class 'str'>" not in line
 
+
+# ------------------------------------------------------------------ checkpoints (issue 38.7)
+def test_one_file_per_checkpoint_resumes_and_weights_only(tmp_path, monkeypatch):
+    """last.ckpt is a symlink to the newest iter=N.ckpt (one file per checkpoint, was two full copies);
+    --ckpt_path last resumes through it; save_weights_only writes no optimizer state."""
+    import torch
+
+    from lit_rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    args = [*QUICK, "--trainer.default_root_dir", str(run), "--checkpoint.every_n_iterations", "1"]
+    main([*args, "--trainer.max_steps", "2"])
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter=2.ckpt", "last.ckpt"]
+    assert (ckpts / "last.ckpt").is_symlink() and os.readlink(ckpts / "last.ckpt") == "iter=2.ckpt"
+    cli = main([*args, "--trainer.max_steps", "3", "--ckpt_path", "last"])
+    assert cli.model.iteration == 3
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter=3.ckpt", "last.ckpt"]
+    assert os.readlink(ckpts / "last.ckpt") == "iter=3.ckpt"
+
+    light = tmp_path / "light"
+    main([*QUICK, "--trainer.default_root_dir", str(light), "--trainer.max_steps", "1",
+          "--checkpoint.save_weights_only", "true"])
+    ckpt = torch.load(light / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert "state_dict" in ckpt and "optimizer_states" not in ckpt
+    from lit_rl.cli import ConfigError
+
+    with pytest.raises(ConfigError, match="weights-only checkpoint .* cannot resume"):  # not Lightning's KeyError
+        main([*QUICK, "--trainer.default_root_dir", str(light), "--trainer.max_steps", "2", "--ckpt_path", "last"])

@@ -198,10 +198,10 @@ class LitRLCLI(LightningCLI):
         if "ckpt_path" in cfg:
             try:
                 self._resolved_ckpt = resolve_ckpt_path(cfg.ckpt_path, self._ckpt_dir)
+                if self._resolved_ckpt is not None and self.subcommand == "fit":
+                    self._resume_step = checkpoint_log_step(self._resolved_ckpt)  # refuses a weights-only one
             except NothingToResume as e:
                 raise ConfigError(str(e)) from None
-            if self._resolved_ckpt is not None and self.subcommand == "fit":
-                self._resume_step = checkpoint_log_step(self._resolved_ckpt)
         if self.subcommand == "fit" and self._resolved_ckpt is None and (self._ckpt_dir / "last.ckpt").exists() \
                 and self._uses_own_checkpoint(cfg):
             raise ConfigError(
