@@ -160,8 +160,9 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
-        # None: the run's seed_everything (lit_rl.core.seeds); the resolved number is what the checkpoint keeps
-        self.hparams.seed = run_seed(seed)
+        # None: the run's seed_everything (lit_rl.core.seeds). An attribute, not only hparams: a subclass that
+        # saves its own hyperparameters after this (DistillModule) would put the None back there.
+        self.seed = self.hparams.seed = run_seed(seed)
         PolicyConfig.from_mapping(self.hparams).validate()  # every setting, before the model is loaded
         self.model_path = model
         self.tiny_if_missing = tiny_if_missing
@@ -184,8 +185,8 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
             from lit_rl.models.tiny import ensure_tiny_model
 
             # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
-            ensure_tiny_model(self.model_path, **{"seed": self.hparams.seed, **self.tiny_if_missing})
-        torch.manual_seed(self.hparams.seed)
+            ensure_tiny_model(self.model_path, **{"seed": self.seed, **self.tiny_if_missing})
+        torch.manual_seed(self.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
                                     adapter=self.config.adapter).train()
         if self.hparams.disable_dropout:
@@ -282,7 +283,7 @@ class PolicyModule(HeldoutValidation, PolicyAssembly, PolicyForward, L.Lightning
         h, t0 = self.hparams, time.perf_counter()
         opt = self.optimizers()
         sched = self.lr_schedulers()
-        gen = torch.Generator().manual_seed(h.seed + self.iteration)
+        gen = torch.Generator().manual_seed(self.seed + self.iteration)
         sums: dict[str, list[float]] = {}
         for _ in range(h.ppo_epochs):
             for mb in exp.minibatches(h.minibatch_size, shuffle=h.minibatch_size is not None, generator=gen):
