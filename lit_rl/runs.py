@@ -4,7 +4,8 @@ Layout under ``trainer.default_root_dir`` (the *run directory*)::
 
     config.yaml            the parsed config (``lit-rl fit -c <run dir>/config.yaml --ckpt_path last`` resumes it;
                            with another ``--trainer.default_root_dir`` it re-runs from scratch)
-    checkpoints/last.ckpt  written by ``IterationCheckpoint`` every N iterations and at the end
+    checkpoints/last.ckpt  written by ``IterationCheckpoint`` every N iterations and at the end (a symlink to
+                           the newest iter=N.ckpt: one file per checkpoint)
     logs/metrics.csv       CSVLogger (no version_N folders: the run directory *is* the version)
     tb/                    TensorBoard events
     reward_curve.png, final_model/, rollouts ...   relative paths of lit_rl callbacks resolve here
@@ -20,12 +21,12 @@ import csv
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from lit_rl.checkpoint import finish_interrupted_swap
+from lit_rl.checkpoint import finish_interrupted_swap, remove_path
 
 CHECKPOINT_SUBDIR = "checkpoints"
 LAST = "last.ckpt"
@@ -42,20 +43,46 @@ def run_path(trainer, path: str | os.PathLike) -> Path:
 class IterationCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` that saves every ``every_n_iterations`` RL iterations (not optimizer steps: an
     iteration with ``ppo_epochs x minibatches`` takes several) and after the last one, into
-    ``<run dir>/checkpoints`` unless ``dirpath`` is given. ``save_last`` keeps ``last.ckpt`` current (what
-    ``--ckpt_path last`` resumes from); ``save_top_k`` numbered checkpoints are kept besides it
-    (-1: all, the default 1: only the newest, as there is no metric to rank them by).
+    ``<run dir>/checkpoints`` unless ``dirpath`` is given. ``save_top_k`` numbered checkpoints are kept
+    (``iter=N.ckpt``; -1: all, the default 1: only the newest, as there is no metric to rank them by);
+    ``last.ckpt`` (what ``--ckpt_path last`` resumes from) is a symlink to the newest (``save_last: link``, the
+    default: one file per checkpoint, where ``true`` writes every checkpoint twice); with ``save_top_k: 0`` it
+    is the only file. ``save_weights_only``: the model's weights without optimizer / loop states (~1/3 of the
+    size with AdamW), for export and evaluation; such a checkpoint cannot resume a run.
     """
 
-    def __init__(self, every_n_iterations: int = 50, dirpath: str | None = None, save_last: bool = True,
-                 save_top_k: int = 1, filename: str | None = "iter={iteration}"):
+    def __init__(self, every_n_iterations: int = 50, dirpath: str | None = None,
+                 save_last: bool | Literal["link"] = "link", save_top_k: int = 1,
+                 filename: str | None = "iter={iteration}", save_weights_only: bool = False):
         if every_n_iterations < 1:
             raise ValueError(f"every_n_iterations must be >= 1, got {every_n_iterations}")
         # every_n_train_steps=0 and every_n_epochs=0: Lightning's own triggers are off, this class decides.
         super().__init__(dirpath=dirpath, filename=filename, save_last=save_last, save_top_k=save_top_k,
-                         monitor="iteration" if save_top_k not in (0, 1, -1) else None,
+                         monitor="iteration" if save_top_k not in (0, 1, -1) else None, save_weights_only=save_weights_only,
                          mode="max", every_n_train_steps=0, every_n_epochs=0, auto_insert_metric_name=False)
         self.every_n_iterations = every_n_iterations
+
+    def _save_checkpoint(self, trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        # Lightning removes the previous numbered file before it relinks last.ckpt: a kill in between would leave
+        # last.ckpt dangling (nothing to resume). Pointing it at the new file first closes that window.
+        if self.save_last == "link" and self.save_top_k != 0 and Path(filepath).name != LAST:
+            last = self.format_checkpoint_name({}, self.CHECKPOINT_NAME_LAST)
+            self._link_checkpoint(trainer, filepath, last)
+            self.last_model_path = last  # so that _save_last_checkpoint relinks it, not a new last-v1.ckpt
+
+    @staticmethod
+    def _link_checkpoint(trainer, filepath: str, linkpath: str) -> None:
+        """Lightning's, made atomic: the new link is created beside and renamed over the old one (a kill leaves
+        the old or the new link, never none)."""
+        if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
+            tmp = Path(linkpath).with_name(f".{Path(linkpath).name}.{os.getpid()}.link")
+            tmp.unlink(missing_ok=True)
+            os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), tmp)
+            if os.path.isdir(linkpath) and not os.path.islink(linkpath):  # a directory checkpoint of an older run
+                remove_path(Path(linkpath))
+            os.replace(tmp, linkpath)
+        trainer.strategy.barrier()
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if self.dirpath is None:
@@ -127,6 +154,10 @@ def checkpoint_log_step(path: str) -> int:
     checkpoint was saved in ``on_train_batch_end``, as it increments after, so it is only the fallback.)
     Memory-mapped, so the weights are not read; of a checkpoint directory only the file holding these states."""
     ckpt = torch.load(_loop_state_file(Path(path)), map_location="cpu", weights_only=True, mmap=True)
+    if not Path(path).is_dir() and "optimizer_states" not in ckpt:  # a directory keeps them in its shards
+        raise NothingToResume(
+            f"--ckpt_path {path}: a weights-only checkpoint (checkpoint.save_weights_only) cannot resume a run: it "
+            "has no optimizer or loop state. Export it (lit-rl export) or start a new run from its weights")
     iteration = ckpt.get("lit_rl_policy", {}).get("iteration")
     if iteration is not None:
         return int(iteration) + 1

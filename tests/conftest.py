@@ -78,3 +78,10 @@ def tiny_llama_dir(tmp_path_factory):
     from lit_rl.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny_llama"), arch="llama", **TINY_KWARGS)
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_run_seed(monkeypatch):
+    """A component's ``seed=None`` means the run's ``seed_everything`` (``PL_GLOBAL_SEED``, lit_rl.core.seeds):
+    one test's seed_everything must not become the next test's default seed."""
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)

@@ -134,7 +134,9 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     shutil.copytree(tiny_model_dir, tmp_path / "runs/distill/student")  # distill's student
     # dapo: dynamic sampling needs its own 16 prompts x 8 samples (and its preset's refill tries)
     small = SMALL if recipe != "dapo" else []
-    printed = _print_config(capsys, ["fit", "-c", str(ROOT / f"configs/{recipe}.yaml"), "--trainer.max_steps", "1",
+    # one iteration; max_steps counts optimizer steps: ppo_epochs 2 (gspo, cispo, ppo's one minibatch of 8) take 2
+    steps = "2" if recipe in ("gspo", "cispo", "ppo") else "1"
+    printed = _print_config(capsys, ["fit", "-c", str(ROOT / f"configs/{recipe}.yaml"), "--trainer.max_steps", steps,
                                      "--trainer.default_root_dir", str(tmp_path / "run"), *small,
                                      *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else [])])
     assert "Unable to serialize" not in printed

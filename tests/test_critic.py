@@ -160,7 +160,7 @@ def test_ppo_with_critic_runs_through_lightning(tiny_model_dir, critic_kw):
         torch.manual_seed(0)
         mod.critic.head.weight.normal_(std=0.1)
     head0 = mod.critic.head.weight.detach().clone()
-    trainer = _fit(mod, steps=2)
+    trainer = _fit(mod, steps=4)  # one iteration: ppo_epochs 2 x (8 rows / minibatch 4) optimizer steps
     m = trainer.callback_metrics
     for k in ("critic/value_loss", "critic/explained_variance", "loss/value", "loss/policy"):
         assert k in m and math.isfinite(float(m[k])), k
@@ -172,7 +172,8 @@ def test_ppo_with_critic_runs_through_lightning(tiny_model_dir, critic_kw):
 def test_ppo_config_runs_under_the_cli(tiny_model_dir, tmp_path):
     from lit_rl.cli import main
 
-    main(["fit", "-c", "configs/ppo.yaml", "--trainer.max_steps", "1", "--trainer.logger", "false",
+    # one iteration = ppo_epochs 2 x (2 prompts x 8 samples / minibatch 4) = 8 optimizer steps (max_steps counts those)
+    main(["fit", "-c", "configs/ppo.yaml", "--trainer.max_steps", "8", "--trainer.logger", "false",
           "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
           "--model.init_args.model", str(tiny_model_dir), "--data.init_args.batch_size", "2",
           "--model.init_args.minibatch_size", "4"])

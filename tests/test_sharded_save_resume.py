@@ -169,13 +169,14 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy, packe
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "ddp"])
 def test_kill_inside_a_directory_save_keeps_the_previous_checkpoint(uninterrupted, tmp_path, tiny_model_dir,
                                                                      strategy):
-    """A job SIGKILLed half-way through writing iteration 2's ``last.ckpt`` directory (tests/dist_runner.py
-    ``KILL_IN_SAVE``; the 4th save: each iteration writes ``iter=N.ckpt``, then ``last.ckpt``): ``last.ckpt`` is
-    still iteration 1's, whole, and resuming from it ends at the uninterrupted weights. Red before directory saves were atomic: the directory mixed iteration 2's shards with iteration 1's
+    """A job SIGKILLed half-way through writing iteration 2's checkpoint directory (tests/dist_runner.py
+    ``KILL_IN_SAVE``; the 2nd save: each iteration writes ``iter=N.ckpt`` once, and ``last.ckpt`` is a symlink
+    relinked after the save): ``last.ckpt`` is still iteration 1's, whole, and resuming from it ends at the
+    uninterrupted weights. Red before directory saves were atomic: the directory mixed iteration 2's shards with iteration 1's
     loop state (FSDP2), or iteration 2's model with iteration 1's optimizer partitions (DeepSpeed)."""
     _, want = uninterrupted(strategy)
     cfg = _config(tmp_path, tiny_model_dir)
-    rc, log = _job(tmp_path / "killed.pt", cfg, strategy, env={"KILL_IN_SAVE": "4"})
+    rc, log = _job(tmp_path / "killed.pt", cfg, strategy, env={"KILL_IN_SAVE": "2"})
     assert rc == -signal.SIGKILL, log[-4000:]
     last = tmp_path / "checkpoints" / "last.ckpt"
     assert last.is_dir(), sorted(p.name for p in last.parent.iterdir())

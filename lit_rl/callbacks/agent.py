@@ -13,6 +13,7 @@ import lightning as L
 from torch import Tensor
 
 from lit_rl.callbacks.rollout import RolloutCallback
+from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
 from lit_rl.rollout.agent import AgentLoop, agent_pipeline
 from lit_rl.rollout.engine import SamplingConfig
@@ -59,7 +60,8 @@ class AgentRolloutCallback(RolloutCallback):
 
     def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
                  sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
-                 max_resample_tries: int = 3, seed: int = 0):
+                 max_resample_tries: int = 3, seed: int | None = None):
+        seed = run_seed(seed)  # None: the run's seed_everything
         config = RolloutConfig(group_size=group_size, sampling=sampling or SamplingConfig(),
                                max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
                                max_resample_tries=max_resample_tries, seed=seed)

@@ -26,6 +26,7 @@ from typing import Any
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
+from lit_rl.core.seeds import run_seed
 
 MODES = ("window", "ema")
 KEYS = ("uid", "family")
@@ -146,7 +147,7 @@ class Curriculum(PromptEditor):
             ``PassRateTracker``.
         retired_weight: sampling weight of retired keys relative to active ones: 0 removes them,
             a value in (0, 1) down-weights them (they keep being measured and can come back).
-        seed: seed of the callback's own re-drawing RNG (saved in the checkpoint).
+        seed: seed of the callback's own re-drawing RNG (saved in the checkpoint); None = the run's ``seed_everything``.
 
     Metrics: ``curriculum/solved``, ``curriculum/unsolved`` (keys retired as such), ``curriculum/replaced``
     (prompts re-drawn this step).
@@ -154,7 +155,7 @@ class Curriculum(PromptEditor):
 
     def __init__(self, key: str = "uid", pass_threshold: float = 1.0, mode: str = "window", window: int = 3,
                  ema_decay: float = 0.7, min_visits: int = 3, solved_rate: float = 1.0, unsolved_rate: float = 0.0,
-                 retired_weight: float = 0.0, retire_for: int | None = None, seed: int = 0):
+                 retired_weight: float = 0.0, retire_for: int | None = None, seed: int | None = None):
         if key not in KEYS:
             raise ValueError(f"key={key!r}; valid values: {', '.join(KEYS)}")
         if not math.isfinite(pass_threshold):
@@ -162,7 +163,7 @@ class Curriculum(PromptEditor):
         self.key, self.pass_threshold = key, pass_threshold
         self.tracker = PassRateTracker(mode, window, ema_decay, min_visits, solved_rate, unsolved_rate,
                                        retired_weight, retire_for)
-        self.rng = random.Random(seed)
+        self.rng = random.Random(run_seed(seed))
         self.iteration = 0
         self.replaced = 0
         self._warned_empty = False

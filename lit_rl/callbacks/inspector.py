@@ -30,6 +30,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
 
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
@@ -169,11 +170,11 @@ class RolloutInspector(L.Callback):
         log_to_loggers: also send the rows to the active loggers' table APIs.
         report: write ``<dirpath>/../report.html`` at the end of training (``lit-rl inspect`` rebuilds it).
         max_text_chars: prompts / completions / answers are cut to this many characters in the files.
-        seed: seeds the random choice of groups (with the step number).
+        seed: seeds the random choice of groups (with the step number); None = the run's ``seed_everything``.
     """
 
     def __init__(self, every_n_steps: int = 1, max_rows_per_step: int | None = 64, dirpath: str | None = None,
-                 log_to_loggers: bool = True, report: bool = True, max_text_chars: int = 4000, seed: int = 0):
+                 log_to_loggers: bool = True, report: bool = True, max_text_chars: int = 4000, seed: int | None = None):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         if max_rows_per_step is not None and max_rows_per_step < 1:
@@ -181,7 +182,7 @@ class RolloutInspector(L.Callback):
         if max_text_chars < 1:
             raise ValueError(f"max_text_chars must be >= 1, got {max_text_chars}")
         self.every_n_steps, self.max_rows_per_step, self.dirpath = every_n_steps, max_rows_per_step, dirpath
-        self.log_to_loggers, self.report, self.max_text_chars, self.seed = log_to_loggers, report, max_text_chars, seed
+        self.log_to_loggers, self.report, self.max_text_chars, self.seed = log_to_loggers, report, max_text_chars, run_seed(seed)
         self.dir: Path | None = None
         self._learner_version: int | None = None
         self._heldout_seen = 0

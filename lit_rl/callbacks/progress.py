@@ -2,8 +2,10 @@
 
 An RL run is bounded by ``max_steps`` with ``max_epochs: -1``; an "epoch" is one pass over the prompt set
 and means nothing to the user, and Lightning's bars show ``Epoch 0/-2``. These bars show ``Iteration`` with
-one bar for the whole run: iteration k of ``total``, where ``total`` is ``max_steps`` divided by the optimizer
-steps one iteration takes (measured after the first iteration; ``ppo_epochs`` × minibatches).
+one bar for the whole run: iteration k of ``total``, where ``total`` is ``max_steps`` (optimizer steps) divided by
+the optimizer steps one iteration takes (``ppo_epochs`` × minibatches: ``RolloutCallback.setup`` sets
+``pl_module.steps_per_iteration``, so the total is right from the first draw; without it, measured after the
+first iteration).
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def _total(trainer, pl_module) -> float:
     if not trainer.max_steps or trainer.max_steps < 0:
         return math.inf
     it = _iteration(trainer, pl_module)
-    per_iter = trainer.global_step / it if it else 1.0
+    per_iter = getattr(pl_module, "steps_per_iteration", None) or (trainer.global_step / it if it else 1.0)
     return max(it, math.ceil(trainer.max_steps / max(per_iter, 1e-9)))
 
 

@@ -32,6 +32,8 @@ from lit_rl.callbacks._roles import RolloutProducer
 from lit_rl.callbacks._weight_sync import WeightSync
 from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
+from lit_rl.core.seeds import run_seed
+from lit_rl.core.steps import max_steps_message
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.errors import ConfigError
@@ -97,7 +99,7 @@ class RolloutCallback(RolloutProducer):
         overlong_filter: bool = False,
         overlong_buffer: int | None = None,
         overlong_penalty_factor: float = 1.0,
-        seed: int = 0,
+        seed: int | None = None,
         mode: RolloutMode = "sync",
         max_staleness: int = 1,
         queue_size: int | None = None,
@@ -113,6 +115,7 @@ class RolloutCallback(RolloutProducer):
             group_size, sampling = pipeline.group_size, pipeline.sampling or sampling
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
+        seed = run_seed(seed)  # None: the run's seed_everything (lit_rl.core.seeds)
         if sync_every < 1:
             raise ValueError(f"sync_every must be >= 1, got {sync_every}")
         # The flat settings as given (configs/*.yaml and CLI round trips read them); the pipeline is built from
@@ -192,6 +195,17 @@ class RolloutCallback(RolloutProducer):
                 raise ValueError(
                     f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                     f"(data.batch_size={prompts_per_step} prompts x group_size={self.group_size})")
+        per_iteration = getattr(pl_module, "optimizer_steps_per_iteration", None)
+        if prompts_per_step and per_iteration is not None:
+            rows = prompts_per_step * self.group_size
+            steps = per_iteration(rows)
+            # the progress bar's total (iterations) is exact from the start: max_steps / steps (progress.py)
+            pl_module.steps_per_iteration = steps
+            hp = pl_module.hparams
+            why = steps and max_steps_message(trainer.max_steps, rows, hp.get("ppo_epochs", 1),
+                                              hp.get("minibatch_size"))
+            if why:
+                raise ConfigError(why)
         if self.mode == "async":
             self._async.check_setup(trainer, pl_module)
 

@@ -54,9 +54,17 @@ def top_level_help() -> str:
             "A config file goes after the command: lit-rl fit -c configs/quickstart.yaml --trainer.max_steps 100\n")
 
 
+MODELS = {"smollm2": "SmolLM2-135M-Instruct as a Hugging Face directory (lit-rl models smollm2 --help)"}
+
+
 def _models_main(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help"):  # help, not an error (exit 2 only when nothing was asked)
+        rows = "\n".join(f"  {name}  {text}" for name, text in MODELS.items())
+        print(f"usage: lit-rl models NAME [DIR] [--force]\n\nGet a real model as a local directory (default DIR: "
+              f"the cache under ~/.cache/lit_rl).\n\nmodels:\n{rows}", file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
     if argv[:1] != ["smollm2"]:
-        print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: smollm2", file=sys.stderr)
+        print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: " + ", ".join(MODELS), file=sys.stderr)
         return 2
     from lit_rl.models.smollm2 import main as smollm2_main
 

@@ -190,6 +190,9 @@ class LitRLCLI(LightningCLI):
         self._move_rollout_callback(cfg)
         if self._rollout_enabled:
             self._check_rollout_first(cfg)
+            from lit_rl.cli import run_settings
+
+            run_settings.check(cfg)  # max_steps, accumulate_grad_batches, a top-level optimizer (issues 36, 38)
         _one_prompt_source(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
@@ -199,10 +202,10 @@ class LitRLCLI(LightningCLI):
         if "ckpt_path" in cfg:
             try:
                 self._resolved_ckpt = resolve_ckpt_path(cfg.ckpt_path, self._ckpt_dir)
+                if self._resolved_ckpt is not None and self.subcommand == "fit":
+                    self._resume_step = checkpoint_log_step(self._resolved_ckpt)  # refuses a weights-only one
             except NothingToResume as e:
                 raise ConfigError(str(e)) from None
-            if self._resolved_ckpt is not None and self.subcommand == "fit":
-                self._resume_step = checkpoint_log_step(self._resolved_ckpt)
         if self.subcommand == "fit" and self._resolved_ckpt is None and (self._ckpt_dir / "last.ckpt").exists() \
                 and self._uses_own_checkpoint(cfg):
             raise ConfigError(
@@ -252,7 +255,14 @@ class LitRLCLI(LightningCLI):
         except ConfigError:
             raise
         except (ValueError, TypeError, FileNotFoundError, ImportError, OSError) as e:
-            raise ConfigError(_one_line(e)) from e
+            from lit_rl.cli.errors import union_error_message
+
+            line = _one_line(e)
+            if line.startswith("Expected a <class"):  # the union's first member's complaint: find the real one
+                union = union_error_message(e, self.config)  # trainer.strategy=...: DeepSpeed is not installed
+                hint = _strategy_hint(union) if union else None
+                line = f"{union} {hint.removeprefix('lit_rl: ')}" if hint else union or line
+            raise ConfigError(line) from e
 
     def _check_data_first(self) -> None:
         """jsonargparse builds the model (loading its weights) before the datamodule; a PromptDataModule reads

@@ -163,3 +163,30 @@ def flow_mapping_message(argv: list[str]) -> str | None:
                         f"{{{key}}} as the key {key!r} with no value)")
         flag = None
     return None
+
+
+def union_error_message(e: BaseException, config=None) -> str | None:
+    """One line for a class that failed to build inside a union-typed field (``trainer.strategy: str | Strategy``).
+
+    jsonargparse tries every member of the union and chains the *first* member's complaint as the cause
+    ("Expected a <class 'str'>. Got value: Namespace(class_path=...)"), while the real reason (DeepSpeed is not
+    installed) sits in the middle of the union's message. Keep the errors that are not "Expected a <type>" and
+    name the class; None when ``e``'s chain holds no such union error."""
+    while e is not None:
+        text = str(e)
+        if "Does not validate against any of the Union subtypes" in text and "Errors:" in text:
+            body = text.split("Errors:", 1)[1].split("\nGiven value", 1)[0]
+            items = [" ".join(i.split()) for i in re.split(r"\n\s*- ", "\n" + body.strip()) if i.strip()]
+            reasons = [re.sub(r"^Problem with given class_path '[^']+':\s*", "", i) for i in items
+                       if not re.match(r"Expected a <class '[\w.]+'>", i)]
+            if reasons:
+                cls = re.search(r"class_path='([\w.]+)'", text)
+                where = cls.group(1) if cls else ""
+                if cls and config is not None:  # the field that holds the class: trainer.strategy
+                    keys = [k.rsplit(".", 1)[0] for k, v in config.items() if k.endswith(".class_path")
+                            and v == cls.group(1)]
+                    key = re.sub(r"^(fit|validate|test|predict)\.", "", keys[0]) if keys else None
+                    where = f"{key}={where}" if key else where
+                return (f"{where}: " if where else "") + "; ".join(reasons)
+        e = e.__cause__ or e.__context__
+    return None

@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from lit_rl.core.names import TaskName
+from lit_rl.core.seeds import run_seed
 from lit_rl.data.prompts import Prompt, collate_prompts, load_jsonl, records_from_rows
 from lit_rl.data.tasks import get_task
 
@@ -109,7 +110,7 @@ class PromptDataModule(L.LightningDataModule):
             ...), for JSONL files and datasets alike.
         batch_size: prompts per RL iteration *per rank* (Lightning convention; the global batch is
             batch_size × world_size). Each is sampled ``group_size`` times by the RolloutCallback.
-        seed: shuffling seed.
+        seed: prompt-order seed; None = the run's ``seed_everything`` (``lit_rl.core.seeds``).
 
     Records are read and checked when the datamodule is built (the CLI builds it before the model loads):
     every bad record is reported with its ``file:line``, and held-out records must have an answer.
@@ -131,7 +132,7 @@ class PromptDataModule(L.LightningDataModule):
         prompt_key: str = "prompt",
         answer_key: str = "answer",
         batch_size: int = 16,
-        seed: int = 0,
+        seed: int | None = None,
     ):
         super().__init__()
         if train_files and dataset is not None:
@@ -159,7 +160,7 @@ class PromptDataModule(L.LightningDataModule):
         self.dataset, self.dataset_split, self.heldout_split = dataset, dataset_split, heldout_split
         self.dataset_config = dataset_config
         self.prompt_key, self.answer_key = prompt_key, answer_key
-        self.batch_size, self.seed = batch_size, seed
+        self.batch_size, self.seed = batch_size, run_seed(seed)
         self.train_prompts: list[Prompt] = []
         self.heldout_prompts: list[Prompt] = []
         self._sampler: _InfiniteShuffle | None = None

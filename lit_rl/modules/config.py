@@ -66,7 +66,7 @@ class PolicyConfig:
     padding_free: bool = False
     pack_row_tokens: int | None = None
     gradient_checkpointing: bool = False
-    seed: int = 0
+    seed: int | None = None
     adapter: str | None = None
 
     @classmethod

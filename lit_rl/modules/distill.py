@@ -194,6 +194,12 @@ class DistillModule(PolicyModule):
         if "sft_on_success" in self.losses or self.kd_on != "student":
             self._teacher_data_step(batch)
 
+    def optimizer_steps_per_iteration(self, rows: int) -> int | None:
+        """None (no max_steps check) with teacher-data steps: there is one only when some rank has survivors."""
+        if "sft_on_success" in self.losses or self.kd_on != "student":
+            return None
+        return super().optimizer_steps_per_iteration(rows)
+
     def _teacher_data_step(self, batch) -> None:
         """One optimizer step on the teacher's own rollouts for this iteration's prompts: cross-entropy on the
         survivors of the reward filter (``sft_on_success``) + forward_kl / jsd on them (``kd_on`` teacher/both).

@@ -22,6 +22,8 @@ from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.names import (AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName,
                                StdScope)
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
+from lit_rl.core.seeds import run_seed
+from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
@@ -117,6 +119,8 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             ``eager`` attention and no sliding-window layer (checked when the model loads). TRL's name for
             the same idea; off by default.
         gradient_checkpointing: recompute decoder layers in backward (non-reentrant; no shared-prompt pass).
+        seed: the sampling RNG (reseeded when the model is built), minibatch shuffles and a ``tiny_if_missing``
+            model's weights; None = the run's ``seed_everything`` (``lit_rl.core.seeds``).
         optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
@@ -163,7 +167,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         padding_free: bool = False,
         pack_row_tokens: int | None = None,
         gradient_checkpointing: bool = False,
-        seed: int = 0,
+        seed: int | None = None,
         optimizer: OptimizerFactory = _default_optimizer,
         lr_scheduler: SchedulerFactory | None = None,
         critic: CriticModule | None = None,
@@ -171,6 +175,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     ):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
+        # None: the run's seed_everything (lit_rl.core.seeds). An attribute, not only hparams: a subclass that
+        # saves its own hyperparameters after this (DistillModule) would put the None back there.
+        self.seed = self.hparams.seed = run_seed(seed)
         PolicyConfig.from_mapping(self.hparams).validate()  # every setting, before the model is loaded
         self.model_path = model
         self.tiny_if_missing = tiny_if_missing
@@ -192,8 +199,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         if self.tiny_if_missing is not None and not (Path(self.model_path) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
-            ensure_tiny_model(self.model_path, **self.tiny_if_missing)
-        torch.manual_seed(self.hparams.seed)
+            # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
+            ensure_tiny_model(self.model_path, **{"seed": self.seed, **self.tiny_if_missing})
+        torch.manual_seed(self.seed)
         self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
                                     adapter=self.config.adapter).train()
         if self.hparams.disable_dropout:
@@ -232,6 +240,11 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         if self.scheduler_factory is None:
             return opt
         return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+
+    def optimizer_steps_per_iteration(self, rows: int) -> int | None:
+        """Optimizer steps (``global_step``, what ``trainer.max_steps`` counts) one iteration of ``rows`` rollout
+        rows per rank takes: ``ppo_epochs`` x minibatches; None when it varies (``lit_rl.core.steps``)."""
+        return optimizer_steps_per_iteration(rows, self.hparams.ppo_epochs, self.hparams.minibatch_size)
 
     # ------------------------------------------------------------ experience
     @property
@@ -290,7 +303,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         h, t0 = self.hparams, time.perf_counter()
         opt = self.optimizers()
         sched = self.lr_schedulers()
-        gen = torch.Generator().manual_seed(h.seed + self.iteration)
+        gen = torch.Generator().manual_seed(self.seed + self.iteration)
         sums: dict[str, list[float]] = {}
         for _ in range(h.ppo_epochs):
             for mb in exp.minibatches(h.minibatch_size, shuffle=h.minibatch_size is not None, generator=gen):

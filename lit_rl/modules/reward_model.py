@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from lit_rl.core.preference import bradley_terry_loss
+from lit_rl.core.seeds import run_seed
 from lit_rl.data.preferences import PreferencePair
 from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
 
@@ -36,14 +37,15 @@ class RewardModelModule(L.LightningModule):
     """
 
     def __init__(self, model: str, tiny_if_missing: dict[str, Any] | None = None, dtype: str = "float32",
-                 margin: float = 0.0, max_length: int | None = None, save_dir: str | None = None, seed: int = 0,
+                 margin: float = 0.0, max_length: int | None = None, save_dir: str | None = None, seed: int | None = None,
                  optimizer: Callable = _default_optimizer):
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer"])
+        seed = self.hparams.seed = run_seed(seed)  # None: the run's seed_everything
         if tiny_if_missing is not None and not (Path(model) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
-            ensure_tiny_model(model, **tiny_if_missing)
+            ensure_tiny_model(model, **{"seed": seed, **tiny_if_missing})
         torch.manual_seed(seed)
         self.model, self.tokenizer = load_reward_model(model, dtype)
         self.optimizer_factory = optimizer

@@ -48,6 +48,7 @@ from typing import Any
 
 from torch import Tensor
 
+from lit_rl.core.seeds import run_seed
 from lit_rl.rollout import _server_lora as lora
 from lit_rl.rollout._server_http import ServerPool
 from lit_rl.rollout._server_sync import WeightPush, _ddp_group
@@ -87,7 +88,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         sync_timeout_s: a weight sync slower than this raises.
         weight_transport: ``file`` (safetensors in ``sync_dir``; servers must see that path) | ``nccl``.
         sync_dir: where weight files go; null = a fresh directory in ``/dev/shm``.
-        seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
+        seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
         overlong_prompts: deprecated, no effect (as ``VLLMEngine``: prompts over the context raise; the renderer
             decides prompt length from this engine's ``max_model_len``).
         allow_truncated_logprobs: deprecated, no effect (every sampling setting works; the log-probs are those of
@@ -101,7 +102,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
 
     def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
                  request_timeout_s: float = 120.0, sync_timeout_s: float = 300.0, weight_transport: str = "file",
-                 sync_dir: str | None = None, seed: int = 0, overlong_prompts: str | None = None,
+                 sync_dir: str | None = None, seed: int | None = None, overlong_prompts: str | None = None,
                  allow_truncated_logprobs: bool = False, max_concurrency: int = 64, lora_sync: str = "auto"):
         if (urls is None) == (launch is None):
             raise ValueError("VLLMServerEngine needs exactly one of urls (running servers) or launch (start them)")
@@ -133,7 +134,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         self.urls = [u.rstrip("/") for u in urls] if urls is not None else None
         self.launch = dict(launch) if launch is not None else None
         self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
-        self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, seed
+        self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, run_seed(seed)
         self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "VLLMServerEngine")
         self.max_concurrency = max_concurrency
         self.lora_sync = lora_sync

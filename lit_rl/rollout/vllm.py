@@ -51,6 +51,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lit_rl.core.seeds import run_seed
 from lit_rl.rollout._vllm_common import (
     SeededRequests,
     check_prompts,
@@ -108,7 +109,7 @@ class VLLMEngine(SeededRequests, EngineBase):
         max_model_len: context length (prompt + completion); None = the model config's.
         enforce_eager: skip CUDA graphs / torch.compile. None = True on CPU (compiling costs minutes there and
             buys little), False on GPU.
-        seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None.
+        seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
         kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache). None
             on CPU: room for 2 sequences of ``max_model_len`` tokens, at least 256 MiB.
         overlong_prompts: deprecated, no effect. A prompt that does not fit ``max_model_len`` with
@@ -131,7 +132,7 @@ class VLLMEngine(SeededRequests, EngineBase):
         tensor_parallel_size: int = 1,
         max_model_len: int | None = None,
         enforce_eager: bool | None = None,
-        seed: int = 0,
+        seed: int | None = None,
         kv_cache_memory_bytes: int | None = None,
         overlong_prompts: str | None = None,
         sync_timeout_s: float = 300.0,
@@ -159,7 +160,7 @@ class VLLMEngine(SeededRequests, EngineBase):
 
             if dtype != "auto" and dtype not in DTYPES:
                 raise ValueError(f"dtype={dtype!r}; valid values: auto, {', '.join(DTYPES)} (or null = policy dtype)")
-        self.model, self.dtype, self.seed = model, dtype, seed
+        self.model, self.dtype, self.seed = model, dtype, run_seed(seed)
         self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
         self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
