@@ -68,7 +68,7 @@ def _logprobs_and_grads(module, exp, padding_free: bool, row_tokens=None):
     module.model.zero_grad(set_to_none=True)
     w = torch.linspace(-1.0, 2.0, exp.completion_len, dtype=torch.float64)
     out = module.forward_outputs(exp, hidden=True)
-    lp, ent = module._train_logprobs(exp, out)
+    lp, ent, _ = module.logprobs_of(exp, out, entropy=True)
     ((lp * w + 0.3 * ent) * exp.loss_mask).sum().backward()  # the entropy bonus backpropagates too
     grads = {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None}
     return lp.detach(), out["hidden"].detach(), grads

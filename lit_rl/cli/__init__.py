@@ -58,12 +58,12 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct as a Hugging Face directory (lit-rl 
 
 
 def _models_main(argv: list[str]) -> int:
-    if not argv or argv[0] in ("-h", "--help"):  # help, not an error (exit 2 only when nothing was asked)
+    if argv and argv[0] in ("-h", "--help"):  # help, not an error
         rows = "\n".join(f"  {name}  {text}" for name, text in MODELS.items())
         print(f"usage: lit-rl models NAME [DIR] [--force]\n\nGet a real model as a local directory (default DIR: "
-              f"the cache under ~/.cache/lit_rl).\n\nmodels:\n{rows}", file=sys.stdout if argv else sys.stderr)
-        return 0 if argv else 2
-    if argv[:1] != ["smollm2"]:
+              f"the cache under ~/.cache/lit_rl).\n\nmodels:\n{rows}")
+        return 0
+    if argv[:1] != ["smollm2"]:  # nothing or an unknown name: one line naming the choices
         print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: " + ", ".join(MODELS), file=sys.stderr)
         return 2
     from lit_rl.models.smollm2 import main as smollm2_main

@@ -14,7 +14,7 @@ import time
 
 from lit_rl.rollout._vllm_common import check_weight_names, write_weights_file
 
-_log = logging.getLogger("lit_rl.rollout.server")
+_log = logging.getLogger(__name__)
 
 
 class WeightPush:

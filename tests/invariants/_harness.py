@@ -150,6 +150,7 @@ def run(
     (DeepSpeed) gets e.g. SGD with lr 0 instead (weights still never move; ``Run.steps`` then hold None
     gradients)."""
     from lit_rl.callbacks import RolloutCallback
+    from lit_rl.core.steps import optimizer_steps_per_iteration
     from lit_rl.data import PromptDataModule
     from lit_rl.modules import PolicyModule
     from lit_rl.rollout.engine import HFEngine
@@ -178,7 +179,10 @@ def run(
     trainer = L.Trainer(
         accelerator="cpu",
         precision=precision,
-        max_steps=1,
+        # one iteration = every optimizer step of one Experience (max_steps counts optimizer steps)
+        max_steps=optimizer_steps_per_iteration(
+            PROMPTS * GROUP, module.hparams.ppo_epochs, module.hparams.minibatch_size
+        ),
         max_epochs=-1,
         logger=False,
         enable_checkpointing=False,
