@@ -36,6 +36,9 @@ def _env() -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     for k in ("PYTHONWARNINGS", "LIT_RL_VERBOSE", "VLLM_LOGGING_LEVEL", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
         env.pop(k, None)
+    # a fresh shell's environment: an in-process vLLM engine of an earlier test in this pytest process exports
+    # VLLM_DIST_IDENT, which a new vLLM process then warns about as unknown (seen in the slow suite's order)
+    env.pop("VLLM_DIST_IDENT", None)
     return env
 
 
