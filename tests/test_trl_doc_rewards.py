@@ -14,6 +14,9 @@ import pytest
 
 from lit_rl.cli import main
 
+# Seven short fits (~5 s each): slow, so the default suite stays under its 20 minutes (it measured 19:52).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # --- the docs' code blocks, unchanged (one module per example: several are called reward_func) --------------
