@@ -170,11 +170,6 @@ def test_bad_values_name_the_field(field, value, words):
         SamplingConfig(**{field: value})
 
 
-def test_allow_truncated_logprobs_is_accepted_with_a_deprecation_note():
-    with pytest.warns(FutureWarning, match="allow_truncated_logprobs=True.*no effect"):
-        HFEngine(allow_truncated_logprobs=True)
-
-
 def test_chat_template_kwargs_reach_the_template(bound):
     from lit_rl.data.prompts import Prompt
     from lit_rl.rollout.render import PromptRenderer

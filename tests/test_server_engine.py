@@ -224,19 +224,14 @@ def test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syn
 
 
 def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, tiny_model_dir):
-    from lit_rl.callbacks import RolloutCallback
     from lit_rl.rollout.server import VLLMServerEngine
 
     urls = [s.url for s in pair[0].pool.servers]
     for group, new, msg in [(17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
                             (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256")]:
         engine = VLLMServerEngine(urls=urls)
-        rc = RolloutCallback(engine=engine, rewards=lambda p, c: 0.0, group_size=group,
-                             sampling=SamplingConfig(max_new_tokens=new))
-        module = _module(tiny_model_dir)
-        module.rollout_source = rc  # what RolloutCallback.setup hands the module before it binds the engine
-        with pytest.raises(ValueError, match=msg):
-            engine.bind(module)
+        with pytest.raises(ValueError, match=msg):  # what RolloutCallback.setup passes from its settings
+            engine.bind(_module(tiny_model_dir), group_size=group, max_new_tokens=new)
     with pytest.raises(ValueError, match=r"group_size=17 exceeds"):  # generate checks it too
         pair[0].generate(_ids(pair[1])[:1], 17, SamplingConfig(max_new_tokens=2))
 

@@ -39,8 +39,7 @@ def _group_alive(pgid: int) -> bool:
     ({"urls": "http://a:1"}, "urls"), ({"urls": ["ftp://a"]}, "urls"),
     ({"launch": {"num_servers": 0}}, "launch.num_servers"), ({"launch": {"gpus": 1}}, "unknown keys"),
     ({"urls": ["http://a:1"], "request_timeout_s": 0}, "request_timeout_s"),
-    ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport"),
-    ({"urls": ["http://a:1"], "overlong_prompts": "skip"}, "overlong_prompts")])
+    ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport")])
 def test_config_is_validated_at_construction(kwargs, field):
     from lit_rl.rollout.server import VLLMServerEngine
 

@@ -102,7 +102,7 @@ def test_missing_vllm_names_the_extras(monkeypatch):
 @pytest.mark.vllm
 @pytest.mark.parametrize("kwargs, field", [
     ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"), ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-    ({"max_model_len": 1}, "max_model_len"), ({"overlong_prompts": "skip"}, "overlong_prompts"),
+    ({"max_model_len": 1}, "max_model_len"),
     ({"sync_transport": "nccl"}, "sync_transport"), ({"sync_timeout_s": 0}, "sync_timeout_s"),
     ({"dtype": "int8"}, "dtype"), ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes")])
 def test_config_is_validated_at_construction(kwargs, field):

@@ -306,7 +306,7 @@ class PromptStream:
 # ----------------------------------------------------------------- the RolloutCallback's async settings
 def check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine) -> None:
     """The async arguments of ``RolloutCallback``, at construction (the first bad one is named)."""
-    from lit_rl.rollout.base import as_engine
+    from lit_rl.rollout.base import check_engine
 
     if mode not in MODES:
         raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
@@ -317,7 +317,7 @@ def check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, 
                          "smaller than one iteration; allowed: null or >= data.batch_size x group_size rows")
     if stale_policy not in STALE_POLICIES:
         raise ValueError(f"stale_policy={stale_policy!r}; valid values: {', '.join(STALE_POLICIES)}")
-    if mode == "async" and engine is not None and as_engine(engine).share_weights:
+    if mode == "async" and engine is not None and check_engine(engine).share_weights:
         raise ValueError(f"engine {type(engine).__name__}(share_weights=True) is a sync-only engine option: in "
                          "mode='async' the producer must generate from a snapshot, not the weights being trained; use "
                          "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")

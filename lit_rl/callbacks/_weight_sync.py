@@ -38,7 +38,7 @@ class WeightSync:
     """When the learner's weights are pushed to ``engine`` (an ``EngineBase``) and how; see the module docstring.
 
     Args:
-        engine: the callback's engine (already ``as_engine``-wrapped).
+        engine: the callback's engine.
         sync_every: push every this many optimizer steps (>= 1, checked by the callback).
         lock: the engine lock shared with generation and evaluation.
     """

@@ -197,12 +197,11 @@ def training_state_kept(rc, device: torch.device) -> Iterator[None]:
     (``build_experience(count=False)``) and its prompts are rendered uncounted."""
     devices = [device] if device.type == "cuda" else []
     with rc.engine_lock, torch.random.fork_rng(devices=devices):
-        state = rc.engine.state_dict() if hasattr(rc.engine, "state_dict") else None
+        state = rc.engine.state_dict()
         try:
             yield
         finally:
-            if state is not None:
-                rc.engine.load_state_dict(state)
+            rc.engine.load_state_dict(state)
 
 
 class RewardCurvePlot(L.Callback):

@@ -40,8 +40,8 @@ from lit_rl.errors import ConfigError
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
-from lit_rl.rollout.base import as_engine
-from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
+from lit_rl.rollout.base import EngineBase, check_engine
+from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
 
 
@@ -55,7 +55,7 @@ class RolloutCallback(RolloutProducer):
     and the other stage settings must stay at their defaults.
 
     Args:
-        engine: a ``RolloutEngine`` (``HFEngine`` default, ``VLLMEngine``).
+        engine: an ``EngineBase`` subclass (``HFEngine`` default, ``VLLMEngine``, ``VLLMServerEngine``).
         rewards: a ``RewardPool``, or reward functions (one, a list, or a dict name → fn) wrapped in one.
         group_size: completions per prompt (G).
         sampling: temperature / top-p / top-k / max_new_tokens.
@@ -87,7 +87,7 @@ class RolloutCallback(RolloutProducer):
 
     def __init__(
         self,
-        engine: RolloutEngine | None = None,
+        engine: EngineBase | None = None,
         rewards: RewardPool | Callable | list[Callable] | dict[str, Callable] | None = None,
         group_size: int = 8,
         sampling: SamplingConfig | None = None,
@@ -127,7 +127,7 @@ class RolloutCallback(RolloutProducer):
         check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine)
         self.mode, self.max_staleness, self.queue_size, self.stale_policy = mode, max_staleness, queue_size, stale_policy
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
-        self.engine = as_engine(engine) if engine is not None else HFEngine(share_weights=mode == "sync")
+        self.engine = check_engine(engine) if engine is not None else HFEngine(share_weights=mode == "sync")
         if rewards is not None and not isinstance(rewards, RewardPool):
             rewards = RewardPool(rewards)
         self.rewards = rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
@@ -178,7 +178,7 @@ class RolloutCallback(RolloutProducer):
         check_group_size(getattr(hp, "advantage", None), self.group_size, getattr(hp, "rl_coef", None))
         pl_module.temperature = self.sampling.logprob_temperature
         pl_module.processing = self.sampling.processing  # the sampler's distribution for ratios (core.processed)
-        self.engine.bind(pl_module)
+        self.engine.bind(pl_module, group_size=self.group_size, max_new_tokens=self.sampling.max_new_tokens)
         dm = getattr(trainer, "datamodule", None)
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
         # an error on every row at the first rollout

@@ -132,9 +132,11 @@ def _close_engines(cli) -> None:
     ``_destroy_process_group`` has destroyed every group, and its ``destroy_process_group(<its TP group>)``
     then raised "ValueError: Invalid process group specified" (a ``[rank0]: Traceback`` after a run that had
     exited 0)."""
+    from lit_rl.rollout.base import EngineBase
+
     for cb in getattr(getattr(cli, "trainer", None), "callbacks", None) or []:
-        engine = getattr(cb, "engine", None)
-        if callable(getattr(engine, "close", None)):
+        engine = getattr(cb, "engine", None)  # a callback's attribute: only rollout callbacks hold an engine
+        if isinstance(engine, EngineBase):
             engine.close()
 
 

@@ -1,5 +1,5 @@
 from lit_rl.rollout.base import EngineBase
-from lit_rl.rollout.engine import Completion, HFEngine, RolloutEngine, SamplingConfig
+from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
 
 __all__ = [
     "AgentLoop",
@@ -8,7 +8,6 @@ __all__ = [
     "Environment",
     "HFEngine",
     "RetryRepoEnv",
-    "RolloutEngine",
     "RolloutPipeline",
     "SamplingConfig",
     "VLLMEngine",

@@ -1,6 +1,6 @@
 """Pieces shared by the in-process `VLLMEngine` (``rollout/vllm.py``) and the server engine
-(``rollout/server.py``): the prompt-length check, the request's sampling fields and seeds
-(checkpointed), weight-name checks, safetensors weight files and model-config reads. No vLLM import here."""
+(``rollout/server.py``): the prompt-length check, the request's sampling fields,
+weight-name checks, safetensors weight files and model-config reads. No vLLM import here."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from lit_rl.rollout.base import SEED_MOD, RequestSeeds  # noqa: F401 - SEED_MOD re-exported
 from lit_rl.rollout.engine import SamplingConfig
 
 
@@ -37,9 +36,6 @@ def compile_env() -> dict[str, str]:
     if torch.cuda.is_available() or torch.backends.cpu.get_cpu_capability() != "DEFAULT":
         return {}
     return {"TORCH_COMPILE_DISABLE": "1"}
-
-
-SeededRequests = RequestSeeds  # the former name: the per-request seed cursor now lives in rollout/base.py
 
 
 def sampling_fields(sp: SamplingConfig, n: int, seed: int) -> dict:
@@ -75,20 +71,6 @@ def check_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, engine: s
                              "read this engine's max_model_len); engines do not truncate")
         out.append(ids)
     return out
-
-
-def deprecated_overlong(value, engine: str) -> None:
-    """The engines' former ``overlong_prompts`` setting: accepted (old configs), without effect."""
-    if value is None:
-        return
-    if value not in ("truncate", "drop", "error"):
-        raise ValueError(f"overlong_prompts={value!r}; valid values: truncate, drop, error")
-    import warnings
-
-    warnings.warn(f"{engine}(overlong_prompts=...) has no effect any more: prompts over the engine's context are "
-                  "truncated / dropped / refused when rendered (RolloutCallback overlong_prompts, counted in "
-                  "rollout/prompts_*), and the engine refuses any that still do not fit", FutureWarning,
-                  stacklevel=3)
 
 
 def check_weight_names(items, expected: set[str] | None) -> None:

@@ -32,7 +32,8 @@ import torch
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.build import ExperienceBuilder, Rows
-from lit_rl.rollout.engine import HFEngine, RolloutEngine, SamplingConfig
+from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
 from lit_rl.rollout.filter import DynamicSampling
 from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline
@@ -71,13 +72,13 @@ class AgentLoop:
 
     Args:
         env_factory: builds a fresh ``Environment`` (one per episode; episodes of a batch run side by side).
-        engine: the ``RolloutEngine`` that generates each action (default ``HFEngine``); its tokenizer is used.
+        engine: the ``EngineBase`` that generates each action (default ``HFEngine``); its tokenizer is used.
         max_turns: actions per episode at most.
         max_obs_tokens: observations are cut to this many tokens (the tail is dropped).
         max_context_tokens: an episode stops once its context (prompt + turns) reaches this length.
     """
 
-    def __init__(self, env_factory: Callable[[], Environment], engine: RolloutEngine | None = None,
+    def __init__(self, env_factory: Callable[[], Environment], engine: EngineBase | None = None,
                  max_turns: int = 4, max_obs_tokens: int = 256, max_context_tokens: int = 2048):
         if max_turns < 1 or max_obs_tokens < 1 or max_context_tokens < 2:
             raise ValueError(f"max_turns, max_obs_tokens must be >= 1 and max_context_tokens >= 2; got "

@@ -1,22 +1,22 @@
-"""`EngineBase`: the whole rollout-engine contract in one class, with its defaults.
+"""`EngineBase`: the one rollout-engine contract, an abstract base class with defaults for what is optional.
 
-Every engine (``HFEngine``, ``VLLMEngine``, ``VLLMServerEngine``, and the conformance suite's fake) subclasses
-it; callers (``RolloutCallback``, the pipeline stages, the agent loop) call these members directly instead of
-probing with ``getattr``. An object that only satisfies the four-member ``RolloutEngine`` protocol (a user's
-engine written before this class) is wrapped by ``as_engine`` into the same contract.
+Every engine (``HFEngine``, ``VLLMEngine``, ``VLLMServerEngine``, the conformance suite's fake, a user's own)
+subclasses it; every caller (``RolloutCallback``, the pipeline stages, the agent loop, evaluation) is
+annotated with it and calls its members directly, never probing with ``hasattr`` / ``getattr``. Anything
+else given as an engine is refused in one line (``check_engine``).
 
 | member | default | who calls it |
 |---|---|---|
-| ``bind(module)`` | abstract | ``RolloutCallback.setup``, ``lit-rl validate`` |
+| ``bind(module, *, group_size, max_new_tokens)`` | abstract | ``RolloutCallback.setup``, validate |
 | ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``rollout.generate.Generator`` |
 | ``update_weights(named_tensors)`` | abstract; engines bump ``policy_version`` | weight sync (sync, async, resume) |
 | ``sync_items(model)`` | ``merged_state_items(model)`` | the same, to build ``named_tensors`` |
 | ``share_weights`` | False: the engine holds its own weights (a resumed run pushes the restored ones) | ``RolloutCallback`` |
 | ``collective_sync`` | False; True when ``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the same point of the training loop, with none of its own generation in flight | ``RolloutCallback`` (async: loads in the trainer thread) |
 | ``metrics()`` | ``rollout/engine_*`` counters | logged every step |
-| ``state_dict()`` / ``load_state_dict()`` | the counters | ``RolloutCallback`` checkpoint entry ``engine`` |
+| ``state_dict()`` / ``load_state_dict()`` | the counters (a dict) | checkpoint entry ``engine``, evaluation |
 | ``limits()`` | ``{"max_model_len": None}`` | the renderer (prompt length), tests |
-| ``close()`` / ``teardown()`` | nothing / nothing (engines owning processes: ``close()``) | users / ``RolloutCallback.teardown`` |
+| ``close()`` / ``teardown()`` | nothing / nothing (owners of processes: ``close()``) | CLI exit / teardown |
 | ``tokenizer`` | set by ``bind`` | decoding completions |
 
 ``RequestSeeds`` is the one per-request seed rule (both vLLM engines and the fake: a cursor from
@@ -24,6 +24,7 @@ engine written before this class) is wrapped by ``as_engine`` into the same cont
 """
 from __future__ import annotations
 
+import abc
 import hashlib
 from collections.abc import Iterable
 from typing import Any
@@ -35,8 +36,17 @@ from lit_rl.rollout.sampling import SamplingConfig
 SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
 COUNTERS = ("calls", "prompts", "sequences", "tokens")
 
+# Engine arguments that were removed, with what replaces them: an old script or config gets the reason and the
+# fix in one line instead of Python's bare "unexpected keyword argument".
+REMOVED_ARGS = {
+    "allow_truncated_logprobs": ("allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition penalty "
+                                 "always work (log-probs of the processed distribution); delete the setting"),
+    "overlong_prompts": ("overlong_prompts was removed from the engines (prompt length is decided when "
+                         "prompts are rendered): set RolloutCallback overlong_prompts instead"),
+}
 
-class EngineBase:
+
+class EngineBase(abc.ABC):
     """Base class of rollout engines (module docstring: the contract and its defaults)."""
 
     policy_version: int = 0
@@ -44,15 +54,27 @@ class EngineBase:
     share_weights: bool = False
     collective_sync: bool = False
 
+    def __new__(cls, *args, **kwargs):
+        # __new__ sees the constructor's keywords before __init__ would reject them with a bare TypeError
+        for name, why in REMOVED_ARGS.items():
+            if name in kwargs:
+                raise TypeError(f"{cls.__name__}: {why}")
+        return super().__new__(cls)
+
     # ---------------------------------------------------------------- required
-    def bind(self, module) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.bind")
+    @abc.abstractmethod
+    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+        """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``). ``group_size`` and
+        ``max_new_tokens`` are the rollout's (``RolloutCallback.setup`` passes them, so an engine can check
+        them against its limits now rather than at the first generate); None = not known (validate, eval)."""
 
+    @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Any]]:
-        raise NotImplementedError(f"{type(self).__name__}.generate")
+        """``n`` ``Completion``s for each prompt (token ids); pass the result through ``_count``."""
 
+    @abc.abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        raise NotImplementedError(f"{type(self).__name__}.update_weights")
+        """Load new policy weights (``sync_items(model)``) and bump ``policy_version``."""
 
     # ---------------------------------------------------------------- defaults
     def sync_items(self, model) -> Iterable[tuple[str, Tensor]]:
@@ -99,6 +121,14 @@ class EngineBase:
         """End of a fit (``RolloutCallback.teardown``). Default: nothing, so an engine can serve the next fit or
         validate of the same process without a restart; engines owning processes (launched servers) stop them
         here (``VLLMServerEngine``: ``close``)."""
+
+
+def check_engine(engine) -> EngineBase:
+    """``engine`` itself when it is an ``EngineBase``; anything else is refused in one line."""
+    if not isinstance(engine, EngineBase):
+        raise TypeError(f"engine={type(engine).__name__} is not a rollout engine: subclass "
+                        "lit_rl.rollout.base.EngineBase (bind, generate, update_weights)")
+    return engine
 
 
 class RequestSeeds:
@@ -155,80 +185,3 @@ def stable_seed(seed: int, call: int, tokens: list[int]) -> int:
     """A 63-bit seed from (seed, call, prompt tokens), stable across processes (unlike ``hash``)."""
     h = hashlib.blake2b(repr((seed, call, tuple(tokens))).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & (2**63 - 1)
-
-
-class _ProtocolEngine(EngineBase):
-    """An object with only the ``RolloutEngine`` protocol's members, given the rest of the contract: every
-    member it has is used, the others take ``EngineBase``'s defaults."""
-
-    def __init__(self, inner):
-        self.__dict__["_inner"] = inner
-
-    def __getattr__(self, name):  # only reached for names not found on the wrapper
-        return getattr(self.__dict__["_inner"], name)
-
-    def __setattr__(self, name, value):
-        if name == "_counters":
-            self.__dict__[name] = value
-        else:
-            setattr(self._inner, name, value)
-
-    def _has(self, name: str) -> bool:
-        return callable(getattr(self._inner, name, None))
-
-    policy_version = property(lambda self: self._inner.policy_version,
-                              lambda self, v: setattr(self._inner, "policy_version", v))
-    tokenizer = property(lambda self: getattr(self._inner, "tokenizer", None))
-    share_weights = property(lambda self: bool(getattr(self._inner, "share_weights", False)))
-    collective_sync = property(lambda self: bool(getattr(self._inner, "collective_sync", False)))
-
-    def bind(self, module):
-        return self._inner.bind(module)
-
-    def generate(self, prompt_ids, n, sampling):
-        return self._count(self._inner.generate(prompt_ids, n, sampling))
-
-    def update_weights(self, named_tensors):
-        return self._inner.update_weights(named_tensors)
-
-    def sync_items(self, model):
-        return self._inner.sync_items(model) if self._has("sync_items") else super().sync_items(model)
-
-    def limits(self):
-        if self._has("limits"):
-            return self._inner.limits()
-        try:  # the attribute engines declared before limits() existed
-            n = getattr(self._inner, "max_model_len", None)
-        except RuntimeError:  # not started
-            n = None
-        return {"max_model_len": n}
-
-    def metrics(self):
-        return {**super().metrics(), **(self._inner.metrics() if self._has("metrics") else {})}
-
-    def state_dict(self):
-        return {**super().state_dict(), **(self._inner.state_dict() if self._has("state_dict") else {})}
-
-    def load_state_dict(self, state):
-        super().load_state_dict(state)
-        if self._has("load_state_dict"):
-            self._inner.load_state_dict(state)
-
-    def close(self):
-        if self._has("close"):
-            self._inner.close()
-
-    def teardown(self):
-        if self._has("teardown"):
-            self._inner.teardown()
-
-
-def as_engine(engine) -> EngineBase:
-    """``engine`` itself when it subclasses ``EngineBase``, else a wrapper giving it the whole contract."""
-    if engine is None or isinstance(engine, EngineBase):
-        return engine
-    missing = [m for m in ("bind", "generate", "update_weights") if not callable(getattr(engine, m, None))]
-    if missing:
-        raise TypeError(f"engine {type(engine).__name__} lacks {missing}: a rollout engine subclasses "
-                        "lit_rl.rollout.base.EngineBase (or has bind, generate, update_weights, policy_version)")
-    return _ProtocolEngine(engine)

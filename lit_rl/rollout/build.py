@@ -20,7 +20,8 @@ import torch
 
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.rewards.pool import RewardBatch
-from lit_rl.rollout.engine import Completion, RolloutEngine
+from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.engine import Completion
 from lit_rl.rollout.rollouts import Rollouts
 from lit_rl.rollout.stats import completion_length_stats
 
@@ -81,7 +82,7 @@ class ExperienceBuilder:
         layout: ``Rollouts -> Rows``; None = ``single_turn_rows`` with ``decode``.
     """
 
-    def __init__(self, engine: RolloutEngine | None = None, decode: Callable[[Completion], str] | None = None,
+    def __init__(self, engine: EngineBase | None = None, decode: Callable[[Completion], str] | None = None,
                  horizon: int | None = None, layout: Callable[[Rollouts], Rows] | None = None):
         self.engine, self.decode, self.horizon = engine, decode, horizon
         self.layout = layout if layout is not None else (lambda batch: single_turn_rows(batch, self.decode))

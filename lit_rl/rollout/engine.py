@@ -1,4 +1,5 @@
-"""The rollout-engine protocol and `HFEngine` (generation with ``transformers.generate``).
+"""`HFEngine` (generation with ``transformers.generate``) and `Completion`; the engine contract is
+``rollout.base.EngineBase``.
 
 Log-probabilities returned by every engine are those of the sampled token under the distribution it was
 sampled from: ``log softmax(process_logits(logits))[token]`` (``lit_rl.rollout.sampling``: repetition penalty,
@@ -13,7 +14,6 @@ import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -22,13 +22,12 @@ from lit_rl.rollout.base import EngineBase, global_rank, rank_seed, stable_seed
 from lit_rl.rollout.sampling import (
     SamplingConfig,
     check_generation_kwargs,
-    deprecated_truncation_flag,
     end_of_completion,
     process_logits,
     stop_window,
 )
 
-__all__ = ["Completion", "HFEngine", "RolloutEngine", "SamplingConfig"]
+__all__ = ["Completion", "HFEngine", "SamplingConfig"]
 
 
 @dataclass
@@ -39,23 +38,6 @@ class Completion:
     # The engine's policy_version when this completion was generated; None = not recorded (in-process engines
     # generate and sync in one thread, so the engine's current version is the completion's).
     policy_version: int | None = None
-
-
-@runtime_checkable
-class RolloutEngine(Protocol):
-    """What RolloutCallback needs from a generator.
-
-    ``generate`` returns, for each prompt, ``n`` completions. ``update_weights`` loads new policy weights;
-    ``policy_version`` counts the syncs (every row of an Experience records the version that produced it).
-    """
-
-    policy_version: int
-
-    def bind(self, module) -> None: ...
-
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]: ...
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None: ...
 
 
 class HFEngine(EngineBase):
@@ -74,26 +56,23 @@ class HFEngine(EngineBase):
             always current and a sync costs nothing. False keeps a private copy updated by
             ``update_weights`` (needed when generation overlaps training, e.g. asynchronous RL).
         batch_size: maximum sequences per ``generate`` call (bounds memory); None = all at once.
-        allow_truncated_logprobs: deprecated, no effect: every engine now samples with top-p / top-k / min-p /
-            repetition penalty and reports the processed distribution's log-probs (``lit_rl.rollout.sampling``).
         share_prefill: compute each distinct prompt's prefill once and let its ``n`` samples reuse the
             key/value cache (vLLM's prefix caching does the same); False = one prefill per row.
     """
 
-    def __init__(self, share_weights: bool = True, batch_size: int | None = None,
-                 allow_truncated_logprobs: bool = False, share_prefill: bool = True):
+    def __init__(self, share_weights: bool = True, batch_size: int | None = None, share_prefill: bool = True):
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
         self.share_weights, self.batch_size = share_weights, batch_size
-        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "HFEngine")
         self.share_prefill = share_prefill
         self.model = None
         self.tokenizer = None
         self.policy_version = 0
         self._calls = 0  # generate() calls so far: part of the seeded-sampling key
 
-    def bind(self, module) -> None:
-        """Attach to a policy module (called by RolloutCallback.setup)."""
+    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+        """Attach to a policy module (called by RolloutCallback.setup); no limits to check the rollout's
+        ``group_size`` / ``max_new_tokens`` against."""
         self.tokenizer = module.tokenizer
         src = module.model
         trainer = getattr(module, "_trainer", None)
@@ -310,9 +289,6 @@ def _hf_generation_keys() -> set[str]:
     from transformers import GenerationConfig
 
     return set(vars(GenerationConfig()))
-
-
-_stable_seed = stable_seed  # the former private name (tests, scripts)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""Stage 2, generate: rendered prompt ids → G completions each, through a ``RolloutEngine``.
+"""Stage 2, generate: rendered prompt ids → G completions each, through an ``EngineBase``.
 
 The engine is shared with weight loads (the async producer, the trainer's pushes) and held-out evaluation, so
 every call holds ``lock``: one user of the engine at a time, and a generation never straddles a weight load.
@@ -8,20 +8,21 @@ from __future__ import annotations
 import threading
 import time
 
-from lit_rl.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.engine import Completion, SamplingConfig
 
 
 class Generator:
     """``engine.generate(prompt_ids, n=group_size, sampling)`` under the engine lock, timed.
 
     Args:
-        engine: any ``RolloutEngine`` (its protocol is unchanged: ``generate(prompt_ids, n, sampling)``).
+        engine: the rollout engine (``generate(prompt_ids, n, sampling)`` of the contract, ``rollout.base``).
         group_size: G, completions per prompt.
         sampling: the rollout ``SamplingConfig``.
         lock: the engine lock (an ``RLock``: the async path already holds it when it calls in).
     """
 
-    def __init__(self, engine: RolloutEngine, group_size: int, sampling: SamplingConfig,
+    def __init__(self, engine: EngineBase, group_size: int, sampling: SamplingConfig,
                  lock: threading.RLock | None = None):
         self.engine, self.group_size, self.sampling = engine, group_size, sampling
         self.lock = lock if lock is not None else threading.RLock()
@@ -35,7 +36,7 @@ class Generator:
         return groups, time.perf_counter() - t0
 
 
-def decode_with(engine: RolloutEngine):
+def decode_with(engine: EngineBase):
     """``decode(completion) -> str`` with the engine's tokenizer, read at call time (engines bind late)."""
 
     def decode(c: Completion) -> str:

@@ -21,7 +21,8 @@ from typing import Any, Protocol
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch, RewardPool
 from lit_rl.rollout.build import ExperienceBuilder, rollout_metrics
-from lit_rl.rollout.engine import RolloutEngine, SamplingConfig
+from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.filter import DynamicSampling, check_resample_tries, overlong_trainable, zero_std_frac
 from lit_rl.rollout.generate import Generator, decode_with
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
@@ -147,7 +148,7 @@ class RolloutConfig:
         check_penalty_factor(self.overlong_penalty_factor)
 
 
-def build_pipeline(engine: RolloutEngine, rewards: RewardPool, config: RolloutConfig,
+def build_pipeline(engine: EngineBase, rewards: RewardPool, config: RolloutConfig,
                    lock: threading.RLock | None = None) -> RolloutPipeline:
     """The single-turn pipeline of ``config``: render (the one owner of prompt length: ``max_prompt_len`` and
     the engine's context, read when rendering, minus the completion budget) → generate (``engine`` under

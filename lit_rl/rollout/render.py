@@ -22,9 +22,7 @@ OVERLONG = ("truncate", "drop", "error")
 def engine_context_len(engine) -> int | None:
     """The engine's context length (prompt + completion tokens), or None (none declared, or not started):
     ``limits()["max_model_len"]`` of the engine contract (``rollout/base.py``)."""
-    from lit_rl.rollout.base import EngineBase, _ProtocolEngine
-
-    n = (engine if isinstance(engine, EngineBase) else _ProtocolEngine(engine)).limits().get("max_model_len")
+    n = engine.limits().get("max_model_len")
     return int(n) if n else None
 
 

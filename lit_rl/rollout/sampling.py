@@ -215,17 +215,6 @@ def check_generation_kwargs(sp: SamplingConfig, known: set[str] | None, engine: 
                          f"such field(s)")
 
 
-def deprecated_truncation_flag(value: bool, engine: str) -> bool:
-    """The engines' former ``allow_truncated_logprobs``: accepted (old configs), without effect."""
-    if value:
-        import warnings
-
-        warnings.warn(f"{engine}(allow_truncated_logprobs=True) has no effect any more: every engine samples with "
-                      "top_p / top_k / min_p / repetition_penalty and reports the log-probs of the processed "
-                      "distribution it sampled from (lit_rl.rollout.sampling)", FutureWarning, stacklevel=3)
-    return bool(value)
-
-
 def cut_at_stop(tokens: list[int], logprobs: list[float], reason: str, decode: Callable[[list[int]], str],
                 stops: list[str]) -> tuple[list[int], list[float], str]:
     """An engine's completion cut after the token completing the first stop string (``end_of_completion``'s

@@ -53,17 +53,15 @@ from lit_rl.rollout import _server_lora as lora
 from lit_rl.rollout._server_http import ServerPool
 from lit_rl.rollout._server_sync import WeightPush, _ddp_group
 from lit_rl.rollout._vllm_common import (
-    SeededRequests,
     architectures,
     check_prompts,
-    deprecated_overlong,
     dtype_name,
     make_sync_dir,
     sampling_fields,
 )
-from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.base import EngineBase, RequestSeeds
 from lit_rl.rollout.engine import Completion, SamplingConfig
-from lit_rl.rollout.sampling import cut_at_stop, deprecated_truncation_flag
+from lit_rl.rollout.sampling import cut_at_stop
 
 _log = logging.getLogger(__name__)
 TRANSPORTS = ("file", "nccl")
@@ -71,8 +69,8 @@ LAUNCH_KEYS = {"num_servers", "threads_per_server", "host", "port", "max_model_l
                "kv_cache_gb", "extra_args", "env", "timeout_s"}
 
 
-class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
-    """Generation through vLLM servers addressed by URL or launched by the engine (a ``RolloutEngine``).
+class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
+    """Generation through vLLM servers addressed by URL or launched by the engine (an ``EngineBase``).
 
     Args:
         urls: base URLs of running servers (``http://host:port``), started with ``VLLM_SERVER_DEV_MODE=1`` and
@@ -89,10 +87,6 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         weight_transport: ``file`` (safetensors in ``sync_dir``; servers must see that path) | ``nccl``.
         sync_dir: where weight files go; null = a fresh directory in ``/dev/shm``.
         seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
-        overlong_prompts: deprecated, no effect (as ``VLLMEngine``: prompts over the context raise; the renderer
-            decides prompt length from this engine's ``max_model_len``).
-        allow_truncated_logprobs: deprecated, no effect (every sampling setting works; the log-probs are those of
-            the processed distribution sampled from, ``lit_rl.rollout.sampling``).
         max_concurrency: requests in flight from this engine at once (threads).
         lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
             weights) | ``adapter`` (the adapter path or an error at setup) | ``merged`` (always merged weights).
@@ -102,8 +96,8 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
 
     def __init__(self, urls: list[str] | None = None, launch: dict[str, Any] | None = None,
                  request_timeout_s: float = 120.0, sync_timeout_s: float = 300.0, weight_transport: str = "file",
-                 sync_dir: str | None = None, seed: int | None = None, overlong_prompts: str | None = None,
-                 allow_truncated_logprobs: bool = False, max_concurrency: int = 64, lora_sync: str = "auto"):
+                 sync_dir: str | None = None, seed: int | None = None, max_concurrency: int = 64,
+                 lora_sync: str = "auto"):
         if (urls is None) == (launch is None):
             raise ValueError("VLLMServerEngine needs exactly one of urls (running servers) or launch (start them)")
         if urls is not None and (isinstance(urls, str) or not urls or not all(
@@ -123,7 +117,6 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
             raise ValueError(f"sync_timeout_s must be > 0, got {sync_timeout_s}")
         if weight_transport not in TRANSPORTS:
             raise ValueError(f"weight_transport={weight_transport!r}; valid values: {', '.join(TRANSPORTS)}")
-        deprecated_overlong(overlong_prompts, "VLLMServerEngine")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if lora_sync not in lora.LORA_SYNC:
@@ -135,7 +128,6 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         self.launch = dict(launch) if launch is not None else None
         self.request_timeout_s, self.sync_timeout_s = float(request_timeout_s), float(sync_timeout_s)
         self.weight_transport, self.sync_dir_arg, self.seed = weight_transport, sync_dir, run_seed(seed)
-        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "VLLMServerEngine")
         self.max_concurrency = max_concurrency
         self.lora_sync = lora_sync
         self.sync_path: str | None = None  # "adapter" | "merged", chosen at bind
@@ -161,10 +153,10 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         self._nccl = None
 
     # ------------------------------------------------------------------ start
-    def bind(self, module) -> None:
-        """Start (``launch``) or reach (``urls``) the servers, check them against the policy and choose the
-        sync path (``lora_sync``); the first ``generate`` pushes the module's weights (so checkpoint-restored
-        weights are what the servers use)."""
+    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+        """Start (``launch``) or reach (``urls``) the servers, check them against the policy (and the
+        rollout's ``group_size`` / ``max_new_tokens`` when given) and choose the sync path (``lora_sync``);
+        the first ``generate`` pushes the module's weights (so restored weights are what the servers use)."""
         self.tokenizer, self._module = module.tokenizer, module
         if self.pool is None:
             urls = self.urls if self.urls is not None else self._start_servers(module)
@@ -174,7 +166,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
             except BaseException:
                 self.close()
                 raise
-        self._check_rollout_settings(module)
+        self.check_request_shape(group_size, max_new_tokens)  # fail at setup, not at the first generate
         # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
         # rank's own, so every rank pushes to its own.
         self._group = _ddp_group() if self.urls is not None else None
@@ -243,21 +235,15 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         urls, self._procs = launch_servers(model, launch, dtype_name(module.model))
         return urls
 
-    def _check_rollout_settings(self, module) -> None:
-        """group_size / max_new_tokens of the RolloutCallback against the servers' limits, at setup (the
-        callback hands itself to the module, ``module.rollout_source``, before it binds the engine)."""
-        src = getattr(module, "rollout_source", None)
-        if getattr(src, "engine", None) is self:
-            self.check_request_shape(src.group_size, src.sampling.max_new_tokens)
-
-    def check_request_shape(self, n: int, max_new_tokens: int) -> None:
-        """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server."""
+    def check_request_shape(self, n: int | None, max_new_tokens: int | None) -> None:
+        """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server (None: not
+        checked)."""
         for s in self.pool.servers:
-            if s.max_num_seqs is not None and n > s.max_num_seqs:
+            if n is not None and s.max_num_seqs is not None and n > s.max_num_seqs:
                 raise ValueError(f"rollout.group_size={n} exceeds max_num_seqs={s.max_num_seqs} of server {s.url}: "
                                  "a group is one request (n samples) and must fit one server's batch; lower "
                                  "group_size or start the server with a larger --max-num-seqs")
-            if max_new_tokens >= s.max_model_len:
+            if max_new_tokens is not None and max_new_tokens >= s.max_model_len:
                 raise ValueError(f"rollout.sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt "
                                  f"within max_model_len={s.max_model_len} of server {s.url}; lower it or start the "
                                  "server with a larger --max-model-len")

@@ -1,6 +1,6 @@
 """`VLLMEngine`: rollouts through an in-process ``vllm.LLM`` colocated with the trainer.
 
-The engine implements the ``RolloutEngine`` protocol (``lit_rl.rollout.engine``): ``bind(module)`` starts vLLM on
+The engine implements the contract of ``lit_rl.rollout.base.EngineBase``: ``bind(module)`` starts vLLM on
 the policy's model directory, ``generate`` returns ``n`` completions per prompt (prompts go in as token ids, so
 there is no re-tokenisation drift), and ``update_weights`` loads new weights into the running engine without a
 restart.
@@ -53,11 +53,9 @@ from torch import Tensor
 
 from lit_rl.core.seeds import run_seed
 from lit_rl.rollout._vllm_common import (
-    SeededRequests,
     check_prompts,
     check_weight_names,
     compile_env,
-    deprecated_overlong,
     make_sync_dir,
     sampling_fields,
     write_weights_file,
@@ -69,9 +67,9 @@ from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
 )
 from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
-from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.base import EngineBase, RequestSeeds
 from lit_rl.rollout.engine import Completion, SamplingConfig
-from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop, deprecated_truncation_flag
+from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop
 
 _log = logging.getLogger(__name__)
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -96,7 +94,7 @@ def import_vllm():
     return vllm
 
 
-class VLLMEngine(SeededRequests, EngineBase):
+class VLLMEngine(RequestSeeds, EngineBase):
     """Generation with an in-process ``vllm.LLM`` on the policy's model, weights synced without restarts.
 
     Args:
@@ -112,15 +110,10 @@ class VLLMEngine(SeededRequests, EngineBase):
         seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
         kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache). None
             on CPU: room for 2 sequences of ``max_model_len`` tokens, at least 256 MiB.
-        overlong_prompts: deprecated, no effect. A prompt that does not fit ``max_model_len`` with
-            ``max_new_tokens`` raises ``ValueError``: prompt length is decided when prompts are rendered
-            (``RolloutCallback(max_prompt_len, overlong_prompts)``, which reads this engine's ``max_model_len``).
         sync_timeout_s: a weight sync (including reading ``named_tensors``) slower than this raises
             ``TimeoutError``.
         sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
             safetensors file every worker reads: multi-process engines), ``auto`` = tensors when in-process.
-        allow_truncated_logprobs: deprecated, no effect (top-p / top-k / min-p / repetition penalty always work;
-            the log-probs are the processed distribution's, module docstring).
         llm_kwargs: further ``vllm.LLM`` keyword arguments (e.g. ``max_num_seqs``).
     """
 
@@ -134,10 +127,8 @@ class VLLMEngine(SeededRequests, EngineBase):
         enforce_eager: bool | None = None,
         seed: int | None = None,
         kv_cache_memory_bytes: int | None = None,
-        overlong_prompts: str | None = None,
         sync_timeout_s: float = 300.0,
         sync_transport: str = "auto",
-        allow_truncated_logprobs: bool = False,
         llm_kwargs: dict[str, Any] | None = None,
     ):
         if importlib.util.find_spec("vllm") is None:
@@ -150,7 +141,6 @@ class VLLMEngine(SeededRequests, EngineBase):
             raise ValueError(f"max_model_len must be >= 2 or null, got {max_model_len}")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1 or null, got {kv_cache_memory_bytes}")
-        deprecated_overlong(overlong_prompts, "VLLMEngine")
         if sync_transport not in TRANSPORTS:
             raise ValueError(f"sync_transport={sync_transport!r}; valid values: {', '.join(TRANSPORTS)}")
         if not sync_timeout_s > 0:
@@ -164,7 +154,6 @@ class VLLMEngine(SeededRequests, EngineBase):
         self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
         self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
-        self.allow_truncated_logprobs = deprecated_truncation_flag(allow_truncated_logprobs, "VLLMEngine")
         self.llm_kwargs = dict(llm_kwargs or {})
         self.llm = None
         self.tokenizer = None
@@ -181,8 +170,10 @@ class VLLMEngine(SeededRequests, EngineBase):
         self._sync_dir: str | None = None
 
     # ------------------------------------------------------------------ start
-    def bind(self, module) -> None:
+    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
         """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``); start vLLM on first bind.
+        ``group_size`` / ``max_new_tokens`` are not checked here: vLLM schedules any group size, and
+        ``generate`` refuses a prompt that does not fit ``max_model_len`` with ``max_new_tokens``.
 
         Re-binding a running engine to the same model path keeps it; a different path restarts it. Either
         way the first ``generate`` after a bind pushes the module's current weights, so weights restored

@@ -14,6 +14,7 @@ import torch
 from lit_rl.data.prompts import Prompt
 from lit_rl.models.tiny import build_tokenizer
 from lit_rl.rewards.pool import RewardBatch, RewardPool
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.filter import DynamicSampling, informative_groups, overlong_trainable, zero_std_frac
@@ -29,8 +30,8 @@ def tok():
     return build_tokenizer("char")
 
 
-class TextEngine:
-    """A RolloutEngine whose completion j of a prompt is ``script[prompt text][j]`` (text, finish reason), with
+class TextEngine(EngineBase):
+    """An engine whose completion j of a prompt is ``script[prompt text][j]`` (text, finish reason), with
     log-prob -0.25 per token."""
 
     policy_version = 3
@@ -38,7 +39,7 @@ class TextEngine:
     def __init__(self, tokenizer, script: dict[str, list[tuple[str, str]]]):
         self.tokenizer, self.script, self.calls = tokenizer, script, []
 
-    def bind(self, module):
+    def bind(self, module, *, group_size=None, max_new_tokens=None):
         pass
 
     def update_weights(self, named_tensors):

@@ -1,7 +1,9 @@
 """One conformance suite for every rollout engine (the contract: ``lit_rl/rollout/base.py``).
 
-Adding an engine = one module + one line in ``ENGINES``. Each engine is bound to the same tiny model
-(hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports) and must:
+Adding an engine = one module + one line in ``ENGINES``. Every engine, constructed only (fast: nothing starts),
+must be an ``EngineBase`` with every abstract method implemented, take the rollout's ``group_size`` /
+``max_new_tokens`` in ``bind``, and refuse the removed arguments naming their replacement. Bound to the same tiny
+model (hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports), each engine must:
 
 - return completions whose log-probs are the trainer's recomputation, ``log softmax(logits / T)`` of a float64
   teacher-forced forward (default sampling: no processing);
@@ -13,12 +15,14 @@ Adding an engine = one module + one line in ``ENGINES``. Each engine is bound to
 from __future__ import annotations
 
 import copy
+import inspect
 import types
 
 import pytest
 import torch
 
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import SamplingConfig
 
 PROMPTS = ["1+2=", "hello", "abc"]
@@ -53,6 +57,75 @@ def _server():
 
 ENGINES = [pytest.param(_fake, id="fake"), pytest.param(_hf, id="hf"),
            pytest.param(_vllm, id="vllm", marks=_VLLM), pytest.param(_server, id="server", marks=_VLLM)]
+# The same engines for the contract checks, which only construct them: not slow (vllm still needs vllm installed)
+CONTRACT = [pytest.param(p.values[0], id=p.id, marks=[m for m in p.marks if m.name == "vllm"]) for p in ENGINES]
+
+
+@pytest.mark.parametrize("make", CONTRACT)
+def test_engine_implements_the_one_contract(make):
+    engine = make()
+    cls = type(engine)
+    assert isinstance(engine, EngineBase)
+    assert EngineBase.__abstractmethods__ == {"bind", "generate", "update_weights"}
+    assert not inspect.isabstract(cls)
+    for name in EngineBase.__abstractmethods__:  # overridden, not the abstract placeholder
+        assert getattr(cls, name) is not getattr(EngineBase, name), name
+    # RolloutCallback.setup passes the rollout's shape by keyword: every engine's bind accepts it
+    inspect.signature(cls.bind).bind(engine, object(), group_size=4, max_new_tokens=16)
+    assert isinstance(engine.state_dict(), dict)  # evaluation saves and restores it unconditionally
+    assert engine.policy_version == 0
+
+
+@pytest.mark.parametrize("make", CONTRACT)
+@pytest.mark.parametrize("name, value, fix", [
+    ("allow_truncated_logprobs", True, r"allow_truncated_logprobs was removed: .* delete the setting"),
+    ("overlong_prompts", "drop", r"overlong_prompts was removed .* set RolloutCallback overlong_prompts")])
+def test_removed_arguments_name_their_replacement(make, name, value, fix):
+    cls = type(make())
+    with pytest.raises(TypeError, match=f"^{cls.__name__}: {fix}"):
+        cls(**{name: value})
+
+
+def test_an_object_that_is_not_an_engine_base_is_refused_in_one_line():
+    from lit_rl.callbacks import RolloutCallback
+
+    class DuckEngine:  # every member of the contract, but not the base class
+        policy_version = 0
+
+        def bind(self, module, *, group_size=None, max_new_tokens=None): ...
+
+        def generate(self, prompt_ids, n, sampling): ...
+
+        def update_weights(self, named_tensors): ...
+
+    with pytest.raises(TypeError, match=r"^engine=DuckEngine is not a rollout engine: subclass "
+                                        r"lit_rl\.rollout\.base\.EngineBase"):
+        RolloutCallback(engine=DuckEngine(), rewards=lambda prompt, completion: 0.0)
+
+    class NoGenerate(EngineBase):
+        def bind(self, module, *, group_size=None, max_new_tokens=None): ...
+
+        def update_weights(self, named_tensors): ...
+
+    with pytest.raises(TypeError, match="abstract.*generate"):
+        NoGenerate()
+
+
+def test_rollout_callback_binds_with_its_group_size_and_max_new_tokens():
+    from _fake_engine import FakeEngine
+
+    from lit_rl.callbacks import RolloutCallback
+
+    class Recording(FakeEngine):
+        def bind(self, module, *, group_size=None, max_new_tokens=None):
+            self.shape = (group_size, max_new_tokens)
+
+    engine = Recording()
+    rc = RolloutCallback(engine=engine, rewards=lambda prompt, completion: 0.0, group_size=3,
+                         sampling=SamplingConfig(max_new_tokens=7))
+    module = types.SimpleNamespace(heldout_eval=object(), hparams=types.SimpleNamespace())
+    rc.setup(types.SimpleNamespace(datamodule=None), module, "fit")
+    assert engine.shape == (3, 7)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +141,7 @@ def bound(request, model_dir):
     module = types.SimpleNamespace(model=load_causal_lm(str(model_dir)), tokenizer=load_tokenizer(str(model_dir)),
                                    model_path=str(model_dir))
     engine = request.param()
-    engine.bind(module)
+    engine.bind(module, group_size=3, max_new_tokens=5)  # the largest n and max_new_tokens used below
     yield engine, module
     engine.close()
 
