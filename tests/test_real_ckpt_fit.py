@@ -87,8 +87,8 @@ data:
 def _close(cli) -> None:
     """Stop the run's engine now (a vLLM copy of the weights / a server): several fits share this process."""
     for cb in cli.trainer.callbacks:
-        if type(cb).__name__ == "RolloutCallback" and hasattr(cb.engine, "close"):  # HFEngine holds nothing
-            cb.engine.close()
+        if type(cb).__name__ == "RolloutCallback":
+            cb.engine.close()  # every engine has close() (EngineBase: nothing to free for HFEngine)
 
 
 def _heldout(cli):
