@@ -31,8 +31,8 @@ import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
-from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
 from lit_rl.rollout.filter import DynamicSampling

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch, RewardPool
-from lit_rl.rollout.build import ExperienceBuilder, rollout_metrics
 from lit_rl.rollout.base import EngineBase
+from lit_rl.rollout.build import ExperienceBuilder, rollout_metrics
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.filter import DynamicSampling, check_resample_tries, overlong_trainable, zero_std_frac
 from lit_rl.rollout.generate import Generator, decode_with

@@ -53,15 +53,15 @@ from torch import Tensor
 
 from lit_rl.core.seeds import run_seed
 from lit_rl.rollout._vllm_common import (
+    architectures as _architectures,
+)
+from lit_rl.rollout._vllm_common import (
     check_prompts,
     check_weight_names,
     compile_env,
     make_sync_dir,
     sampling_fields,
     write_weights_file,
-)
-from lit_rl.rollout._vllm_common import (
-    architectures as _architectures,
 )
 from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,

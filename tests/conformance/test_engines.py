@@ -78,8 +78,10 @@ def test_engine_implements_the_one_contract(make):
 
 @pytest.mark.parametrize("make", CONTRACT)
 @pytest.mark.parametrize("name, value, fix", [
-    ("allow_truncated_logprobs", True, r"allow_truncated_logprobs was removed: .* delete the setting"),
-    ("overlong_prompts", "drop", r"overlong_prompts was removed .* set RolloutCallback overlong_prompts")])
+    pytest.param("allow_truncated_logprobs", True, r"allow_truncated_logprobs was removed: .* delete the setting",
+                 id="allow_truncated_logprobs"),
+    pytest.param("overlong_prompts", "drop", r"overlong_prompts was removed .* set RolloutCallback overlong_prompts",
+                 id="overlong_prompts")])
 def test_removed_arguments_name_their_replacement(make, name, value, fix):
     cls = type(make())
     with pytest.raises(TypeError, match=f"^{cls.__name__}: {fix}"):
