@@ -1,6 +1,6 @@
 """Each rollout stage on its own (lit_rl/rollout/: render, generate, score, filter/refill, build, pipeline), with
 hand-computed expectations. The tokenizer is the real char tokenizer (one token per character); rewards go
-through a real ``RewardPool``; the engine is a small ``RolloutEngine`` that returns scripted completions."""
+through a real ``RewardPool``; the engine is a small ``EngineBase`` that returns scripted completions."""
 from __future__ import annotations
 
 import math
