@@ -1,4 +1,4 @@
-from lit_rl.callbacks.agent import AgentRolloutCallback, ObservationLoss
+from lit_rl.callbacks.agent_rollout import AgentRolloutCallback, ObservationLoss
 from lit_rl.callbacks.curriculum import Curriculum
 from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot, SaveHFModel

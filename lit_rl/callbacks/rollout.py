@@ -48,7 +48,7 @@ from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeli
 class RolloutCallback(RolloutProducer):
     """Generate, score and annotate rollouts for every training batch.
 
-    The stages are a ``RolloutPipeline``: pass one (``pipeline=``; e.g. ``rollout.agent.agent_pipeline``, what
+    The stages are a ``RolloutPipeline``: pass one (``pipeline=``; e.g. ``agent_loop.agent_pipeline``, what
     ``AgentRolloutCallback`` does), or the flat settings below, which ``rollout.pipeline.build_pipeline`` turns
     into one (``RolloutConfig``; every ``configs/*.yaml`` writes these). With a pipeline, ``group_size`` and
     ``sampling`` are the pipeline's, ``rewards`` is optional (its score stage's pool is used when it has one)

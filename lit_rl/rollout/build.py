@@ -5,7 +5,7 @@ completion (or episode), group-major. Group ids are numbered across the whole ru
 by the owner), so two iterations never share a group id.
 
 Every Experience of the package comes from ``ExperienceBuilder.pack``: training rollouts (``__call__`` with the
-single-turn layout), episodes (``rollout/agent.py``: ``AgentLoop.episode_rows`` as the layout, also
+single-turn layout), episodes (``rollout/agent_loop.py``: ``AgentLoop.episode_rows`` as the layout, also
 ``AgentLoop.to_experience``), evaluation's critic path (``count=False``) and teacher rollouts
 (``callbacks/teachers.py``). So padding, the rollout log-prob columns, the policy version and the horizon are
 set in one place.

@@ -7,7 +7,7 @@ import torch
 from lit_rl.callbacks.teachers import _pack
 from lit_rl.data.prompts import Prompt
 from lit_rl.rewards.pool import RewardBatch
-from lit_rl.rollout.agent import AgentLoop, Episode, Turn
+from lit_rl.rollout.agent_loop import AgentLoop, Episode, Turn
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.rollouts import Rollouts
