@@ -1,5 +1,5 @@
 """``RolloutCallback(mode="async")``'s producer over one fit: start it, take its items, hand it the pushes,
-stop it, and checkpoint its counters (docs/architecture.md "Async rollouts").
+stop it, and checkpoint its counters (docs/architecture.md "Async mode").
 
 ``rollout/async_producer.py`` holds the Lightning-free machinery (``AsyncProducer``, the admission gate,
 ``take_fresh``, ``PromptStream``); this module is the glue the callback's hooks delegate to:
