@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _distill_helpers import Spy
-from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack, privileged_prompt, teacher_view
+
+from lit_rl.callbacks.teacher_inputs import privileged_prompt, teacher_view
+from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
@@ -104,12 +105,12 @@ def test_privileged_template_fields_and_missing_field():
 def test_privileged_view_keeps_completion_tokens_aligned(student):
     tok = student.tokenizer
     exp = _exp(tok, [(ADD[0], "3"), (REV[0], "cba")])
-    view = teacher_view(student, Teacher("self", template="{prompt}(answer: {answer})"), exp, tok)
+    view = teacher_view("{prompt}(answer: {answer})", exp, tok)
     assert torch.equal(view.completion_ids, exp.completion_ids)
     assert torch.equal(view.attention_mask[:, view.prompt_len:], exp.attention_mask[:, exp.prompt_len:])
     assert tok.decode(view.input_ids[1][view.attention_mask[1].bool()]) == "rev abc:(answer: cba)cba"
     with pytest.raises(ValueError, match="field 'solution'"):
-        teacher_view(student, Teacher("self", template="{solution}"), exp, tok)
+        teacher_view("{solution}", exp, tok)
 
 
 def test_full_vocab_loss_with_other_tokenizer_suggests_sampled(student, tmp_path):
@@ -202,7 +203,7 @@ def test_char_ends_windows_and_the_exact_fallback(tmp_path):
     """``char_ends`` by hand on a byte-level BPE, and with a decoder that edits text across tokens (strips a
     leading space, as SentencePiece decoders do) where the windowed pass cannot be trusted and every prefix is
     decoded instead."""
-    from lit_rl.callbacks.teachers import char_ends
+    from lit_rl.callbacks.teacher_inputs import char_ends
     from lit_rl.models.tiny import build_tokenizer
 
     tok = build_tokenizer("bpe", vocab_size=300)  # ASCII corpus: é = 2 byte tokens, 中 = 3

@@ -195,7 +195,7 @@ def test_the_checker_sees_function_level_relative_and_lazy_imports(tmp_path, mon
     (pkg / "rollout").mkdir(parents=True)
     (pkg / "rollout" / "a.py").write_text("def f():\n    from lit_rl.callbacks.rollout import RolloutCallback\n")
     (pkg / "rollout" / "b.py").write_text("from ..callbacks import rollout\n")
-    (pkg / "rollout" / "c.py").write_text("_LAZY = {'X': 'lit_rl.callbacks.agent'}\n")
+    (pkg / "rollout" / "c.py").write_text("_LAZY = {'X': 'lit_rl.callbacks.agent_rollout'}\n")
     (pkg / "rollout" / "d.py").write_text("from lit_rl.rollout.engine import HFEngine\n")
     monkeypatch.setitem(globals(), "PKG", pkg)  # _violations reads the module-level PKG
     assert sorted({v.split(" imports ")[0] for v in _violations("rollout")}) == [

@@ -1,7 +1,7 @@
 """``RolloutCallback(mode="async")``'s producer over one fit: start it, take its items, hand it the pushes,
-stop it, and checkpoint its counters (docs/architecture.md "Async rollouts").
+stop it, and checkpoint its counters (docs/architecture.md "Async mode").
 
-``callbacks/_async.py`` holds the Lightning-free machinery (``AsyncProducer``, the admission gate,
+``rollout/async_producer.py`` holds the Lightning-free machinery (``AsyncProducer``, the admission gate,
 ``take_fresh``, ``PromptStream``); this module is the glue the callback's hooks delegate to:
 
 - ``check_setup`` (``setup``): the async settings against the other callbacks, the datamodule and the module.
@@ -27,17 +27,11 @@ from typing import Any
 
 from torch import Tensor
 
-from lit_rl.callbacks._async import (
-    AsyncProducer,
-    PromptStream,
-    check_async_correction,
-    check_async_setup,
-    staleness,
-    take_fresh,
-)
+from lit_rl.callbacks._async import check_async_correction, check_async_setup
 from lit_rl.callbacks._roles import PromptEditor
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
+from lit_rl.rollout.async_producer import AsyncProducer, PromptStream, staleness, take_fresh
 
 # build(prompts, iteration) -> (Experience, metrics): pipeline steps 1-5 keyed by the refill iteration
 Build = Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]

@@ -1,5 +1,5 @@
 """The weight-sync schedule of ``RolloutCallback``: when, and by which route, the learner's weights reach the
-rollout engine (docs/architecture.md "Weight sync").
+rollout engine (docs/architecture.md "Data flow of one RL iteration", the last step).
 
 Contract of ``WeightSync`` (one per callback, used only from the trainer thread):
 

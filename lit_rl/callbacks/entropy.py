@@ -13,7 +13,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_rl.callbacks._sync import global_sums
+from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveEntropyController, FixedController
 from lit_rl.core.logprobs import entropy_from_logits
 
@@ -74,7 +74,7 @@ class EntropyRegularization(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         """Log the iteration's mean entropy and the α used, then (adaptive) move α for the next one.
 
-        Entropy sum and token count are summed over ranks first (``_sync.global_sums``): ``entropy/mean`` is
+        Entropy sum and token count are summed over ranks (``_rank_sums.global_sums``): ``entropy/mean`` is
         the global per-token mean and every rank holds the same α (the checkpointed one). Every rank takes
         part in the reduce, also one whose iteration had no trainable token.
         """

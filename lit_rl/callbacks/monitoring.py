@@ -1,4 +1,6 @@
-"""`RLHealthMonitor`: per-step RL health metrics and once-per-episode warnings.
+"""The run's monitors: `RLHealthMonitor` (per-step RL health metrics and once-per-episode warnings, from
+``experience_health_metrics``), `TokensSeen` (cumulative trained tokens) and `IterationLRMonitor` (the
+learning rate at each iteration's step).
 
 Metrics it adds each iteration (from the step's ``Experience``, after advantages are computed):
 
@@ -17,7 +19,8 @@ It reads what other parts already log — ``actor/entropy``, ``is/max_weight`` (
 zero, category ``RLHealthWarning``) once per episode of trouble, see ``lit_rl.callbacks._health``.
 
 `TokensSeen` logs ``tokens_seen``: the cumulative number of trained tokens (prompt + completion, TRL's
-``num_tokens``), checkpointed; the CLI adds it to every run (``lit_rl/cli/loggers.py``).
+``num_tokens``), checkpointed; the CLI adds it to every run (``lit_rl/cli/loggers.py``). `IterationLRMonitor`
+is Lightning's ``LearningRateMonitor`` logging at the step of the iteration the rate trains.
 """
 from __future__ import annotations
 

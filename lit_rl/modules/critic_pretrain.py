@@ -17,8 +17,9 @@ from typing import Any
 import lightning as L
 import torch
 
-from lit_rl.data.experience import Experience, pad_prompts_completions
+from lit_rl.data.experience import Experience
 from lit_rl.modules.critic import CriticModule
+from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 CRITIC_FILE = "critic.pt"
 FIELDS = ("prefix", "completion", "target")
@@ -36,16 +37,13 @@ def parse_value_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experience:
-    """Left-padded prefixes | right-padded completions, ``returns`` = each record's target on its tokens."""
-    pre = [tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records]
-    com = [tokenizer.encode(r["completion"], add_special_tokens=False) for r in records]
-    ids, att, mask, P = pad_prompts_completions(tokenizer.pad_token_id, pre, com)
-    B = len(records)
-    target = torch.tensor([float(r["target"]) for r in records])
-    exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P, group_ids=torch.arange(B),
-                     rewards=target, valid=torch.ones(B, dtype=torch.bool),
-                     policy_version=torch.zeros(B, dtype=torch.long))
-    exp.returns = torch.where(mask, target[:, None], 0.0)  # (B, C)
+    """Left-padded prefixes | right-padded completions (the one ``ExperienceBuilder``; each record its own
+    group, ``prompts`` = the records), ``returns`` = each record's target on its completion tokens."""
+    rows = Rows(prompt_ids=[tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records],
+                completion_ids=[tokenizer.encode(r["completion"], add_special_tokens=False) for r in records],
+                prompts=list(records), rewards=torch.tensor([float(r["target"]) for r in records]))
+    exp = ExperienceBuilder().pack(rows, tokenizer.pad_token_id, group_ids=torch.arange(len(records)))
+    exp.returns = torch.where(exp.loss_mask, exp.rewards[:, None], 0.0)  # (B, C)
     return exp
 
 

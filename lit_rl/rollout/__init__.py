@@ -15,7 +15,7 @@ __all__ = [
 ]
 
 _LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "VLLMServerEngine": "lit_rl.rollout.server",
-         "AgentLoop": "lit_rl.rollout.agent",
+         "AgentLoop": "lit_rl.rollout.agent_loop",
          "Environment": "lit_rl.rollout.env", "RetryRepoEnv": "lit_rl.rollout.env",
          "RolloutPipeline": "lit_rl.rollout.pipeline"}
 

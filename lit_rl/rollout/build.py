@@ -5,15 +5,18 @@ completion (or episode), group-major. Group ids are numbered across the whole ru
 by the owner), so two iterations never share a group id.
 
 Every Experience of the package comes from ``ExperienceBuilder.pack``: training rollouts (``__call__`` with the
-single-turn layout), episodes (``rollout/agent.py``: ``AgentLoop.episode_rows`` as the layout, also
-``AgentLoop.to_experience``), evaluation's critic path (``count=False``) and teacher rollouts
-(``callbacks/teachers.py``). So padding, the rollout log-prob columns, the policy version and the horizon are
-set in one place.
+single-turn layout), episodes (``rollout/agent_loop.py``: ``AgentLoop.episode_rows`` as the layout, also
+``AgentLoop.to_experience``), evaluation's critic path (``count=False``), teacher rollouts
+(``callbacks/teachers.py``), a teacher's re-tokenised view of student rows
+(``callbacks/teacher_inputs.cross_tokenizer_view``) and the critic's pretraining records
+(``modules/critic_pretrain.py``). So padding, the rollout log-prob columns, the policy version and the horizon
+are set in one place. The one other constructor, ``reprompted``, rebuilds the prompt columns of rows already
+built (a teacher's privileged prompt) and keeps everything else, completion columns included.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -103,10 +106,11 @@ class ExperienceBuilder:
         return self.pack(self.layout(batch), pad_id, self.take_group_ids(len(batch), G, count), trainable)
 
     def pack(self, rows: Rows, pad_id: int, group_ids: torch.Tensor, trainable: torch.Tensor | None = None,
-             policy_version: int | None = None) -> Experience:
+             policy_version: int | torch.Tensor | None = None) -> Experience:
         """The Experience of ``rows``: (B, P+C) ids and attention, (B, C) loss mask (completion tokens, or the
         action tokens), rollout log-probs and token rewards (float32, 0 past each row's end), (B,) rewards,
-        validity, ``group_ids`` (B,), policy version (``policy_version``, else the engine's, else 0), horizon."""
+        validity, ``group_ids`` (B,), policy version (``policy_version``: one for every row, or the (B,)
+        versions of rows re-tokenised from built ones; else the engine's, else 0), horizon."""
         input_ids, att, loss_mask, P = pad_prompts_completions(pad_id, rows.prompt_ids, rows.completion_ids)
         B, C = loss_mask.shape
         fields = dict(rows.fields)
@@ -128,12 +132,27 @@ class ExperienceBuilder:
                 token_rewards[i, :len(tr)] = tr
         if policy_version is None:
             policy_version = self.engine.policy_version if self.engine is not None else 0
+        if not isinstance(policy_version, torch.Tensor):
+            policy_version = torch.full((B,), policy_version, dtype=torch.long)
         valid = rows.valid if rows.valid is not None else torch.ones(B, dtype=torch.bool)
         return Experience(
             input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
-            rewards=rows.rewards.float(), valid=valid, policy_version=torch.full((B,), policy_version, dtype=torch.long),
+            rewards=rows.rewards.float(), valid=valid, policy_version=policy_version.long(),
             rollout_logprobs=rlp, token_rewards=token_rewards, trainable=trainable, horizon=self.horizon,
             domains=[getattr(p, "domain", "default") for p in rows.prompts], prompts=list(rows.prompts), **fields)
+
+
+def reprompted(exp: Experience, prompt_ids: list[list[int]], pad_id: int) -> Experience:
+    """``exp``'s rows behind new prompts: ``prompt_ids`` left-padded to a new P, the completion columns and
+    every other field as they are, so entry t of each (B, C) field still belongs to the same completion token
+    (a teacher's privileged prompt in front of the student's completion, ``teacher_inputs.teacher_view``)."""
+    # prompt columns only: with no completion tokens the layout is (B, P+1), P prompt columns and one pad
+    ids, att, _, P = pad_prompts_completions(pad_id, prompt_ids, [[] for _ in prompt_ids])
+    completion_att = exp.attention_mask[:, exp.prompt_len:].long().cpu()
+    input_ids = torch.cat([ids[:, :P], exp.completion_ids.cpu()], dim=1)
+    dev = exp.input_ids.device
+    return replace(exp, input_ids=input_ids.to(dev), prompt_len=P,
+                   attention_mask=torch.cat([att[:, :P], completion_att], dim=1).to(dev))
 
 
 def rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:

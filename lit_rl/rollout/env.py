@@ -1,7 +1,7 @@
 """Multi-turn environments: the ``Environment`` protocol and the seeds' running example, ``RetryRepoEnv``.
 
 An environment is a plain object with ``reset(prompt) -> observation`` and
-``step(action_text) -> (observation, reward, done, info)``. ``AgentLoop`` (``rollout/agent.py``) alternates
+``step(action_text) -> (observation, reward, done, info)``. ``AgentLoop`` (``agent_loop.py``) alternates
 policy actions with observations and turns the episode into one ``Experience`` row. ``info`` may carry
 ``infra_error: 1.0`` (the environment could not judge, e.g. the sandbox failed): the row is then masked and
 counted, never scored as a failure.

@@ -8,7 +8,7 @@
 
 The same pipeline serves every path: ``RolloutCallback`` runs it in the trainer thread (``mode="sync"``) or in
 the async producer thread (``mode="async"``), and ``AgentRolloutCallback`` swaps the generate / score / build
-stages for episode-based ones (``rollout/agent.py``). Lightning is not imported here: the caller passes what the
+stages for episode-based ones (``agent_loop.py``). Lightning is not imported here: the caller passes what the
 trainer knows (tokenizer, training prompt pool, rank, iteration). The ExperienceHooks and advantages (steps 6-7
 of the rollout contract) stay with the caller, because they need the learner in the trainer thread.
 """

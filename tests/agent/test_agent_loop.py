@@ -11,14 +11,14 @@ from _scripted_engine import ScriptedEngine
 from _timing import FINISH_S
 from transformers import AutoTokenizer
 
-from lit_rl.callbacks.agent import AgentRolloutCallback, ObservationLoss
+from lit_rl.callbacks.agent_rollout import AgentRolloutCallback, ObservationLoss
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.data import PromptDataModule
 from lit_rl.data.prompts import Prompt
 from lit_rl.modules import PolicyModule
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
-from lit_rl.rollout.agent import AgentLoop
+from lit_rl.rollout.agent_loop import AgentLoop
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import RETRY_FIXED, RetryRepoEnv
 

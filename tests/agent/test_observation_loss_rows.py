@@ -6,7 +6,7 @@ every loss term; its observation tokens must not be trained either. Float64, han
 import pytest
 import torch
 
-from lit_rl.callbacks.agent import ObservationLoss
+from lit_rl.callbacks.agent_rollout import ObservationLoss
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.modules import PolicyModule

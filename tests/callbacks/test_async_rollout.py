@@ -12,10 +12,10 @@ import torch
 from _learning import record, seed
 
 from lit_rl.callbacks import HeldoutEval, RolloutCallback
-from lit_rl.callbacks._async import AsyncProducer, ProducerError, Slot, split_fresh, staleness
 from lit_rl.data import PromptDataModule
 from lit_rl.modules import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
+from lit_rl.rollout.async_producer import AsyncProducer, ProducerError, Slot, split_fresh, staleness
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
 TASK = {"answer_width": 1, "max_sum": 9, "unary": True}
@@ -377,7 +377,7 @@ def test_async_staleness_2_with_tis_learns_the_quickstart_task(tiny_model_dir):
 
 
 def test_prompt_stream_matches_the_training_loader_and_resumes_mid_stream():
-    from lit_rl.callbacks._async import PromptStream
+    from lit_rl.rollout.async_producer import PromptStream
 
     def dm():
         d = PromptDataModule(task="addition", task_args=TASK, batch_size=8)

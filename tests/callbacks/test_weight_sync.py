@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import torch
 
-from lit_rl.callbacks._async import AsyncProducer
 from lit_rl.callbacks._async_rollouts import AsyncRollouts
 from lit_rl.callbacks._weight_sync import WeightSync
+from lit_rl.rollout.async_producer import AsyncProducer
 from tests.conformance._fake_engine import FakeEngine
 
 

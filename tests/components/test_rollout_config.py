@@ -8,7 +8,7 @@ import pytest
 
 from lit_rl.callbacks import AgentRolloutCallback, RolloutCallback
 from lit_rl.rewards.pool import RewardPool
-from lit_rl.rollout.agent import AgentLoop, EnvRewards
+from lit_rl.rollout.agent_loop import AgentLoop, EnvRewards
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig, build_pipeline
 

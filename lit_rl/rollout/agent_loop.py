@@ -17,7 +17,8 @@ reward-to-go (``reinforce``, ``gae``: gamma applies per action token, observatio
 
 The loop plugs into the rollout pipeline (``rollout/pipeline.py``) as three stages: ``AgentGenerator`` (episodes
 instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and the one
-``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``); ``lit_rl.callbacks.agent.AgentRolloutCallback`` wires them to Lightning.
+``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``);
+``callbacks.agent_rollout.AgentRolloutCallback`` wires them to Lightning.
 """
 from __future__ import annotations
 

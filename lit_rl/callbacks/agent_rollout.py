@@ -1,6 +1,6 @@
 """Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts) and ``ObservationLoss``.
 
-``AgentRolloutCallback`` is a ``RolloutCallback`` handed the agent pipeline (``rollout.agent.agent_pipeline``:
+``AgentRolloutCallback`` is a ``RolloutCallback`` handed the agent pipeline (``agent_loop.agent_pipeline``:
 ``AgentGenerator``, ``EnvRewards``, the episode ``ExperienceBuilder``) in place of the single-turn one;
 ExperienceHooks, advantages, weight sync and checkpointed state are the base callback's.
 """
@@ -15,7 +15,7 @@ from torch import Tensor
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
-from lit_rl.rollout.agent import AgentLoop, agent_pipeline
+from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig
 
@@ -50,7 +50,7 @@ class ObservationLoss(L.Callback):
 
 
 class AgentRolloutCallback(RolloutCallback):
-    """``RolloutCallback`` whose pipeline is the agent path (``rollout.agent.agent_pipeline``): ``AgentLoop``
+    """``RolloutCallback`` whose pipeline is the agent path (``agent_loop.agent_pipeline``): ``AgentLoop``
     episodes scored by the environment, no reward pool.
 
     Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync, checkpointed
