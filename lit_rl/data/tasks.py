@@ -76,7 +76,7 @@ def _balance_by_answer(recs: list[Prompt]) -> list[Prompt]:
     for r in recs:
         by.setdefault(r.answer, []).append(r)
     target = max(len(v) for v in by.values())
-    out = []
+    out: list[Prompt] = []
     for ans in sorted(by):
         group = by[ans]
         out.extend(group[i % len(group)] for i in range(target))

@@ -164,7 +164,7 @@ def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | Non
 
     check_model_source(path)
     check_adapter(adapter, path, lora)
-    kw = {"dtype": resolve_dtype(dtype)}
+    kw: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     if is_adapter_dir(path):

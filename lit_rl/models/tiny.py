@@ -42,6 +42,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -264,7 +265,7 @@ def _make_config(
     max_position_embeddings: int,
     tie_word_embeddings: bool,
 ):
-    common = {
+    common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": intermediate,

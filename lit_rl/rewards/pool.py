@@ -197,11 +197,15 @@ class RewardPool:
         names = list(self.rewards)
         B = len(prompts)
         batch_args = (list(prompts), list(completions), completion_ids, state)
-        calls, where, async_ks = [], [], []  # where[j]: (reward index, row or None for a whole-batch call)
+        calls: list[tuple[int, tuple]] = []  # (reward index, call arguments)
+        where: list[tuple[int, int | None]] = []  # call j: (reward index, row; None: a whole-batch call)
+        async_ks: list[int] = []
+        async_fns: list[TRLRewardAdapter] = []
         for k, n in enumerate(names):
             fn = self.rewards[n]
-            if getattr(fn, "is_async", False):
+            if isinstance(fn, TRLRewardAdapter) and fn.is_async:
                 async_ks.append(k)
+                async_fns.append(fn)
             elif getattr(fn, "batched", False):
                 calls.append((k, batch_args))
                 where.append((k, None))
@@ -210,15 +214,16 @@ class RewardPool:
                 where += [(k, i) for i in range(B)]
         t0 = time.monotonic()
         if not B:
-            calls, where, async_ks = [], [], []
-        pending = self._start_async([self.rewards[names[k]] for k in async_ks], batch_args) if async_ks else None
+            calls, where, async_ks, async_fns = [], [], [], []
+        pending = self._start_async(async_fns, batch_args) if async_fns else None
         raw = self._run(calls, names) if calls else []
         if pending is not None:  # TRL runs async rewards concurrently with asyncio.gather: so do we
             raw += self._join_async(*pending)
             where += [(k, None) for k in async_ks]
         wall = time.monotonic() - t0
         comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
-        failed = {n: [None] * B for n in names}  # per reward, per row: why it could not score the row
+        # per reward, per row: why it could not score the row
+        failed: dict[str, list[str | None]] = {n: [None] * B for n in names}
         latency = {n: 0.0 for n in names}
         n_calls = {n: 0 for n in names}
         none_rows = {n: 0 for n in names}
@@ -258,7 +263,7 @@ class RewardPool:
         errors: list[str | None] = [None] * B
         failed_rows = 0  # invalid because a reward failed (the failure window counts these)
         for r in range(B):
-            fails = [(n, failed[n][r]) for n in names if failed[n][r] is not None]
+            fails = [(n, why) for n in names if (why := failed[n][r]) is not None]
             if any(not comps[n][r].isnan() for n in weighted):  # scored by a weighted reward: valid
                 for n, why in fails:
                     extras[r][f"{n}/error"] = _cut(why, self.max_error_chars)
@@ -270,7 +275,8 @@ class RewardPool:
             else:
                 errors[r] = "no reward applies to this row (every reward returned None)"
         valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
-        total = sum(self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
+        weighted_sum = (self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
+        total = sum(weighted_sum, torch.zeros(B, dtype=torch.float64))
         total = torch.where(valid, total, torch.full_like(total, float("nan")))
         n_invalid = B - int(valid.sum())
         n_errors = sum(f is not None for n in names for f in failed[n])
