@@ -47,7 +47,13 @@ def test_ruff_config_is_the_projects():
     assert proc.returncode == 1 and found == {"E501", "I001", "D415"}, proc.stdout + proc.stderr
 
 
-def test_mypy_config_checks_annotations():
-    """mypy reads the project's settings and reports a wrong argument type (the check is not a no-op)."""
-    proc = _run(["mypy", "-c", "def f(x: int) -> int:\n    return x\n\nf('1')\n"])
-    assert proc.returncode == 1 and '"f" has incompatible type "str"' in proc.stdout, proc.stdout + proc.stderr
+def test_mypy_config_checks_annotations(tmp_path):
+    """mypy reports a wrong argument type, and reads the project's settings: an int compared with a str is an
+    error only under its ``strict_equality``."""
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(x: int) -> bool:\n    return x == 'a'\n\n\nf('1')\n")
+    proc = _run(["mypy", "--no-incremental", str(probe)])
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert 'Argument 1 to "f" has incompatible type "str"' in out, out
+    assert "Non-overlapping equality check" in out, out
