@@ -181,7 +181,8 @@ class PendingRNG:
         if len(per_rank) != world_size:  # a legitimate change of scale; only exactness is lost
             warnings.warn(f"checkpoint holds RNG states of {len(per_rank)} rank(s) but this run has "
                           f"world_size={world_size}: RNG states are not restored, so the resumed run will not "
-                          "reproduce the original exactly (that needs the same devices x num_nodes)")
+                          "reproduce the original exactly (that needs the same devices x num_nodes)",
+                          stacklevel=2)
             return
         self.states = per_rank[rank]
 

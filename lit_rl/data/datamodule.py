@@ -297,7 +297,7 @@ def _load_named(datasets, source: str, config: str | None):
         names = None
         try:
             names = datasets.get_dataset_config_names(source)
-        except Exception:  # noqa: BLE001 - only for the message
+        except Exception:  # noqa: BLE001, S110 - only for the message
             pass
         if names and config not in names:
             raise ValueError(f"dataset_config={config!r}: dataset={source!r} has no such configuration; its "

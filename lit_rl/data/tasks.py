@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from lit_rl.data.prompts import Prompt
 

@@ -246,7 +246,7 @@ def lora_merged_state(model, full: dict) -> dict:
             if "modules_to_save" in name or "original_module" in name:
                 raise NotImplementedError(f"merging LoRA modules_to_save ({name}) from gathered weights")
             continue
-        out = name[len(prefix):] if name.startswith(prefix) else name
+        out = name.removeprefix(prefix)
         layer_name, _, leaf = name.rpartition(".base_layer.")
         if layer_name in layers and leaf == "weight":
             m = layers[layer_name]

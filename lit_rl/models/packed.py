@@ -150,7 +150,7 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
             size += fed[b]
         units.append((f, cur))
     sizes = [plen_l[f] + sum(fed[b] for b in mem) for f, mem in units]
-    bins = _first_fit_decreasing(sizes, max(row_tokens, max(sizes)))
+    bins = _first_fit_decreasing(sizes, max([row_tokens, *sizes]))
     R, T = len(bins), max(sum(sizes[u] for u in b) for b in bins)
     p_ids = torch.zeros(R, T, dtype=torch.long)
     p_pos = torch.zeros(R, T, dtype=torch.long)

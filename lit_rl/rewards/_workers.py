@@ -9,8 +9,9 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 
 class TimedFuture(Future):

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from lit_rl.rewards.base import TrainerState
 

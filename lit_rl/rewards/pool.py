@@ -42,8 +42,9 @@ import threading
 import time
 import warnings
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -224,9 +225,9 @@ class RewardPool:
         comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
         # per reward, per row: why it could not score the row
         failed: dict[str, list[str | None]] = {n: [None] * B for n in names}
-        latency = {n: 0.0 for n in names}
-        n_calls = {n: 0 for n in names}
-        none_rows = {n: 0 for n in names}
+        latency = dict.fromkeys(names, 0.0)
+        n_calls = dict.fromkeys(names, 0)
+        none_rows = dict.fromkeys(names, 0)
         extras: list[dict[str, Any]] = [{} for _ in range(B)]
         logged: dict[str, list[float]] = {}
 
