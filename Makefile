@@ -11,9 +11,9 @@ install:
 # pytest's exit code 5 ("no tests collected") is a failure, like any other non-zero code.
 PYTEST = $(PYTHON) -m pytest -q -p no:cacheprovider
 
-# Style (pyproject.toml [tool.ruff], [tool.mypy]): lint rules, the formatter's layout, and the types of the
-# public API. `make test` runs it first, so a style error fails the suite before minutes of tests; the same three
-# commands are tests/test_style.py, for a plain pytest run.
+# Style (pyproject.toml [tool.ruff], [tool.mypy]): lint rules, the formatter's layout, and the types of
+# the public API. `make test` runs it first, so a style error fails before minutes of tests; the same
+# three commands are tests/test_style.py, for a plain pytest run.
 lint:
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .

@@ -1,6 +1,6 @@
-"""The style checks of `make lint` (ruff's lint rules, ruff's formatter, mypy over the public API; configured in
-pyproject.toml), run from pytest so that a plain pytest run and CI enforce them too. A failure shows the tool's
-own report: the file, line and rule to fix."""
+"""The style checks of `make lint` (ruff's lint rules, ruff's formatter, mypy over the public API; all
+configured in pyproject.toml), run from pytest so that a plain pytest run and CI enforce them too. A
+failure shows the tool's own report: the file, line and rule to fix."""
 
 from __future__ import annotations
 
@@ -40,7 +40,8 @@ def test_style_check_passes(name):
 def test_ruff_config_is_the_projects():
     """The checks above read pyproject.toml: a 121-character line, an unsorted import and a docstring ending
     without a period in a lit_rl file are reported with the rules chosen there (E501 at 120, I001, D415)."""
-    source = '"""Module."""\n\nimport sys\nimport os\n\n\ndef f():\n    """Nothing"""\n    return os, sys\n\n\n'
+    source = '"""Module."""\n\nimport sys\nimport os\n\n\n'
+    source += 'def f():\n    """Nothing"""\n    return os, sys\n\n\n'
     source += "X = '" + "x" * 115 + "'\n"  # 5 + 115 + 1 = 121 characters
     proc = _run(["ruff", "check", "--no-cache", "--stdin-filename", "lit_rl/_style_probe.py", "-"], source)
     found = {rule for rule in ("E501", "I001", "D415") if rule in proc.stdout}
