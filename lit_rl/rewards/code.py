@@ -30,8 +30,9 @@ Three test kinds, mixable in one list (``prompt.metadata["tests"]``; ``code_task
 of the test's run time less ``start_allowance_s`` (the interpreter's start, which is the harness's cost, not
 the program's: under load it alone could eat a small budget); once spent, the remaining tests fail unrun
 (``budget_exhausted``). A hanging program thus costs at most ``timeout_s + start_allowance_s`` of program
-time (plus ~0.1-0.4 s of sandbox set-up per test that ran), whatever the number of tests. ``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for
-comparisons (``scripts/bench_rewards.py``).
+time (plus ~0.1-0.4 s of sandbox set-up per test that ran), whatever the number of tests.
+``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for comparisons
+(``scripts/bench_rewards.py``).
 
 **Extraction** (``extract.py``): the last fenced block tagged python, else the whole text; unclosed or
 ambiguous fences score 0 with the reason in ``info`` (``extract_<reason>``).

@@ -330,10 +330,11 @@ class RewardPool:
             n = every[0]
             err, times = Counter(_cut(f"{n}: {f}", self.max_error_chars) for f in failed[n]).most_common(1)[0]
             rows = "none of the" if failed_rows == B else f"reward {n!r} failed on all"
+            has = " has a reward" if failed_rows == B else ""
             raise RewardFailureError(
-                f"RewardPool: {rows} {B} rows of this scoring call {'has a reward' if failed_rows == B else ''}"
-                .rstrip() + f". Most frequent error ({times}x): {err}. Fix the reward function (or the data it "
-                "reads); set max_invalid_frac to null to train on whatever rows do get a reward.")
+                f"RewardPool: {rows} {B} rows of this scoring call{has}. Most frequent error ({times}x): {err}. "
+                "Fix the reward function (or the data it reads); set max_invalid_frac to null to train on "
+                "whatever rows do get a reward.")
         if len(self._recent) < self.window:
             return
         n_rows = sum(n for _, n, _, _ in self._recent)

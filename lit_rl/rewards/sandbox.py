@@ -92,8 +92,9 @@ class SandboxLimits:
 @dataclass
 class SandboxResult:
     """What one run produced. ``status``: exited | signaled | timeout | output_limit | bad_files (over the
-    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace init died: the program can reach it) | lost (the
-    launcher vanished after the program started) -- all ``fail`` unless exited 0 -- or infra_error."""
+    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace
+    init died: the program can reach it) | lost (the launcher vanished after the program started) -- all
+    ``fail`` unless exited 0 -- or infra_error."""
 
     status: str
     exit_code: int | None
