@@ -1,7 +1,7 @@
 # One-step install and the test command used by README and CI.
 PYTHON ?= python3
 
-.PHONY: install test test-slow quickstart bench
+.PHONY: install lint test test-slow quickstart bench
 
 install:
 	bash scripts/install.sh
@@ -11,7 +11,15 @@ install:
 # pytest's exit code 5 ("no tests collected") is a failure, like any other non-zero code.
 PYTEST = $(PYTHON) -m pytest -q -p no:cacheprovider
 
-test:
+# Style (pyproject.toml [tool.ruff], [tool.mypy]): lint rules, the formatter's layout, and the types of
+# the public API. `make test` runs it first, so a style error fails before minutes of tests; the same
+# three commands are tests/test_style.py, for a plain pytest run.
+lint:
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m mypy
+
+test: lint
 	$(PYTEST) -m "not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; fi; exit $$rc
 

@@ -15,7 +15,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -122,7 +122,8 @@ def use_atomic_checkpoint_io(trainer) -> None:
 def collect_rng_states() -> dict[str, Any]:
     """This process's torch (CPU and CUDA), numpy and python RNG states, as tensors and plain tuples
     (loadable with ``torch.load(weights_only=True)``)."""
-    np_state = np.random.get_state()
+    # the legacy tuple (name, keys, pos, has_gauss, cached_gaussian): numpy's default, typed as tuple | dict
+    np_state = cast("tuple[Any, ...]", np.random.get_state(legacy=True))
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "numpy": (np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *np_state[2:]),
@@ -180,7 +181,8 @@ class PendingRNG:
         if len(per_rank) != world_size:  # a legitimate change of scale; only exactness is lost
             warnings.warn(f"checkpoint holds RNG states of {len(per_rank)} rank(s) but this run has "
                           f"world_size={world_size}: RNG states are not restored, so the resumed run will not "
-                          "reproduce the original exactly (that needs the same devices x num_nodes)")
+                          "reproduce the original exactly (that needs the same devices x num_nodes)",
+                          stacklevel=2)
             return
         self.states = per_rank[rank]
 

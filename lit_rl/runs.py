@@ -97,7 +97,8 @@ class IterationCheckpoint(ModelCheckpoint):
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
         if trainer.ckpt_path is None and trainer.is_global_zero:
-            super()._ModelCheckpoint__warn_if_dir_not_empty(self.dirpath)
+            # mypy does not mangle Lightning's private `__warn_if_dir_not_empty` to this name
+            super()._ModelCheckpoint__warn_if_dir_not_empty(self.dirpath)  # type: ignore[misc]
 
     def _iteration(self, trainer, pl_module) -> int:
         return int(getattr(pl_module, "iteration", trainer.global_step))
@@ -208,6 +209,11 @@ class _ContinuingWriter:
     """Mixin for Lightning's CSV ExperimentWriter: keeps an existing ``metrics.csv`` (Lightning deletes it) and
     appends to it under the same header (a resumed run's new keys still widen the header)."""
 
+    # provided by ExperimentWriter, the class this is mixed into
+    _fs: Any
+    metrics_file_path: str
+    metrics_keys: list[str]
+
     def _check_log_dir_exists(self) -> None:
         if self._fs.isfile(self.metrics_file_path):
             with self._fs.open(self.metrics_file_path, "r", newline="") as f:
@@ -234,7 +240,8 @@ def run_csv_logger(root: str, resume_step: int | None):
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     logger = _RunCSVLogger(root, name="logs", version="")
-    if resume_step is not None and rank_zero_only.rank == 0:  # only rank 0 writes the CSV
+    # only rank 0 writes the CSV; Lightning sets `rank` on the function object, undeclared in its type
+    if resume_step is not None and rank_zero_only.rank == 0:  # type: ignore[attr-defined]
         truncate_csv_metrics(Path(logger.log_dir) / "metrics.csv", resume_step)
     return logger
 
@@ -250,7 +257,7 @@ def default_loggers(root: str, resume_step: int | None) -> list[Any]:
         import tensorboard  # noqa: F401
     except ImportError:
         return out
-    kw = {} if resume_step is None else {"purge_step": resume_step}
+    kw: dict[str, Any] = {} if resume_step is None else {"purge_step": resume_step}
     out.append(TensorBoardLogger(root, name="tb", version="", default_hp_metric=False, **kw))
     return out
 

@@ -9,12 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.accelerators.cuda import CUDAAccelerator
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import (
+    DDPStrategy,
+    DeepSpeedStrategy,
+    ModelParallelStrategy,
+    ParallelStrategy,
+)
 
 from lit_rl.checkpoint import remove_path, side_path, swap_in
 
 
-class SideDirectorySave:
+class SideDirectorySave(ParallelStrategy):
     """Checkpoint directories written whole or not at all (mixed into the FSDP2 and DeepSpeed strategies).
 
     Every rank writes its part into ``.<name>.partial`` next to the target; after a barrier rank 0 swaps it in
@@ -83,6 +88,7 @@ class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
         super().__init__(stage=stage, offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
                          overlap_comm=stage == 2, config=config, process_group_backend=process_group_backend,
                          timeout=timeout, logging_level=logging_level)
+        assert self.config is not None  # DeepSpeedStrategy builds one from the arguments when none is given
         self.config.setdefault("managed_gradient_accumulation", False)
         if self.config["managed_gradient_accumulation"]:
             raise ValueError("DeepSpeedZeROStrategy: config.managed_gradient_accumulation must be false "
@@ -132,6 +138,7 @@ class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
         # otherwise in setup): the module's clipping threshold becomes the engine's.
         clip = getattr(self.lightning_module, "hparams", {}).get("max_grad_norm")
         if clip is not None:
+            assert self.config is not None  # set in __init__
             have = self.config.get("gradient_clipping")
             if have is not None and float(have) != float(clip):
                 raise ValueError(f"DeepSpeed config gradient_clipping={have} disagrees with the module's "

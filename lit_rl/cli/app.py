@@ -140,7 +140,6 @@ def _condense_parse_error(message: str) -> str:
 class LitRLCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         from lit_rl.callbacks.rollout import RolloutCallback
-
         from lit_rl.cli.loggers import RUN_LOGGERS_HELP
 
         parser.add_argument("--run_loggers", type=bool, default=True, help=RUN_LOGGERS_HELP)

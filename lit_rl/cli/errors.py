@@ -100,7 +100,7 @@ def attribute_error_message(message: str) -> str | None:
 
     try:
         names = [n for n in dir(importlib.import_module(module)) if not n.startswith("_")]
-    except Exception:  # the module itself fails to import: the message then lists no names (the error stands)
+    except Exception:  # noqa: BLE001 - the module fails to import: no names listed (the error stands)
         names = []
     close = difflib.get_close_matches(attr, names, n=3, cutoff=0.5)
     callables = close or names[:10]

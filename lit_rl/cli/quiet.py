@@ -95,7 +95,7 @@ class _DropMessages(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             msg = record.getMessage()
-        except Exception:  # a malformed record is not ours to judge
+        except Exception:  # noqa: BLE001 - a malformed record is not ours to judge
             return True
         return self.pattern.match(msg) is None
 
@@ -116,7 +116,7 @@ def verbose_from_env() -> bool:
 
 def install() -> None:
     """Install the filters (idempotent); nothing with ``LIT_RL_VERBOSE=1``."""
-    global _installed
+    global _installed  # noqa: PLW0603 - one process-wide install, taken back by set_verbose(True)
     if _installed is not None or verbose_from_env():
         return
     state: dict = {"env": [], "filters": [], "warnings": [], "tqdm_hook": False}

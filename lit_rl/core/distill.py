@@ -76,7 +76,8 @@ def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
         rows = linear_chunk_rows(proj.vocab_size)
         parts = [teacher_topk(proj.rows(slice(s, s + rows), dev)[None], k, temperature)
                  for s in range(0, B * T, rows)]
-        return tuple(torch.cat([p[j][0] for p in parts]).reshape(B, T, *parts[0][j].shape[2:]) for j in range(3))
+        out = [torch.cat([p[j][0] for p in parts]).reshape(B, T, *parts[0][j].shape[2:]) for j in range(3)]
+        return out[0], out[1], out[2]
     V = teacher_logits.shape[-1]
     if not 1 <= k <= V:
         raise ValueError(f"topk k={k} must be in [1, V={V}]")

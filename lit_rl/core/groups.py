@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 
-class GroupStats(NamedTuple):
+@dataclass(frozen=True)  # not a NamedTuple: its `count` field would shadow tuple.count
+class GroupStats:
     """Per-group statistics over valid rows; ``inverse`` maps each row to its group index.
 
     Shapes:
@@ -56,7 +57,7 @@ def group_stats(scores: Tensor, valid: Tensor, group_ids: Tensor | None) -> Grou
     singleton = count == 1
     zero_std = (count >= 2) & (hi == lo)
     n_zero = zero_std.sum().to(dt)  # float metrics in the working dtype (int / int would be float32)
-    metrics = {
+    metrics: dict[str, Tensor | float] = {
         "adv/num_groups": float(n_groups),
         "adv/singleton_groups": singleton.sum(),
         "adv/zero_std_groups": n_zero,

@@ -73,7 +73,7 @@ def _check_chunk_size(chunk_size: int | None, vocab_size: int, device: torch.dev
     return chunk_size
 
 
-def _check_mask(mask: torch.Tensor, shape: torch.Size, name: str = "mask") -> None:
+def _check_mask(mask: torch.Tensor, shape: tuple[int, ...], name: str = "mask") -> None:
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         got = mask.dtype if isinstance(mask, torch.Tensor) else type(mask).__name__
         raise TypeError(f"{name} must be a torch.bool tensor, got {got}")

@@ -11,7 +11,7 @@ and pads the count across ranks (every rank must run the same number of forward/
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def padded_tokens(prompt_lens: Sequence[int], completion_lens: Sequence[int], rows: Sequence[int]) -> int:
@@ -32,7 +32,8 @@ def token_budget_groups(prompt_lens: Sequence[int], completion_lens: Sequence[in
     (it cannot be split; its block is then over budget).
 
     Args:
-        prompt_lens, completion_lens: (B,) real prompt / completion tokens of each row.
+        prompt_lens: (B,) real prompt tokens of each row.
+        completion_lens: (B,) real completion tokens of each row.
         max_tokens: the budget of padded tokens per micro-batch (>= 1).
         max_rows: optional cap on rows per micro-batch.
 

@@ -6,7 +6,8 @@ branching on the name.
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, Iterator, TypeVar
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable)
 

@@ -3,4 +3,4 @@ from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt, PromptBatch, load_jsonl
 from lit_rl.data.tasks import TASKS, get_task
 
-__all__ = ["Experience", "Prompt", "PromptBatch", "PromptDataModule", "load_jsonl", "TASKS", "get_task"]
+__all__ = ["TASKS", "Experience", "Prompt", "PromptBatch", "PromptDataModule", "get_task", "load_jsonl"]

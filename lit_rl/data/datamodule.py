@@ -82,6 +82,8 @@ class _ResumableLoader(DataLoader):
     them it warns "dataloader is not resumable ... unreliable results"). The same position is also the
     datamodule's state; restoring it twice sets the same value."""
 
+    sampler: _InfiniteShuffle  # always: PromptDataModule.train_dataloader builds it with one
+
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self.sampler.pos}
 
@@ -170,7 +172,7 @@ class PromptDataModule(L.LightningDataModule):
     def _load(self) -> tuple[list[Prompt], list[Prompt]]:
         if self.task is not None:
             return get_task(self.task, **self.task_args)
-        keys = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
+        keys: dict[str, Any] = {"prompt_key": self.prompt_key, "answer_key": self.answer_key}
         if self.train_files:
             train = [p for f in self.train_files for p in load_jsonl(f, **keys)]
             held = [p for f in (self.heldout_files or []) for p in load_jsonl(f, **keys, require_answer=True)]
@@ -199,6 +201,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def train_dataloader(self) -> DataLoader:
         self.setup()
+        assert self._sampler is not None  # built by setup()
         trainer = getattr(self, "trainer", None)
         if trainer is not None:  # this rank's share of each global batch (batch_size is per rank)
             self._sampler.rank, self._sampler.world = trainer.global_rank, trainer.world_size
@@ -236,6 +239,7 @@ class PromptDataModule(L.LightningDataModule):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.setup()
+        assert self._sampler is not None  # built by setup()
         self._sampler.pos = int(state.get("sampler_pos", 0))
 
 
@@ -293,7 +297,7 @@ def _load_named(datasets, source: str, config: str | None):
         names = None
         try:
             names = datasets.get_dataset_config_names(source)
-        except Exception:  # noqa: BLE001 - only for the message
+        except Exception:  # noqa: BLE001, S110 - only for the message
             pass
         if names and config not in names:
             raise ValueError(f"dataset_config={config!r}: dataset={source!r} has no such configuration; its "

@@ -16,8 +16,9 @@ token at sequence position ``P + t`` (its log-probability is read from the logit
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -145,7 +146,7 @@ class Experience:
         return self.loss_mask & self.train_rows[:, None]
 
     # ---------------------------------------------------------------- slicing
-    def select(self, index: Tensor | list[int] | slice) -> "Experience":
+    def select(self, index: Tensor | list[int] | slice) -> Experience:
         """Rows ``index`` as a new Experience (tensors are views/copies; lists are re-indexed)."""
         if isinstance(index, slice):
             rows = list(range(self.batch_size))[index]
@@ -167,7 +168,7 @@ class Experience:
 
     def minibatches(
         self, size: int | None, shuffle: bool = True, generator: torch.Generator | None = None
-    ) -> Iterator["Experience"]:
+    ) -> Iterator[Experience]:
         """Split into minibatches of ``size`` rows (one optimizer step each); every row exactly once.
 
         ``size=None`` yields the whole Experience. The last minibatch may be smaller when ``size`` does
@@ -185,7 +186,7 @@ class Experience:
         for start in range(0, B, size):
             yield self.select(order[start : start + size])
 
-    def micro_batches(self, size: int | None) -> Iterator["Experience"]:
+    def micro_batches(self, size: int | None) -> Iterator[Experience]:
         """Consecutive chunks of ``size`` rows for gradient accumulation (no shuffling)."""
         B = self.batch_size
         if size is None or size >= B:
@@ -196,7 +197,7 @@ class Experience:
         for start in range(0, B, size):
             yield self.select(slice(start, start + size))
 
-    def to(self, device: torch.device | str) -> "Experience":
+    def to(self, device: torch.device | str) -> Experience:
         kw = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
@@ -218,7 +219,7 @@ class Experience:
         last = torch.where(att[:, P:], cols_c, 0).max(-1).values if C else torch.zeros(len(att), dtype=torch.long)
         return (P - first).tolist(), last.tolist()
 
-    def trim(self, prompt: bool = False) -> "Experience":
+    def trim(self, prompt: bool = False) -> Experience:
         """Drop completion columns that are padding in every row (saves compute after row selection); with
         ``prompt`` also the leading prompt columns that are padding in every row (``prompt_len`` shrinks).
         Position ids come from the attention mask and padded keys are masked, so the model computes the same
@@ -254,7 +255,7 @@ def pad_prompts_completions(pad_id: int, prompts: list[list[int]], completions: 
     Returns ``input_ids`` (B, P+C), ``attention_mask`` (B, P+C), ``loss_mask`` (B, C) (True on completion
     tokens) and P. C is at least 1 so an all-empty batch still has a completion column.
     """
-    B, P, C = len(prompts), max(map(len, prompts)), max(1, max(map(len, completions)))
+    B, P, C = len(prompts), max(map(len, prompts)), max([1, *map(len, completions)])
     input_ids = torch.full((B, P + C), pad_id, dtype=torch.long)
     att = torch.zeros((B, P + C), dtype=torch.long)
     mask = torch.zeros((B, C), dtype=torch.bool)

@@ -29,7 +29,7 @@ class Prompt:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], index: int | None = None, prompt_key: str = "prompt",
-                  answer_key: str = "answer", where: str | None = None, require_answer: bool = False) -> "Prompt":
+                  answer_key: str = "answer", where: str | None = None, require_answer: bool = False) -> Prompt:
         """Build a record from one row, checking it. ``prompt_key`` holds the prompt: text, or a TRL-style
         conversation (a list of ``{role, content}``), which becomes ``messages``; a ``messages`` column is
         read as a conversation too. ``answer_key`` holds the answer (kept in ``metadata`` under that name too,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from lit_rl.data.prompts import Prompt
 
@@ -76,7 +76,7 @@ def _balance_by_answer(recs: list[Prompt]) -> list[Prompt]:
     for r in recs:
         by.setdefault(r.answer, []).append(r)
     target = max(len(v) for v in by.values())
-    out = []
+    out: list[Prompt] = []
     for ans in sorted(by):
         group = by[ans]
         out.extend(group[i % len(group)] for i in range(target))

@@ -164,7 +164,7 @@ def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | Non
 
     check_model_source(path)
     check_adapter(adapter, path, lora)
-    kw = {"dtype": resolve_dtype(dtype)}
+    kw: dict[str, Any] = {"dtype": resolve_dtype(dtype)}
     if attn_implementation:
         kw["attn_implementation"] = attn_implementation
     if is_adapter_dir(path):
@@ -246,7 +246,7 @@ def lora_merged_state(model, full: dict) -> dict:
             if "modules_to_save" in name or "original_module" in name:
                 raise NotImplementedError(f"merging LoRA modules_to_save ({name}) from gathered weights")
             continue
-        out = name[len(prefix):] if name.startswith(prefix) else name
+        out = name.removeprefix(prefix)
         layer_name, _, leaf = name.rpartition(".base_layer.")
         if layer_name in layers and leaf == "weight":
             m = layers[layer_name]

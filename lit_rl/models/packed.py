@@ -140,7 +140,8 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
     # as long as all of the group's completions together.
     units: list[tuple[int, list[int]]] = []  # (row holding the prompt, member rows)
     for u, f in enumerate(first):
-        size, cur = plen_l[f], []
+        cur: list[int] = []
+        size = plen_l[f]
         for b in members[u]:
             if cur and size + fed[b] > row_tokens:
                 units.append((f, cur))
@@ -149,16 +150,16 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
             size += fed[b]
         units.append((f, cur))
     sizes = [plen_l[f] + sum(fed[b] for b in mem) for f, mem in units]
-    bins = _first_fit_decreasing(sizes, max(row_tokens, max(sizes)))
+    bins = _first_fit_decreasing(sizes, max([row_tokens, *sizes]))
     R, T = len(bins), max(sum(sizes[u] for u in b) for b in bins)
     p_ids = torch.zeros(R, T, dtype=torch.long)
     p_pos = torch.zeros(R, T, dtype=torch.long)
     unit_of = torch.full((R, T), -1, dtype=torch.long)  # -1: padding of the packed row
     owner_of = torch.full((R, T), -1, dtype=torch.long)  # -1: a prompt token (or padding)
     index = torch.zeros(B, C, dtype=torch.long)
-    for r, b in enumerate(bins):
+    for r, row_units in enumerate(bins):
         at = r * T  # flat position of the unit's first token
-        for u in b:
+        for u in row_units:
             f, mem = units[u]
             p = plen_l[f]
             toks, owner, pos = ids[f, P - p:P].tolist(), [-1] * p, list(range(p))

@@ -14,6 +14,8 @@ the caller runs its plain forward.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -52,7 +54,7 @@ def gatherable(cache) -> bool:
     return type(cache) is DynamicCache and all(type(layer) is DynamicLayer for layer in cache.layers)
 
 
-def _pass(model, project: bool, **kw) -> tuple[object, Tensor]:
+def _pass(model, project: bool, **kw) -> tuple[Any, Tensor]:
     """One CausalLM call; returns (output, logits) or, without ``project``, (output, LM-head input): the
     decoder's final-norm output, taken by a hook while the CausalLM projects no position (an empty
     ``logits_to_keep`` index), so no (b, L, V) tensor is created."""

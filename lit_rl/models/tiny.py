@@ -1,4 +1,4 @@
-"""Tiny, randomly initialised causal LMs and tokenizers built locally.
+r"""Tiny, randomly initialised causal LMs and tokenizers built locally.
 
 Tests and the quickstart need a real ``transformers`` model, but no model hub can
 be reached here. This module builds one from scratch: a standard architecture
@@ -29,7 +29,7 @@ that same byte-level pipeline, so every loader encodes ASCII identically.
 
 CLI::
 
-    python -m lit_rl.models.tiny OUT_DIR --layers 2 --hidden 128 [--heads 4] \\
+    python -m lit_rl.models.tiny OUT_DIR --layers 2 --hidden 128 [--heads 4] \
         [--arch qwen2|llama] [--tokenizer char|bpe] [--vocab-size 512] [--seed 0]
 """
 
@@ -42,6 +42,7 @@ import random
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -164,7 +165,7 @@ def _set_pipeline(backend: Tokenizer) -> Tokenizer:
 
 
 def _byte_symbol(ch: str) -> str:
-    """The byte-level alphabet symbol for a one-byte character (" " -> "Ġ", "\\n" -> "Ċ")."""
+    r"""The byte-level alphabet symbol for a one-byte character (" " -> "Ġ", "\n" -> "Ċ")."""
     (sym, _), = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(ch)
     return sym
 
@@ -210,10 +211,10 @@ def _bpe_backend(corpus: list[str], vocab_size: int) -> Tokenizer:
 def build_tokenizer(
     kind: str = "char", corpus: list[str] | None = None, vocab_size: int = 512
 ) -> PreTrainedTokenizerFast:
-    """Build a tokenizer locally, with fixed special-token ids and a ChatML template.
+    r"""Build a tokenizer locally, with fixed special-token ids and a ChatML template.
 
-    ``kind="char"``: one token per printable-ASCII character plus ``"\\n"``
-    (101 tokens with the 5 specials, ids 5..100 in the order "\\n", " ", "!", ...,
+    ``kind="char"``: one token per printable-ASCII character plus ``"\n"``
+    (101 tokens with the 5 specials, ids 5..100 in the order "\n", " ", "!", ...,
     "~"); any other character yields one ``<|unk|>`` per UTF-8 byte (dropped
     instead when a qwen2 directory is reloaded, see the module docstring);
     ``corpus`` and ``vocab_size`` are ignored.
@@ -264,7 +265,7 @@ def _make_config(
     max_position_embeddings: int,
     tie_word_embeddings: bool,
 ):
-    common = {
+    common: dict[str, Any] = {
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": intermediate,

@@ -12,7 +12,23 @@ from lit_rl.rewards.verifiers import (
            RegexFormatReward,
 )
 
-__all__ = ["RewardFn", "RewardResult", "RewardPool", "RewardBatch", "RewardErrorWarning", "RewardFailureError",
-           "TRLRewardAdapter", "TrainerState", "ExactAnswerReward", "LastIntReward", "MathAnswerReward",
-           "PrefixMatchReward", "RegexFormatReward", "CodeTestsReward", "Sandbox", "SandboxLimits",
-           "SandboxUnavailableError", "RewardModelReward"]
+__all__ = [
+    "CodeTestsReward",
+    "ExactAnswerReward",
+    "LastIntReward",
+    "MathAnswerReward",
+    "PrefixMatchReward",
+    "RegexFormatReward",
+    "RewardBatch",
+    "RewardErrorWarning",
+    "RewardFailureError",
+    "RewardFn",
+    "RewardModelReward",
+    "RewardPool",
+    "RewardResult",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxUnavailableError",
+    "TRLRewardAdapter",
+    "TrainerState",
+]

@@ -9,13 +9,21 @@ import multiprocessing as mp
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
+
+
+class TimedFuture(Future):
+    """A call's future and when a worker started it (None while queued): the pool's timeout starts there."""
+
+    started_at: float | None = None
 
 
 class _ThreadWorkers:
     def __init__(self, n: int):
-        self.n, self.q, self.lock, self.alive = n, queue.Queue(), threading.Lock(), 0
+        self.n, self.lock, self.alive = n, threading.Lock(), 0
+        self.q: queue.Queue[tuple[TimedFuture, Callable, tuple]] = queue.Queue()
         for _ in range(n):
             self._spawn()
 
@@ -37,9 +45,8 @@ class _ThreadWorkers:
                     self.alive -= 1
                     return
 
-    def submit(self, fn: Callable, *args) -> Future:
-        fut: Future = Future()
-        fut.started_at = None
+    def submit(self, fn: Callable, *args) -> TimedFuture:
+        fut = TimedFuture()
         self.q.put((fut, fn, args))
         return fut
 

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from lit_rl.rewards.base import TrainerState
 
@@ -112,7 +113,9 @@ class RewardLog:
     over the calls of one step. A wrong call raises, so it fails that reward's call with a clear message."""
 
     def __init__(self, rows: int):
-        self.rows, self.extra, self.metrics = rows, {}, {}
+        self.rows = rows
+        self.extra: dict[str, list] = {}  # column -> one value per completion
+        self.metrics: dict[str, list[float]] = {}  # name -> the values of this call
 
     def log_extra(self, column: str, values: list) -> None:
         if not isinstance(column, str) or not column:
@@ -166,7 +169,8 @@ class TRLRewardAdapter:
 
     def _kwargs(self, prompts: list, completions: list[str], completion_ids: list | None,
                 trainer_state: TrainerState | None, log: RewardLog) -> dict[str, Any]:
-        ps, cs = [], []
+        ps: list[Any] = []  # prompt texts, or message lists
+        cs: list[Any] = []  # completion texts, or assistant message lists
         for prompt, completion in zip(prompts, completions):
             messages = getattr(prompt, "messages", None)
             if messages is not None:  # conversational: TRL passes message lists

@@ -85,8 +85,7 @@ def as_result(value: Any) -> RewardResult:
     """Normalise a reward function's return value; raises TypeError for non-numbers / non-finite."""
     if isinstance(value, RewardResult):
         res = value
-    elif isinstance(value, bool):  # bool is an int subclass; accept it as 0/1 deliberately
-        res = RewardResult(float(value))
+    # a number (a bool is an int: accepted as 0/1 deliberately) or a 0-d tensor / numpy scalar
     elif isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
         res = RewardResult(float(value))
     elif isinstance(value, (list, tuple)):

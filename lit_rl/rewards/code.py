@@ -30,8 +30,9 @@ Three test kinds, mixable in one list (``prompt.metadata["tests"]``; ``code_task
 of the test's run time less ``start_allowance_s`` (the interpreter's start, which is the harness's cost, not
 the program's: under load it alone could eat a small budget); once spent, the remaining tests fail unrun
 (``budget_exhausted``). A hanging program thus costs at most ``timeout_s + start_allowance_s`` of program
-time (plus ~0.1-0.4 s of sandbox set-up per test that ran), whatever the number of tests. ``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for
-comparisons (``scripts/bench_rewards.py``).
+time (plus ~0.1-0.4 s of sandbox set-up per test that ran), whatever the number of tests.
+``budget="per_test"`` restores the old behaviour (each test gets ``timeout_s``) for comparisons
+(``scripts/bench_rewards.py``).
 
 **Extraction** (``extract.py``): the last fenced block tagged python, else the whole text; unclosed or
 ambiguous fences score 0 with the reason in ``info`` (``extract_<reason>``).
@@ -166,7 +167,7 @@ class CodeTestsReward:
     def __call__(self, prompt: Any, completion: str) -> RewardResult:
         tests = self._tests_of(prompt)
         ext = extract_program(completion, self.require_code_block)
-        if not ext.ok:  # the completion's own form: scored 0 (not masked), reason counted
+        if ext.code is None:  # the completion's own form: scored 0 (not masked), reason counted
             info = {"no_code": 1.0, "passed": 0.0, "total": float(len(tests)), "pass_rate": 0.0}
             info.update({f"extract_{r}": float(r == ext.reason) for r in REASONS[2:]})
             return RewardResult(0.0, True, info)
@@ -265,10 +266,10 @@ class CodeTestsReward:
             ok = "value" in msg and json_equal(msg["value"], test["expected"], self.float_tol)
             return ("pass", "ok", res) if ok else ("fail", "wrong value", res)
         if test["kind"] == "exprs":
-            got = msg.get("values")
-            if not isinstance(got, list) or len(got) != len(test["expected"]):
+            values = msg.get("values")
+            if not isinstance(values, list) or len(values) != len(test["expected"]):
                 return "fail", "malformed result", res
-            for i, (g, e) in enumerate(zip(got, test["expected"])):
+            for i, (g, e) in enumerate(zip(values, test["expected"])):
                 try:
                     same = _typed_decode(g) == e  # two builtin values: no user __eq__ runs here
                 except (TypeError, ValueError, RecursionError):

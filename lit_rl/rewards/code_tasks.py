@@ -96,5 +96,5 @@ def _json_field(rec: dict, key: str, where: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: {key!r} is not valid JSON ({e})") from e
     if not isinstance(val, dict):
-        raise ValueError(f"{where}: {key!r} must hold an object with 'inputs' and 'outputs'")  # noqa: TRY004
+        raise ValueError(f"{where}: {key!r} must hold an object with 'inputs' and 'outputs'")
     return val

@@ -42,8 +42,9 @@ import threading
 import time
 import warnings
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -197,11 +198,15 @@ class RewardPool:
         names = list(self.rewards)
         B = len(prompts)
         batch_args = (list(prompts), list(completions), completion_ids, state)
-        calls, where, async_ks = [], [], []  # where[j]: (reward index, row or None for a whole-batch call)
+        calls: list[tuple[int, tuple]] = []  # (reward index, call arguments)
+        where: list[tuple[int, int | None]] = []  # call j: (reward index, row; None: a whole-batch call)
+        async_ks: list[int] = []
+        async_fns: list[TRLRewardAdapter] = []
         for k, n in enumerate(names):
             fn = self.rewards[n]
-            if getattr(fn, "is_async", False):
+            if isinstance(fn, TRLRewardAdapter) and fn.is_async:
                 async_ks.append(k)
+                async_fns.append(fn)
             elif getattr(fn, "batched", False):
                 calls.append((k, batch_args))
                 where.append((k, None))
@@ -210,18 +215,19 @@ class RewardPool:
                 where += [(k, i) for i in range(B)]
         t0 = time.monotonic()
         if not B:
-            calls, where, async_ks = [], [], []
-        pending = self._start_async([self.rewards[names[k]] for k in async_ks], batch_args) if async_ks else None
+            calls, where, async_ks, async_fns = [], [], [], []
+        pending = self._start_async(async_fns, batch_args) if async_fns else None
         raw = self._run(calls, names) if calls else []
         if pending is not None:  # TRL runs async rewards concurrently with asyncio.gather: so do we
             raw += self._join_async(*pending)
             where += [(k, None) for k in async_ks]
         wall = time.monotonic() - t0
         comps = {n: torch.full((B,), float("nan"), dtype=torch.float64) for n in names}
-        failed = {n: [None] * B for n in names}  # per reward, per row: why it could not score the row
-        latency = {n: 0.0 for n in names}
-        n_calls = {n: 0 for n in names}
-        none_rows = {n: 0 for n in names}
+        # per reward, per row: why it could not score the row
+        failed: dict[str, list[str | None]] = {n: [None] * B for n in names}
+        latency = dict.fromkeys(names, 0.0)
+        n_calls = dict.fromkeys(names, 0)
+        none_rows = dict.fromkeys(names, 0)
         extras: list[dict[str, Any]] = [{} for _ in range(B)]
         logged: dict[str, list[float]] = {}
 
@@ -258,7 +264,7 @@ class RewardPool:
         errors: list[str | None] = [None] * B
         failed_rows = 0  # invalid because a reward failed (the failure window counts these)
         for r in range(B):
-            fails = [(n, failed[n][r]) for n in names if failed[n][r] is not None]
+            fails = [(n, why) for n in names if (why := failed[n][r]) is not None]
             if any(not comps[n][r].isnan() for n in weighted):  # scored by a weighted reward: valid
                 for n, why in fails:
                     extras[r][f"{n}/error"] = _cut(why, self.max_error_chars)
@@ -270,7 +276,8 @@ class RewardPool:
             else:
                 errors[r] = "no reward applies to this row (every reward returned None)"
         valid = torch.tensor([e is None for e in errors], dtype=torch.bool)
-        total = sum(self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
+        weighted_sum = (self.weights[n] * comps[n].nan_to_num(0.0) for n in names)
+        total = sum(weighted_sum, torch.zeros(B, dtype=torch.float64))
         total = torch.where(valid, total, torch.full_like(total, float("nan")))
         n_invalid = B - int(valid.sum())
         n_errors = sum(f is not None for n in names for f in failed[n])
@@ -323,10 +330,11 @@ class RewardPool:
             n = every[0]
             err, times = Counter(_cut(f"{n}: {f}", self.max_error_chars) for f in failed[n]).most_common(1)[0]
             rows = "none of the" if failed_rows == B else f"reward {n!r} failed on all"
+            has = " has a reward" if failed_rows == B else ""
             raise RewardFailureError(
-                f"RewardPool: {rows} {B} rows of this scoring call {'has a reward' if failed_rows == B else ''}"
-                .rstrip() + f". Most frequent error ({times}x): {err}. Fix the reward function (or the data it "
-                "reads); set max_invalid_frac to null to train on whatever rows do get a reward.")
+                f"RewardPool: {rows} {B} rows of this scoring call{has}. Most frequent error ({times}x): {err}. "
+                "Fix the reward function (or the data it reads); set max_invalid_frac to null to train on "
+                "whatever rows do get a reward.")
         if len(self._recent) < self.window:
             return
         n_rows = sum(n for _, n, _, _ in self._recent)

@@ -92,8 +92,9 @@ class SandboxLimits:
 @dataclass
 class SandboxResult:
     """What one run produced. ``status``: exited | signaled | timeout | output_limit | bad_files (over the
-    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace init died: the program can reach it) | lost (the
-    launcher vanished after the program started) -- all ``fail`` unless exited 0 -- or infra_error."""
+    work quota, names too long, a file where a directory is needed) | init_died (the program's namespace
+    init died: the program can reach it) | lost (the launcher vanished after the program started) -- all
+    ``fail`` unless exited 0 -- or infra_error."""
 
     status: str
     exit_code: int | None
@@ -144,12 +145,13 @@ class Sandbox:
         self.root_mode = (os.geteuid() == 0) if mode == "auto" else mode == "root"
         if self.root_mode and os.geteuid() != 0:
             raise ValueError("mode='root' needs to run as root; use mode='userns' (or 'auto')")
-        self.unshare = shutil.which(unshare or "unshare", path=_SYS_PATH + ":" + os.environ.get("PATH", ""))
-        if self.unshare is None:
+        found = shutil.which(unshare or "unshare", path=_SYS_PATH + ":" + os.environ.get("PATH", ""))
+        if found is None:
             raise SandboxUnavailableError(
                 f"the sandbox needs the `unshare` tool from util-linux >= 2.32, and {unshare or 'unshare'!r} was "
                 "not found. Install it (Debian/Ubuntu: apt-get install util-linux; Fedora/RHEL: dnf install "
                 "util-linux) -- refusing to run untrusted code unsandboxed.")
+        self.unshare: str = found
         if os.uname().machine not in _PIVOT_ROOT_NR:
             raise SandboxUnavailableError(f"pivot_root syscall number unknown for {os.uname().machine!r}; "
                                           f"supported: {sorted(_PIVOT_ROOT_NR)}")
@@ -218,7 +220,8 @@ class Sandbox:
         if why:  # the files are the candidate's input (an agent picks names too): its fail, never infra_error
             return SandboxResult("bad_files", None, b"", b"", 0.0, uid, why)
         lim = self.limits
-        groups, group_fds = [], []
+        groups: list[str] = []  # this run's cgroup paths
+        group_fds: list[int] = []  # their open cgroup.procs files
         if self.cgroups.available:
             try:
                 groups, group_fds = self.cgroups.create((lim.total_memory_mb or lim.memory_mb) << 20, lim.processes)
@@ -265,6 +268,7 @@ class Sandbox:
     def _supervise(self, proc: subprocess.Popen, status_r: int, timeout: float, uid: int) -> SandboxResult:
         """Pump the three pipes until all close; enforce setup/wall deadlines and output caps."""
         cap = self.limits.output_bytes
+        assert proc.stdout is not None and proc.stderr is not None  # started with stdout=PIPE, stderr=PIPE
         fo, fe = proc.stdout.fileno(), proc.stderr.fileno()
         out = {fo: bytearray(), fe: bytearray()}
         status, lines = bytearray(), []
@@ -380,7 +384,7 @@ def _unplaceable(staged: dict[str, bytes], work_mb: int) -> str | None:
     size = sum(len(c) + 4096 for c in staged.values())  # a rough tmpfs footprint: content + a page each
     if size > work_mb << 20 or len(staged) > 4096:
         return f"{len(staged)} files, ~{size >> 20} MiB: over the {work_mb} MiB /work"
-    dirs = set()
+    dirs: set[str] = set()
     for name in staged:
         parts = name.split("/")
         if len(name.encode()) > 1024 or len(parts) > 32 or any(len(p.encode()) > 255 for p in parts):

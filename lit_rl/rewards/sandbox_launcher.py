@@ -47,9 +47,13 @@ def _libc_call(fn, *args, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
+def _enc(s: str | None) -> bytes | None:
+    return s.encode() if s is not None else None
+
+
 def _mount(libc, src, dst: str, fstype, flags: int, data=None) -> None:
-    enc = (lambda s: s.encode() if s is not None else None)
-    _libc_call(libc.mount, enc(src), enc(dst), enc(fstype), ctypes.c_ulong(flags), enc(data), what=f"mount {dst}")
+    _libc_call(libc.mount, _enc(src), _enc(dst), _enc(fstype), ctypes.c_ulong(flags), _enc(data),
+               what=f"mount {dst}")
 
 
 def _bind_ro(libc, src: str, dst: str, extra: int = _MS_NODEV) -> None:

@@ -78,7 +78,7 @@ class RegexFormatReward:
 
 
 class MathAnswerReward:
-    """Math answer equivalence with ``math-verify`` (LaTeX / plain expressions; ``\\boxed{}`` is extracted).
+    r"""Math answer equivalence with ``math-verify`` (LaTeX / plain expressions; ``\boxed{}`` is extracted).
 
     Returns 1.0 if the completion's answer is mathematically equal to ``prompt.answer``. A parse failure of
     the *completion* is a wrong answer (0.0); a parse failure of the *gold answer* is an infrastructure
