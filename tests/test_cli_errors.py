@@ -90,3 +90,16 @@ def test_flow_mapping_without_space_points_at_the_missing_space(tmp_path):
     msg = _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "--rollout.rewards.weights", "{exact:0.5}")
     assert msg.startswith("--rollout.rewards.weights {exact:0.5}: {exact:0.5} needs a space after the colon: "
                           "write {exact: 0.5}")
+
+
+@pytest.mark.parametrize("option, expected", [
+    ("allow_truncated_logprobs: true",
+     "rollout.engine: HFEngine: allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition penalty always "
+     "work (log-probs of the processed distribution); delete the setting"),
+    ("batch_sise: 4", "rollout.engine: HFEngine has no setting 'batch_sise'; did you mean 'batch_size'?"),
+])
+def test_an_engine_option_removed_or_misspelt_is_one_line_naming_the_fix(tmp_path, option, expected):
+    cfg = tmp_path / "engine.yaml"
+    cfg.write_text("rollout:\n  engine:\n    class_path: lit_rl.rollout.engine.HFEngine\n"
+                   f"    init_args:\n      {option}\n")
+    assert _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "-c", str(cfg)) == expected

@@ -117,6 +117,10 @@ def _pointed_parse_error(parser, message: str) -> str:
     if unknown:
         return unknown
     condensed = _condense_parse_error(message)
+    option = errors.class_option_message(flat)
+    if option:
+        key = re.match(r'Parser key "([\w.]+)"', flat)
+        return f"{key.group(1)}: {option}" if key else option
     cause = errors.attribute_error_message(flat)
     if cause:
         key = re.match(r'(?:Parser key ")?([\w.]+)"?: ', condensed)

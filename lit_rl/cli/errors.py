@@ -85,6 +85,31 @@ def unknown_key_text(key: str, keys: list[str], argv: list[str], from_flag: bool
     return text
 
 
+def class_option_message(message: str) -> str | None:
+    """``Problem with given class_path 'pkg.Cls': Option 'x' is not accepted`` (inside a union dump) -> one line:
+    the fix when ``Cls`` declared ``x`` removed (``core.settings.removed_settings``), else the closest setting."""
+    m = re.search(r"Problem with given class_path '([\w.]+)': Option '(\w+)' is not accepted", message)
+    if not m:
+        return None
+    import importlib
+    import inspect
+
+    from lit_rl.core.settings import removed_fix
+
+    path, name = m.groups()
+    module, _, attr = path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except Exception:  # noqa: BLE001 - not importable here: jsonargparse's own error stands
+        return None
+    if (fix := removed_fix(cls, name)) is not None:
+        return f"{attr}: {fix}"
+    params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    close = difflib.get_close_matches(name, params, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f" (its settings: {', '.join(params)})"
+    return f"{attr} has no setting {name!r}{hint}"
+
+
 def attribute_error_message(message: str) -> str | None:
     """``module 'my_reward' has no attribute 'maxdigit'`` (buried in a union-type dump) -> one line naming what the
     module has instead: ``my_reward has no attribute 'maxdigit'; it has: max_digit``."""

@@ -82,6 +82,24 @@ def split_settings(owner: str, groups: Iterable[type], values: Mapping[str, Any]
     return [g(**{f.name: values[f.name] for f in fields(g) if f.name in values}) for g in groups]
 
 
+# Settings a release removed or moved, per owning class: name -> the one-line fix. Read by the owner's constructor
+# and by the CLI (a YAML key the parser refuses names the fix instead of "not accepted").
+_REMOVED: dict[type, dict[str, str]] = {}
+
+
+def removed_settings(owner: type, fixes: Mapping[str, str]) -> None:
+    """Declare settings ``owner`` (and its subclasses) no longer take, each with the one-line fix to print."""
+    _REMOVED.setdefault(owner, {}).update(fixes)
+
+
+def removed_fix(cls: type, name: str) -> str | None:
+    """The fix for ``name`` if ``cls`` or a base class declared it removed, else None."""
+    for klass in cls.__mro__:
+        if name in _REMOVED.get(klass, {}):
+            return _REMOVED[klass][name]
+    return None
+
+
 def flat_values(*group_instances: Any) -> dict[str, Any]:
     """The flat ``{name: value}`` of group instances (what ``save_hyperparameters`` stores)."""
     return {f.name: getattr(g, f.name) for g in group_instances for f in fields(g)}

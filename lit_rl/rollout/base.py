@@ -31,6 +31,7 @@ from typing import Any
 
 from torch import Tensor
 
+from lit_rl.core.settings import removed_fix, removed_settings
 from lit_rl.rollout.sampling import SamplingConfig
 
 SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
@@ -56,8 +57,8 @@ class EngineBase(abc.ABC):
 
     def __new__(cls, *args, **kwargs):
         # __new__ sees the constructor's keywords before __init__ would reject them with a bare TypeError
-        for name, why in REMOVED_ARGS.items():
-            if name in kwargs:
+        for name in kwargs:
+            if (why := removed_fix(cls, name)) is not None:
                 raise TypeError(f"{cls.__name__}: {why}")
         return super().__new__(cls)
 
@@ -121,6 +122,9 @@ class EngineBase(abc.ABC):
         """End of a fit (``RolloutCallback.teardown``). Default: nothing, so an engine can serve the next fit or
         validate of the same process without a restart; engines owning processes (launched servers) stop them
         here (``VLLMServerEngine``: ``close``)."""
+
+
+removed_settings(EngineBase, REMOVED_ARGS)
 
 
 def check_engine(engine) -> EngineBase:
