@@ -1,7 +1,7 @@
-"""The ``LossTerm`` contract (``modules/protocols.py``) as ``PolicyModule._micro_loss`` applies it to every term,
-a callback's as the module's own: declared forward needs are honoured, ``trains_alone`` zeroes the other parts,
-two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages 1, no old
-log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
+"""The ``LossTerm`` contract (``modules/protocols.py``) as ``PolicyModule._micro_loss`` applies it to every
+term, a callback's as the module's own: declared forward needs are honoured, ``trains_alone`` zeroes the other
+parts, two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages 1,
+no old log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -79,7 +79,8 @@ def test_a_term_that_trains_alone_zeroes_every_other_part(tiny_model_dir):
     probe = float(parts["probe"].detach())
     assert probe < 0  # 2 · Σ log π of 4 tokens
 
-    parts = _module(tiny_model_dir, Probe(coef=2.0, alone=True), Probe(name="other"))._micro_loss(_micro(), COMMON)
+    m = _module(tiny_model_dir, Probe(coef=2.0, alone=True), Probe(name="other"))
+    parts = m._micro_loss(_micro(), COMMON)
     assert float(parts["policy"].detach()) == 0.0 and float(parts["other"].detach()) == 0.0
     assert float(parts["probe"].detach()) == pytest.approx(probe, rel=1e-6)
     assert parts["policy"].requires_grad  # still in the graph, multiplied by 0
