@@ -1,7 +1,7 @@
 """The ``LossTerm`` contract (``modules/protocols.py``) as ``PolicyModule._micro_loss`` applies it to every
 term, a callback's as the module's own: declared forward needs are honoured, ``trains_alone`` zeroes the other
-parts, two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages 1,
-no old log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
+parts, two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages
+1, no old log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
 from __future__ import annotations
 
 from types import SimpleNamespace
