@@ -13,6 +13,7 @@ import sys
 import lightning as L
 import torch
 
+from lit_rl.modules.protocols import LossTerm
 from lit_rl.rewards.verifiers import ExactAnswerReward
 
 SERIES_KEYS = ("loss/policy", "reward/mean", "actor/grad_norm", "actor/entropy", "kl/mean", "entropy/coef")
@@ -54,7 +55,7 @@ class KillingReward(ExactAnswerReward):
         return super().__call__(prompt, completion)
 
 
-class NaNGradTerm(L.Callback):
+class NaNGradTerm(L.Callback, LossTerm):
     """LossTerm adding ``0 * sum(logits)`` scaled by NaN (or Inf) at the listed iterations: the loss and every
     gradient become non-finite there, exactly as a real overflow would."""
 

@@ -9,7 +9,7 @@ import torch
 
 from lit_rl.core.distill import teacher_topk
 from lit_rl.data.experience import Experience
-from lit_rl.modules.distill import DistillModule
+from lit_rl.modules.distill import STUDENT_DISTILLATION, DistillModule
 
 D = torch.float64
 P1, Q1 = [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]  # position 0: student, teacher
@@ -53,7 +53,7 @@ def test_reverse_kl_sampled_term(tiny_model_dir, coef):
     lq = [math.log(Q1[TOK[0]]), math.log(Q2[TOK[1]])]
     lp = [math.log(P1[TOK[0]]), math.log(P2[TOK[1]])]
     micro.extras["opd_advantages"] = torch.tensor([[-(lp[0] - lq[0]), -(lp[1] - lq[1])]], dtype=D)
-    out = m.extra_loss_terms(micro, _fwd(micro))
+    out = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))
     # ratio = 1 on-policy: ppo_clip per-token loss is −A; token_mean over 2 tokens
     want = coef * ((lp[0] - lq[0]) + (lp[1] - lq[1])) / 2
     assert out["reverse_kl_sampled"].item() == pytest.approx(want, rel=1e-12)
@@ -62,17 +62,17 @@ def test_reverse_kl_sampled_term(tiny_model_dir, coef):
 def test_reverse_kl_full_term_and_masking(tiny_model_dir):
     m = _module(tiny_model_dir, losses={"reverse_kl_full": 2.0})
     micro = _micro()
-    assert m.extra_loss_terms(micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
+    assert STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
         2.0 * (_kl(P1, Q1) + _kl(P2, Q2)) / 2, rel=1e-12)
     micro = _micro(mask=(True, False))  # a masked position contributes nothing
-    assert m.extra_loss_terms(micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
+    assert STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
         2.0 * _kl(P1, Q1), rel=1e-12)
 
 
 def test_forward_kl_term(tiny_model_dir):
     m = _module(tiny_model_dir, losses={"forward_kl": 1.0})
     micro = _micro()
-    got = m.extra_loss_terms(micro, _fwd(micro))["forward_kl"].item()
+    got = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["forward_kl"].item()
     assert got == pytest.approx((_kl(Q1, P1) + _kl(Q2, P2)) / 2, rel=1e-12)
 
 
@@ -85,7 +85,7 @@ def test_jsd_term(tiny_model_dir):
         mix = [beta * b + (1 - beta) * a for a, b in zip(p, q)]
         return beta * _kl(q, mix) + (1 - beta) * _kl(p, mix)
 
-    got = m.extra_loss_terms(micro, _fwd(micro))["jsd"].item()
+    got = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["jsd"].item()
     assert got == pytest.approx((jsd(P1, Q1) + jsd(P2, Q2)) / 2, rel=1e-12)
 
 
@@ -98,14 +98,14 @@ def test_topk_reverse_kl_term(tiny_model_dir):
     # position 0: teacher top-1 = token 0 (0.4); position 1: token 0 (0.7)
     k0 = 0.1 * math.log(0.1 / 0.4) + 0.9 * math.log(0.9 / 0.6)
     k1 = 0.25 * math.log(0.25 / 0.7) + 0.75 * math.log(0.75 / 0.3)
-    got = m.extra_loss_terms(micro, _fwd(micro))["topk_reverse_kl"].item()
+    got = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["topk_reverse_kl"].item()
     assert got == pytest.approx((k0 + k1) / 2, rel=1e-12)
 
 
 def test_combined_terms_each_present(tiny_model_dir):
     m = _module(tiny_model_dir, losses={"reverse_kl_full": 1.0, "forward_kl": 0.5, "jsd": 0.25})
     micro = _micro()
-    out = m.extra_loss_terms(micro, _fwd(micro))
+    out = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))
     assert set(out) == {"reverse_kl_full", "forward_kl", "jsd"}
     assert out["forward_kl"].item() == pytest.approx(0.5 * (_kl(Q1, P1) + _kl(Q2, P2)) / 2, rel=1e-12)
 

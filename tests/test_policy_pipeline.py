@@ -7,7 +7,7 @@ import torch
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import PolicyModule
+from lit_rl.modules import LossTerm, PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 
@@ -60,7 +60,7 @@ def test_experience_hooks_run_before_advantages_and_before_training(tiny_model_d
     assert seen["adv_set"] is True
 
 
-class ScaledLogprobTerm(L.Callback):
+class ScaledLogprobTerm(L.Callback, LossTerm):
     """A LossTerm: coefficient * mean log-prob of the sampled tokens."""
 
     def __init__(self, coef):
@@ -87,7 +87,7 @@ def test_loss_terms_from_callbacks_enter_the_gradient(tiny_model_dir):
 
 
 def test_nonfinite_gradient_skips_step_then_raises(tiny_model_dir):
-    class NaNTerm(L.Callback):
+    class NaNTerm(L.Callback, LossTerm):
         def loss_terms(self, module, micro, fwd):
             return {"nan": fwd["logprobs"].sum() * float("nan")}
 

@@ -18,8 +18,10 @@ F64 = torch.float64
 
 
 class _Module(PolicyAssembly):
-    loss_modules: list = []
     device = torch.device("cpu")
+
+    def active_loss_terms(self) -> list:  # no loss term: nothing adds advantage metrics or bootstrap rows
+        return []
 
     def __init__(self, world_size: int, other_rank=(0.0, 0.0, 0.0)):
         self.hparams = AttributeDict(

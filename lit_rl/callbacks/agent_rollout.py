@@ -15,12 +15,13 @@ from torch import Tensor
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
+from lit_rl.modules.protocols import LossTerm
 from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.pipeline import RolloutConfig
 
 
-class ObservationLoss(L.Callback):
+class ObservationLoss(L.Callback, LossTerm):
     """World-model auxiliary loss: ``coef`` x negative log-likelihood of observation tokens.
 
     Trains the policy to predict the environment's responses as well (the "agents learn a world model

@@ -16,9 +16,10 @@ import torch
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveEntropyController, FixedController
 from lit_rl.core.logprobs import entropy_from_logits
+from lit_rl.modules.protocols import LossTerm
 
 
-class EntropyRegularization(L.Callback):
+class EntropyRegularization(L.Callback, LossTerm):
     """Entropy bonus as a LossTerm (docs/architecture.md "Contracts"): adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
 
     Args:

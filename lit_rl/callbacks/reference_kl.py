@@ -33,11 +33,12 @@ from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.models.loading import resolve_dtype
+from lit_rl.modules.protocols import LossTerm
 
 KL_WHERE = ("reward", "loss")
 
 
-class ReferenceKL(L.Callback):
+class ReferenceKL(L.Callback, LossTerm):
     """Frozen reference model + KL penalty (an ExperienceHook and a LossTerm, docs/architecture.md "Contracts").
 
     Args:

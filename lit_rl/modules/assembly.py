@@ -1,7 +1,8 @@
 """The assembly contracts of ``PolicyModule`` (docs/architecture.md, "The three assembly contracts"): advantages
 zeroed off ``Experience.train_mask``, whitening and denominators over the trainable tokens of *all* ranks, and
 the constant horizon of ``seq_mean_token_sum_norm``. ``PolicyAssembly`` is a mixin of ``PolicyModule`` (it uses
-``self.hparams``, ``self.loss_modules`` and ``self._trainer``); ``DistillModule`` inherits it through ``PolicyModule``.
+``self.hparams``, ``self.active_loss_terms()`` and ``self._trainer``); ``DistillModule`` inherits it through
+``PolicyModule``.
 """
 from __future__ import annotations
 
@@ -51,9 +52,8 @@ class PolicyAssembly:
             metrics.update(wm)
         exp.advantages = store_dtype(adv, rewards)
         exp.returns = None if out.returns is None else store_dtype(out.returns, rewards)
-        for term in self.loss_modules:  # e.g. a critic's explained variance
-            if hasattr(term, "advantage_metrics"):
-                metrics.update(term.advantage_metrics(exp))
+        for term in self.active_loss_terms():  # e.g. a critic's explained variance
+            metrics.update(term.advantage_metrics(exp))
         return metrics
 
     def _float64_policy(self) -> bool:
@@ -64,8 +64,8 @@ class PolicyAssembly:
     def _bootstrap_rows(self, exp: Experience) -> Tensor | None:
         """Rows whose last value is bootstrapped (GAE on a truncated completion), from the first loss term that
         decides it (a critic with ``bootstrap_truncated``); None = none."""
-        for term in self.loss_modules:
-            rows = term.bootstrap_rows(exp) if hasattr(term, "bootstrap_rows") else None
+        for term in self.active_loss_terms():
+            rows = term.bootstrap_rows(exp)
             if rows is not None:
                 return rows
         return None

@@ -7,10 +7,11 @@ question after each prefix — "is this trajectory good?" — and the value is i
 answering "yes", P(yes) / (P(yes) + P(no))), and one forward pass yields both the policy logits and the values
 (the token head adds one cached pass over the question tokens).
 
-The critic plugs into ``PolicyModule(critic=...)`` as one of the module's own loss terms (``loss_modules``), the
-same shape as the ``ReferenceKL`` callback: ``on_experience`` fills ``Experience.values`` before advantages,
-``loss_terms`` adds ``vf_coef ·`` value loss to every micro-batch (``wants_hidden`` / ``wants_cache`` ask the
-shared forward for what it reads), ``trains_alone`` is the value-only warmup, ``advantage_metrics`` reports the
+The critic plugs into ``PolicyModule(critic=...)`` as one of the module's own loss terms
+(``own_loss_terms``), a ``LossTerm`` like the ``ReferenceKL`` callback (``modules/protocols.py``): ``bind``
+builds the head against the policy, ``needs`` asks the shared forward for the hidden states or the cache it
+reads, ``on_experience`` fills ``Experience.values`` before advantages, ``loss_terms`` adds ``vf_coef ·``
+value loss to every micro-batch, ``trains_alone`` is the value-only warmup, ``advantage_metrics`` reports the
 explained variance of the rollout values against the returns, ``bootstrap_rows`` feeds GAE.
 """
 from __future__ import annotations
@@ -23,11 +24,12 @@ from torch import Tensor, nn
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
 from lit_rl.models.loading import resolve_dtype
 from lit_rl.modules.optim_step import LossParts
+from lit_rl.modules.protocols import ForwardNeeds, LossTerm
 
 HEADS = ("regression", "token")
 
 
-class CriticModule(nn.Module):
+class CriticModule(nn.Module, LossTerm):
     """A value head for PPO.
 
     Args:
@@ -138,15 +140,12 @@ class CriticModule(nn.Module):
                 raise ValueError(f"init_from={self.init_from!r}: {f.name} does not fit this critic "
                                  f"(missing {missing}, unexpected {unexpected}); same head type?")
 
-    @property
-    def wants_hidden(self) -> bool:
-        """Whether the shared forward must also return hidden states (the regression head reads them)."""
-        return self.share_backbone and self.head_type == "regression"
-
-    @property
-    def wants_cache(self) -> bool:
-        """Whether the shared forward must keep its key/value cache (the token head asks its question from it)."""
-        return self.share_backbone and self.head_type == "token"
+    def needs(self) -> ForwardNeeds:
+        """On a shared backbone, the policy's forward returns what the head reads: the hidden states
+        (regression) or its key/value cache (the token head asks its question from it). An own backbone runs
+        its own forward."""
+        return ForwardNeeds(hidden=self.share_backbone and self.head_type == "regression",
+                            cache=self.share_backbone and self.head_type == "token")
 
     # ---------------------------------------------------------------- values
     def _model(self, module):
@@ -239,7 +238,7 @@ class CriticModule(nn.Module):
     def trains_alone(self, module) -> bool:
         """During the first ``warmup_steps`` iterations only the value loss trains (the module multiplies every
         other loss part by 0)."""
-        return getattr(module, "iteration", 0) < self.warmup_steps
+        return module.iteration < self.warmup_steps
 
     @torch.no_grad()
     def attach_values(self, module, exp) -> None:

@@ -2,7 +2,8 @@
 
 The student samples on-policy through the usual RolloutCallback; a ``TeacherRouter`` (ExperienceHook) scores
 the student's tokens with each row's domain teacher. The module then optimises a weighted sum of terms, each
-logged as ``loss/<name>`` (already multiplied by its coefficient):
+logged as ``loss/<name>`` (already multiplied by its coefficient); those on the student's rollouts are one
+loss term of the module's own (``StudentDistillation``, first in ``own_loss_terms``):
 
 =====================  =====================================================================================
 ``reverse_kl_sampled``  policy-gradient loss (the module's ``policy_loss``) with the per-token advantage
@@ -39,6 +40,7 @@ from lit_rl.core.policy_losses import LOSS_PARAMS, PolicyLossInputs, compute_pol
 from lit_rl.data.experience import Experience
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.policy import PolicyModule
+from lit_rl.modules.protocols import LossTerm
 
 KD_ON = ("student", "teacher", "both")
 
@@ -116,40 +118,16 @@ class DistillModule(PolicyModule):
         return metrics
 
     # ---------------------------------------------------------------- loss
-    def extra_loss_terms(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
-        """Student-rollout distillation terms of one micro-batch, each coefficient-weighted and aggregated with
-        the module's ``loss_agg`` over the minibatch's denominators (accumulation-exact).
+    @property
+    def own_loss_terms(self) -> list[LossTerm]:
+        """The student distillation first (its parts are added before a critic's, as the policy objective's
+        are), then PolicyModule's own terms."""
+        return [STUDENT_DISTILLATION, *super().own_loss_terms]
 
-        Full-vocabulary terms go through the student's ``fwd["head"]`` (hidden states + LM head) chunk by chunk,
-        with the teacher's logits computed chunk-wise from its own hidden states: no (b, C, V) tensor is built
-        (``fwd["logits"]`` is read only on the materialised path)."""
-        h, c = self.hparams, self.losses
-        lp, mask, head = fwd["logprobs"], fwd["mask"], fwd.get("head")  # (b, C), (b, C), Projection | None
-        out: dict[str, Tensor] = {}
-        if "reverse_kl_sampled" in c:
-            old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
-            per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
-                logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
-                rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
-                dual_clip=h.dual_clip, **{k: h.get(k) for k in LOSS_PARAMS}))
-            out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * self.aggregate(per_tok, mask, fwd)
-        if "topk_reverse_kl" in c:
-            C = mask.shape[1]
-            ex = micro.extras
-            teacher = (ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
-                       ex["teacher_tail_logprob"][:, :C])
-            if head is not None:
-                kl = topk_reverse_kl_linear(head, *teacher, mask, self.temperature, h.logprob_chunk_size)
-            else:
-                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, self.temperature, h.micro_batch_size)
-            out["topk_reverse_kl"] = c["topk_reverse_kl"] * self.aggregate(kl, mask, fwd)
-        full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
-                and (n == "reverse_kl_full" or self.kd_on != "teacher")]
-        if full:
-            out.update(self._full_vocab_terms(full, micro, mask, fwd))
-        return out
-
-    def _full_vocab_terms(self, names, micro, mask, fwd) -> dict[str, Tensor]:
+    def full_vocab_terms(self, names, micro, mask, fwd) -> dict[str, Tensor]:
+        """The full-vocabulary divergences ``names`` (reverse_kl_full, forward_kl, jsd) of one micro-batch
+        against its teacher, each coefficient-weighted: of the student's rollouts (``StudentDistillation``) or
+        of the teacher's own (the teacher-data step)."""
         h, c, out = self.hparams, self.losses, {}
         head = fwd.get("head")
         if head is None:  # materialised path: student and teacher logits as (b, C, V) tensors
@@ -249,8 +227,49 @@ class DistillModule(PolicyModule):
         kd = [n for n in ("forward_kl", "jsd") if n in c and self.kd_on != "student"]
         if kd:
             parts.update({f"{k}_teacher_rollouts": v for k, v in
-                          self._full_vocab_terms(kd, micro, mask, fwd).items()})
+                          self.full_vocab_terms(kd, micro, mask, fwd).items()})
         return parts
+
+
+class StudentDistillation(LossTerm):
+    """The distillation terms of a ``DistillModule`` on the student's own rollouts, one of its own loss terms:
+    it reads the module's ``losses`` and settings, so one stateless instance serves every module."""
+
+    def loss_terms(self, module: DistillModule, micro: Experience, fwd: dict) -> dict[str, Tensor]:
+        """Each of the module's student-rollout terms for one micro-batch, coefficient-weighted and aggregated
+        with its ``loss_agg`` over the minibatch's denominators (accumulation-exact).
+
+        Full-vocabulary terms go through the student's ``fwd["head"]`` (hidden states + LM head) chunk by
+        chunk, with the teacher's logits computed chunk-wise from its own hidden states: no (b, C, V) tensor
+        is built (``fwd["logits"]`` is read only on the materialised path)."""
+        h, c = module.hparams, module.losses
+        lp, mask, head = fwd["logprobs"], fwd["mask"], fwd.get("head")  # (b, C), (b, C), Projection | None
+        out: dict[str, Tensor] = {}
+        if "reverse_kl_sampled" in c:
+            old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
+            per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
+                logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
+                rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
+                dual_clip=h.dual_clip, **{k: h.get(k) for k in LOSS_PARAMS}))
+            out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * module.aggregate(per_tok, mask, fwd)
+        if "topk_reverse_kl" in c:
+            C = mask.shape[1]
+            ex = micro.extras
+            teacher = (ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
+                       ex["teacher_tail_logprob"][:, :C])
+            if head is not None:
+                kl = topk_reverse_kl_linear(head, *teacher, mask, module.temperature, h.logprob_chunk_size)
+            else:
+                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, module.temperature, h.micro_batch_size)
+            out["topk_reverse_kl"] = c["topk_reverse_kl"] * module.aggregate(kl, mask, fwd)
+        full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
+                and (n == "reverse_kl_full" or module.kd_on != "teacher")]
+        if full:
+            out.update(module.full_vocab_terms(full, micro, mask, fwd))
+        return out
+
+
+STUDENT_DISTILLATION = StudentDistillation()
 
 
 def _pad_rows(exp: Experience, rows: int, keep: int) -> Experience:

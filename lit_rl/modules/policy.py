@@ -34,7 +34,7 @@ from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.optim_step import LossParts, OptimizerStep
-from lit_rl.modules.protocols import loss_term_providers
+from lit_rl.modules.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
 from lit_rl.modules.step_metrics import StepMetricsOnly
 from lit_rl.modules.validation import HeldoutValidation
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
@@ -190,9 +190,8 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self.model = None
         self.tokenizer = None
         self._build()
-        for term in self.loss_modules:  # terms built against the policy (a critic's head, its own backbone)
-            if hasattr(term, "bind"):
-                term.bind(self)
+        for term in self.own_loss_terms:  # terms built against the policy (a critic's head, its own backbone)
+            term.bind(self)
 
     # ----------------------------------------------------------------- model
     def _build(self) -> None:
@@ -229,7 +228,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             if type(m).__name__.endswith("DecoderLayer"):
                 fully_shard(m, mesh=dp)
         fully_shard(self.model, mesh=dp)
-        for term in self.loss_modules:  # a critic's own parameters (head, separate backbone)
+        for term in self.own_loss_terms:  # a critic's own parameters (head, separate backbone)
             if isinstance(term, torch.nn.Module) and any(True for _ in term.parameters()):
                 fully_shard(term, mesh=dp)
         self._sharded = True
@@ -256,7 +255,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     @torch.no_grad()
     def on_experience(self, trainer, module, exp: Experience) -> None:
         """ExperienceHook of the module itself: old log-probs (when needed), then each of its own loss terms'
-        ``on_experience`` (a critic's values)."""
+        ``on_experience`` (a critic's values; a callback term's runs as the rollout's ExperienceHook)."""
         if self.needs_old_logprobs:
             t0 = time.perf_counter()
             # on the Experience's device (the CPU here, before training_step moves it), like every other field:
@@ -267,20 +266,22 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
                 exp.old_full_logprobs = store_dtype(torch.cat([p[1].to(dev) for p in pairs]))
             self._old_logprob_s = time.perf_counter() - t0
-        for term in self.loss_modules:
-            if hasattr(term, "on_experience"):
-                term.on_experience(trainer, self, exp)
+        for term in self.own_loss_terms:
+            term.on_experience(trainer, self, exp)
 
     # ------------------------------------------------------------ loss terms
     @property
-    def loss_modules(self) -> list:
-        """The module's own loss terms, in the order their parts are added: the ``critic`` (PPO's value loss).
-
-        Each has the ``LossTerm`` shape of a callback such as ``ReferenceKL`` (``loss_terms(module, micro, fwd)``)
-        and may also declare (``protocols.py``): ``wants_hidden`` / ``wants_cache`` (what the shared forward must
-        return), ``on_experience`` (annotate each Experience), ``trains_alone(module)`` (while True every other
-        loss part is multiplied by 0), ``advantage_metrics(exp)`` and ``bootstrap_rows(exp)`` (GAE)."""
+    def own_loss_terms(self) -> list[LossTerm]:
+        """The module's own loss terms (``LossTerm``s, ``modules/protocols.py``), in the order their parts are
+        added: the ``critic`` (PPO's value loss) when given. The module binds them and runs their
+        ``on_experience``; otherwise they are terms like any callback's."""
         return [self.critic] if self.critic is not None else []
+
+    def active_loss_terms(self) -> list[LossTerm]:
+        """Every term Σ_terms L_term of the objective, in the order their parts are added: the module's own,
+        then the ``LossTerm`` callbacks in callback order (none while no trainer is attached)."""
+        trainer = self._trainer
+        return self.own_loss_terms + (loss_term_providers(trainer) if trainer is not None else [])
 
     @property
     def config(self) -> PolicyConfig:
@@ -393,13 +394,29 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
                 "horizon": self.horizon_for(mb)}
 
     def _micro_loss(self, micro: Experience, common: dict[str, Any]) -> LossParts:
-        """Loss parts of one micro-batch (``{"policy": ..., <term>: ...}``, their ``metrics`` attached): one
-        forward, the policy objective (``core.objective``), then every loss term on that same forward."""
-        terms = self.loss_modules
-        # a shared value head reads this same forward: hidden states (regression) or its cache (yes/no question)
-        out = self.forward_outputs(micro, hidden=any(getattr(t, "wants_hidden", False) for t in terms),
-                                   cache=any(getattr(t, "wants_cache", False) for t in terms))
-        # full softmax log-probs (KL terms read them) and entropy, and the sampler's log-probs (core.processed)
+        """L = L_policy + Σ_terms L_term on one micro-batch: its loss parts (``{"policy": ..., <part>: ...}``)
+        with their metrics attached. One shared forward that every part reads, the policy objective
+        (``core.objective``), then each active loss term; a term that trains alone zeroes every other part."""
+        terms = self.active_loss_terms()
+        fwd, sampled = self._training_forward(micro, common, forward_needs(terms))
+        loss = self._policy_loss(micro, fwd, sampled)
+        alone: set[str] = set()
+        for term in terms:
+            parts = _loss_parts(term.loss_terms(self, micro, fwd))
+            _add_parts(loss, parts, term)
+            if term.trains_alone(self):  # e.g. a critic's value-only warmup
+                alone.update(parts)
+        loss = _train_alone(loss, alone)
+        self._last_metrics = loss.metrics
+        return loss
+
+    def _training_forward(self, micro: Experience, common: dict[str, Any], needs: ForwardNeeds
+                          ) -> tuple[LazyLogits, Tensor | None]:
+        """The micro-batch's one forward as every part of the loss reads it (``fwd``, ``protocols.py``): the
+        model's full-softmax log-probs (KL terms read them) and entropy, the train mask, what the terms
+        need (hidden states for a shared value head, or its key/value cache), the minibatch denominators.
+        Also the rollout sampler's log-probs (``core.processed``; None while they are the full softmax's)."""
+        out = self.forward_outputs(micro, hidden=needs.hidden, cache=needs.cache)
         logprobs, entropy, sampled = self.logprobs_of(micro, out, entropy=True)
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits)
@@ -407,38 +424,24 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
                          head=out["head"], cache=out["cache"])
         if out["head"] is None:
             fwd["logits"] = out["logits"]
-        if entropy is None and mask.any():  # materialised path: the entropy metric from the logits
-            with torch.no_grad():
-                entropy = entropy_from_logits(out["logits"].detach(), self.hparams.logprob_chunk_size,
-                                              self.temperature)
-        # the ratio and the mismatch correction compare the sampler's distribution with itself (core.processed);
-        # KL terms and the entropy read the model's full softmax (``fwd["logprobs"]``)
-        parts, metrics = policy_objective(ObjectiveInputs(
-            logprobs=logprobs if sampled is None else sampled, mask=mask, advantages=micro.advantages, num_tokens=common["num_tokens"],
-            num_seqs=common["num_seqs"], horizon=common.get("horizon"), old_logprobs=micro.old_logprobs,
-            rollout_logprobs=micro.rollout_logprobs, is_weights=micro.is_weights, entropy=entropy),
-            self.config.objective())
-        parts.update(self.extra_loss_terms(micro, fwd))  # subclass hook (DistillModule)
-        alone: set[str] = set()
-        metrics, shares = dict(metrics), {}
-        for term in terms:
-            own = term.loss_terms(self, micro, fwd)
-            parts.update(own)
-            metrics.update(getattr(own, "metrics", {}))  # a term's own metrics (LossParts), e.g. the critic's
-            shares.update(getattr(own, "shares", {}))
-            if hasattr(term, "trains_alone") and term.trains_alone(self):  # e.g. a critic's value-only warmup
-                alone.update(own)
-        for cb in loss_term_providers(self.trainer):
-            parts.update(cb.loss_terms(self, micro, fwd))
-        if alone:
-            parts = {k: v if k in alone else v * 0.0 for k, v in parts.items()}
-        self._last_metrics = metrics
-        return LossParts(parts, metrics, shares)
+        return fwd, sampled
 
-    def extra_loss_terms(self, micro: Experience, fwd: dict[str, Any]) -> dict[str, Tensor]:
-        """Subclass hook: more loss terms from this micro-batch's forward (``fwd`` as a LossTerm sees it),
-        each added to the loss and logged as ``loss/<name>``. The base module adds none."""
-        return {}
+    def _policy_loss(self, micro: Experience, fwd: LazyLogits, sampled: Tensor | None) -> LossParts:
+        """L_policy (``core.objective.policy_objective``) and its metrics. The ratio and the mismatch
+        correction compare the sampler's distribution with itself (``sampled``, core.processed); the entropy
+        metric reads the model's full softmax, from the logits on the materialised path (no gradient: a term
+        computes its own)."""
+        entropy, mask = fwd["entropy"], fwd["mask"]
+        if entropy is None and mask.any():
+            with torch.no_grad():
+                entropy = entropy_from_logits(fwd["logits"].detach(), self.hparams.logprob_chunk_size,
+                                              self.temperature)
+        parts, metrics = policy_objective(ObjectiveInputs(
+            logprobs=fwd["logprobs"] if sampled is None else sampled, mask=mask, advantages=micro.advantages,
+            num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"], horizon=fwd.get("horizon"),
+            old_logprobs=micro.old_logprobs, rollout_logprobs=micro.rollout_logprobs,
+            is_weights=micro.is_weights, entropy=entropy), self.config.objective())
+        return LossParts(parts, metrics)
 
     # ------------------------------------------------------------ checkpoint
     # Exact resume (lit_rl/checkpoint.py): ``iteration`` seeds the minibatch shuffles and the critic warmup,
@@ -468,3 +471,27 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     materialize_logits: bool = False
     _last_metrics: dict[str, float] = {}
     _old_logprob_s: float = 0.0
+
+
+def _loss_parts(parts: dict[str, Tensor]) -> LossParts:
+    """A term's return as ``LossParts``: a plain dict carries no metrics or shares."""
+    return parts if isinstance(parts, LossParts) else LossParts(parts)
+
+
+def _add_parts(loss: LossParts, parts: LossParts, term: LossTerm) -> None:
+    """Add one term's parts (and their metrics, shares) to the micro-batch's loss. Two parts of one name would
+    silently replace each other in the sum: an error instead."""
+    if clash := sorted(loss.keys() & parts.keys()):
+        raise ValueError(f"{type(term).__name__} adds the loss part {clash[0]!r}, which another term (or the "
+                         "policy objective) already added; give one of the two terms another part name")
+    loss.update(parts)
+    loss.metrics.update(parts.metrics)
+    loss.shares.update(parts.shares)
+
+
+def _train_alone(loss: LossParts, alone: set[str]) -> LossParts:
+    """While some term trains alone (a critic's warmup), every other part is multiplied by 0: still logged and
+    backpropagated (the same graph every step), adding nothing to the gradient."""
+    if not alone:
+        return loss
+    return LossParts({k: v if k in alone else v * 0.0 for k, v in loss.items()}, loss.metrics, loss.shares)
