@@ -51,7 +51,7 @@ def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatc
     assert cli.model.iteration >= 1
     assert "reward/mean" in m and "actor/grad_norm" in m
     rc = _rollout(cli)
-    assert rc.group_size == int(group) and rc.sampling.max_new_tokens == 2
+    assert rc.settings.group_size == int(group) and rc.settings.sampling.max_new_tokens == 2
     assert cli.trainer.callbacks.index(rc) == 0  # generates before the other callbacks see the batch
     preset = yaml.safe_load((ROOT / f"configs/{recipe}.yaml").read_text())
     for field in ("advantage", "policy_loss", "loss_agg"):  # the preset's independent fields arrive as set
@@ -92,7 +92,7 @@ def test_rollout_callback_in_callbacks_list_becomes_the_rollout_section(tmp_path
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml", str(cfg), steps=1,
                extra=["--rollout.group_size", "2", "--data.init_args.batch_size", "4"])
     rc = _rollout(cli)
-    assert (rc.group_size, rc.max_prompt_len) == (2, 77)
+    assert (rc.settings.group_size, rc.settings.max_prompt_len) == (2, 77)
     assert [type(c).__name__ for c in cli.trainer.callbacks[:2]] == ["Curriculum", "RolloutCallback"]
 
 

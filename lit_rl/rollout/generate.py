@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
-from lit_rl.rollout.engine import Completion, RolloutEngine, SamplingConfig
+from lit_rl.rollout.engine import Completion, RolloutEngine
+from lit_rl.rollout.settings import RolloutSettings
 
 
 class Generator:
@@ -16,14 +17,12 @@ class Generator:
 
     Args:
         engine: any ``RolloutEngine`` (its protocol is unchanged: ``generate(prompt_ids, n, sampling)``).
-        group_size: G, completions per prompt.
-        sampling: the rollout ``SamplingConfig``.
+        settings: the rollout settings (``group_size``: G, completions per prompt; ``sampling``).
         lock: the engine lock (an ``RLock``: the async path already holds it when it calls in).
     """
 
-    def __init__(self, engine: RolloutEngine, group_size: int, sampling: SamplingConfig,
-                 lock: threading.RLock | None = None):
-        self.engine, self.group_size, self.sampling = engine, group_size, sampling
+    def __init__(self, engine: RolloutEngine, settings: RolloutSettings, lock: threading.RLock | None = None):
+        self.engine, self.settings = engine, settings
         self.lock = lock if lock is not None else threading.RLock()
 
     def __call__(self, prompts, prompt_ids: list[list[int]]) -> tuple[list[list[Completion]], float]:
@@ -31,7 +30,7 @@ class Generator:
         episodes from the prompts themselves); it keeps one signature for every generator."""
         t0 = time.perf_counter()
         with self.lock:
-            groups = self.engine.generate(prompt_ids, self.group_size, self.sampling)
+            groups = self.engine.generate(prompt_ids, self.settings.group_size, self.settings.sampling)
         return groups, time.perf_counter() - t0
 
 

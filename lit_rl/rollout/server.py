@@ -248,7 +248,7 @@ class VLLMServerEngine(WeightPush, SeededRequests, EngineBase):
         callback hands itself to the module, ``module.rollout_source``, before it binds the engine)."""
         src = getattr(module, "rollout_source", None)
         if getattr(src, "engine", None) is self:
-            self.check_request_shape(src.group_size, src.sampling.max_new_tokens)
+            self.check_request_shape(src.settings.group_size, src.settings.sampling.max_new_tokens)
 
     def check_request_shape(self, n: int, max_new_tokens: int) -> None:
         """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server."""
