@@ -303,8 +303,8 @@ class PromptStream:
 
 # ----------------------------------------------------------------- the RolloutCallback's async settings
 def check_async_args(sync, settings, engine) -> None:
-    """``RolloutCallback``'s async settings against the others, at construction (each field alone is checked by
-    its group, ``rollout.settings.SyncSettings``): the queue holds at least one group of
+    """``RolloutCallback``'s async settings against the others, at construction (each field alone is checked
+    by its group, ``rollout.settings.SyncSettings``): the queue holds at least one group of
     ``settings.group_size`` rows, and an async engine generates from its own copy of the weights."""
     from lit_rl.rollout.base import as_engine
 

@@ -71,7 +71,8 @@ class AsyncRollouts:
         editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
         check_async_setup(editor, getattr(trainer, "datamodule", None), self.settings.group_size,
                           self.sync.queue_size)
-        check_async_correction(self.sync.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
+        correction = getattr(pl_module.hparams, "rollout_correction", None)
+        check_async_correction(self.sync.max_staleness, correction)
 
     def start(self, dm, first: int, build: Build, load: Callable[[dict[str, Tensor], int], None]) -> None:
         """Start a producer drawing from ``dm`` (a ``PromptDataModule``-like datamodule); ``first``: the
@@ -88,7 +89,8 @@ class AsyncRollouts:
             exp, metrics = build(prompts, first + n)
             return exp, metrics, prompts, stream.pos, first + n
 
-        self.producer = AsyncProducer(produce, load, sync.max_staleness, capacity, self.lock, version=st["version"])
+        self.producer = AsyncProducer(produce, load, sync.max_staleness, capacity, self.lock,
+                                      version=st["version"])
         self.producer.start()
 
     def take(self, build: Build) -> tuple[Experience, dict[str, float]]:
@@ -98,8 +100,10 @@ class AsyncRollouts:
         def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
             return (*build(payload[2], payload[4]), *payload[2:])
 
-        slot, waited = take_fresh(prod, self.sync.max_staleness, self.sync.stale_policy, st, lambda p: len(p[0]),
-                                  regenerate)
+        def rows(payload) -> int:  # an item's size: its Experience's rows
+            return len(payload[0])
+
+        slot, waited = take_fresh(prod, self.sync.max_staleness, self.sync.stale_policy, st, rows, regenerate)
         exp, metrics, _, pos, _ = slot.payload
         st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
         stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)

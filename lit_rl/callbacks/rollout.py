@@ -80,7 +80,8 @@ class RolloutCallback(RolloutProducer):
         self.settings, self.filters = rollout, filters
         check_async_args(self.sync, rollout, engine)
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
-        self.engine = as_engine(engine) if engine is not None else HFEngine(share_weights=self.sync.mode == "sync")
+        self.engine = as_engine(engine) if engine is not None else HFEngine(
+            share_weights=self.sync.mode == "sync")
         if rewards is not None and not isinstance(rewards, RewardPool):
             rewards = RewardPool(rewards)
         self.rewards = rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
@@ -117,9 +118,10 @@ class RolloutCallback(RolloutProducer):
         from lit_rl.core.advantages import check_group_size
 
         hp = getattr(pl_module, "hparams", None)
-        check_group_size(getattr(hp, "advantage", None), self.settings.group_size, getattr(hp, "rl_coef", None))
-        pl_module.temperature = self.settings.sampling.logprob_temperature
-        pl_module.processing = self.settings.sampling.processing  # the sampler's distribution for ratios (core.processed)
+        group_size, sampling = self.settings.group_size, self.settings.sampling
+        check_group_size(getattr(hp, "advantage", None), group_size, getattr(hp, "rl_coef", None))
+        pl_module.temperature = sampling.logprob_temperature
+        pl_module.processing = sampling.processing  # the sampler's distribution for ratios (core.processed)
         self.engine.bind(pl_module)
         dm = getattr(trainer, "datamodule", None)
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
@@ -131,8 +133,7 @@ class RolloutCallback(RolloutProducer):
             raise ConfigError(f"rollout.rewards: {e}") from None
         prompts_per_step = getattr(dm, "batch_size", None)
         mb = getattr(pl_module.hparams, "minibatch_size", None)
-        group_size = self.settings.group_size
-        rows = prompts_per_step * group_size if prompts_per_step else 0  # per rank: each draws its own prompts
+        rows = prompts_per_step * group_size if prompts_per_step else 0  # per rank: each draws its prompts
         if rows and mb and rows % mb:
             raise ValueError(f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                              f"(data.batch_size={prompts_per_step} prompts x group_size={group_size})")
@@ -281,8 +282,9 @@ def _check_pipeline_args(pipeline: RolloutPipeline, engine, settings: dict[str, 
     defaults = {**flat_values(RolloutSettings()), **flat_values(FilterSettings())}
     given = sorted(k for k, v in settings.items() if k in defaults and v != defaults[k])
     if given:
-        raise ValueError(f"RolloutCallback: pipeline= carries its own settings, so {', '.join(given)} would be "
-                         "ignored; set them on the pipeline's RolloutSettings / FilterSettings, or drop pipeline=")
+        raise ValueError(f"RolloutCallback: pipeline= carries its own settings, so {', '.join(given)} would "
+                         "be ignored; set them on the pipeline's RolloutSettings / FilterSettings, or drop "
+                         "pipeline=")
     gen_engine = getattr(pipeline.generate, "engine", None) or getattr(getattr(pipeline.generate, "agent", None),
                                                                        "engine", None)
     if engine is not None and gen_engine is not None and gen_engine is not engine:

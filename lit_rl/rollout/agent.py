@@ -256,10 +256,10 @@ class EnvRewards:
 
 def agent_pipeline(agent: AgentLoop, settings: RolloutSettings, filters: FilterSettings | None = None,
                    lock: threading.RLock | None = None) -> RolloutPipeline:
-    """The agent path as a pipeline: the render stage of ``settings`` (prompt-length policy and counters), then
-    ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
-    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path. The overlong filter and shaping
-    act on one completion cut by its budget, which an episode is not: refused."""
+    """The agent path as a pipeline: the render stage of ``settings`` (prompt-length policy and counters),
+    then ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
+    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path. The overlong filter and
+    shaping act on one completion cut by its budget, which an episode is not: refused."""
     filters = filters if filters is not None else FilterSettings()
     for name in ("overlong_filter", "overlong_buffer"):
         if getattr(filters, name) != getattr(FilterSettings(), name):

@@ -111,13 +111,13 @@ class RolloutPipeline:
         return exp, metrics
 
 
-
 def build_pipeline(engine: RolloutEngine, rewards: RewardPool, settings: RolloutSettings,
-                   filters: FilterSettings | None = None, lock: threading.RLock | None = None) -> RolloutPipeline:
+                   filters: FilterSettings | None = None,
+                   lock: threading.RLock | None = None) -> RolloutPipeline:
     """The single-turn pipeline of ``settings`` and ``filters``: render (the one owner of prompt length:
-    ``max_prompt_len`` and the engine's context, read when rendering, minus the completion budget) → generate
-    (``engine`` under ``lock``) → score (``rewards``, DAPO overlong shaping) → filter / refill → build (horizon =
-    the budget)."""
+    ``max_prompt_len`` and the engine's context, read when rendering, minus the completion budget) →
+    generate (``engine`` under ``lock``) → score (``rewards``, DAPO overlong shaping) → filter / refill →
+    build (horizon = the budget)."""
     filters = filters if filters is not None else FilterSettings()
     sp = settings.sampling
     render = PromptRenderer(settings.max_prompt_len, settings.overlong_prompts,
@@ -128,4 +128,5 @@ def build_pipeline(engine: RolloutEngine, rewards: RewardPool, settings: Rollout
     decode = decode_with(engine)
     return RolloutPipeline(
         render=render, generate=Generator(engine, settings, lock), score=Scorer(rewards, decode, shaping),
-        build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens), settings=settings, filters=filters)
+        build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens), settings=settings,
+        filters=filters)

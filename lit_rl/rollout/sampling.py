@@ -67,11 +67,11 @@ class SamplingConfig:
     top_k: int = setting(0, "Keep the k most likely tokens; 0 = off.")
     max_new_tokens: int = setting(32, "Completion budget (tokens).")
     seed: int | None = setting(
-        None, "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, engine "
-              "call, prompt tokens), so they do not depend on which other prompts share the batch or the rank; "
-              "None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork of it). The vLLM "
-              "engines: the base of their per-request seed cursor (rollout.base.RequestSeeds: per rank), None = "
-              "the engine's own seed.")
+        None, "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, "
+              "engine call, prompt tokens), so they do not depend on which other prompts share the batch or "
+              "the rank; None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork "
+              "of it). The vLLM engines: the base of their per-request seed cursor (per rank, "
+              "rollout.base.RequestSeeds), None = the engine's own seed.")
     min_p: float = setting(0.0, "In [0, 1]; 0 = off.")
     repetition_penalty: float = setting(1.0, "> 0; 1 = off.")
     stop: list[str] | None = setting(
@@ -81,9 +81,9 @@ class SamplingConfig:
               "{\"enable_thinking\": false}).")
     generation_kwargs: dict[str, Any] | None = setting(
         None, "Further engine settings passed through (vLLM SamplingParams fields, server request fields, "
-              "transformers GenerationConfig fields). Refused: keys that are fields here, keys that change the "
-              "sampled distribution without the engines reporting it (UNREPORTED_KEYS), keys the engines set "
-              "themselves (ENGINE_KEYS); each engine also refuses a key it does not know.")
+              "transformers GenerationConfig fields). Refused: keys that are fields here, keys that change "
+              "the sampled distribution without the engines reporting it (UNREPORTED_KEYS), keys the engines "
+              "set themselves (ENGINE_KEYS); each engine also refuses a key it does not know.")
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0 or self.temperature == float("inf"):  # also rejects NaN

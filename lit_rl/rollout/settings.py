@@ -7,10 +7,11 @@
 - ``SyncSettings``: when the engine gets the learner's weights and how far generation may run ahead of it.
 
 ``RolloutCallback`` takes them as flat keyword arguments (``rollout.group_size`` in a recipe) through
-``core.settings.flat_settings``, and so does ``AgentRolloutCallback``; ``cli/precheck.py`` reads the same fields
-from the source. Each group checks its own fields when it is built (a one-line error naming the field); the
-checks that need two groups (``queue_size`` against ``group_size``, dynamic sampling against ``group_size``)
-run where both are known (``callbacks/_async.py``, ``rollout/filter.py``).
+``core.settings.flat_settings``, and so does ``AgentRolloutCallback``; ``cli/precheck.py`` reads the same
+fields from the source. Each group checks its own fields when it is built (a one-line error naming the
+field); the checks that need two groups (``queue_size`` against ``group_size``, dynamic sampling against
+``group_size``, ``overlong_buffer`` against ``sampling.max_new_tokens``) run where both are known
+(``callbacks/_async.py``, ``rollout/filter.py``, ``rollout/score.py``).
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ class RolloutSettings:
     sampling: SamplingConfig = setting(
         doc="How completions are sampled: temperature / top-p / top-k / max_new_tokens ... (SamplingConfig).",
         factory=SamplingConfig)
-    max_prompt_len: int = setting(512, "Prompts longer than this many tokens are handled per overlong_prompts.")
+    max_prompt_len: int = setting(512, "Prompts longer than this many tokens: see overlong_prompts.")
     overlong_prompts: OverlongPrompts = setting(
         "truncate", "An overlong prompt: truncate (keep the last tokens), drop (counted) or error.",
         choices=get_args(OverlongPrompts))
@@ -54,18 +55,20 @@ class FilterSettings:
     """Which rollout rows train, and how their rewards are shaped (DAPO, arXiv 2503.14476)."""
 
     dynamic_sampling: bool = setting(
-        False, "DAPO dynamic sampling: drop groups whose rewards have zero variance and refill from freshly drawn "
-               "prompts until the batch again holds data.batch_size informative groups; each rank draws refills "
-               "from its own stream keyed by (seed, rank, iteration), so a resumed run draws the same ones.")
+        False, "DAPO dynamic sampling: drop groups whose rewards have zero variance and refill from "
+               "freshly drawn prompts until the batch again holds data.batch_size informative groups; each "
+               "rank draws refills from its own stream keyed by (seed, rank, iteration), so a resumed run "
+               "draws the same.")
     max_resample_tries: int = setting(
-        3, "Dynamic sampling: extra generations per step before the step raises (a short batch would give ranks "
-           "unequal rows).")
+        3, "Dynamic sampling: extra generations per step before the step raises (a short batch would give "
+           "ranks unequal rows).")
     overlong_filter: bool = setting(
-        False, "DAPO overlong filtering: completions cut off by max_new_tokens (finish reason length) keep their "
-               "reward in their group's statistics but do not train.")
+        False, "DAPO overlong filtering: completions cut off by max_new_tokens (finish reason length) keep "
+               "their reward in their group's statistics but do not train.")
     overlong_buffer: int | None = setting(
-        None, "DAPO soft overlong punishment: a penalty falling linearly from 0 to -overlong_penalty_factor over "
-              "the last overlong_buffer tokens of the generation budget, added to every valid reward; None = off.")
+        None, "DAPO soft overlong punishment: a penalty falling linearly from 0 to -overlong_penalty_factor "
+              "over the last overlong_buffer tokens of the generation budget, added to every valid reward; "
+              "None = off.")
     overlong_penalty_factor: float = setting(1.0, "Largest soft overlong penalty (see overlong_buffer).")
 
     def __post_init__(self) -> None:
@@ -80,9 +83,10 @@ class SyncSettings:
 
     sync_every: int = setting(1, "Push weights to the engine every this many optimizer steps.")
     mode: RolloutMode = setting(
-        "sync", "sync: generate, then train, every iteration; async: a background producer generates while the "
-                "trainer updates (needs an engine with its own copy of the weights: HFEngine(share_weights=False), "
-                "the default engine in async mode, or a vLLM engine).", choices=get_args(RolloutMode))
+        "sync", "sync: generate, then train, every iteration; async: a background producer generates while "
+                "the trainer updates (needs an engine with its own copy of the weights: "
+                "HFEngine(share_weights=False), the default engine in async mode, or a vLLM engine).",
+        choices=get_args(RolloutMode))
     max_staleness: int = setting(
         1, "Async: a row generated by weights more than this many weight pushes behind the learner is never "
            "trained on; 0 reproduces sync exactly.")
@@ -103,5 +107,5 @@ class SyncSettings:
                              f"{self.max_staleness}")
 
 
-for _group in (RolloutSettings, FilterSettings, SyncSettings):  # each field's doc in its docstring too (help())
+for _group in (RolloutSettings, FilterSettings, SyncSettings):  # each field's doc in its docstring (help())
     _group.__doc__ += field_docs(_group)

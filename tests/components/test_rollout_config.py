@@ -1,5 +1,6 @@
 """``RolloutCallback(engine, pipeline, ...)``: the flat settings become the rollout settings groups and
-``build_pipeline`` builds the stages; a pipeline can be handed in instead (the agent path is one, with no reward pool)."""
+``build_pipeline`` builds the stages; a pipeline can be handed in instead (the agent path is one, with no
+reward pool)."""
 from __future__ import annotations
 
 import threading
@@ -23,8 +24,8 @@ def test_flat_settings_build_the_pipeline_the_config_describes():
                          max_prompt_len=64, overlong_prompts="drop", dynamic_sampling=True, max_resample_tries=5,
                          overlong_filter=True, overlong_buffer=4, overlong_penalty_factor=0.5, seed=3)
     p = rc.pipeline
-    assert rc.settings == RolloutSettings(group_size=4, sampling=SamplingConfig(max_new_tokens=16), max_prompt_len=64,
-                                          overlong_prompts="drop", seed=3)
+    assert rc.settings == RolloutSettings(group_size=4, sampling=SamplingConfig(max_new_tokens=16),
+                                          max_prompt_len=64, overlong_prompts="drop", seed=3)
     assert rc.filters == FilterSettings(dynamic_sampling=True, max_resample_tries=5, overlong_filter=True,
                                         overlong_buffer=4, overlong_penalty_factor=0.5)
     assert rc.sync == SyncSettings()
@@ -32,7 +33,8 @@ def test_flat_settings_build_the_pipeline_the_config_describes():
     assert (p.refill.settings.group_size, p.refill.max_resample_tries, p.refill.seed) == (4, 5, 3)
     assert (p.score.shaping.buffer, p.score.shaping.factor, p.score.rewards) == (4, 0.5, rc.rewards)
     # one settings object: the pipeline and its generate stage hold the callback's own
-    assert p.build.horizon == 16 and p.settings is rc.settings is p.generate.settings and p.filters is rc.filters
+    assert p.build.horizon == 16 and p.filters is rc.filters
+    assert p.settings is rc.settings and p.generate.settings is rc.settings
     assert p.generate.lock is rc.engine_lock and p.generate.engine is rc.engine
     assert set(rc.state_dict()) == {"last_sync_step", "counters", "next_group", "policy_version", "async", "engine",
                                     "engine_ranks"}
@@ -49,7 +51,8 @@ def test_a_handed_pipeline_is_used_as_is():
     pipe.build.next_group, pipe.render.counters["prompts_dropped"] = 7, 2  # each stage's state, through the pipeline
     state = rc.state_dict()
     assert (state["next_group"], state["counters"]["prompts_dropped"]) == (7, 2)
-    other = RolloutCallback(engine=eng, pipeline=build_pipeline(eng, pool, RolloutSettings(group_size=2), lock=lock))
+    other = RolloutCallback(engine=eng,
+                            pipeline=build_pipeline(eng, pool, RolloutSettings(group_size=2), lock=lock))
     other.load_state_dict(state)
     assert other.pipeline.build.next_group == 7 and other.pipeline.render.counters["prompts_dropped"] == 2
     with pytest.raises(ValueError, match="so max_prompt_len, overlong_filter would be ignored"):

@@ -87,12 +87,12 @@ def test_render_error_and_bad_arguments(tok):
     with pytest.raises(ValueError, match="overlong_prompts='cut'; valid values: truncate, drop, error"):
         PromptRenderer(5, "cut")
     with pytest.raises(ValueError, match="max_prompt_len must be >= 1, got 0"):
-        PromptRenderer(0)
+        PromptRenderer(0, "truncate")
 
 
 def test_render_uses_the_chat_template_for_messages(tok):
     p = Prompt(messages=[{"role": "user", "content": "2+2="}])
-    _, (ids,) = PromptRenderer(512)(tok, [p])
+    _, (ids,) = PromptRenderer(512, "truncate")(tok, [p])
     assert tok.decode(ids) == tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -250,8 +250,9 @@ def test_pipeline_run_filters_overlong_rows_and_reports(tok):
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c == p.answer))
     settings = RolloutSettings(group_size=2, sampling=SamplingConfig(max_new_tokens=2))
-    pipe = RolloutPipeline(PromptRenderer(512), Generator(eng, settings), Scorer(pool, decode_with(eng)),
-                           ExperienceBuilder(eng, decode_with(eng), 2), settings, FilterSettings(overlong_filter=True))
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings), Scorer(pool, decode_with(eng)),
+                           ExperienceBuilder(eng, decode_with(eng), 2), settings,
+                           FilterSettings(overlong_filter=True))
     exp, m = pipe.run(tok, [Prompt(prompt="2+2=", answer="4"), Prompt(prompt="1+2=", answer="3")])
     assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert exp.trainable.tolist() == [True, False, False, True]
@@ -267,8 +268,9 @@ def test_pipeline_refill_draws_from_the_pool_with_the_rank_iteration_stream(tok)
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c))
     settings = RolloutSettings(group_size=2, seed=1)
-    pipe = RolloutPipeline(PromptRenderer(512), Generator(eng, settings), Scorer(pool, decode_with(eng)),
-                           ExperienceBuilder(eng, decode_with(eng), 16), settings, FilterSettings(dynamic_sampling=True))
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings), Scorer(pool, decode_with(eng)),
+                           ExperienceBuilder(eng, decode_with(eng), 16), settings,
+                           FilterSettings(dynamic_sampling=True))
     train = [Prompt(prompt=u, uid=u) for u in "abc"]
     exp, m = pipe.run(tok, [train[0], train[1]], pool=train, rank=1, iteration=5)
     rng = random.Random("lit_rl.refill:1:1:5")
