@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
 from lit_rl.core.seeds import run_seed
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.rollouts import Rollouts
-
-if TYPE_CHECKING:  # rollout.settings imports this module's checks
-    from lit_rl.rollout.settings import FilterSettings, RolloutSettings
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 def overlong_trainable(finish_reasons: list[str]) -> torch.Tensor:
@@ -47,19 +44,14 @@ def zero_std_frac(rb: RewardBatch, G: int) -> float:
     return 1.0 - len(informative_groups(rb, G)) / max(n, 1)
 
 
-def check_resample_tries(n: int) -> None:
-    """``max_resample_tries`` must be >= 0: checked even while dynamic sampling is off (a config error)."""
-    if n < 0:
-        raise ValueError(f"max_resample_tries must be >= 0, got {n}")
-
-
 class DynamicSampling:
     """Refill zero-variance groups from newly drawn prompts.
 
     Args:
         settings: the rollout settings: ``group_size`` (G >= 2: a group of one has no reward variance) and
             ``seed`` (part of the refill stream's key; None = the run's seed).
-        filters: ``max_resample_tries``, extra generations per step before giving up.
+        filters: ``max_resample_tries``, extra generations per step before giving up (>= 0, checked by
+            ``FilterSettings``).
     """
 
     def __init__(self, settings: RolloutSettings, filters: FilterSettings):

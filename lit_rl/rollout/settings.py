@@ -21,7 +21,6 @@ from typing import get_args
 from lit_rl.core.group_size import check_group_size
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.core.settings import check_choices, field_docs, setting
-from lit_rl.rollout.filter import check_resample_tries
 from lit_rl.rollout.sampling import SamplingConfig
 from lit_rl.rollout.score import check_penalty_factor
 
@@ -73,7 +72,8 @@ class FilterSettings:
 
     def __post_init__(self) -> None:
         # overlong_buffer is checked against sampling.max_new_tokens where both are known (the score stage)
-        check_resample_tries(self.max_resample_tries)
+        if self.max_resample_tries < 0:  # checked even while dynamic sampling is off: a config error
+            raise ValueError(f"max_resample_tries must be >= 0, got {self.max_resample_tries}")
         check_penalty_factor(self.overlong_penalty_factor)
 
 
