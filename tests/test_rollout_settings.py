@@ -50,6 +50,9 @@ def test_signature_defaults_are_the_declarations():
     agent = inspect.signature(AgentRolloutCallback).parameters
     assert {n: p.default for n, p in agent.items() if n != "agent"} == \
         {n: p.default for n, p in params.items() if n not in ("engine", "rewards", "pipeline")}
+    # the two single-turn filter settings would do nothing to episodes: refused, naming the setting
+    with pytest.raises(ValueError, match=r"^overlong_filter is a single-turn setting"):
+        AgentRolloutCallback(AgentLoop(lambda: None, HFEngine()), overlong_filter=True)
 
 
 def test_a_misspelt_setting_is_one_line_naming_the_setting():
