@@ -250,7 +250,8 @@ def test_pipeline_run_filters_overlong_rows_and_reports(tok):
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c == p.answer))
     settings = RolloutSettings(group_size=2, sampling=SamplingConfig(max_new_tokens=2))
-    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings), Scorer(pool, decode_with(eng)),
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
+                           Scorer(pool, decode_with(eng)),
                            ExperienceBuilder(eng, decode_with(eng), 2), settings,
                            FilterSettings(overlong_filter=True))
     exp, m = pipe.run(tok, [Prompt(prompt="2+2=", answer="4"), Prompt(prompt="1+2=", answer="3")])
@@ -268,7 +269,8 @@ def test_pipeline_refill_draws_from_the_pool_with_the_rank_iteration_stream(tok)
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c))
     settings = RolloutSettings(group_size=2, seed=1)
-    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings), Scorer(pool, decode_with(eng)),
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
+                           Scorer(pool, decode_with(eng)),
                            ExperienceBuilder(eng, decode_with(eng), 16), settings,
                            FilterSettings(dynamic_sampling=True))
     train = [Prompt(prompt=u, uid=u) for u in "abc"]
