@@ -18,13 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_literals_mirror_the_registries_and_tuples():
-    from lit_rl.callbacks._async import MODES
     from lit_rl.core.advantages import ADVANTAGES, STD_SCOPES
     from lit_rl.core.aggregation import AGG_MODES
     from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES
     from lit_rl.core.policy_losses import POLICY_LOSSES
     from lit_rl.data.tasks import TASKS
-    from lit_rl.rollout.async_producer import STALE_POLICIES
     from lit_rl.rollout.render import OVERLONG
 
     assert sorted(get_args(names.AdvantageName)) == ADVANTAGES.names()
@@ -34,8 +32,6 @@ def test_literals_mirror_the_registries_and_tuples():
     assert get_args(names.StdScope) == tuple(STD_SCOPES)
     assert get_args(names.CorrectionLevel) == tuple(CORRECTION_LEVELS)
     assert get_args(names.OverlongPrompts) == tuple(OVERLONG)
-    assert get_args(names.RolloutMode) == tuple(MODES)
-    assert get_args(names.StalePolicy) == tuple(STALE_POLICIES)
     assert sorted(get_args(names.TaskName)) == sorted(TASKS)
 
 

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from lit_rl.cli import main
+from lit_rl.core.settings import flat_values
 from lit_rl.runs import log_rows
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,14 +52,15 @@ def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatc
     assert cli.model.iteration >= 1
     assert "reward/mean" in m and "actor/grad_norm" in m
     rc = _rollout(cli)
-    assert rc.group_size == int(group) and rc.sampling.max_new_tokens == 2
+    assert rc.settings.group_size == int(group) and rc.settings.sampling.max_new_tokens == 2
     assert cli.trainer.callbacks.index(rc) == 0  # generates before the other callbacks see the batch
     preset = yaml.safe_load((ROOT / f"configs/{recipe}.yaml").read_text())
     for field in ("advantage", "policy_loss", "loss_agg"):  # the preset's independent fields arrive as set
         assert cli.model.hparams[field] == preset["model"]["init_args"][field]
+    given = flat_values(rc.settings, rc.filters, rc.sync)
     for k, v in preset["rollout"].items():  # and the recipe's other rollout settings are kept
         if k not in ("group_size", "sampling", "rewards", "engine"):
-            assert getattr(rc, {"overlong_prompts": "overlong"}.get(k, k)) == v, k
+            assert given[k] == v, k
 
 
 def test_callback_fragment_composes_with_recipe(tmp_path, monkeypatch, tiny_model_dir):
@@ -68,7 +70,7 @@ def test_callback_fragment_composes_with_recipe(tmp_path, monkeypatch, tiny_mode
                "callbacks/save_hf.yaml", extra=["--rollout.group_size", "5", "--trainer.val_check_interval", "1"])
     kinds = [type(cb) for cb in cli.trainer.callbacks]
     assert RolloutCallback in kinds and HeldoutEval in kinds  # appended, not replaced
-    assert _rollout(cli).group_size == 5
+    assert _rollout(cli).settings.group_size == 5
     assert "eval/accuracy" in cli.trainer.callback_metrics
     assert (tmp_path / "run" / "final_model" / "config.json").exists()  # under the run directory
     assert not (tmp_path / "final_model").exists()
@@ -92,7 +94,7 @@ def test_rollout_callback_in_callbacks_list_becomes_the_rollout_section(tmp_path
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml", str(cfg), steps=1,
                extra=["--rollout.group_size", "2", "--data.init_args.batch_size", "4"])
     rc = _rollout(cli)
-    assert (rc.group_size, rc.max_prompt_len) == (2, 77)
+    assert (rc.settings.group_size, rc.settings.max_prompt_len) == (2, 77)
     assert [type(c).__name__ for c in cli.trainer.callbacks[:2]] == ["Curriculum", "RolloutCallback"]
 
 

@@ -181,8 +181,8 @@ def test_chat_template_kwargs_reach_the_template(bound):
                          "{% if enable_thinking is defined and not enable_thinking %}#{% endif %}")
     try:
         p = Prompt(messages=[{"role": "user", "content": "hi"}], uid="u")
-        _, plain = PromptRenderer()(tok, [p])
-        _, off = PromptRenderer(chat_template_kwargs={"enable_thinking": False})(tok, [p])
+        _, plain = PromptRenderer(512, "truncate")(tok, [p])
+        _, off = PromptRenderer(512, "truncate", chat_template_kwargs={"enable_thinking": False})(tok, [p])
     finally:
         tok.chat_template = saved
     assert tok.decode(plain[0]) == "hi" and tok.decode(off[0]) == "hi#"

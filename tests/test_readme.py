@@ -178,7 +178,7 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
     rc = next(c for c in results["lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 "
                                  "--rollout.sampling.max_new_tokens 2"].trainer.callbacks
               if isinstance(c, RolloutCallback))
-    assert (rc.group_size, rc.sampling.max_new_tokens) == (4, 2)
+    assert (rc.settings.group_size, rc.settings.sampling.max_new_tokens) == (4, 2)
     mine = next(c for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
                 if isinstance(c, RolloutCallback))
     assert list(mine.rewards.rewards) == ["mine"]

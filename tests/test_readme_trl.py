@@ -62,7 +62,8 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
     assert cli.model.iteration == 1 and len(cli.datamodule.heldout_prompts) == 2
     from lit_rl.callbacks import RolloutCallback
 
-    assert [c.sampling.top_p for c in cli.trainer.callbacks if isinstance(c, RolloutCallback)] == [0.95]
+    rollouts = [c for c in cli.trainer.callbacks if isinstance(c, RolloutCallback)]
+    assert [c.settings.sampling.top_p for c in rollouts] == [0.95]
     assert isinstance(cli.model.model, PeftModel) and cli.model.model.is_gradient_checkpointing
     m = {k: float(v) for k, v in cli.trainer.callback_metrics.items()}
     # the weights apply: every row has both rewards, so mean(total) = 1.0 * mean(acc) + 0.1 * mean(brevity)

@@ -1,30 +1,22 @@
-"""The checks of ``RolloutCallback``'s async settings (``mode``, ``max_staleness``, ``queue_size``,
-``stale_policy``) against its other arguments, the datamodule and the module. The Lightning-free machinery
-they guard (producer thread, staleness gate, ``take_fresh``, ``PromptStream``) is
-``rollout/async_producer.py``.
+"""The checks of ``RolloutCallback``'s async settings (``rollout.settings.SyncSettings``: ``mode``,
+``max_staleness``, ``queue_size``, ``stale_policy``) against its other settings, the datamodule and the module;
+each field alone is checked by its group. The Lightning-free machinery they guard (producer thread, staleness
+gate, ``take_fresh``, ``PromptStream``) is ``rollout/async_producer.py``.
 """
 from __future__ import annotations
 
-from lit_rl.rollout.async_producer import STALE_POLICIES
 
-MODES = ("sync", "async")
-
-
-# ----------------------------------------------------------------- the RolloutCallback's async settings
-def check_async_args(mode, max_staleness, queue_size, stale_policy, group_size, engine) -> None:
-    """The async arguments of ``RolloutCallback``, at construction (the first bad one is named)."""
+def check_async_args(sync, settings, engine) -> None:
+    """``RolloutCallback``'s async settings against the others, at construction (each field alone is checked
+    by its group, ``rollout.settings.SyncSettings``): the queue holds at least one group of
+    ``settings.group_size`` rows, and an async engine generates from its own copy of the weights."""
     from lit_rl.rollout.base import check_engine
 
-    if mode not in MODES:
-        raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
-    if max_staleness < 0:
-        raise ValueError(f"max_staleness must be an integer >= 0 (0 = exactly synchronous), got {max_staleness}")
-    if queue_size is not None and queue_size < group_size:
-        raise ValueError(f"queue_size={queue_size} rows is smaller than one group (group_size={group_size}), so "
-                         "smaller than one iteration; allowed: null or >= data.batch_size x group_size rows")
-    if stale_policy not in STALE_POLICIES:
-        raise ValueError(f"stale_policy={stale_policy!r}; valid values: {', '.join(STALE_POLICIES)}")
-    if mode == "async" and engine is not None and check_engine(engine).share_weights:
+    if sync.queue_size is not None and sync.queue_size < settings.group_size:
+        raise ValueError(f"queue_size={sync.queue_size} rows is smaller than one group (group_size="
+                         f"{settings.group_size}), so smaller than one iteration; allowed: null or >= "
+                         "data.batch_size x group_size rows")
+    if sync.mode == "async" and engine is not None and check_engine(engine).share_weights:
         raise ValueError(f"engine {type(engine).__name__}(share_weights=True) is a sync-only engine option: in "
                          "mode='async' the producer must generate from a snapshot, not the weights being trained; use "
                          "HFEngine(share_weights=False) (the default engine in async mode) or mode='sync'")

@@ -32,6 +32,7 @@ from lit_rl.callbacks._roles import PromptEditor
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.rollout.async_producer import AsyncProducer, PromptStream, staleness, take_fresh
+from lit_rl.rollout.settings import RolloutSettings, SyncSettings
 
 # build(prompts, iteration) -> (Experience, metrics): pipeline steps 1-5 keyed by the refill iteration
 Build = Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]
@@ -41,15 +42,13 @@ class AsyncRollouts:
     """The async producer of one ``RolloutCallback`` and its checkpointed counters; see the module docstring.
 
     Args:
-        group_size: completions per prompt (rows per prompt).
-        max_staleness, queue_size, stale_policy: the callback's async settings (checked by it).
+        settings: the callback's ``RolloutSettings`` (``group_size``: rows per prompt).
+        sync: its ``SyncSettings`` (``max_staleness``, ``queue_size``, ``stale_policy``).
         lock: the engine lock (generation, weight loads and evaluation use the engine one at a time).
     """
 
-    def __init__(self, group_size: int, max_staleness: int, queue_size: int | None, stale_policy: str,
-                 lock: threading.RLock):
-        self.group_size, self.max_staleness, self.queue_size = group_size, max_staleness, queue_size
-        self.stale_policy, self.lock = stale_policy, lock
+    def __init__(self, settings: RolloutSettings, sync: SyncSettings, lock: threading.RLock):
+        self.settings, self.sync, self.lock = settings, sync, lock
         self.producer: AsyncProducer | None = None
         self.stream: PromptStream | None = None
         self.state = {"version": 0, "prompt_pos": 0, "dropped": 0, "regenerated": 0}
@@ -64,8 +63,10 @@ class AsyncRollouts:
         ``batch.prompts`` would never be seen), a datamodule it can draw from, a queue of at least one
         iteration, and an importance correction for rows from older weights (``_async.check_async_*``)."""
         editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-        check_async_setup(editor, getattr(trainer, "datamodule", None), self.group_size, self.queue_size)
-        check_async_correction(self.max_staleness, getattr(pl_module.hparams, "rollout_correction", None))
+        check_async_setup(editor, getattr(trainer, "datamodule", None), self.settings.group_size,
+                          self.sync.queue_size)
+        correction = getattr(pl_module.hparams, "rollout_correction", None)
+        check_async_correction(self.sync.max_staleness, correction)
 
     def start(self, dm, first: int, build: Build, load: Callable[[dict[str, Tensor], int], None]) -> None:
         """Start a producer drawing from ``dm`` (a ``PromptDataModule``-like datamodule); ``first``: the
@@ -74,15 +75,16 @@ class AsyncRollouts:
         st = self.state
         self.stream = stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
                                             template=getattr(dm, "_sampler", None))
-        rows = dm.batch_size * self.group_size
-        capacity = (self.queue_size // rows) if self.queue_size is not None else self.max_staleness + 1
+        rows, sync = dm.batch_size * self.settings.group_size, self.sync
+        capacity = (sync.queue_size // rows) if sync.queue_size is not None else sync.max_staleness + 1
 
         def produce(n: int):
             prompts = stream.next_batch()
             exp, metrics = build(prompts, first + n)
             return exp, metrics, prompts, stream.pos, first + n
 
-        self.producer = AsyncProducer(produce, load, self.max_staleness, capacity, self.lock, version=st["version"])
+        self.producer = AsyncProducer(produce, load, sync.max_staleness, capacity, self.lock,
+                                      version=st["version"])
         self.producer.start()
 
     def take(self, build: Build) -> tuple[Experience, dict[str, float]]:
@@ -92,7 +94,10 @@ class AsyncRollouts:
         def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
             return (*build(payload[2], payload[4]), *payload[2:])
 
-        slot, waited = take_fresh(prod, self.max_staleness, self.stale_policy, st, lambda p: len(p[0]), regenerate)
+        def rows(payload) -> int:  # an item's size: its Experience's rows
+            return len(payload[0])
+
+        slot, waited = take_fresh(prod, self.sync.max_staleness, self.sync.stale_policy, st, rows, regenerate)
         exp, metrics, _, pos, _ = slot.payload
         st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
         stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)

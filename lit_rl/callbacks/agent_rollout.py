@@ -13,12 +13,11 @@ import lightning as L
 from torch import Tensor
 
 from lit_rl.callbacks.rollout import RolloutCallback
-from lit_rl.core.seeds import run_seed
+from lit_rl.core.settings import flat_settings, flat_values, split_settings
 from lit_rl.data.experience import Experience
 from lit_rl.modules.protocols import LossTerm
 from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline
-from lit_rl.rollout.engine import SamplingConfig
-from lit_rl.rollout.pipeline import RolloutConfig
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings, SyncSettings
 
 
 class ObservationLoss(L.Callback, LossTerm):
@@ -50,23 +49,22 @@ class ObservationLoss(L.Callback, LossTerm):
         return {"world_model": self.coef * module.aggregate(-fwd["logprobs"], obs, fwd)}
 
 
+@flat_settings((RolloutSettings, FilterSettings, SyncSettings), before=1)
 class AgentRolloutCallback(RolloutCallback):
     """``RolloutCallback`` whose pipeline is the agent path (``agent_loop.agent_pipeline``): ``AgentLoop``
     episodes scored by the environment, no reward pool.
 
     Everything else (prompt checks, dynamic sampling, ExperienceHooks, advantages, weight sync, checkpointed
-    state) is the base callback's. Args are the base callback's, minus ``rewards`` and ``engine`` (the loop's
-    engine is used).
+    state) is the base callback's, and so are the settings: the same groups, names and defaults
+    (``lit_rl.rollout.settings``; the single-turn ``overlong_filter`` / ``overlong_buffer`` are refused). The
+    loop's engine generates; there is no ``rewards``.
+
+    Args:
+        agent: the ``AgentLoop`` that runs the episodes.
     """
 
-    def __init__(self, agent: AgentLoop, group_size: int = 4, sampling: SamplingConfig | None = None,
-                 sync_every: int = 1, max_prompt_len: int = 1024, dynamic_sampling: bool = False,
-                 max_resample_tries: int = 3, seed: int | None = None):
-        seed = run_seed(seed)  # None: the run's seed_everything
-        config = RolloutConfig(group_size=group_size, sampling=sampling or SamplingConfig(),
-                               max_prompt_len=max_prompt_len, dynamic_sampling=dynamic_sampling,
-                               max_resample_tries=max_resample_tries, seed=seed)
-        lock = threading.RLock()
-        super().__init__(engine=agent.engine, pipeline=agent_pipeline(agent, config, lock), sync_every=sync_every,
-                         seed=seed)
+    def __init__(self, agent: AgentLoop, **settings: Any):
+        rollout, filters, sync = split_settings("AgentRolloutCallback", type(self).settings_groups, settings)
+        pipeline = agent_pipeline(agent, rollout, filters, threading.RLock())
+        super().__init__(engine=agent.engine, pipeline=pipeline, **flat_values(sync))
         self.agent = agent

@@ -104,7 +104,8 @@ class HeldoutEval(L.Callback):
             self._score(rc, pl_module, prompts)
 
     def _score(self, rc, pl_module, prompts: list) -> None:
-        sp = SamplingConfig(temperature=0.0, max_new_tokens=self.max_new_tokens or rc.sampling.max_new_tokens)
+        budget = self.max_new_tokens or rc.settings.sampling.max_new_tokens
+        sp = SamplingConfig(temperature=0.0, max_new_tokens=budget)
         # the run's prompt-length policy (and the engine's context), not counted as training truncations
         prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer

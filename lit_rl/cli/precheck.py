@@ -130,7 +130,9 @@ def _find_class(module: str, name: str, depth: int = 0) -> ast.ClassDef | None:
 @cache
 def signature(module: str, name: str) -> tuple[dict, bool] | None:
     """``({param: (default or _NOT_A_VALUE, annotation node)}, takes_kwargs)`` of the class's ``__init__`` (or
-    its dataclass fields); None when the class or its ``__init__`` cannot be read from the source."""
+    its dataclass fields); None when the class or its ``__init__`` cannot be read from the source. A class
+    decorated with ``@flat_settings((GroupA, GroupB), ...)`` (``lit_rl.core.settings``) takes the groups'
+    fields as its settings, whatever its ``**settings`` says."""
     cls = _find_class(module, name)
     if cls is None:
         return None
@@ -138,8 +140,7 @@ def signature(module: str, name: str) -> tuple[dict, bool] | None:
     if init is None:
         if any(isinstance(d, ast.Name) and d.id == "dataclass" or isinstance(d, ast.Call) and getattr(d.func, "id", "") == "dataclass"
                for d in cls.decorator_list):
-            return {n.target.id: (_default(n.value), n.annotation) for n in cls.body
-                    if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}, False
+            return _fields(cls), False
         return None
     a = init.args
     params = a.posonlyargs + a.args
@@ -147,7 +148,39 @@ def signature(module: str, name: str) -> tuple[dict, bool] | None:
     out = {p.arg: (d, p.annotation) for p, d in zip(params, defaults) if p.arg != "self"}
     out.update({p.arg: (_default(d) if d is not None else _NOT_A_VALUE, p.annotation)
                 for p, d in zip(a.kwonlyargs, a.kw_defaults)})
-    return out, a.kwarg is not None
+    groups = _settings_groups(cls)
+    if groups is None:
+        return out, a.kwarg is not None
+    for group in groups:
+        found = _find_class(module, group)
+        if found is None:
+            return None
+        out.update(_fields(found))
+    return out, False
+
+
+def _fields(cls: ast.ClassDef) -> dict:
+    """``{field: (default or _NOT_A_VALUE, annotation)}`` of a dataclass; a ``setting(default, doc, ...)``
+    field's default is its first argument (a ``factory`` default is not a value)."""
+    out = {}
+    for n in cls.body:
+        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
+            value = n.value
+            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "setting":
+                value = value.args[0] if value.args else next(
+                    (k.value for k in value.keywords if k.arg == "default"), None)
+            out[n.target.id] = (_default(value), n.annotation)
+    return out
+
+
+def _settings_groups(cls: ast.ClassDef) -> list[str] | None:
+    """The group names of a ``@flat_settings((A, B), ...)`` decorator written with a tuple of names."""
+    for d in cls.decorator_list:
+        if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "flat_settings" and d.args:
+            names = d.args[0].elts if isinstance(d.args[0], (ast.Tuple, ast.List)) else []
+            if names and all(isinstance(e, ast.Name) for e in names):
+                return [e.id for e in names]
+    return None
 
 
 def _default(node):

@@ -138,3 +138,9 @@ def flat_settings(groups: Iterable[type], *, before: int = 1) -> Callable[[type]
         return cls
 
     return decorate
+
+
+def field_docs(group: type) -> str:
+    """The ``Args:`` lines of a group's fields (``name: doc``), to append to its docstring: ``help()`` and
+    jsonargparse's ``--help`` of a nested group (``rollout.sampling``) read the docstring."""
+    return "\n\n    Args:\n" + "\n".join(f"        {f.name}: {_field_doc(f)}" for f in fields(group)) + "\n"

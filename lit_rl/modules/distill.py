@@ -194,7 +194,7 @@ class DistillModule(PolicyModule):
             if g not in seen:
                 seen.add(g)
                 prompts.append(p)
-        texp, metrics = self.router().teacher_rollouts(self, prompts, rc.sampling, rc.rewards)
+        texp, metrics = self.router().teacher_rollouts(self, prompts, rc.settings.sampling, rc.rewards)
         local = 0 if texp is None else texp.batch_size
         rows = int(self._all_reduce_sum(torch.tensor([float(local)]), op="max")[0])
         if rows > 0:

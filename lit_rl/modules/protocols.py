@@ -94,11 +94,11 @@ def forward_needs(terms: list[LossTerm]) -> ForwardNeeds:
 class RolloutSource(Protocol):
     """What the rollout callback hands the policy module at ``setup`` (``module.rollout_source``), so that
     evaluation, teacher rollouts and engines never search ``trainer.callbacks`` for it: the engine (with its
-    lock and ``eval_generate``), the sampling settings, ``group_size``, the reward pool and the pipeline."""
+    lock and ``eval_generate``), the rollout settings (``settings.group_size``, ``settings.sampling``), the
+    reward pool and the pipeline."""
 
     engine: Any
-    sampling: Any
-    group_size: int
+    settings: Any
     rewards: Any
     pipeline: Any
     engine_lock: Any

@@ -36,10 +36,10 @@ from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
-from lit_rl.rollout.filter import DynamicSampling
-from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline
+from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 @dataclass
@@ -222,16 +222,15 @@ class AgentGenerator:
     are not used; the render stage still applies the prompt-length policy and its counters.
     """
 
-    def __init__(self, agent: AgentLoop, group_size: int, sampling: SamplingConfig,
-                 lock: threading.RLock | None = None):
-        self.agent, self.group_size, self.sampling = agent, group_size, sampling
+    def __init__(self, agent: AgentLoop, settings: RolloutSettings, lock: threading.RLock | None = None):
+        self.agent, self.settings = agent, settings
         self.lock = lock if lock is not None else threading.RLock()
 
     def __call__(self, prompts: list[Any], prompt_ids: Any = None) -> tuple[list[list[Episode]], float]:
         """(N groups of G ``Episode``, wall seconds)."""
         t0 = time.perf_counter()
         with self.lock:
-            groups = self.agent.run(prompts, self.group_size, self.sampling)
+            groups = self.agent.run(prompts, self.settings.group_size, self.settings.sampling)
         return groups, time.perf_counter() - t0
 
 
@@ -257,15 +256,19 @@ class EnvRewards:
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
 
 
-def agent_pipeline(agent: AgentLoop, config: RolloutConfig, lock: threading.RLock | None = None) -> RolloutPipeline:
-    """The agent path as a pipeline: the render stage of ``config`` (prompt-length policy and counters), then
-    ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
-    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path."""
-    sp = config.sampling
-    render = PromptRenderer(config.max_prompt_len, config.overlong_prompts,
+def agent_pipeline(agent: AgentLoop, settings: RolloutSettings, filters: FilterSettings | None = None,
+                   lock: threading.RLock | None = None) -> RolloutPipeline:
+    """The agent path as a pipeline: the render stage of ``settings`` (prompt-length policy and counters),
+    then ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
+    ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path. The overlong filter and
+    shaping act on one completion cut by its budget, which an episode is not: refused."""
+    filters = filters if filters is not None else FilterSettings()
+    for name in ("overlong_filter", "overlong_buffer"):
+        if getattr(filters, name) != getattr(FilterSettings(), name):
+            raise ValueError(f"{name} is a single-turn setting (an episode is not one completion cut by its "
+                             "budget): remove it from the agent rollout")
+    sp = settings.sampling
+    render = PromptRenderer(settings.max_prompt_len, settings.overlong_prompts,
                             context_len=lambda: engine_context_len(agent.engine), max_new_tokens=sp.max_new_tokens)
-    refill = (DynamicSampling(config.group_size, config.max_resample_tries, config.seed)
-              if config.dynamic_sampling else None)
-    return RolloutPipeline(render=render, generate=AgentGenerator(agent, config.group_size, sp, lock),
-                           score=EnvRewards(), build=agent.experience_builder(sp), group_size=config.group_size,
-                           refill=refill, sampling=sp)
+    return RolloutPipeline(render=render, generate=AgentGenerator(agent, settings, lock), score=EnvRewards(),
+                           build=agent.experience_builder(sp), settings=settings, filters=filters)

@@ -49,7 +49,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-STALE_POLICIES = ("drop", "regenerate")  # what ``take_fresh`` does with a too-stale item
 _POLL_S = 0.05  # how often waiting threads re-check for errors / stop requests
 
 

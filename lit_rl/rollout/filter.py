@@ -17,8 +17,10 @@ from collections.abc import Callable
 
 import torch
 
+from lit_rl.core.seeds import run_seed
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.rollouts import Rollouts
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 def overlong_trainable(finish_reasons: list[str]) -> torch.Tensor:
@@ -42,26 +44,21 @@ def zero_std_frac(rb: RewardBatch, G: int) -> float:
     return 1.0 - len(informative_groups(rb, G)) / max(n, 1)
 
 
-def check_resample_tries(n: int) -> None:
-    """``max_resample_tries`` must be >= 0: checked even while dynamic sampling is off (a config error)."""
-    if n < 0:
-        raise ValueError(f"max_resample_tries must be >= 0, got {n}")
-
-
 class DynamicSampling:
     """Refill zero-variance groups from newly drawn prompts.
 
     Args:
-        group_size: G (>= 2: a group of one has no reward variance).
-        max_resample_tries: extra generations per step before giving up (>= 0).
-        seed: part of the refill stream's key.
+        settings: the rollout settings: ``group_size`` (G >= 2: a group of one has no reward variance) and
+            ``seed`` (part of the refill stream's key; None = the run's seed).
+        filters: ``max_resample_tries``, extra generations per step before giving up (>= 0, checked by
+            ``FilterSettings``).
     """
 
-    def __init__(self, group_size: int, max_resample_tries: int = 3, seed: int = 0):
-        check_resample_tries(max_resample_tries)
-        if group_size < 2:
+    def __init__(self, settings: RolloutSettings, filters: FilterSettings):
+        if settings.group_size < 2:
             raise ValueError("dynamic_sampling needs group_size >= 2 (a group of one has no reward variance)")
-        self.group_size, self.max_resample_tries, self.seed = group_size, max_resample_tries, seed
+        self.settings, self.max_resample_tries = settings, filters.max_resample_tries
+        self.seed = run_seed(settings.seed)  # resolved once, when the pipeline is built
 
     def rng(self, rank: int, iteration: int) -> random.Random:
         """The refill stream of one rank at one iteration."""
@@ -75,7 +72,7 @@ class DynamicSampling:
         ``pool`` (the training prompts; ``batch.prompts`` when None). Kept groups come first, then the
         refilled ones in draw order; generation seconds of every try add up in ``generate_s``.
         """
-        G, target = self.group_size, len(batch)
+        G, target = self.settings.group_size, len(batch)
         pool = pool or batch.prompts
         parts = [batch.select(informative_groups(batch.rewards, G))]
         have, tries = len(parts[0]), 0

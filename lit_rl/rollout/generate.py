@@ -9,7 +9,8 @@ import threading
 import time
 
 from lit_rl.rollout.base import EngineBase
-from lit_rl.rollout.engine import Completion, SamplingConfig
+from lit_rl.rollout.engine import Completion
+from lit_rl.rollout.settings import RolloutSettings
 
 
 class Generator:
@@ -17,14 +18,12 @@ class Generator:
 
     Args:
         engine: the rollout engine (``generate(prompt_ids, n, sampling)`` of the contract, ``rollout.base``).
-        group_size: G, completions per prompt.
-        sampling: the rollout ``SamplingConfig``.
+        settings: the rollout settings (``group_size``: G, completions per prompt; ``sampling``).
         lock: the engine lock (an ``RLock``: the async path already holds it when it calls in).
     """
 
-    def __init__(self, engine: EngineBase, group_size: int, sampling: SamplingConfig,
-                 lock: threading.RLock | None = None):
-        self.engine, self.group_size, self.sampling = engine, group_size, sampling
+    def __init__(self, engine: EngineBase, settings: RolloutSettings, lock: threading.RLock | None = None):
+        self.engine, self.settings = engine, settings
         self.lock = lock if lock is not None else threading.RLock()
 
     def __call__(self, prompts, prompt_ids: list[list[int]]) -> tuple[list[list[Completion]], float]:
@@ -32,7 +31,7 @@ class Generator:
         episodes from the prompts themselves); it keeps one signature for every generator."""
         t0 = time.perf_counter()
         with self.lock:
-            groups = self.engine.generate(prompt_ids, self.group_size, self.sampling)
+            groups = self.engine.generate(prompt_ids, self.settings.group_size, self.settings.sampling)
         return groups, time.perf_counter() - t0
 
 

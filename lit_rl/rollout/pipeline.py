@@ -15,19 +15,18 @@ of the rollout contract) stay with the caller, because they need the learner in 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch, RewardPool
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder, rollout_metrics
-from lit_rl.rollout.engine import SamplingConfig
-from lit_rl.rollout.filter import DynamicSampling, check_resample_tries, overlong_trainable, zero_std_frac
+from lit_rl.rollout.filter import DynamicSampling, overlong_trainable, zero_std_frac
 from lit_rl.rollout.generate import Generator, decode_with
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
-from lit_rl.rollout.score import OverlongShaping, Scorer, check_penalty_factor
+from lit_rl.rollout.score import OverlongShaping, Scorer
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 class GenerateStage(Protocol):
@@ -52,18 +51,17 @@ class RolloutPipeline:
         generate: ``(prompts, prompt_ids) -> (N groups of G samples, seconds)``.
         score: ``(prompts, groups) -> RewardBatch`` over the N·G rows.
         build: ``(Rollouts, pad_id, trainable) -> Experience``; holds the run-wide ``next_group``.
-        group_size: G.
-        refill: ``DynamicSampling`` or None (off).
-        overlong_filter: rows cut off by the budget do not train (``Experience.trainable``).
+        settings: the ``RolloutSettings`` the stages were built from (``group_size``, ``sampling``: the
+            module temperature, the evaluation budget and teacher rollouts read them through the callback).
+        filters: ``FilterSettings``: ``dynamic_sampling`` makes the refill stage (``DynamicSampling``);
+            ``overlong_filter``: rows cut off by the budget do not train (``Experience.trainable``).
     """
 
     def __init__(self, render: PromptRenderer, generate: GenerateStage, score: ScoreStage, build: BuildStage,
-                 group_size: int, refill: DynamicSampling | None = None, overlong_filter: bool = False,
-                 sampling: SamplingConfig | None = None):
+                 settings: RolloutSettings, filters: FilterSettings | None = None):
         self.render, self.generate, self.score, self.build = render, generate, score, build
-        self.group_size, self.refill, self.overlong_filter = group_size, refill, overlong_filter
-        # the rollout sampling settings (module temperature, evaluation budget, teacher rollouts read them)
-        self.sampling = sampling if sampling is not None else getattr(generate, "sampling", None)
+        self.settings, self.filters = settings, filters if filters is not None else FilterSettings()
+        self.refill = DynamicSampling(settings, self.filters) if self.filters.dynamic_sampling else None
 
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
@@ -88,7 +86,8 @@ class RolloutPipeline:
     def build_experience(self, batch: Rollouts, pad_id: int, count: bool = True) -> Experience:
         """Stages 4-5 after any refill: the overlong filter's ``trainable`` mask (N·G,), then the Experience.
         ``count=False`` (evaluation) numbers the groups from 0 and leaves the run-wide group counter alone."""
-        trainable = overlong_trainable([s.finish_reason for s in batch.rows()]) if self.overlong_filter else None
+        trainable = (overlong_trainable([s.finish_reason for s in batch.rows()])
+                     if self.filters.overlong_filter else None)
         return self.build(batch, pad_id, trainable, count=count)
 
     def run(self, tokenizer, prompts: list, pool: list | None = None, rank: int = 0,
@@ -100,7 +99,7 @@ class RolloutPipeline:
         """
         metrics: dict[str, float] = {}
         batch = self.sample(tokenizer, prompts)
-        metrics["rollout/zero_std_frac"] = zero_std_frac(batch.rewards, self.group_size)
+        metrics["rollout/zero_std_frac"] = zero_std_frac(batch.rewards, self.settings.group_size)
         if self.refill is not None:
             batch, tries = self.refill(batch, lambda ps: self.sample(tokenizer, ps), pool,
                                        self.refill.rng(rank, iteration))
@@ -112,57 +111,22 @@ class RolloutPipeline:
         return exp, metrics
 
 
-
-@dataclass
-class RolloutConfig:
-    """The flat rollout settings a config file writes (``RolloutCallback``'s stage arguments), checked here, in
-    signature order, so the first bad one is named. ``build_pipeline`` turns them into stages.
-
-    Fields: see ``RolloutCallback`` (``group_size``, ``sampling``, ``max_prompt_len``, ``overlong_prompts``,
-    ``dynamic_sampling``, ``max_resample_tries``, ``overlong_filter``, ``overlong_buffer``,
-    ``overlong_penalty_factor``, ``seed``).
-    """
-
-    group_size: int = 8
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    max_prompt_len: int = 512
-    overlong_prompts: str = "truncate"
-    dynamic_sampling: bool = False
-    max_resample_tries: int = 3
-    overlong_filter: bool = False
-    overlong_buffer: int | None = None
-    overlong_penalty_factor: float = 1.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.group_size < 1:
-            raise ValueError(f"group_size must be >= 1, got {self.group_size}")
-        if self.sampling is None:
-            self.sampling = SamplingConfig()
-        PromptRenderer(self.max_prompt_len, self.overlong_prompts)  # its own checks: length, policy name
-        check_resample_tries(self.max_resample_tries)
-        if self.dynamic_sampling:
-            DynamicSampling(self.group_size, self.max_resample_tries, self.seed)
-        if self.overlong_buffer is not None:
-            OverlongShaping(self.sampling.max_new_tokens, self.overlong_buffer, self.overlong_penalty_factor)
-        check_penalty_factor(self.overlong_penalty_factor)
-
-
-def build_pipeline(engine: EngineBase, rewards: RewardPool, config: RolloutConfig,
+def build_pipeline(engine: EngineBase, rewards: RewardPool, settings: RolloutSettings,
+                   filters: FilterSettings | None = None,
                    lock: threading.RLock | None = None) -> RolloutPipeline:
-    """The single-turn pipeline of ``config``: render (the one owner of prompt length: ``max_prompt_len`` and
-    the engine's context, read when rendering, minus the completion budget) → generate (``engine`` under
-    ``lock``) → score (``rewards``, DAPO overlong shaping) → filter / refill → build (horizon = the budget)."""
-    sp = config.sampling
-    render = PromptRenderer(config.max_prompt_len, config.overlong_prompts,
+    """The single-turn pipeline of ``settings`` and ``filters``: render (the one owner of prompt length:
+    ``max_prompt_len`` and the engine's context, read when rendering, minus the completion budget) →
+    generate (``engine`` under ``lock``) → score (``rewards``, DAPO overlong shaping) → filter / refill →
+    build (horizon = the budget)."""
+    filters = filters if filters is not None else FilterSettings()
+    sp = settings.sampling
+    render = PromptRenderer(settings.max_prompt_len, settings.overlong_prompts,
                             context_len=lambda: engine_context_len(engine), max_new_tokens=sp.max_new_tokens,
                             chat_template_kwargs=sp.chat_template_kwargs)
-    refill = (DynamicSampling(config.group_size, config.max_resample_tries, config.seed)
-              if config.dynamic_sampling else None)
-    shaping = (OverlongShaping(sp.max_new_tokens, config.overlong_buffer, config.overlong_penalty_factor)
-               if config.overlong_buffer is not None else None)
+    shaping = (OverlongShaping(sp.max_new_tokens, filters.overlong_buffer, filters.overlong_penalty_factor)
+               if filters.overlong_buffer is not None else None)
     decode = decode_with(engine)
     return RolloutPipeline(
-        render=render, generate=Generator(engine, config.group_size, sp, lock),
-        score=Scorer(rewards, decode, shaping), build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens),
-        group_size=config.group_size, refill=refill, overlong_filter=config.overlong_filter, sampling=sp)
+        render=render, generate=Generator(engine, settings, lock), score=Scorer(rewards, decode, shaping),
+        build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens), settings=settings,
+        filters=filters)

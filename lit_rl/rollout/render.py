@@ -30,8 +30,8 @@ class PromptRenderer:
     """Render a batch of prompts to token ids.
 
     Args:
-        max_prompt_len: prompts longer than this many tokens are handled per ``overlong``.
-        overlong: ``truncate`` (keep the last tokens) | ``drop`` (counted) | ``error``.
+        max_prompt_len, overlong: ``RolloutSettings.max_prompt_len`` / ``overlong_prompts`` (declared and
+            documented in ``rollout/settings.py``; no defaults here, so that declaration is the only one).
         context_len: returns the engine's context length (None = no such limit), read at every call because
             engines start late (``engine_context_len``).
         max_new_tokens: the completion budget the context must leave room for (a call may pass its own).
@@ -42,7 +42,7 @@ class PromptRenderer:
     owner of the stage).
     """
 
-    def __init__(self, max_prompt_len: int = 512, overlong: str = "truncate",
+    def __init__(self, max_prompt_len: int, overlong: str,
                  context_len: Callable[[], int | None] | None = None, max_new_tokens: int | None = None,
                  chat_template_kwargs: dict | None = None):
         if max_prompt_len < 1:

@@ -34,6 +34,7 @@ from typing import Any
 from torch import Tensor
 
 from lit_rl.core.processed import LogitProcessing
+from lit_rl.core.settings import field_docs, setting
 
 # generation_kwargs keys that are settings of ours: the error names the field to use instead.
 MAPPED_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
@@ -59,39 +60,30 @@ ENGINE_KEYS = frozenset({
 
 @dataclass
 class SamplingConfig:
-    """How completions are sampled (module docstring: the processing and what the log-probs describe).
+    """How completions are sampled (module docstring: the processing and what the log-probs describe)."""
 
-    Args:
-        temperature: ``0`` = greedy (log-probs then at T = 1, after the repetition penalty).
-        top_p: nucleus sampling, in (0, 1]; 1 = off.
-        top_k: keep the k most likely tokens; 0 = off.
-        max_new_tokens: completion budget.
-        seed: seeded sampling. ``HFEngine``: each prompt's n samples come from a generator seeded by (seed,
-            engine call, prompt tokens), so they do not depend on which other prompts share the batch or the
-            rank (DDP equivalence, reproducible rollouts); None = the global RNG (one batched generate call;
-            ranks > 0 under a per-rank fork of it). The vLLM engines: the base of their per-request seed cursor
-            (``rollout.base.RequestSeeds``: per rank), None = the engine's own ``seed``.
-        min_p: in [0, 1]; 0 = off.
-        repetition_penalty: > 0; 1 = off.
-        stop: stop strings (module docstring); None / [] = only eos and the budget end a completion.
-        chat_template_kwargs: passed to ``tokenizer.apply_chat_template`` when chat prompts are rendered (e.g.
-            ``{"enable_thinking": false}``).
-        generation_kwargs: further engine settings passed through (vLLM ``SamplingParams`` fields, server request
-            fields, transformers ``GenerationConfig`` fields). Refused: keys that are fields here, keys that
-            change the sampled distribution without the engines reporting it (``UNREPORTED_KEYS``), keys the
-            engines set themselves (``ENGINE_KEYS``); each engine also refuses a key it does not know.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = off
-    max_new_tokens: int = 32
-    seed: int | None = None
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: list[str] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    generation_kwargs: dict[str, Any] | None = None
+    temperature: float = setting(1.0, "0 = greedy (log-probs then at T = 1, after the repetition penalty).")
+    top_p: float = setting(1.0, "Nucleus sampling, in (0, 1]; 1 = off.")
+    top_k: int = setting(0, "Keep the k most likely tokens; 0 = off.")
+    max_new_tokens: int = setting(32, "Completion budget (tokens).")
+    seed: int | None = setting(
+        None, "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, "
+              "engine call, prompt tokens), so they do not depend on which other prompts share the batch or "
+              "the rank; None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork "
+              "of it). The vLLM engines: the base of their per-request seed cursor (per rank, "
+              "rollout.base.RequestSeeds), None = the engine's own seed.")
+    min_p: float = setting(0.0, "In [0, 1]; 0 = off.")
+    repetition_penalty: float = setting(1.0, "> 0; 1 = off.")
+    stop: list[str] | None = setting(
+        None, "Stop strings (module docstring); None / [] = only eos and the budget end a completion.")
+    chat_template_kwargs: dict[str, Any] | None = setting(
+        None, "Passed to tokenizer.apply_chat_template when chat prompts are rendered (e.g. "
+              "{\"enable_thinking\": false}).")
+    generation_kwargs: dict[str, Any] | None = setting(
+        None, "Further engine settings passed through (vLLM SamplingParams fields, server request fields, "
+              "transformers GenerationConfig fields). Refused: keys that are fields here, keys that change "
+              "the sampled distribution without the engines reporting it (UNREPORTED_KEYS), keys the engines "
+              "set themselves (ENGINE_KEYS); each engine also refuses a key it does not know.")
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0 or self.temperature == float("inf"):  # also rejects NaN
@@ -149,6 +141,9 @@ class SamplingConfig:
     @property
     def stops(self) -> list[str]:
         return list(self.stop or [])
+
+
+SamplingConfig.__doc__ += field_docs(SamplingConfig)
 
 
 def process_logits(logits: Tensor, seen: Tensor | None, sp: SamplingConfig) -> Tensor:

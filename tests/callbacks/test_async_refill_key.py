@@ -16,15 +16,15 @@ from lit_rl.data import PromptDataModule
 from lit_rl.modules import PolicyModule
 from lit_rl.rewards import ExactAnswerReward, RewardPool
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
-from lit_rl.rollout.pipeline import RolloutConfig, RolloutPipeline, build_pipeline
+from lit_rl.rollout.pipeline import RolloutPipeline, build_pipeline
+from lit_rl.rollout.settings import RolloutSettings
 
 
 class KeyedPipeline(RolloutPipeline):
     """The real single-turn pipeline, remembering the refill key (``iteration``) each Experience was built with."""
 
     def __init__(self, base: RolloutPipeline):
-        super().__init__(base.render, base.generate, base.score, base.build, base.group_size, base.refill,
-                         base.overlong_filter, base.sampling)
+        super().__init__(base.render, base.generate, base.score, base.build, base.settings, base.filters)
         self.built: list = []  # (Experience, key), producer thread appends
 
     def run(self, tokenizer, prompts, pool=None, rank=0, iteration=0):
@@ -48,9 +48,8 @@ def _fit(model_dir, steps: int, ckpt_in=None, ckpt_out=None) -> tuple[list[int],
     module = PolicyModule(model=str(model_dir), rollout_correction="tis",
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
     engine = HFEngine(share_weights=False)
-    config = RolloutConfig(group_size=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=2),
-                           dynamic_sampling=False)
-    pipe = KeyedPipeline(build_pipeline(engine, RewardPool({"exact": ExactAnswerReward()}), config))
+    settings = RolloutSettings(group_size=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=2))
+    pipe = KeyedPipeline(build_pipeline(engine, RewardPool({"exact": ExactAnswerReward()}), settings))
     rc = RolloutCallback(engine=engine, pipeline=pipe, mode="async", max_staleness=2)
     rec = TrainedKeys(pipe)
     trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,

@@ -15,6 +15,7 @@ import torch
 from lit_rl.callbacks._async_rollouts import AsyncRollouts
 from lit_rl.callbacks._weight_sync import WeightSync
 from lit_rl.rollout.async_producer import AsyncProducer
+from lit_rl.rollout.settings import RolloutSettings, SyncSettings
 from tests.conformance._fake_engine import FakeEngine
 
 
@@ -101,7 +102,7 @@ def test_async_pushes_snapshot_for_the_producer_or_load_now_when_collective():
     eng = _engine(m)
     lock = threading.RLock()
     ws = WeightSync(eng, sync_every=1, lock=lock)
-    rollouts = AsyncRollouts(group_size=2, max_staleness=1, queue_size=None, stale_policy="drop", lock=lock)
+    rollouts = AsyncRollouts(RolloutSettings(group_size=2), SyncSettings(max_staleness=1), lock=lock)
     rollouts.producer = AsyncProducer(lambda n: None, ws.load, max_staleness=1, capacity=1, engine_lock=lock)
 
     m.step()

@@ -23,6 +23,7 @@ from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer
 from lit_rl.rollout.rollouts import Rollouts
 from lit_rl.rollout.score import OverlongShaping, Scorer
+from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +88,12 @@ def test_render_error_and_bad_arguments(tok):
     with pytest.raises(ValueError, match="overlong_prompts='cut'; valid values: truncate, drop, error"):
         PromptRenderer(5, "cut")
     with pytest.raises(ValueError, match="max_prompt_len must be >= 1, got 0"):
-        PromptRenderer(0)
+        PromptRenderer(0, "truncate")
 
 
 def test_render_uses_the_chat_template_for_messages(tok):
     p = Prompt(messages=[{"role": "user", "content": "2+2="}])
-    _, (ids,) = PromptRenderer(512)(tok, [p])
+    _, (ids,) = PromptRenderer(512, "truncate")(tok, [p])
     assert tok.decode(ids) == tok.apply_chat_template(p.messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -101,7 +102,7 @@ def test_generate_waits_for_the_engine_lock(tok):
     """A generation never overlaps a weight load: it waits while another thread holds the engine lock."""
     lock = threading.RLock()
     eng = TextEngine(tok, {"q": [("a", "stop"), ("bc", "length")]})
-    gen = Generator(eng, 2, SamplingConfig(), lock)
+    gen = Generator(eng, RolloutSettings(group_size=2), lock)
     out = {}
     with lock:
         t = threading.Thread(target=lambda: out.setdefault("r", gen(None, [tok.encode("q")])))
@@ -176,7 +177,8 @@ def test_refill_returns_kept_groups_then_refilled_ones():
     pool = [P["y"], P["x"]]
     rng = random.Random(7)
     expect_draw = [random.Random(7).choice(pool) for _ in range(1)]
-    out, tries = DynamicSampling(group_size=2, max_resample_tries=5)(batch, sample, pool, rng)
+    refill = DynamicSampling(RolloutSettings(group_size=2), FilterSettings(max_resample_tries=5))
+    out, tries = refill(batch, sample, pool, rng)
     # one draw per missing group per try; the draws follow the stream: y (flat) is rejected, x fills the batch
     draws = calls[1:]
     assert draws[0] == [p.uid for p in expect_draw]
@@ -193,18 +195,19 @@ def test_refill_raises_after_max_resample_tries():
     sample, calls = _flat_then_table(table)
     P = {u: Prompt(prompt=u, uid=u) for u in table}
     with pytest.raises(RuntimeError, match="max_resample_tries=2 extra generations only 1 of 2 groups"):
-        DynamicSampling(2, 2)(sample([P["a"], P["b"]]), sample, [P["b"]], random.Random(0))
+        DynamicSampling(RolloutSettings(group_size=2), FilterSettings(max_resample_tries=2))(
+            sample([P["a"], P["b"]]), sample, [P["b"]], random.Random(0))
     assert calls[1:] == [["b"], ["b"]]  # exactly two extra generations
 
 
 def test_refill_stream_is_keyed_by_seed_rank_iteration():
-    ds = DynamicSampling(2, 1, seed=4)
+    ds = DynamicSampling(RolloutSettings(group_size=2, seed=4), FilterSettings(max_resample_tries=1))
     assert ds.rng(1, 9).random() == random.Random("lit_rl.refill:4:1:9").random()
     assert ds.rng(0, 9).random() != ds.rng(1, 9).random() != ds.rng(1, 10).random()
     with pytest.raises(ValueError, match="dynamic_sampling needs group_size >= 2"):
-        DynamicSampling(1, 1)
+        DynamicSampling(RolloutSettings(group_size=1), FilterSettings())
     with pytest.raises(ValueError, match="max_resample_tries must be >= 0, got -1"):
-        DynamicSampling(2, -1)
+        FilterSettings(max_resample_tries=-1)
 
 
 def test_rollouts_select_and_concat_keep_rows_aligned():
@@ -247,9 +250,11 @@ def test_pipeline_run_filters_overlong_rows_and_reports(tok):
     script = {"2+2=": [("4", "stop"), ("44", "length")], "1+2=": [("3", "length"), ("3", "stop")]}
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c == p.answer))
-    pipe = RolloutPipeline(PromptRenderer(512), Generator(eng, 2, SamplingConfig(max_new_tokens=2)),
-                           Scorer(pool, decode_with(eng)), ExperienceBuilder(eng, decode_with(eng), 2),
-                           group_size=2, overlong_filter=True)
+    settings = RolloutSettings(group_size=2, sampling=SamplingConfig(max_new_tokens=2))
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
+                           Scorer(pool, decode_with(eng)),
+                           ExperienceBuilder(eng, decode_with(eng), 2), settings,
+                           FilterSettings(overlong_filter=True))
     exp, m = pipe.run(tok, [Prompt(prompt="2+2=", answer="4"), Prompt(prompt="1+2=", answer="3")])
     assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert exp.trainable.tolist() == [True, False, False, True]
@@ -264,8 +269,11 @@ def test_pipeline_refill_draws_from_the_pool_with_the_rank_iteration_stream(tok)
               "c": [("0", "stop"), ("1", "stop")]}
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c))
-    pipe = RolloutPipeline(PromptRenderer(512), Generator(eng, 2, SamplingConfig()), Scorer(pool, decode_with(eng)),
-                           ExperienceBuilder(eng, decode_with(eng), 16), 2, refill=DynamicSampling(2, 3, seed=1))
+    settings = RolloutSettings(group_size=2, seed=1)
+    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
+                           Scorer(pool, decode_with(eng)),
+                           ExperienceBuilder(eng, decode_with(eng), 16), settings,
+                           FilterSettings(dynamic_sampling=True))
     train = [Prompt(prompt=u, uid=u) for u in "abc"]
     exp, m = pipe.run(tok, [train[0], train[1]], pool=train, rank=1, iteration=5)
     rng = random.Random("lit_rl.refill:1:1:5")
