@@ -11,7 +11,7 @@ class ScriptedEngine(EngineBase):
     def __init__(self, tokenizer, actions: list[str]):
         self.tokenizer, self.actions, self.calls, self.policy_version = tokenizer, actions, 0, 0
 
-    def bind(self, module, *, group_size=None, max_new_tokens=None) -> None:
+    def bind(self, module, rollout=None) -> None:
         pass
 
     def update_weights(self, named_tensors) -> None:

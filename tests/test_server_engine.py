@@ -20,6 +20,7 @@ from _server_helpers import run_ddp_on_servers
 
 from lit_rl.models.loading import load_causal_lm, load_tokenizer, merged_state_items
 from lit_rl.rollout.engine import SamplingConfig
+from lit_rl.rollout.settings import RolloutSettings
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
@@ -231,7 +232,7 @@ def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, ti
                             (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256")]:
         engine = VLLMServerEngine(urls=urls)
         with pytest.raises(ValueError, match=msg):  # what RolloutCallback.setup passes from its settings
-            engine.bind(_module(tiny_model_dir), group_size=group, max_new_tokens=new)
+            engine.bind(_module(tiny_model_dir), RolloutSettings(group_size=group, sampling=SamplingConfig(max_new_tokens=new)))
     with pytest.raises(ValueError, match=r"group_size=17 exceeds"):  # generate checks it too
         pair[0].generate(_ids(pair[1])[:1], 17, SamplingConfig(max_new_tokens=2))
 

@@ -123,7 +123,7 @@ class RolloutCallback(RolloutProducer):
         check_group_size(getattr(hp, "advantage", None), group_size, getattr(hp, "rl_coef", None))
         pl_module.temperature = sampling.logprob_temperature
         pl_module.processing = sampling.processing  # the sampler's distribution for ratios (core.processed)
-        self.engine.bind(pl_module, group_size=group_size, max_new_tokens=sampling.max_new_tokens)
+        self.engine.bind(pl_module, self.settings)
         dm = getattr(trainer, "datamodule", None)
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
         # an error on every row at the first rollout

@@ -7,7 +7,7 @@ else given as an engine is refused in one line (``check_engine``).
 
 | member | default | who calls it |
 |---|---|---|
-| ``bind(module, *, group_size, max_new_tokens)`` | abstract | ``RolloutCallback.setup``, validate |
+| ``bind(module, rollout=None)`` (the ``RolloutSettings``) | abstract | ``RolloutCallback.setup``, validate |
 | ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``rollout.generate.Generator`` |
 | ``update_weights(named_tensors)`` | abstract; engines bump ``policy_version`` | weight sync (sync, async, resume) |
 | ``sync_items(model)`` | ``merged_state_items(model)`` | the same, to build ``named_tensors`` |
@@ -27,12 +27,15 @@ from __future__ import annotations
 import abc
 import hashlib
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
 from lit_rl.core.settings import removed_fix, removed_settings
 from lit_rl.rollout.sampling import SamplingConfig
+
+if TYPE_CHECKING:
+    from lit_rl.rollout.settings import RolloutSettings
 
 SEED_MOD = 2**62  # keeps derived seeds (and vLLM's child seeds seed + k) inside int64
 COUNTERS = ("calls", "prompts", "sequences", "tokens")
@@ -64,10 +67,11 @@ class EngineBase(abc.ABC):
 
     # ---------------------------------------------------------------- required
     @abc.abstractmethod
-    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
-        """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``). ``group_size`` and
-        ``max_new_tokens`` are the rollout's (``RolloutCallback.setup`` passes them, so an engine can check
-        them against its limits now rather than at the first generate); None = not known (validate, eval)."""
+    def bind(self, module, rollout: RolloutSettings | None = None) -> None:
+        """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``). ``rollout`` is the run's
+        ``RolloutSettings`` (``RolloutCallback.setup`` passes it whole, so an engine can check ``group_size`` and
+        ``sampling.max_new_tokens`` against its limits now rather than at the first generate); None = not known
+        (validate, eval)."""
 
     @abc.abstractmethod
     def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Any]]:

@@ -14,6 +14,7 @@ import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -26,6 +27,9 @@ from lit_rl.rollout.sampling import (
     process_logits,
     stop_window,
 )
+
+if TYPE_CHECKING:
+    from lit_rl.rollout.settings import RolloutSettings
 
 __all__ = ["Completion", "HFEngine", "SamplingConfig"]
 
@@ -70,7 +74,7 @@ class HFEngine(EngineBase):
         self.policy_version = 0
         self._calls = 0  # generate() calls so far: part of the seeded-sampling key
 
-    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+    def bind(self, module, rollout: RolloutSettings | None = None) -> None:
         """Attach to a policy module (called by RolloutCallback.setup); no limits to check the rollout's
         ``group_size`` / ``max_new_tokens`` against."""
         self.tokenizer = module.tokenizer

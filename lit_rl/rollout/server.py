@@ -44,7 +44,7 @@ import threading
 import uuid
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -62,6 +62,9 @@ from lit_rl.rollout._vllm_common import (
 from lit_rl.rollout.base import EngineBase, RequestSeeds
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.sampling import cut_at_stop
+
+if TYPE_CHECKING:
+    from lit_rl.rollout.settings import RolloutSettings
 
 _log = logging.getLogger(__name__)
 TRANSPORTS = ("file", "nccl")
@@ -153,9 +156,9 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
         self._nccl = None
 
     # ------------------------------------------------------------------ start
-    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+    def bind(self, module, rollout: RolloutSettings | None = None) -> None:
         """Start (``launch``) or reach (``urls``) the servers, check them against the policy (and the
-        rollout's ``group_size`` / ``max_new_tokens`` when given) and choose the sync path (``lora_sync``);
+        rollout's ``group_size`` / ``sampling.max_new_tokens`` when given) and choose the sync path (``lora_sync``);
         the first ``generate`` pushes the module's weights (so restored weights are what the servers use)."""
         self.tokenizer, self._module = module.tokenizer, module
         if self.pool is None:
@@ -166,7 +169,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
             except BaseException:
                 self.close()
                 raise
-        self.check_request_shape(group_size, max_new_tokens)  # fail at setup, not at the first generate
+        self.check_request_shape(*_request_shape(rollout))  # fail at setup, not at the first generate
         # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
         # rank's own, so every rank pushes to its own.
         self._group = _ddp_group() if self.urls is not None else None
@@ -368,3 +371,8 @@ def _policy_info(module) -> dict:
     path = str(getattr(module, "model_path", "") or "")
     return {"architectures": list(getattr(cfg, "architectures", None) or architectures(path)),
             "vocab_size": getattr(cfg, "vocab_size", None), "path": path}
+
+
+def _request_shape(rollout: RolloutSettings | None) -> tuple[int | None, int | None]:
+    """(group size, max new tokens) of the rollout an engine is bound for; (None, None) = not known."""
+    return (None, None) if rollout is None else (rollout.group_size, rollout.sampling.max_new_tokens)

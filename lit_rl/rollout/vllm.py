@@ -46,7 +46,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -70,6 +70,9 @@ from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
 from lit_rl.rollout.base import EngineBase, RequestSeeds
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop
+
+if TYPE_CHECKING:
+    from lit_rl.rollout.settings import RolloutSettings
 
 _log = logging.getLogger(__name__)
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
@@ -170,7 +173,7 @@ class VLLMEngine(RequestSeeds, EngineBase):
         self._sync_dir: str | None = None
 
     # ------------------------------------------------------------------ start
-    def bind(self, module, *, group_size: int | None = None, max_new_tokens: int | None = None) -> None:
+    def bind(self, module, rollout: RolloutSettings | None = None) -> None:
         """Attach to a policy module (``.model``, ``.tokenizer``, ``.model_path``); start vLLM on first bind.
         ``group_size`` / ``max_new_tokens`` are not checked here: vLLM schedules any group size, and
         ``generate`` refuses a prompt that does not fit ``max_model_len`` with ``max_new_tokens``.

@@ -40,7 +40,7 @@ class TextEngine(EngineBase):
     def __init__(self, tokenizer, script: dict[str, list[tuple[str, str]]]):
         self.tokenizer, self.script, self.calls = tokenizer, script, []
 
-    def bind(self, module, *, group_size=None, max_new_tokens=None):
+    def bind(self, module, rollout=None):
         pass
 
     def update_weights(self, named_tensors):

@@ -16,7 +16,7 @@ class FakeEngine(RequestSeeds, EngineBase):
     def __init__(self, max_model_len: int = 128):
         self.max_model_len, self.model, self.policy_version = max_model_len, None, 0
 
-    def bind(self, module, *, group_size=None, max_new_tokens=None) -> None:
+    def bind(self, module, rollout=None) -> None:
         self.tokenizer, self.model = module.tokenizer, copy.deepcopy(module.model).eval()
 
     def limits(self):

@@ -1,8 +1,8 @@
 """One conformance suite for every rollout engine (the contract: ``lit_rl/rollout/base.py``).
 
 Adding an engine = one module + one line in ``ENGINES``. Every engine, constructed only (fast: nothing starts),
-must be an ``EngineBase`` with every abstract method implemented, take the rollout's ``group_size`` /
-``max_new_tokens`` in ``bind``, and refuse the removed arguments naming their replacement. Bound to the same tiny
+must be an ``EngineBase`` with every abstract method implemented, take the rollout's settings (``RolloutSettings``:
+``group_size``, ``sampling.max_new_tokens``) in ``bind``, and refuse the removed arguments naming their replacement. Bound to the same tiny
 model (hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports), each engine must:
 
 - return completions whose log-probs are the trainer's recomputation, ``log softmax(logits / T)`` of a float64
@@ -24,6 +24,7 @@ import torch
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.engine import SamplingConfig
+from lit_rl.rollout.settings import RolloutSettings
 
 PROMPTS = ["1+2=", "hello", "abc"]
 _VLLM = [pytest.mark.vllm, pytest.mark.slow]  # vLLM start-up alone is ~30-60 s on 2 cores
@@ -70,8 +71,8 @@ def test_engine_implements_the_one_contract(make):
     assert not inspect.isabstract(cls)
     for name in EngineBase.__abstractmethods__:  # overridden, not the abstract placeholder
         assert getattr(cls, name) is not getattr(EngineBase, name), name
-    # RolloutCallback.setup passes the rollout's shape by keyword: every engine's bind accepts it
-    inspect.signature(cls.bind).bind(engine, object(), group_size=4, max_new_tokens=16)
+    # RolloutCallback.setup passes its RolloutSettings whole: every engine's bind accepts it
+    inspect.signature(cls.bind).bind(engine, object(), RolloutSettings(group_size=4))
     assert isinstance(engine.state_dict(), dict)  # evaluation saves and restores it unconditionally
     assert engine.policy_version == 0
 
@@ -94,7 +95,7 @@ def test_an_object_that_is_not_an_engine_base_is_refused_in_one_line():
     class DuckEngine:  # every member of the contract, but not the base class
         policy_version = 0
 
-        def bind(self, module, *, group_size=None, max_new_tokens=None): ...
+        def bind(self, module, rollout=None): ...
 
         def generate(self, prompt_ids, n, sampling): ...
 
@@ -105,7 +106,7 @@ def test_an_object_that_is_not_an_engine_base_is_refused_in_one_line():
         RolloutCallback(engine=DuckEngine(), rewards=lambda prompt, completion: 0.0)
 
     class NoGenerate(EngineBase):
-        def bind(self, module, *, group_size=None, max_new_tokens=None): ...
+        def bind(self, module, rollout=None): ...
 
         def update_weights(self, named_tensors): ...
 
@@ -113,14 +114,14 @@ def test_an_object_that_is_not_an_engine_base_is_refused_in_one_line():
         NoGenerate()
 
 
-def test_rollout_callback_binds_with_its_group_size_and_max_new_tokens():
+def test_rollout_callback_binds_with_its_rollout_settings():
     from _fake_engine import FakeEngine
 
     from lit_rl.callbacks import RolloutCallback
 
     class Recording(FakeEngine):
-        def bind(self, module, *, group_size=None, max_new_tokens=None):
-            self.shape = (group_size, max_new_tokens)
+        def bind(self, module, rollout=None):
+            self.shape = (rollout.group_size, rollout.sampling.max_new_tokens)
 
     engine = Recording()
     rc = RolloutCallback(engine=engine, rewards=lambda prompt, completion: 0.0, group_size=3,
@@ -143,7 +144,7 @@ def bound(request, model_dir):
     module = types.SimpleNamespace(model=load_causal_lm(str(model_dir)), tokenizer=load_tokenizer(str(model_dir)),
                                    model_path=str(model_dir))
     engine = request.param()
-    engine.bind(module, group_size=3, max_new_tokens=5)  # the largest n and max_new_tokens used below
+    engine.bind(module, RolloutSettings(group_size=3, sampling=SamplingConfig(max_new_tokens=5)))  # the largest n, max_new_tokens below
     yield engine, module
     engine.close()
 
