@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning as L
@@ -55,6 +56,18 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
+def _frame_without_callers() -> FrameType:
+    """A suspended generator's frame: it has no caller, so ``save_hyperparameters(values, frame=...)`` records
+    ``values`` without walking up the ``__init__`` frames. That walk reads each frame's locals by its class's
+    signature, which ``flat_settings`` made the flat settings' (they are in ``**settings``): a KeyError."""
+    def suspended():
+        yield
+
+    gen = suspended()
+    next(gen)
+    return gen.gi_frame
+
+
 @flat_settings(PolicyConfig.groups())
 class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
@@ -82,7 +95,8 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         settings["seed"] = run_seed(settings.get("seed"))
         # every setting split into its group and validated once, before the model is loaded
         self.config = self.config_type.of(model, type(self).__name__, **settings).validate()
-        self.save_hyperparameters(self.config.flat())  # the flat record: checkpoints, load_from_checkpoint
+        # the flat record (checkpoints, load_from_checkpoint), without Lightning's walk over the __init__ frames
+        self.save_hyperparameters(self.config.flat(), frame=_frame_without_callers())
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
