@@ -78,6 +78,11 @@ class StepSettings:
     max_nonfinite_steps: int = setting(5, "This many skipped (non-finite) steps in a row raise.")
 
 
+# PolicyModule's groups in the order of its flat signature: PolicyConfig's fields, named here for
+# ``flat_settings`` and for the CLI's early check (cli/precheck.py reads this tuple from the source)
+POLICY_GROUPS = (ModelSettings, ForwardSettings, AdvantageSettings, ObjectiveSettings, StepSettings)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """``PolicyModule``'s settings: the model path and one instance of each group, built once and frozen."""

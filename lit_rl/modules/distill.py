@@ -41,7 +41,7 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
 from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
-from lit_rl.modules.config import PolicyConfig
+from lit_rl.modules.config import POLICY_GROUPS, PolicyConfig
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.heads import LazyLogits
 from lit_rl.modules.policy import OptimizerFactory, PolicyModule, SchedulerFactory, _default_optimizer
@@ -92,7 +92,10 @@ class DistillConfig(PolicyConfig):
         return self
 
 
-@flat_settings(DistillConfig.groups())
+DISTILL_GROUPS = (*POLICY_GROUPS, DistillSettings)  # DistillConfig's fields (cli/precheck.py reads this tuple)
+
+
+@flat_settings(DISTILL_GROUPS)
 class DistillModule(PolicyModule):
     """On-policy distillation from one or many teachers (``TeacherRouter``), optionally mixed with RL.
 

@@ -30,7 +30,7 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import ModelSettings, PolicyConfig
+from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
@@ -68,7 +68,7 @@ def _frame_without_callers() -> FrameType:
     return gen.gi_frame
 
 
-@flat_settings(PolicyConfig.groups())
+@flat_settings(POLICY_GROUPS)
 class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
