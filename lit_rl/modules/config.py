@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field, fields
+from types import FrameType
 from typing import Any
 
 from lit_rl.core.advantages import ADVANTAGES, AdvantageSettings
@@ -158,6 +159,23 @@ class PolicyConfig:
         if source and self.load.tiny_if_missing is None:
             check_model_source(self.model)
         return self
+
+
+def record_settings(module: Any, values: dict[str, Any]) -> None:
+    """``module.save_hyperparameters(values)``: the flat settings as Lightning's record (checkpoints,
+    ``load_from_checkpoint``), without its walk up the ``__init__`` frames, which reads each frame's locals by its
+    class's signature: ``flat_settings`` made that the flat settings', which live in ``**settings`` (KeyError)."""
+    module.save_hyperparameters(values, frame=_frame_without_callers())
+
+
+def _frame_without_callers() -> FrameType:
+    """A suspended generator's frame: it has no caller, so the walk stops there."""
+    def suspended():
+        yield
+
+    gen = suspended()
+    next(gen)
+    return gen.gi_frame
 
 
 def _positive_int_or_null(name: str, v: Any, unit: str) -> None:

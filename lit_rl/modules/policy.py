@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import lightning as L
@@ -30,7 +29,7 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig
+from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig, record_settings
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
@@ -54,18 +53,6 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LR
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
-
-
-def _frame_without_callers() -> FrameType:
-    """A suspended generator's frame: it has no caller, so ``save_hyperparameters(values, frame=...)`` records
-    ``values`` without walking up the ``__init__`` frames. That walk reads each frame's locals by its class's
-    signature, which ``flat_settings`` made the flat settings' (they are in ``**settings``): a KeyError."""
-    def suspended():
-        yield
-
-    gen = suspended()
-    next(gen)
-    return gen.gi_frame
 
 
 @flat_settings(POLICY_GROUPS)
@@ -95,8 +82,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         settings["seed"] = run_seed(settings.get("seed"))
         # every setting split into its group and validated once, before the model is loaded
         self.config = self.config_type.of(model, type(self).__name__, **settings).validate()
-        # the flat record (checkpoints, load_from_checkpoint), without Lightning's walk over the __init__ frames
-        self.save_hyperparameters(self.config.flat(), frame=_frame_without_callers())
+        record_settings(self, self.config.flat())  # the flat record: checkpoints, load_from_checkpoint
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
