@@ -1,8 +1,8 @@
 """The learners' settings: each declared once, in a settings group (``core.settings``), and ``PolicyConfig``, the
 one object a ``PolicyModule`` reads them from.
 
-Groups by concept: ``ModelSettings`` (what any learner that loads a model needs: also ``RewardModelModule``'s),
-``ForwardSettings`` (how the trained model is set up and run), ``core.advantages.AdvantageSettings``,
+Groups by concept: ``ModelSettings`` and ``PrecisionSettings`` (a loaded model's source, seed and dtype: also
+``RewardModelModule``'s, and a critic's dtype), ``ForwardSettings`` (how the trained model is set up and run), ``core.advantages.AdvantageSettings``,
 ``core.objective.ObjectiveSettings`` (the loss, its aggregation, the mismatch correction) and ``StepSettings``
 (the optimizer steps of one iteration). ``PolicyModule(model, **settings)`` keeps the flat names users write as
 ``model.init_args.<name>`` in the recipes (``flat_settings`` gives it their signature and docs); its
@@ -26,15 +26,22 @@ from lit_rl.models.loading import DTYPES, check_model_source
 
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
-    """How a learner gets its model's weights and RNG (shared by every learner that loads a causal LM)."""
+    """Where a learner's initial weights come from and its RNG (the policy's and a reward model's)."""
 
     tiny_if_missing: dict[str, Any] | None = setting(
         None, "If set and model is a missing local directory, build a tiny random model there with "
         "lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing) (quickstart, tests).")
-    dtype: str = setting("float32", "Parameter dtype.", choices=tuple(DTYPES))
     seed: int | None = setting(
         None, "The sampling RNG (reseeded when the model is built), minibatch shuffles and a tiny_if_missing "
         "model's weights; null = the run's seed_everything (lit_rl.core.seeds).")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrecisionSettings:
+    """The dtype of a loaded model's parameters (the policy's, a reward model's, a critic's separate backbone)."""
+
+    dtype: str = setting("float32", "Parameter dtype of the loaded model (a critic: of its separate backbone).",
+                         choices=tuple(DTYPES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,7 +88,8 @@ class StepSettings:
 
 # PolicyModule's groups in the order of its flat signature: PolicyConfig's fields, named here for
 # ``flat_settings`` and for the CLI's early check (cli/precheck.py reads this tuple from the source)
-POLICY_GROUPS = (ModelSettings, ForwardSettings, AdvantageSettings, ObjectiveSettings, StepSettings)
+POLICY_GROUPS = (ModelSettings, PrecisionSettings, ForwardSettings, AdvantageSettings, ObjectiveSettings,
+                 StepSettings)
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,7 @@ class PolicyConfig:
 
     model: str
     load: ModelSettings = field(default_factory=ModelSettings)
+    precision: PrecisionSettings = field(default_factory=PrecisionSettings)
     forward: ForwardSettings = field(default_factory=ForwardSettings)
     advantages: AdvantageSettings = field(default_factory=AdvantageSettings)
     objective: ObjectiveSettings = field(default_factory=ObjectiveSettings)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from lit_rl.core.settings import check_choices, flat_settings, setting, split_settings
 
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
-from lit_rl.models.loading import DTYPES
+from lit_rl.modules.config import PrecisionSettings
 from lit_rl.modules.optim_step import LossParts
 
 HEADS = ("regression", "token")
@@ -54,7 +54,6 @@ class CriticSettings:
     no_token: str = setting(" no", "The token head's single 'no' token.")
     value_range: tuple[float, float] = setting(
         (0.0, 1.0), "[lo, hi] the token head maps onto; returns outside it raise ValueError.")
-    dtype: str = setting("float32", "Parameter dtype of a separate backbone.", choices=tuple(DTYPES))
     warmup_steps: int = setting(
         0, "The first this many RL iterations train the value loss only (every other loss term times 0), so the "
         "policy's first advantages come from a fitted critic.")
@@ -67,7 +66,7 @@ class CriticSettings:
         "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix (>= 1 token).")
 
 
-@flat_settings((CriticSettings,), before=0)
+@flat_settings((CriticSettings, PrecisionSettings), before=0)
 class CriticModule(nn.Module):
     """A value head for PPO: a loss term of ``PolicyModule(critic=...)`` (see the module doc).
 
@@ -76,8 +75,9 @@ class CriticModule(nn.Module):
 
     def __init__(self, **settings: Any):
         super().__init__()
-        (s,) = split_settings("CriticModule", (CriticSettings,), settings)
+        s, precision = split_settings("CriticModule", CriticModule.settings_groups, settings)
         check_choices(s)
+        check_choices(precision)
         if not s.vf_coef >= 0:
             raise ValueError(f"vf_coef must be >= 0, got {s.vf_coef}")
         if s.warmup_steps < 0:
@@ -89,7 +89,6 @@ class CriticModule(nn.Module):
             raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(s.value_range)}")
         if s.head == "token" and not s.question:
             raise ValueError("question must be a non-empty text for head='token' (it is asked after every prefix)")
-        self.settings = s
         # the names the value code reads (value_range as floats)
         self.head_type, self.share_backbone, self.model_path = s.head, s.share_backbone, s.model
         self.warmup_steps, self.init_from = s.warmup_steps, s.init_from
@@ -98,7 +97,7 @@ class CriticModule(nn.Module):
         self.question_ids: Tensor | None = None
         self.delta: nn.Parameter | None = None
         self.vf_coef, self.value_clip, self.detach_backbone = s.vf_coef, s.value_clip, s.detach_backbone
-        self.yes_token, self.no_token, self.value_range, self.dtype = s.yes_token, s.no_token, (lo, hi), s.dtype
+        self.yes_token, self.no_token, self.value_range, self.dtype = s.yes_token, s.no_token, (lo, hi), precision.dtype
         self.head: nn.Linear | None = None
         self.backbone: nn.Module | None = None
         self.token_ids: tuple[int, int] | None = None

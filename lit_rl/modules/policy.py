@@ -29,7 +29,7 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig, record_settings
+from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig, PrecisionSettings, record_settings
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
@@ -99,9 +99,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
 
     def update_settings(self, **settings: Any) -> None:
         """Change flat settings of a built module (tests switch a forward path this way): the config is
-        rebuilt, validated and recorded in ``hparams``. The model is not reloaded: a ``ModelSettings`` or
-        ``lora`` / ``adapter`` change would not apply and is refused."""
-        reload = {f.name for f in fields(ModelSettings)} | {"lora", "adapter"}
+        rebuilt, validated and recorded in ``hparams``. The model is not reloaded: a ``ModelSettings``,
+        ``dtype``, ``lora`` or ``adapter`` change would not apply and is refused."""
+        reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | {"lora", "adapter"}
         if bad := sorted(reload & set(settings)):
             raise ValueError(f"update_settings: {', '.join(bad)} only apply when the model is built; "
                              "construct a new module instead")
@@ -125,7 +125,8 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
             ensure_tiny_model(self.model_path, **{"seed": self.seed, **load.tiny_if_missing})
         torch.manual_seed(self.seed)
-        self.model = load_causal_lm(self.model_path, load.dtype, fw.lora, adapter=fw.adapter).train()
+        self.model = load_causal_lm(self.model_path, self.config.precision.dtype, fw.lora,
+                                    adapter=fw.adapter).train()
         if fw.disable_dropout:
             disable_dropout(self.model)
         enable_gradient_checkpointing(self.model, fw.gradient_checkpointing)

@@ -20,7 +20,7 @@ from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import check_choices, flat_settings, flat_values, setting, split_settings
 from lit_rl.data.preferences import PreferencePair
 from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
-from lit_rl.modules.config import ModelSettings, record_settings
+from lit_rl.modules.config import ModelSettings, PrecisionSettings, record_settings
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
@@ -33,21 +33,23 @@ class RewardModelConfig:
 
     model: str
     load: ModelSettings
+    precision: PrecisionSettings
     rm: RewardModelSettings
 
 
 @dataclass(frozen=True, kw_only=True)
 class RewardModelSettings:
-    """The settings only ``RewardModelModule`` has (the model's own are ``ModelSettings``, as for the policy)."""
+    """The settings only ``RewardModelModule`` has (its model's are ``ModelSettings`` / ``PrecisionSettings``, as
+    the policy's)."""
 
     margin: float = setting(0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry).")
     max_length: int | None = setting(None, "Truncate prompt + completion to this many tokens; null = no truncation.")
     save_dir: str | None = setting(None, "If set, the model and tokenizer are saved there (HF format) when training ends.")
 
 
-@flat_settings((ModelSettings, RewardModelSettings))
+@flat_settings((ModelSettings, PrecisionSettings, RewardModelSettings))
 class RewardModelModule(L.LightningModule):
-    """Bradley-Terry training on (prompt, chosen, rejected) pairs; settings in ``self.config`` (model, rm).
+    """Bradley-Terry training on (prompt, chosen, rejected) pairs; settings in ``self.config``.
 
     Metrics: ``rm/loss``, ``rm/accuracy`` (train pairs), ``rm/val_accuracy`` and ``rm/val_loss`` (held-out).
 
@@ -59,16 +61,16 @@ class RewardModelModule(L.LightningModule):
     def __init__(self, model: str, *, optimizer: Callable = _default_optimizer, **settings: Any):
         super().__init__()
         settings["seed"] = run_seed(settings.get("seed"))  # None: the run's seed_everything, resolved once
-        load, rm = split_settings("RewardModelModule", (ModelSettings, RewardModelSettings), settings)
-        check_choices(load)
-        self.config = RewardModelConfig(model, load, rm)
-        record_settings(self, {"model": model, **flat_values(load, rm)})
+        load, precision, rm = split_settings("RewardModelModule", RewardModelModule.settings_groups, settings)
+        check_choices(precision)
+        self.config = RewardModelConfig(model, load, precision, rm)
+        record_settings(self, {"model": model, **flat_values(load, precision, rm)})
         if load.tiny_if_missing is not None and not (Path(model) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
             ensure_tiny_model(model, **{"seed": load.seed, **load.tiny_if_missing})
         torch.manual_seed(load.seed)
-        self.model, self.tokenizer = load_reward_model(model, load.dtype)
+        self.model, self.tokenizer = load_reward_model(model, precision.dtype)
         self.optimizer_factory = optimizer
 
     def configure_optimizers(self):
