@@ -1,5 +1,5 @@
-"""Every learner setting is declared once (``core.settings``): the signature, the docs, the CLI's ``--help`` and the
-errors all come from that one declaration (issue 37)."""
+"""Every learner setting is declared once (``core.settings``): the signature, the docs, the CLI's ``--help``
+and the errors all come from that one declaration (issue 37)."""
 from __future__ import annotations
 
 import inspect
@@ -31,7 +31,7 @@ def test_each_parameter_is_documented_exactly_once(cls):
     params = [p for p in inspect.signature(cls).parameters if p != "self"]
     assert len(params) == len(set(params))
     for name in params:
-        entries = re.findall(rf"^ {{8}}{name}: (.*)$", doc, flags=re.M)
+        entries = re.findall(rf"^ {{8}}{name}: (.*)$", doc, flags=re.MULTILINE)
         assert len(entries) == 1, (cls.__name__, name, entries)
         assert entries[0].strip(), (cls.__name__, name)
     for g in cls.settings_groups:  # and every group field is a parameter, with its declared doc
@@ -42,7 +42,8 @@ def test_each_parameter_is_documented_exactly_once(cls):
 def test_no_setting_is_a_field_of_two_groups():
     owner: dict[str, type] = {}
     groups = {g for cls in _settings_classes() for g in cls.settings_groups}
-    assert len(groups) >= 9  # model, precision, forward, advantages, objective, step, distill, critic, reward model
+    # model, precision, forward, advantages, objective, step, distill, critic, reward model
+    assert len(groups) >= 9
     for g in groups:
         for f in fields(g):
             assert owner.setdefault(f.name, g) is g, f"{f.name}: {owner[f.name].__name__} and {g.__name__}"
@@ -52,7 +53,7 @@ def test_the_flat_signature_and_the_config_holder_have_the_same_groups():
     assert PolicyModule.settings_groups == POLICY_GROUPS == PolicyConfig.groups()
     assert DistillModule.settings_groups == DISTILL_GROUPS == DistillConfig.groups()
     sig = inspect.signature(PolicyModule).parameters
-    assert list(sig)[0] == "model" and list(sig)[-3:] == ["optimizer", "lr_scheduler", "critic"]
+    assert next(iter(sig)) == "model" and list(sig)[-3:] == ["optimizer", "lr_scheduler", "critic"]
     assert sig["loss_agg"].default == "token_mean" and sig["clip_low"].default == 0.2
     assert inspect.signature(DistillModule).parameters["losses"].default == {"reverse_kl_sampled": 1.0}
 
@@ -74,11 +75,13 @@ def test_the_settings_reach_the_config_and_the_flat_record(tiny_model_dir):
 
 
 def test_a_misspelt_setting_is_one_line_naming_the_setting(tiny_model_dir):
-    with pytest.raises(TypeError, match=r"^PolicyModule: unknown setting 'los_agg'; did you mean 'loss_agg'\?$"):
+    with pytest.raises(TypeError,
+                       match=r"^PolicyModule: unknown setting 'los_agg'; did you mean 'loss_agg'\?$"):
         PolicyModule(str(tiny_model_dir), los_agg="seq_mean_token_mean")
     with pytest.raises(TypeError, match=r"^DistillModule: unknown setting 'los'; did you mean 'losses'"):
         DistillModule(str(tiny_model_dir), los={"jsd": 1.0})
-    with pytest.raises(TypeError, match=r"^CriticModule: unknown setting 'vf_coeff'; did you mean 'vf_coef'\?$"):
+    with pytest.raises(TypeError,
+                       match=r"^CriticModule: unknown setting 'vf_coeff'; did you mean 'vf_coef'\?$"):
         CriticModule(vf_coeff=0.5)
     with pytest.raises(ValueError, match=r"^head='linear'; valid values: regression, token$"):
         CriticModule(head="linear")

@@ -266,7 +266,8 @@ class TeacherRouter(L.Callback):
                                                  module.config.forward.logprob_chunk_size, entropy=False)[0]
                         else:
                             lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
-                                                module.config.forward.logprob_chunk_size, module.temperature)  # (b, C)
+                                                module.config.forward.logprob_chunk_size,
+                                                module.temperature)  # (b, C)
                     elif same:  # chunked through the teacher's LM head
                         lp = module.completion_logprobs(teacher_view(module, teacher, micro, tok), model=model)
                     else:

@@ -122,7 +122,7 @@ def _find(module: str, name: str, depth: int = 0) -> tuple[str, ast.stmt] | None
     for node in _tree(path).body:
         if isinstance(node, ast.ClassDef) and node.name == name:
             return module, node
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
             return module, node
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:

@@ -165,7 +165,8 @@ ADVANTAGES: Registry[Callable[[AdvantageInputs], AdvantageOutputs]] = Registry("
 class AdvantageSettings:
     """The advantage settings of a learner (``PolicyModule`` takes them flat): the one declaration of each."""
 
-    advantage: AdvantageName | str = setting("grpo", "Advantage estimator (core.advantages).", choices=ADVANTAGES.names)
+    advantage: AdvantageName | str = setting(
+        "grpo", "Advantage estimator (core.advantages).", choices=ADVANTAGES.names)
     std_normalize: bool = setting(True, "grpo: divide each advantage by a reward std (see std_scope).")
     std_scope: StdScope = setting(
         "group", "What grpo's std_normalize divides by: group (each group's reward std) or batch (the whole "

@@ -27,31 +27,37 @@ from torch import Tensor
 from lit_rl.core.aggregation import AGG_MODES, aggregate
 from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
 from lit_rl.core.names import CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
-from lit_rl.core.policy_losses import (POLICY_LOSSES, PolicyLossInputs, PolicyLossSettings, compute_policy_loss,
-                                       loss_settings)
+from lit_rl.core.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossSettings,
+    compute_policy_loss,
+    loss_settings,
+)
 from lit_rl.core.settings import setting
 
 
 @dataclass(frozen=True, kw_only=True)
 class ObjectiveSettings(PolicyLossSettings):
-    """The settings of the objective: the policy loss's own (``PolicyLossSettings``: clip_*, dual_clip, sapo_*,
-    vespo_*), its aggregation and the engine-mismatch correction. One declaration each; ``PolicyModule`` takes
-    them flat and validates them (``modules.config``)."""
+    """The settings of the objective: the policy loss's own (``PolicyLossSettings``: clip_*, dual_clip,
+    sapo_*, vespo_*), its aggregation and the engine-mismatch correction. One declaration each;
+    ``PolicyModule`` takes them flat and validates them (``modules.config``)."""
 
     policy_loss: PolicyLossName | str = setting("ppo_clip", "Per-token policy loss (core.policy_losses).",
                                                 choices=POLICY_LOSSES.names)
     loss_agg: LossAgg = setting(
-        "token_mean", "How token losses combine: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, "
-        "seq_mean_token_sum_norm (Dr. GRPO).", choices=AGG_MODES)
+        "token_mean", "How token losses combine: token_mean (DAPO), seq_mean_token_mean (GRPO), "
+        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO).", choices=AGG_MODES)
     loss_horizon: int | None = setting(
-        None, "The constant H seq_mean_token_sum_norm divides each row's token sum by; null = the Experience's "
-        "horizon (RolloutCallback: sampling.max_new_tokens); with neither, that mode raises.")
+        None, "The constant H seq_mean_token_sum_norm divides each row's token sum by; null = the "
+        "Experience's horizon (RolloutCallback: sampling.max_new_tokens); with neither, that mode raises.")
     rollout_correction: CorrectionMode = setting(
-        "none", "Engine-vs-trainer mismatch correction (core.importance): tis truncates, mis masks the ratio.",
-        choices=CORRECTION_MODES)
+        "none", "Engine-vs-trainer mismatch correction (core.importance): tis truncates, mis masks the "
+        "ratio.", choices=CORRECTION_MODES)
     correction_level: CorrectionLevel = setting("token", "Level of the mismatch ratio of rollout_correction.",
                                                 choices=CORRECTION_LEVELS)
-    correction_cap: float = setting(2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top).")
+    correction_cap: float = setting(
+        2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top).")
     correction_low: float | None = setting(
         None, "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap.")
 

@@ -1,7 +1,8 @@
 """The assembly contracts of ``PolicyModule`` (docs/architecture.md, "The three assembly contracts"): advantages
 zeroed off ``Experience.train_mask``, whitening and denominators over the trainable tokens of *all* ranks, and
 the constant horizon of ``seq_mean_token_sum_norm``. ``PolicyAssembly`` is a mixin of ``PolicyModule`` (it uses
-``self.config``, ``self.loss_modules`` and ``self._trainer``); ``DistillModule`` inherits it through ``PolicyModule``.
+``self.config``, ``self.loss_modules`` and ``self._trainer``); ``DistillModule`` inherits it through
+``PolicyModule``.
 """
 from __future__ import annotations
 

@@ -1,14 +1,16 @@
-"""The learners' settings: each declared once, in a settings group (``core.settings``), and ``PolicyConfig``, the
-one object a ``PolicyModule`` reads them from.
+"""The learners' settings, each declared once in a settings group (``core.settings``), and ``PolicyConfig``,
+the one object a ``PolicyModule`` reads them from.
 
 Groups by concept: ``ModelSettings`` and ``PrecisionSettings`` (a loaded model's source, seed and dtype: also
-``RewardModelModule``'s, and a critic's dtype), ``ForwardSettings`` (how the trained model is set up and run), ``core.advantages.AdvantageSettings``,
-``core.objective.ObjectiveSettings`` (the loss, its aggregation, the mismatch correction) and ``StepSettings``
-(the optimizer steps of one iteration). ``PolicyModule(model, **settings)`` keeps the flat names users write as
-``model.init_args.<name>`` in the recipes (``flat_settings`` gives it their signature and docs); its
-``__init__`` splits them into the groups once, validates them before any model is loaded and keeps the result as
-``module.config``, frozen: code reads ``module.config.<group>.<name>``; ``hparams`` only records the flat values
-(checkpoints, ``load_from_checkpoint``). Objects (``optimizer``, ``lr_scheduler``, ``critic``) are not settings.
+``RewardModelModule``'s, and a critic's dtype), ``ForwardSettings`` (how the trained model is set up and
+run), ``core.advantages.AdvantageSettings``, ``core.objective.ObjectiveSettings`` (the loss, its aggregation,
+the mismatch correction) and ``StepSettings`` (the optimizer steps of one iteration).
+
+``PolicyModule(model, **settings)`` keeps the flat names users write as ``model.init_args.<name>`` in the
+recipes (``flat_settings`` gives it their signature and docs); its ``__init__`` splits them into the groups
+once, validates them before any model is loaded and keeps the result as ``module.config``, frozen: code reads
+``module.config.<group>.<name>``; ``hparams`` only records the flat values (checkpoints,
+``load_from_checkpoint``). Objects (``optimizer``, ``lr_scheduler``, ``critic``) are not settings.
 """
 from __future__ import annotations
 
@@ -38,10 +40,11 @@ class ModelSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class PrecisionSettings:
-    """The dtype of a loaded model's parameters (the policy's, a reward model's, a critic's separate backbone)."""
+    """The dtype of a loaded model's parameters (the policy's, a reward model's, a critic's own backbone)."""
 
-    dtype: str = setting("float32", "Parameter dtype of the loaded model (a critic: of its separate backbone).",
-                         choices=tuple(DTYPES))
+    dtype: str = setting(
+        "float32", "Parameter dtype of the loaded model (a critic: of its separate backbone).",
+        choices=tuple(DTYPES))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,14 +61,14 @@ class ForwardSettings:
     gradient_checkpointing: bool = setting(
         False, "Recompute decoder layers in backward (non-reentrant; no shared-prompt pass).")
     padding_free: bool = setting(
-        False, "Run the policy, reference and old-log-prob forwards on real tokens only: each prompt once, then "
-        "its rows' completions, packed into rows of pack_row_tokens with a 4-D mask (models/packed.py); needs "
-        "sdpa or eager attention and no sliding-window layer.")
+        False, "Run the policy, reference and old-log-prob forwards on real tokens only: each prompt once, "
+        "then its rows' completions, packed into rows of pack_row_tokens with a 4-D mask (models/packed.py); "
+        "needs sdpa or eager attention and no sliding-window layer.")
     pack_row_tokens: int | None = setting(None, "Tokens per packed row of padding_free; null = 256.")
     share_prompt_forward: bool | None = setting(
-        None, "Run each distinct prompt of a micro-batch once and let its group's completions reuse its key/value "
-        "cache (models/shared_prompt.py; ~3/8 fewer FLOPs at G=4); null = on except for a float64 model (the "
-        "exact invariance checks: RMSNorm's float32 inside differs by ~1e-7).")
+        None, "Run each distinct prompt of a micro-batch once and let its group's completions reuse its "
+        "key/value cache (models/shared_prompt.py; ~3/8 fewer FLOPs at G=4); null = on except for a float64 "
+        "model (the exact invariance checks: RMSNorm's float32 inside differs by ~1e-7).")
     logprob_chunk_size: int | None = setting(
         None, "Rows per chunk of the log-softmax (bounds memory for large vocabularies); null = all at once.")
 
@@ -77,11 +80,13 @@ class StepSettings:
     ppo_epochs: int = setting(1, "Passes over each Experience.")
     minibatch_size: int | None = setting(None, "Rows per optimizer step; null = the whole Experience.")
     micro_batch_size: int | None = setting(
-        None, "Rows per forward/backward (gradient accumulation; also the no-grad passes over the Experience); "
-        "null = the minibatch. With micro_batch_tokens it caps a token-budget micro-batch's rows.")
+        None, "Rows per forward/backward (gradient accumulation; also the no-grad passes over the "
+        "Experience); null = the minibatch. With micro_batch_tokens it caps a token-budget micro-batch's "
+        "rows.")
     micro_batch_tokens: int | None = setting(
-        None, "Token budget per training forward/backward instead of a row count: rows sorted by length and cut "
-        "so rows x trimmed width <= budget (core.microbatch); same minibatch loss, same count on every rank.")
+        None, "Token budget per training forward/backward instead of a row count: rows sorted by length and "
+        "cut so rows x trimmed width <= budget (core.microbatch); same minibatch loss, same count on every "
+        "rank.")
     max_grad_norm: float = setting(1.0, "Gradient clipping; a non-finite norm skips the step.")
     max_nonfinite_steps: int = setting(5, "This many skipped (non-finite) steps in a row raise.")
 
@@ -112,8 +117,8 @@ class PolicyConfig:
 
     @classmethod
     def of(cls, model: str, owner: str = "PolicyModule", **settings: Any) -> PolicyConfig:
-        """The config of the flat ``settings`` (missing ones take their defaults); an unknown name is a one-line
-        ``TypeError`` naming the closest setting. Not validated: call ``validate()``."""
+        """The config of the flat ``settings`` (missing ones take their defaults); an unknown name is a
+        one-line ``TypeError`` naming the closest setting. Not validated: call ``validate()``."""
         groups = {type(g): g for g in split_settings(owner, cls.groups(), settings)}
         hints = typing.get_type_hints(cls)
         return cls(model=model, **{f.name: groups[hints[f.name]] for f in fields(cls) if f.name != "model"})
@@ -131,7 +136,8 @@ class PolicyConfig:
 
     def validate(self, source: bool = True) -> PolicyConfig:
         """Raise ``ValueError`` naming the field and its allowed values for the first invalid setting; returns
-        ``self``. Cheap checks only, plus (``source``) the model source's existence (before anything loads)."""
+        ``self``. Cheap checks only, plus (``source``) the model source's existence (before anything
+        loads)."""
         a, o, s, fw = self.advantages, self.objective, self.step, self.forward
         # the registries' own message (also the CLI precheck's): "advantage='x' is not a known advantage; ..."
         ADVANTAGES.check(a.advantage, "advantage")
@@ -172,8 +178,9 @@ class PolicyConfig:
 
 def record_settings(module: Any, values: dict[str, Any]) -> None:
     """``module.save_hyperparameters(values)``: the flat settings as Lightning's record (checkpoints,
-    ``load_from_checkpoint``), without its walk up the ``__init__`` frames, which reads each frame's locals by its
-    class's signature: ``flat_settings`` made that the flat settings', which live in ``**settings`` (KeyError)."""
+    ``load_from_checkpoint``), without its walk up the ``__init__`` frames, which reads each frame's locals
+    by its class's signature: ``flat_settings`` made that the flat settings', which live in ``**settings``
+    (a KeyError)."""
     module.save_hyperparameters(values, frame=_frame_without_callers())
 
 

@@ -22,7 +22,6 @@ import torch
 from torch import Tensor, nn
 
 from lit_rl.core.settings import check_choices, flat_settings, setting, split_settings
-
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
 from lit_rl.modules.config import PrecisionSettings
 from lit_rl.modules.optim_step import LossParts
@@ -32,15 +31,16 @@ HEADS = ("regression", "token")
 
 @dataclass(frozen=True, kw_only=True)
 class CriticSettings:
-    """``CriticModule``'s settings: the one declaration of each (``flat_settings`` gives its signature and docs)."""
+    """``CriticModule``'s settings: the one declaration of each (``flat_settings`` makes its signature)."""
 
     head: str = setting(
-        "regression", "regression: Linear(hidden, 1) on the last hidden state, (clipped) squared error; token: "
-        "V = lo + (hi - lo) * sigmoid(z_yes - z_no) of the LM's answer to question after each prefix, binary "
-        "cross-entropy, read from the forward's cache (no new parameters; see the module doc).", choices=HEADS)
+        "regression", "regression: Linear(hidden, 1) on the last hidden state, (clipped) squared error; "
+        "token: V = lo + (hi - lo) * sigmoid(z_yes - z_no) of the LM's answer to question after each prefix, "
+        "binary cross-entropy, read from the forward's cache (no new parameters; see the module doc).",
+        choices=HEADS)
     share_backbone: bool = setting(
-        True, "The policy's backbone (one forward for logits and values); false = a separate causal LM loaded "
-        "from model (or the policy's path), trained alongside it.")
+        True, "The policy's backbone (one forward for logits and values); false = a separate causal LM "
+        "loaded from model (or the policy's path), trained alongside it.")
     model: str | None = setting(
         None, "The separate critic's weights; with share_backbone it may only name a model of the policy's "
         "architecture (so one interpolated path serves both), its weights unused.")
@@ -48,22 +48,22 @@ class CriticSettings:
     value_clip: float | None = setting(
         0.2, "PPO2 value clipping epsilon around the rollout values (regression only); null = off.")
     detach_backbone: bool = setting(
-        False, "Stop the value loss's gradient at the backbone (only the head learns; a token head then learns "
-        "a zero-initialised vector delta: z = h_q . (w_yes - w_no + delta), its yes/no rows frozen).")
+        False, "Stop the value loss's gradient at the backbone (only the head learns; a token head then "
+        "learns a zero-initialised vector delta: z = h_q . (w_yes - w_no + delta), its yes/no rows frozen).")
     yes_token: str = setting(" yes", "The token head's single 'yes' token.")
     no_token: str = setting(" no", "The token head's single 'no' token.")
     value_range: tuple[float, float] = setting(
         (0.0, 1.0), "[lo, hi] the token head maps onto; returns outside it raise ValueError.")
     warmup_steps: int = setting(
-        0, "The first this many RL iterations train the value loss only (every other loss term times 0), so the "
-        "policy's first advantages come from a fitted critic.")
+        0, "The first this many RL iterations train the value loss only (every other loss term times 0), so "
+        "the policy's first advantages come from a fitted critic.")
     init_from: str | None = setting(
         None, "A directory written by CriticPretrainModule.save: the head starts from its critic.pt.")
     bootstrap_truncated: bool = setting(
-        False, "GAE on a completion cut by the generation budget (finish reason length) continues from its last "
-        "state's value instead of ending the episode there (V = 0).")
+        False, "GAE on a completion cut by the generation budget (finish reason length) continues from its "
+        "last state's value instead of ending the episode there (V = 0).")
     question: str = setting(
-        "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix (>= 1 token).")
+        "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix.")
 
 
 @flat_settings((CriticSettings, PrecisionSettings), before=0)
@@ -97,7 +97,8 @@ class CriticModule(nn.Module):
         self.question_ids: Tensor | None = None
         self.delta: nn.Parameter | None = None
         self.vf_coef, self.value_clip, self.detach_backbone = s.vf_coef, s.value_clip, s.detach_backbone
-        self.yes_token, self.no_token, self.value_range, self.dtype = s.yes_token, s.no_token, (lo, hi), precision.dtype
+        self.yes_token, self.no_token, self.value_range = s.yes_token, s.no_token, (lo, hi)
+        self.dtype = precision.dtype
         self.head: nn.Linear | None = None
         self.backbone: nn.Module | None = None
         self.token_ids: tuple[int, int] | None = None

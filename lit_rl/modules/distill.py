@@ -87,12 +87,13 @@ class DistillConfig(PolicyConfig):
         if not isinstance(d.opd_baseline, bool):
             raise TypeError(f"opd_baseline must be true or false, got {d.opd_baseline!r}")
         if d.opd_baseline and "reverse_kl_sampled" not in losses:
-            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses {sorted(losses)}")
+            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses "
+                             f"{sorted(losses)}")
         super().validate(source)
         return self
 
 
-DISTILL_GROUPS = (*POLICY_GROUPS, DistillSettings)  # DistillConfig's fields (cli/precheck.py reads this tuple)
+DISTILL_GROUPS = (*POLICY_GROUPS, DistillSettings)  # DistillConfig's fields (cli/precheck.py reads it)
 
 
 @flat_settings(DISTILL_GROUPS)
@@ -141,7 +142,7 @@ class DistillModule(PolicyModule):
     # ---------------------------------------------------------- advantages
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
         metrics = super().compute_advantages(exp)
-        exp.advantages = exp.advantages * self.config.distill.rl_coef  # scales the reward PG term by rl_coef (0 = off)
+        exp.advantages = exp.advantages * self.config.distill.rl_coef  # scales the reward PG term (0 = off)
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
                 raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
@@ -180,7 +181,8 @@ class DistillModule(PolicyModule):
             if head is not None:
                 kl = topk_reverse_kl_linear(head, *teacher, mask, self.temperature, chunk)
             else:
-                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, self.temperature, self.config.step.micro_batch_size)
+                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, self.temperature,
+                                     self.config.step.micro_batch_size)
             out["topk_reverse_kl"] = c["topk_reverse_kl"] * self.aggregate(kl, mask, fwd)
         full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
                 and (n == "reverse_kl_full" or self.config.distill.kd_on != "teacher")]
@@ -189,7 +191,8 @@ class DistillModule(PolicyModule):
         return out
 
     def _full_vocab_terms(self, names, micro, mask, fwd) -> dict[str, Tensor]:
-        c, out, chunk, beta = self.losses, {}, self.config.forward.logprob_chunk_size, self.config.distill.jsd_beta
+        c, out, beta = self.losses, {}, self.config.distill.jsd_beta
+        chunk = self.config.forward.logprob_chunk_size
         head = fwd.get("head")
         if head is None:  # materialised path: student and teacher logits as (b, C, V) tensors
             logits = fwd["logits"]

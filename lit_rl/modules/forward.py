@@ -1,9 +1,10 @@
 """How the policy reads a micro-batch: one forward to the LM head's input, log-probs chunked through the head.
 
-``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.config``, ``self.temperature``
-and the class flag ``materialize_logits``); it is its own file because the forward has three shapes: the
-chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct prompt once) and
-the materialised path (the test reference, and the fallback for heads the chunked path cannot read).
+``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.config``,
+``self.temperature`` and the class flag ``materialize_logits``); it is its own file because the forward has
+three shapes: the chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct
+prompt once) and the materialised path (the test reference, and the fallback for heads the chunked path
+cannot read).
 """
 from __future__ import annotations
 
@@ -190,8 +191,8 @@ class PolicyForward:
         if logits is None:
             out = self.forward_outputs(micro, model)
             return self._full_logprobs(micro, out)
-        lp = token_logprobs(logits, micro.completion_ids.to(logits.device), self.config.forward.logprob_chunk_size,
-                            self.temperature)
+        lp = token_logprobs(logits, micro.completion_ids.to(logits.device),
+                            self.config.forward.logprob_chunk_size, self.temperature)
         return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked
 
     def _full_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor:

@@ -29,7 +29,13 @@ from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import POLICY_GROUPS, ModelSettings, PolicyConfig, PrecisionSettings, record_settings
+from lit_rl.modules.config import (
+    POLICY_GROUPS,
+    ModelSettings,
+    PolicyConfig,
+    PrecisionSettings,
+    record_settings,
+)
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
@@ -59,10 +65,10 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
 class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
-    Every setting is a keyword argument of the flat name users write in recipes (``model.init_args.loss_agg``),
-    declared once in a settings group (``modules/config.py``); they are split into ``self.config`` (a frozen
-    ``PolicyConfig``), validated before the model is loaded, and recorded flat in ``hparams``. Change one on a
-    built module with ``update_settings(name=value)``.
+    Every setting is a keyword argument of the flat name users write in recipes
+    (``model.init_args.loss_agg``), declared once in a settings group (``modules/config.py``); they are split
+    into ``self.config`` (a frozen ``PolicyConfig``), validated before the model is loaded, and recorded flat
+    in ``hparams``. Change one on a built module with ``update_settings(name=value)``.
 
     Args:
         model: local directory or hub id of a causal LM.

@@ -39,12 +39,15 @@ class RewardModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class RewardModelSettings:
-    """The settings only ``RewardModelModule`` has (its model's are ``ModelSettings`` / ``PrecisionSettings``, as
-    the policy's)."""
+    """The settings only ``RewardModelModule`` has (its model's are ``ModelSettings`` /
+    ``PrecisionSettings``, as the policy's)."""
 
-    margin: float = setting(0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry).")
-    max_length: int | None = setting(None, "Truncate prompt + completion to this many tokens; null = no truncation.")
-    save_dir: str | None = setting(None, "If set, the model and tokenizer are saved there (HF format) when training ends.")
+    margin: float = setting(
+        0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry).")
+    max_length: int | None = setting(
+        None, "Truncate prompt + completion to this many tokens; null = no truncation.")
+    save_dir: str | None = setting(
+        None, "If set, the model and tokenizer are saved there (HF format) when training ends.")
 
 
 @flat_settings((ModelSettings, PrecisionSettings, RewardModelSettings))
