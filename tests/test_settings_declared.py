@@ -70,7 +70,7 @@ def test_the_settings_reach_the_config_and_the_flat_record(tiny_model_dir):
     m.update_settings(share_prompt_forward=False)
     assert m.config.forward.share_prompt_forward is False and m.hparams["share_prompt_forward"] is False
     assert m.config.objective == c.objective and c.forward.share_prompt_forward is None  # c itself is frozen
-    with pytest.raises(ValueError, match=r"^update_settings: dtype only apply when the model is built; "):
+    with pytest.raises(ValueError, match=r"^update_settings: dtype take effect only when the model is built"):
         m.update_settings(dtype="float64")
 
 

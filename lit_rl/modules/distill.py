@@ -115,6 +115,7 @@ class DistillModule(PolicyModule):
     def __init__(self, model: str, *, optimizer: OptimizerFactory = _default_optimizer,
                  lr_scheduler: SchedulerFactory | None = None, critic: CriticModule | None = None,
                  **settings: Any):
+        # its own __init__ only so that flat_settings gives this class its own signature (not PolicyModule's)
         super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, critic=critic, **settings)
 
     @property

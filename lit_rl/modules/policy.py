@@ -109,7 +109,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         ``dtype``, ``lora`` or ``adapter`` change would not apply and is refused."""
         reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | {"lora", "adapter"}
         if bad := sorted(reload & set(settings)):
-            raise ValueError(f"update_settings: {', '.join(bad)} only apply when the model is built; "
+            raise ValueError(f"update_settings: {', '.join(bad)} take effect only when the model is built; "
                              "construct a new module instead")
         self.config = self.config.replace(**settings)
         self.hparams.update(settings)
