@@ -105,9 +105,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
 
     def update_settings(self, **settings: Any) -> None:
         """Change flat settings of a built module (tests switch a forward path this way): the config is
-        rebuilt, validated and recorded in ``hparams``. The model is not reloaded: a ``ModelSettings``,
-        ``dtype``, ``lora`` or ``adapter`` change would not apply and is refused."""
-        reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | {"lora", "adapter"}
+        rebuilt, validated and recorded in ``hparams``. The model is not rebuilt: a change of what ``_build``
+        applies (``ModelSettings``, ``dtype``, ``lora``, ``adapter``, dropout, checkpointing) is refused."""
+        built = {"lora", "adapter", "disable_dropout", "gradient_checkpointing"}
+        reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | built
         if bad := sorted(reload & set(settings)):
             raise ValueError(f"update_settings: {', '.join(bad)} take effect only when the model is built; "
                              "construct a new module instead")
