@@ -109,7 +109,7 @@ def main() -> None:
         """Fixed rows per micro-batch, each trimmed to its own width (not a lit_rl option: the comparison row)."""
 
         def train_micro_batches(self, mb):
-            return [m.trim() for m in mb.micro_batches(self.hparams.micro_batch_size)]
+            return [m.trim() for m in mb.micro_batches(self.config.step.micro_batch_size)]
 
     plans = {
         "fixed": PolicyModule(model=model, micro_batch_size=mbs, optimizer=sgd),
@@ -121,7 +121,7 @@ def main() -> None:
     shape = {}
     for name, mod in plans.items():
         micros = mod.train_micro_batches(exp.trim())
-        packed = [mod._packed(m, mod.model) for m in micros] if mod.hparams.padding_free else None
+        packed = [mod._packed(m, mod.model) for m in micros] if mod.config.forward.padding_free else None
         shape[name] = (len(micros), sum(p.computed_tokens for p in packed) if packed else
                        sum(m.input_ids.numel() for m in micros))
 

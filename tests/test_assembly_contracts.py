@@ -98,9 +98,10 @@ def test_gae_bootstrap_truncated_continues_from_the_last_value():
 
 
 def test_whitening_defaults_on_for_gae_only(tiny_model_dir):
-    assert PolicyModule(model=str(tiny_model_dir), advantage="gae").whitens
-    assert not PolicyModule(model=str(tiny_model_dir), advantage="gae", whiten_advantages=False).whitens
-    assert not PolicyModule(model=str(tiny_model_dir)).whitens
+    assert PolicyModule(model=str(tiny_model_dir), advantage="gae").config.advantages.whitens
+    off = PolicyModule(model=str(tiny_model_dir), advantage="gae", whiten_advantages=False)
+    assert not off.config.advantages.whitens
+    assert not PolicyModule(model=str(tiny_model_dir)).config.advantages.whitens
     m = PolicyModule(model=str(tiny_model_dir), advantage="grpo", whiten_advantages=True)
     adv = torch.tensor([[1.0, 3.0, 99.0], [2.0, 0.0, 0.0]], dtype=torch.float64)
     mask = torch.tensor([[True, True, False], [True, False, False]])

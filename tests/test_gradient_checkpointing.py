@@ -56,7 +56,7 @@ def test_checkpointed_gradients_equal_the_plain_path_in_float64(tiny_model_dir, 
     exp = _experience(PROMPTS, COMPLETIONS)
     plain, ckpt = _module(tiny_model_dir, False), _module(tiny_model_dir, True)
     for m in (plain, ckpt):
-        m.hparams.share_prompt_forward = share
+        m.update_settings(share_prompt_forward=share)
     assert not _checkpoint_layers(plain.model) and len(_checkpoint_layers(ckpt.model)) == 2
     lp0, g0 = _logprobs_and_grads(plain, exp, materialize)
     lp1, g1 = _logprobs_and_grads(ckpt, exp, materialize)
@@ -70,7 +70,7 @@ def test_checkpointed_gradients_equal_the_plain_path_in_float64(tiny_model_dir, 
 def test_checkpointing_saves_fewer_tensors_and_is_off_in_eval(tiny_model_dir):
     exp = _experience(PROMPTS, COMPLETIONS)
     plain, ckpt = _module(tiny_model_dir, False), _module(tiny_model_dir, True)
-    plain.hparams.share_prompt_forward = False
+    plain.update_settings(share_prompt_forward=False)
     n_plain, n_ckpt = _saved_tensors(plain, exp), _saved_tensors(ckpt, exp)
     assert n_ckpt < n_plain / 2, (n_ckpt, n_plain)  # the layers keep only their inputs
     ckpt.model.eval()  # the engines generate in eval mode: the cache works there

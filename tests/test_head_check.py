@@ -51,7 +51,7 @@ def test_policy_logprobs_of_a_scaled_model_are_its_own(tiny_model_dir):
     ids = torch.tensor([prompt + completion])  # the fields forward_outputs reads of an Experience micro-batch
     exp = types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), completion_len=len(completion),
                                 completion_ids=torch.tensor([completion]), prompt_len=len(prompt))
-    policy.hparams.share_prompt_forward = False
+    policy.update_settings(share_prompt_forward=False)
     with torch.no_grad():
         got = policy.completion_logprobs(exp)[0].double()
         logits = policy.model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].double()

@@ -64,7 +64,7 @@ def float64_norm():
 
 
 def _logprobs_and_grads(module, exp, padding_free: bool, row_tokens=None):
-    module.hparams.padding_free, module.hparams.pack_row_tokens = padding_free, row_tokens
+    module.update_settings(padding_free=padding_free, pack_row_tokens=row_tokens)
     module.model.zero_grad(set_to_none=True)
     w = torch.linspace(-1.0, 2.0, exp.completion_len, dtype=torch.float64)
     out = module.forward_outputs(exp, hidden=True)
@@ -140,7 +140,7 @@ def test_packed_materialised_logits_equal_padded_float64(tiny_model_dir, float64
     real = exp.attention_mask[:, exp.prompt_len:].bool()
     with torch.no_grad(), embedding_inputs(m.model) as seen:
         z0, h0 = m.forward_logits(exp, return_hidden=True)
-        m.hparams.padding_free = True
+        m.update_settings(padding_free=True)
         z1, h1 = m.forward_logits(exp, return_hidden=True)
     assert seen == [(6, exp.prompt_len + exp.completion_len), (1, 17)]
     torch.testing.assert_close(z1[real], z0[real], rtol=1e-10, atol=1e-12)

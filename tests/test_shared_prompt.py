@@ -53,7 +53,7 @@ def module64(tiny_model_dir):
 def _build64(tiny_model_dir):
     m = PolicyModule(model=str(tiny_model_dir))
     m.model.double()  # float64: the two paths must agree to summation-order rounding (~1e-15)
-    m.hparams.share_prompt_forward = True  # auto (None) leaves float64 models on the plain forward
+    m.update_settings(share_prompt_forward=True)  # auto (None) leaves float64 models on the plain forward
     m.temperature = 0.7
     return m
 
@@ -75,7 +75,7 @@ def _plain_and_shared(module, exp, backward: bool):
     out = []
     w = torch.linspace(-1.0, 2.0, exp.completion_len, dtype=torch.float64)
     for share in (False, True):
-        module.hparams.share_prompt_forward = share
+        module.update_settings(share_prompt_forward=share)
         module.model.zero_grad(set_to_none=True)
         with torch.set_grad_enabled(backward):
             lp = module.completion_logprobs(exp)  # (B, C)
@@ -83,7 +83,7 @@ def _plain_and_shared(module, exp, backward: bool):
                 (lp * w * exp.loss_mask).sum().backward()
         grads = {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None}
         out.append((lp.detach(), grads))
-    module.hparams.share_prompt_forward = True
+    module.update_settings(share_prompt_forward=True)
     return out
 
 
@@ -146,12 +146,12 @@ def test_reference_and_training_paths_use_it(module64):
 
 def test_share_prompt_forward_off_is_the_plain_forward(module64):
     exp = _experience(PROMPTS, COMPLETIONS)
-    module64.hparams.share_prompt_forward = False
+    module64.update_settings(share_prompt_forward=False)
     try:
         with embedding_inputs(module64.model) as seen, torch.no_grad():
             module64.completion_logprobs(exp)
     finally:
-        module64.hparams.share_prompt_forward = True
+        module64.update_settings(share_prompt_forward=True)
     assert seen == [(6, exp.prompt_len + exp.completion_len)]
 
 
@@ -244,7 +244,7 @@ def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_mod
     assert out["head"] is not None and out["head"].hidden.shape == (6, exp.completion_len, m.model.config.hidden_size)
     assert LazyLogits.materialized == before
     assert seen == [(2, exp.prompt_len), (6, exp.completion_len - 1)] * 2
-    m.hparams.share_prompt_forward = False
+    m.update_settings(share_prompt_forward=False)
     with torch.no_grad():
         plain = m.completion_logprobs(exp)
     torch.testing.assert_close(lp[exp.loss_mask], plain[exp.loss_mask], rtol=1e-5, atol=1e-5)

@@ -9,10 +9,10 @@ import math
 from types import SimpleNamespace
 
 import torch
-from lightning.fabric.utilities.data import AttributeDict
 
 from lit_rl.data.experience import Experience
 from lit_rl.modules.assembly import PolicyAssembly
+from lit_rl.modules.config import PolicyConfig
 
 F64 = torch.float64
 
@@ -24,15 +24,7 @@ class _Module(PolicyAssembly):
         return []
 
     def __init__(self, world_size: int, other_rank=(0.0, 0.0, 0.0)):
-        self.hparams = AttributeDict(
-            advantage="grpo",
-            gamma=1.0,
-            lam=1.0,
-            std_normalize=True,
-            std_scope="batch",
-            baseline=False,
-            whiten_advantages=None,
-        )
+        self.config = PolicyConfig.of("m", std_scope="batch")
         self.reduced = []
 
         def reduce(t, reduce_op):

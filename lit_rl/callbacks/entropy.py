@@ -58,7 +58,7 @@ class EntropyRegularization(L.Callback, LossTerm):
         mask = fwd["mask"]
         ent = fwd.get("entropy")  # (b, C) from the module's chunked pass through the LM head (differentiable)
         if ent is None:  # materialised path: from the logits
-            chunk = getattr(module.hparams, "logprob_chunk_size", None)
+            chunk = module.config.forward.logprob_chunk_size
             temperature = getattr(module, "temperature", 1.0)
             logits = fwd["logits"] if self.coef != 0.0 else fwd["logits"].detach()
             ent = entropy_from_logits(logits, chunk, temperature)  # (b, C)

@@ -114,7 +114,7 @@ class ReferenceKL(L.Callback, LossTerm):
         else:
             from lit_rl.models.loading import load_causal_lm
 
-            ref = load_causal_lm(self.path, self.dtype or module.hparams.dtype)
+            ref = load_causal_lm(self.path, self.dtype or module.config.precision.dtype)
         ref.eval().requires_grad_(False)  # eval: no dropout, the reference is a fixed function
         if self.device is not None:
             ref.to(self.device)
@@ -140,7 +140,7 @@ class ReferenceKL(L.Callback, LossTerm):
         """log π_ref of every completion token, (B, C) float32 on the Experience's device, at the
         module's sampling temperature (the same distribution the policy's log-probs use)."""
         self._place(module)
-        size = self.micro_batch_size or module.hparams.micro_batch_size
+        size = self.micro_batch_size or module.config.step.micro_batch_size
         chunks = []
         for micro in exp.micro_batches(size):
             lp = module.completion_logprobs(micro, model=self.ref)  # (b, C), chunked through the ref's LM head

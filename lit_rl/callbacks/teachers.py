@@ -78,7 +78,7 @@ class Teacher:
             else:
                 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 
-                self.model = load_causal_lm(self.source, self.dtype or module.hparams.dtype)
+                self.model = load_causal_lm(self.source, self.dtype or module.config.precision.dtype)
                 self.model.eval().requires_grad_(False)
                 self.tokenizer = load_tokenizer(self.source)
         return self.model, self.tokenizer or module.tokenizer
@@ -246,7 +246,7 @@ class TeacherRouter(L.Callback):
             tk_lp = torch.zeros((B, C, k), dtype=torch.float32, device=dev)
             tk_id = torch.zeros((B, C, k), dtype=torch.long, device=dev)
             tail = torch.zeros((B, C), dtype=torch.float32, device=dev)
-        size = self.micro_batch_size or module.hparams.micro_batch_size
+        size = self.micro_batch_size or module.config.step.micro_batch_size
         for key, (teacher, idx) in self._groups(exp).items():
             model, tok = self._acquire(module, teacher)
             same, tpl = same_tokenizer(tok, module.tokenizer), teacher.template
@@ -264,10 +264,11 @@ class TeacherRouter(L.Callback):
                         if fo["head"] is not None:
                             ids = micro.completion_ids.to(lg.hidden.device)
                             lp = linear_logprobs(lg.hidden, lg.weight, ids, lg.bias, module.temperature,
-                                                 module.hparams.logprob_chunk_size, entropy=False)[0]
+                                                 module.config.forward.logprob_chunk_size, entropy=False)[0]
                         else:
                             lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
-                                                module.hparams.logprob_chunk_size, module.temperature)  # (b, C)
+                                                module.config.forward.logprob_chunk_size,
+                                                module.temperature)  # (b, C)
                     elif same:  # chunked through the teacher's LM head
                         lp = module.completion_logprobs(teacher_view(tpl, micro, tok), model=model)
                     else:

@@ -3,7 +3,8 @@
 Importing torch + Lightning and building LightningCLI's parser takes seconds (about 9 s of CPU here), so a typo
 would wait for all of it. This module reads the ``-c`` files and ``--key value`` flags with PyYAML and checks
 them against the *source* of the classes they configure (``ast``: parameter names, defaults and ``Literal``
-annotations of ``__init__`` / dataclass fields; nothing is imported):
+annotations of ``__init__`` / dataclass fields, or of the settings groups of a ``flat_settings`` class;
+nothing is imported):
 
 - an unknown key in ``rollout``, ``rollout.sampling``, ``checkpoint``, ``trainer`` or the ``init_args`` of a
   ``model`` / ``data`` class whose ``__init__`` takes no ``**kwargs``: the file and line, and the closest key;
@@ -112,35 +113,90 @@ def _choices(annotation) -> tuple[tuple, bool] | None:
     return (tuple(values), is_open) if found else None
 
 
-def _find_class(module: str, name: str, depth: int = 0) -> ast.ClassDef | None:
-    """The class's definition, following ``from x import Name`` re-exports (lit_rl.modules.PolicyModule)."""
+def _find(module: str, name: str, depth: int = 0) -> tuple[str, ast.stmt] | None:
+    """(defining module, node) of the module-level class or assignment ``name`` of ``module``, following
+    ``from x import Name`` re-exports (lit_rl.modules.PolicyModule)."""
     path = _module_file(module)
     if path is None or depth > 4:
         return None
     for node in _tree(path).body:
         if isinstance(node, ast.ClassDef) and node.name == name:
-            return node
+            return module, node
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return module, node
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             for alias in node.names:
                 if (alias.asname or alias.name) == name:
-                    return _find_class(node.module, alias.name, depth + 1)
+                    return _find(node.module, alias.name, depth + 1)
+    return None
+
+
+def _find_class(module: str, name: str) -> ast.ClassDef | None:
+    found = _find(module, name)
+    return found[1] if found and isinstance(found[1], ast.ClassDef) else None
+
+
+def _group_classes(module: str, node) -> list[tuple[str, ast.ClassDef]] | None:
+    """The settings-group classes a ``flat_settings(...)`` argument names: a tuple of class names (``*NAME``
+    spreads another tuple) or the name of a module-level tuple; None for anything else."""
+    if isinstance(node, ast.Name):
+        found = _find(module, node.id)
+        if found and isinstance(found[1], ast.ClassDef):
+            return [found]
+        return _group_classes(found[0], found[1].value) if found else None
+    if isinstance(node, ast.Starred):
+        return _group_classes(module, node.value)
+    if isinstance(node, ast.Tuple):
+        out = []
+        for e in node.elts:
+            part = _group_classes(module, e)
+            if part is None:
+                return None
+            out += part
+        return out
+    return None
+
+
+def _group_fields(module: str, cls: ast.ClassDef) -> dict:
+    """``{field: (default, annotation)}`` of a settings-group dataclass, its dataclass bases' fields first."""
+    out = {}
+    for base in cls.bases:
+        found = _find(module, base.id) if isinstance(base, ast.Name) else None
+        if found and isinstance(found[1], ast.ClassDef):
+            out.update(_group_fields(*found))
+    out.update({n.target.id: (_default(n.value), n.annotation) for n in cls.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)})
+    return out
+
+
+def _flat_settings(module: str, cls: ast.ClassDef) -> dict | None:
+    """The settings a ``@flat_settings(groups)`` class takes (``core.settings``), None without the decorator
+    or when its groups cannot be read."""
+    for d in cls.decorator_list:
+        if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "flat_settings" and d.args:
+            groups = _group_classes(module, d.args[0])
+            if groups is None:
+                return None
+            out = {}
+            for gmod, g in groups:
+                out.update(_group_fields(gmod, g))
+            return out
     return None
 
 
 @cache
 def signature(module: str, name: str) -> tuple[dict, bool] | None:
     """``({param: (default or _NOT_A_VALUE, annotation node)}, takes_kwargs)`` of the class's ``__init__`` (or
-    its dataclass fields); None when the class or its ``__init__`` cannot be read from the source. A class
-    decorated with ``@flat_settings((GroupA, GroupB), ...)`` (``lit_rl.core.settings``) takes the groups'
-    fields as its settings, whatever its ``**settings`` says."""
-    cls = _find_class(module, name)
-    if cls is None:
+    its dataclass fields); None when the class or its ``__init__`` cannot be read from the source."""
+    found = _find(module, name)
+    if found is None or not isinstance(found[1], ast.ClassDef):
         return None
+    cls = found[1]
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if init is None:
         if any(isinstance(d, ast.Name) and d.id == "dataclass" or isinstance(d, ast.Call) and getattr(d.func, "id", "") == "dataclass"
                for d in cls.decorator_list):
-            return _fields(cls), False
+            return _group_fields(found[0], cls), False
         return None
     a = init.args
     params = a.posonlyargs + a.args
@@ -148,42 +204,15 @@ def signature(module: str, name: str) -> tuple[dict, bool] | None:
     out = {p.arg: (d, p.annotation) for p, d in zip(params, defaults) if p.arg != "self"}
     out.update({p.arg: (_default(d) if d is not None else _NOT_A_VALUE, p.annotation)
                 for p, d in zip(a.kwonlyargs, a.kw_defaults)})
-    groups = _settings_groups(cls)
-    if groups is None:
-        return out, a.kwarg is not None
-    for group in groups:
-        found = _find_class(module, group)
-        if found is None:
-            return None
-        out.update(_fields(found))
-    return out, False
-
-
-def _fields(cls: ast.ClassDef) -> dict:
-    """``{field: (default or _NOT_A_VALUE, annotation)}`` of a dataclass; a ``setting(default, doc, ...)``
-    field's default is its first argument (a ``factory`` default is not a value)."""
-    out = {}
-    for n in cls.body:
-        if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name):
-            value = n.value
-            if isinstance(value, ast.Call) and getattr(value.func, "id", "") == "setting":
-                value = value.args[0] if value.args else next(
-                    (k.value for k in value.keywords if k.arg == "default"), None)
-            out[n.target.id] = (_default(value), n.annotation)
-    return out
-
-
-def _settings_groups(cls: ast.ClassDef) -> list[str] | None:
-    """The group names of a ``@flat_settings((A, B), ...)`` decorator written with a tuple of names."""
-    for d in cls.decorator_list:
-        if isinstance(d, ast.Call) and getattr(d.func, "id", "") == "flat_settings" and d.args:
-            names = d.args[0].elts if isinstance(d.args[0], (ast.Tuple, ast.List)) else []
-            if names and all(isinstance(e, ast.Name) for e in names):
-                return [e.id for e in names]
-    return None
+    settings = _flat_settings(*found)
+    if settings is not None:  # **settings takes exactly the groups' fields
+        return {**out, **settings}, False
+    return out, a.kwarg is not None
 
 
 def _default(node):
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setting":  # core.settings.setting
+        node = node.args[0] if node.args else None
     try:
         return ast.literal_eval(node) if node is not None else _NOT_A_VALUE
     except ValueError:

@@ -39,7 +39,37 @@ from torch import Tensor
 from lit_rl.core.aggregation import masked_mean, masked_var
 from lit_rl.core.group_size import GROUP_RELATIVE, check_group_size  # noqa: F401 (torch-free: the CLI's early check)
 from lit_rl.core.groups import GroupStats, group_stats
+from lit_rl.core.names import AdvantageName, StdScope
 from lit_rl.core.registry import Registry
+from lit_rl.core.settings import setting
+
+# What grpo divides by when std_normalize is on: each group's reward std, or the whole (global) batch's.
+STD_SCOPES: tuple[str, ...] = ("group", "batch")
+
+ADVANTAGES: Registry[Callable[[AdvantageInputs], AdvantageOutputs]] = Registry("advantage")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdvantageSettings:
+    """The advantage settings of a learner (``PolicyModule`` takes them flat): the one declaration of each."""
+
+    advantage: AdvantageName | str = setting(
+        "grpo", "Advantage estimator (core.advantages).", choices=ADVANTAGES.names)
+    std_normalize: bool = setting(True, "grpo: divide each advantage by a reward std (see std_scope).")
+    std_scope: StdScope = setting(
+        "group", "What grpo's std_normalize divides by: group (each group's reward std) or batch (the whole "
+        "batch's, all ranks; TRL's scale_rewards=batch).", choices=STD_SCOPES)
+    gamma: float = setting(1.0, "Discount of reinforce / gae returns, in [0, 1].")
+    lam: float = setting(1.0, "GAE's lambda, in [0, 1].")
+    baseline: bool = setting(
+        False, "reinforce: subtract the batch-mean return; opd: the leave-one-out group mean per position.")
+    whiten_advantages: bool | None = setting(
+        None, "Standardise the advantages over the batch's trainable tokens (all ranks; mean 0, variance 1); "
+        "null = on for gae (as TRL / veRL / OpenRLHF), off otherwise.")
+
+    @property
+    def whitens(self) -> bool:
+        return self.advantage == "gae" if self.whiten_advantages is None else bool(self.whiten_advantages)
 
 
 @dataclass
@@ -69,12 +99,13 @@ class AdvantageInputs:
     valid: Tensor | None = None
     logprobs: Tensor | None = None
     teacher_logprobs: Tensor | None = None
-    gamma: float = 1.0
-    lam: float = 1.0
-    std_normalize: bool = True
-    std_scope: str = "group"
+    # the estimator options' defaults are the settings' (one declaration: AdvantageSettings)
+    gamma: float = AdvantageSettings.gamma
+    lam: float = AdvantageSettings.lam
+    std_normalize: bool = AdvantageSettings.std_normalize
+    std_scope: str = AdvantageSettings.std_scope
     eps: float = 1e-6
-    baseline: bool = False
+    baseline: bool = AdvantageSettings.baseline
     bootstrap: Tensor | None = None
     reduce: Callable[[Tensor], Tensor] | None = None
 
@@ -153,10 +184,6 @@ class AdvantageOutputs:
 
 
 _TOKEN_FIELDS = ("token_rewards", "values", "logprobs", "teacher_logprobs")
-# What grpo divides by when std_normalize is on: each group's reward std, or the whole (global) batch's.
-STD_SCOPES: tuple[str, ...] = ("group", "batch")
-
-ADVANTAGES: Registry[Callable[[AdvantageInputs], AdvantageOutputs]] = Registry("advantage")
 
 
 def compute_advantages(name: str, inputs: AdvantageInputs) -> AdvantageOutputs:

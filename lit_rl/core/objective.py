@@ -24,30 +24,42 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from lit_rl.core.aggregation import aggregate
-from lit_rl.core.importance import k3_mismatch_kl, rollout_correction
-from lit_rl.core.policy_losses import LOSS_PARAMS, PolicyLossInputs, compute_policy_loss
+from lit_rl.core.aggregation import AGG_MODES, aggregate
+from lit_rl.core.importance import CORRECTION_LEVELS, CORRECTION_MODES, k3_mismatch_kl, rollout_correction
+from lit_rl.core.names import CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName
+from lit_rl.core.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossSettings,
+    compute_policy_loss,
+    loss_settings,
+)
+from lit_rl.core.settings import setting
 
 
-@dataclass(frozen=True)
-class ObjectiveSettings:
-    """The settings of the objective (the ``PolicyModule`` fields of the same names; validated there)."""
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveSettings(PolicyLossSettings):
+    """The settings of the objective: the policy loss's own (``PolicyLossSettings``: clip_*, dual_clip,
+    sapo_*, vespo_*), its aggregation and the engine-mismatch correction. One declaration each;
+    ``PolicyModule`` takes them flat and validates them (``modules.config``)."""
 
-    policy_loss: str = "ppo_clip"
-    loss_agg: str = "token_mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    sapo_tau_pos: float | None = None
-    sapo_tau_neg: float | None = None
-    vespo_k_pos: float | None = None
-    vespo_lambda_pos: float | None = None
-    vespo_k_neg: float | None = None
-    vespo_lambda_neg: float | None = None
-    rollout_correction: str = "none"
-    correction_level: str = "token"
-    correction_cap: float = 2.0
-    correction_low: float | None = None
+    policy_loss: PolicyLossName | str = setting("ppo_clip", "Per-token policy loss (core.policy_losses).",
+                                                choices=POLICY_LOSSES.names)
+    loss_agg: LossAgg = setting(
+        "token_mean", "How token losses combine: token_mean (DAPO), seq_mean_token_mean (GRPO), "
+        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO).", choices=AGG_MODES)
+    loss_horizon: int | None = setting(
+        None, "The constant H seq_mean_token_sum_norm divides each row's token sum by; null = the "
+        "Experience's horizon (RolloutCallback: sampling.max_new_tokens); with neither, that mode raises.")
+    rollout_correction: CorrectionMode = setting(
+        "none", "Engine-vs-trainer mismatch correction (core.importance): tis truncates, mis masks the "
+        "ratio.", choices=CORRECTION_MODES)
+    correction_level: CorrectionLevel = setting("token", "Level of the mismatch ratio of rollout_correction.",
+                                                choices=CORRECTION_LEVELS)
+    correction_cap: float = setting(
+        2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top).")
+    correction_low: float | None = setting(
+        None, "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap.")
 
 
 @dataclass
@@ -96,8 +108,7 @@ def policy_objective(inputs: ObjectiveInputs, settings: ObjectiveSettings) -> tu
         is_w = x.is_weights if is_w is None else is_w * x.is_weights
     per_token, pm = compute_policy_loss(s.policy_loss, PolicyLossInputs(
         logprobs=lp, old_logprobs=old, advantages=x.advantages, mask=mask, rollout_logprobs=None, is_weights=is_w,
-        clip_low=s.clip_low, clip_high=s.clip_high, dual_clip=s.dual_clip,
-        **{k: getattr(s, k) for k in LOSS_PARAMS}))
+        **loss_settings(s)))
     policy = aggregate(per_token, mask, s.loss_agg, x.horizon, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
     with torch.no_grad():
         if mask.any():

@@ -26,21 +26,23 @@ report ``inf``, never NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import Tensor
 
 from lit_rl.core.registry import Registry
+from lit_rl.core.settings import setting
 
-__all__ = ["LOSS_PARAMS", "POLICY_LOSSES", "PolicyLossInputs", "compute_policy_loss"]
+__all__ = ["LOSS_PARAMS", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "compute_policy_loss"]
 
 POLICY_LOSSES: Registry = Registry("policy_loss")
 
 # Bound on |log r| inside the losses; e^20 ~ 4.85e8 is far outside any useful clip range yet far from overflow.
 _LOG_RATIO_CLAMP = 20.0
-# The settings only one loss reads: field -> (that loss, its default when the field is None, the lowest value
-# allowed, whether the lowest value itself is allowed). Every other loss refuses a field that is set.
+# The settings only one loss reads (declared in ``PolicyLossSettings``): field -> (that loss, the paper's
+# value it takes when the setting is None, the lowest value allowed, whether the lowest value itself is
+# allowed). Every other loss refuses a field that is set.
 LOSS_PARAMS: dict[str, tuple[str, float, float, bool]] = {
     "sapo_tau_pos": ("sapo", 1.0, 0.0, False), "sapo_tau_neg": ("sapo", 1.05, 0.0, False),
     "vespo_k_pos": ("vespo", 2.0, 0.0, True), "vespo_lambda_pos": ("vespo", 3.0, 0.0, False),
@@ -57,9 +59,40 @@ def _check_finite_where(name: str, x: Tensor, mask: Tensor) -> None:
         raise ValueError(f"{name} holds NaN or Inf on masked-in tokens; it would poison the loss")
 
 
-@dataclass
-class PolicyLossInputs:
-    """Everything a policy loss may need, one row per completion.
+@dataclass(frozen=True, kw_only=True)
+class PolicyLossSettings:
+    """The settings the policy losses read: the one declaration of each (``PolicyModule`` takes them flat
+    through ``core.objective.ObjectiveSettings``, which extends this group)."""
+
+    clip_low: float = setting(0.2, "Lower ratio clip: r >= 1 - clip_low (1.0 = no lower bound).")
+    clip_high: float = setting(0.2, "Upper ratio clip: r <= 1 + clip_high (> clip_low = DAPO clip-higher).")
+    dual_clip: float | None = setting(None, "c > 1 of dual-clip PPO (A < 0 loss capped at -c*A); null = off.")
+    sapo_tau_pos: float | None = setting(
+        None, "policy_loss sapo: gate temperature for A > 0; null = the paper's 1.0 (TRL "
+        "sapo_temperature_pos).")
+    sapo_tau_neg: float | None = setting(
+        None, "policy_loss sapo: gate temperature for A <= 0; null = the paper's 1.05 (TRL "
+        "sapo_temperature_neg).")
+    vespo_k_pos: float | None = setting(
+        None, "policy_loss vespo: Gamma-weight shape k of the sequence ratio for A >= 0; null = the paper's "
+        "2.")
+    vespo_lambda_pos: float | None = setting(
+        None, "policy_loss vespo: Gamma-weight rate lambda for A >= 0; null = the paper's 3.")
+    vespo_k_neg: float | None = setting(
+        None, "policy_loss vespo: Gamma-weight shape k for A < 0; null = the paper's 3.")
+    vespo_lambda_neg: float | None = setting(
+        None, "policy_loss vespo: Gamma-weight rate lambda for A < 0; null = the paper's 2.")
+
+
+def loss_settings(settings: PolicyLossSettings) -> dict[str, float | None]:
+    """The ``PolicyLossSettings`` fields of ``settings`` (or of a group extending it) as keyword arguments."""
+    return {f.name: getattr(settings, f.name) for f in fields(PolicyLossSettings)}
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs(PolicyLossSettings):
+    """Everything a policy loss may need, one row per completion, with its settings (keyword-only,
+    ``PolicyLossSettings``).
 
     Shapes:
         logprobs:         (B, T) log pi_theta(y_t) of the sampled tokens under the policy being trained (grad).
@@ -85,15 +118,6 @@ class PolicyLossInputs:
     mask: Tensor
     rollout_logprobs: Tensor | None = None
     is_weights: Tensor | None = None
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    sapo_tau_pos: float | None = None
-    sapo_tau_neg: float | None = None
-    vespo_k_pos: float | None = None
-    vespo_lambda_pos: float | None = None
-    vespo_k_neg: float | None = None
-    vespo_lambda_neg: float | None = None
 
     def __post_init__(self) -> None:
         self.validate()

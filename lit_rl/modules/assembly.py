@@ -1,7 +1,7 @@
 """The assembly contracts of ``PolicyModule`` (docs/architecture.md, "The three assembly contracts"): advantages
 zeroed off ``Experience.train_mask``, whitening and denominators over the trainable tokens of *all* ranks, and
 the constant horizon of ``seq_mean_token_sum_norm``. ``PolicyAssembly`` is a mixin of ``PolicyModule`` (it uses
-``self.hparams``, ``self.active_loss_terms()`` and ``self._trainer``); ``DistillModule`` inherits it through
+``self.config``, ``self.active_loss_terms()`` and ``self._trainer``); ``DistillModule`` inherits it through
 ``PolicyModule``.
 """
 from __future__ import annotations
@@ -33,21 +33,21 @@ class PolicyAssembly:
         the prompt's rewards look like), and so does ``std_scope: batch``'s std, over all ranks; whitening
         (``whiten_advantages``) uses the trainable tokens of all ranks.
         """
-        h = self.hparams
+        a = self.config.advantages
         # A float64 policy (precision "64-true", the exact checks) computes its advantages in float64 also
         # from the float32 rewards ExperienceBuilder stores: float32 group statistics cost ~1e-6 of the gradient.
         rewards = exp.rewards.double() if self._float64_policy() else exp.rewards
-        out = compute_advantages(h.advantage, AdvantageInputs(
+        out = compute_advantages(a.advantage, AdvantageInputs(
             rewards=rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
             values=exp.values, valid=exp.valid, teacher_logprobs=exp.teacher_logprobs,
             # a teacher's advantage compares two models: the policy's full softmax, not the sampler's (processed)
             logprobs=self.kl_policy_logprobs(exp) if exp.teacher_logprobs is not None else exp.rollout_logprobs,
-            gamma=h.gamma, lam=h.lam, std_normalize=h.std_normalize, std_scope=h.get("std_scope", "group"),
-            baseline=h.baseline, bootstrap=self._bootstrap_rows(exp), reduce=self._all_reduce_sum))
+            gamma=a.gamma, lam=a.lam, std_normalize=a.std_normalize, std_scope=a.std_scope,
+            baseline=a.baseline, bootstrap=self._bootstrap_rows(exp), reduce=self._all_reduce_sum))
         train = exp.train_mask
         adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
         metrics = dict(out.metrics)
-        if self.whitens:
+        if a.whitens:
             adv, wm = self._whiten(adv, train)
             metrics.update(wm)
         exp.advantages = store_dtype(adv, rewards)
@@ -69,11 +69,6 @@ class PolicyAssembly:
             if rows is not None:
                 return rows
         return None
-
-    @property
-    def whitens(self) -> bool:
-        w = self.hparams.whiten_advantages
-        return self.hparams.advantage == "gae" if w is None else bool(w)
 
     def _whiten(self, adv: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
         """(A − μ) / sqrt(σ² + 1e-8) over the trainable tokens of every rank (population variance, float64),
@@ -99,10 +94,10 @@ class PolicyAssembly:
 
     def horizon_for(self, exp: Experience) -> int | None:
         """H of ``seq_mean_token_sum_norm``: ``loss_horizon``, else the Experience's; an error without either."""
-        h = self.hparams
-        if h.loss_agg != "seq_mean_token_sum_norm":
+        o = self.config.objective
+        if o.loss_agg != "seq_mean_token_sum_norm":
             return None
-        H = h.loss_horizon if h.loss_horizon is not None else exp.horizon
+        H = o.loss_horizon if o.loss_horizon is not None else exp.horizon
         if H is None:
             raise ValueError(
                 "loss_agg='seq_mean_token_sum_norm' divides by a constant horizon, but neither "
@@ -113,5 +108,5 @@ class PolicyAssembly:
     def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
         """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators
         (``num_tokens`` / ``num_seqs`` of the trainable tokens of all ranks) and the run's constant horizon."""
-        return aggregate(values, mask, self.hparams.loss_agg, forward_out.get("horizon"),
+        return aggregate(values, mask, self.config.objective.loss_agg, forward_out.get("horizon"),
                          num_tokens=forward_out["num_tokens"], num_seqs=forward_out["num_seqs"])

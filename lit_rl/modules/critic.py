@@ -16,81 +16,91 @@ explained variance of the rollout values against the returns, ``bootstrap_rows``
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from lit_rl.core.settings import check_choices, flat_settings, setting, split_settings
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
-from lit_rl.models.loading import resolve_dtype
+from lit_rl.modules.config import PrecisionSettings
 from lit_rl.modules.optim_step import LossParts
 from lit_rl.modules.protocols import ForwardNeeds, LossTerm
 
 HEADS = ("regression", "token")
 
 
+@dataclass(frozen=True, kw_only=True)
+class CriticSettings:
+    """``CriticModule``'s settings: the one declaration of each (``flat_settings`` makes its signature)."""
+
+    head: str = setting(
+        "regression", "regression: Linear(hidden, 1) on the last hidden state, (clipped) squared error; "
+        "token: V = lo + (hi - lo) * sigmoid(z_yes - z_no) of the LM's answer to question after each prefix, "
+        "binary cross-entropy, read from the forward's cache (no new parameters; see the module doc).",
+        choices=HEADS)
+    share_backbone: bool = setting(
+        True, "The policy's backbone (one forward for logits and values); false = a separate causal LM "
+        "loaded from model (or the policy's path), trained alongside it.")
+    model: str | None = setting(
+        None, "The separate critic's weights; with share_backbone it may only name a model of the policy's "
+        "architecture (so one interpolated path serves both), its weights unused.")
+    vf_coef: float = setting(0.5, "Weight of the value loss in the joint loss.")
+    value_clip: float | None = setting(
+        0.2, "PPO2 value clipping epsilon around the rollout values (regression only); null = off.")
+    detach_backbone: bool = setting(
+        False, "Stop the value loss's gradient at the backbone (only the head learns; a token head then "
+        "learns a zero-initialised vector delta: z = h_q . (w_yes - w_no + delta), its yes/no rows frozen).")
+    yes_token: str = setting(" yes", "The token head's single 'yes' token.")
+    no_token: str = setting(" no", "The token head's single 'no' token.")
+    value_range: tuple[float, float] = setting(
+        (0.0, 1.0), "[lo, hi] the token head maps onto; returns outside it raise ValueError.")
+    warmup_steps: int = setting(
+        0, "The first this many RL iterations train the value loss only (every other loss term times 0), so "
+        "the policy's first advantages come from a fitted critic.")
+    init_from: str | None = setting(
+        None, "A directory written by CriticPretrainModule.save: the head starts from its critic.pt.")
+    bootstrap_truncated: bool = setting(
+        False, "GAE on a completion cut by the generation budget (finish reason length) continues from its "
+        "last state's value instead of ending the episode there (V = 0).")
+    question: str = setting(
+        "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix.")
+
+
+@flat_settings((CriticSettings, PrecisionSettings), before=0)
 class CriticModule(nn.Module, LossTerm):
-    """A value head for PPO.
+    """A value head for PPO: a loss term of ``PolicyModule(critic=...)`` (see the module doc).
 
     Args:
-        head: ``regression`` — Linear(hidden, 1) on the last hidden state (hidden + 1 new parameters), trained
-            with the (clipped) squared error; ``token`` — V_t = lo + (hi − lo)·sigmoid(z_yes − z_no) read from the
-            LM's next-token logits of ``yes_token`` / ``no_token`` *after the question* appended to the prefix
-            s_t (prompt + completion[:t]), trained with binary cross-entropy toward (R − lo) / (hi − lo). The
-            question is read from the forward's key/value cache in one extra pass over C copies of the question
-            (a 4D mask lets copy t see only s_t), so the value never acts on the policy's own logits at the
-            completion positions. No new parameters (a ``detach_backbone`` token head adds a vector of size
-            hidden: see below).
-        question: the text appended after each prefix for the ``token`` head (at least one token).
-        share_backbone: True = the policy's backbone (one forward for logits and values); False = a separate
-            causal LM loaded from ``model`` (or from the policy's path) and trained alongside it.
-        model: the separate critic's weights. With ``share_backbone=True`` it may only name a model of the
-            policy's architecture (so one interpolated path can serve both); its weights are not used.
-        vf_coef: weight of the value loss in the joint loss.
-        value_clip: PPO2 value clipping ε around the rollout values (``regression`` only; None = off).
-        detach_backbone: stop the value loss's gradient at the backbone (only the head learns from it). For the
-            ``token`` head the LM head rows of yes/no are frozen too (they are the policy's) and a zero-initialised
-            vector δ (hidden) learns: z = h_q·(w_yes − w_no + δ); the policy is then untouched by the value loss.
-        yes_token, no_token: the two single tokens of the ``token`` head.
-        value_range: ``[lo, hi]`` the ``token`` head maps onto; returns outside it raise ValueError.
-        dtype: dtype of a separate backbone.
-        warmup_steps: the first this many RL iterations train the value loss only (every other loss term is
-            multiplied by 0), so the advantages the policy first learns from come from a fitted critic. With a
-            shared, non-detached backbone the value gradient still moves the backbone.
-        bootstrap_truncated: GAE on a completion cut off by the generation budget (finish reason ``length``)
-            continues from the value of its last state instead of treating the cut as the episode's end (V = 0).
-        init_from: a directory written by ``CriticPretrainModule.save``: the head starts from its ``critic.pt``
-            (point the policy's ``model`` — or this critic's ``model`` when not shared — at the same directory).
     """
 
-    def __init__(self, head: str = "regression", share_backbone: bool = True, model: str | None = None,
-                 vf_coef: float = 0.5, value_clip: float | None = 0.2, detach_backbone: bool = False,
-                 yes_token: str = " yes", no_token: str = " no", value_range: tuple[float, float] = (0.0, 1.0),
-                 dtype: str = "float32", warmup_steps: int = 0, init_from: str | None = None,
-                 bootstrap_truncated: bool = False, question: str = "\nIs this trajectory good? Answer:"):
+    def __init__(self, **settings: Any):
         super().__init__()
-        if head not in HEADS:
-            raise ValueError(f"head={head!r}; valid values: {', '.join(HEADS)}")
-        if not vf_coef >= 0:
-            raise ValueError(f"vf_coef must be >= 0, got {vf_coef}")
-        if warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if value_clip is not None and not value_clip > 0:
-            raise ValueError(f"value_clip must be > 0 or null, got {value_clip}")
-        lo, hi = (float(x) for x in value_range)
+        s, precision = split_settings("CriticModule", CriticModule.settings_groups, settings)
+        check_choices(s)
+        check_choices(precision)
+        if not s.vf_coef >= 0:
+            raise ValueError(f"vf_coef must be >= 0, got {s.vf_coef}")
+        if s.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {s.warmup_steps}")
+        if s.value_clip is not None and not s.value_clip > 0:
+            raise ValueError(f"value_clip must be > 0 or null, got {s.value_clip}")
+        lo, hi = (float(x) for x in s.value_range)
         if not lo < hi:
-            raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(value_range)}")
-        resolve_dtype(dtype)
-        self.head_type, self.share_backbone, self.model_path = head, share_backbone, model
-        self.warmup_steps, self.init_from = warmup_steps, init_from
-        self.bootstrap_truncated = bool(bootstrap_truncated)
-        if head == "token" and not question:
+            raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(s.value_range)}")
+        if s.head == "token" and not s.question:
             raise ValueError("question must be a non-empty text for head='token' (it is asked after every prefix)")
-        self.question = question
+        # the names the value code reads (value_range as floats)
+        self.head_type, self.share_backbone, self.model_path = s.head, s.share_backbone, s.model
+        self.warmup_steps, self.init_from = s.warmup_steps, s.init_from
+        self.bootstrap_truncated = bool(s.bootstrap_truncated)
+        self.question = s.question
         self.question_ids: Tensor | None = None
         self.delta: nn.Parameter | None = None
-        self.vf_coef, self.value_clip, self.detach_backbone = vf_coef, value_clip, detach_backbone
-        self.yes_token, self.no_token, self.value_range, self.dtype = yes_token, no_token, (lo, hi), dtype
+        self.vf_coef, self.value_clip, self.detach_backbone = s.vf_coef, s.value_clip, s.detach_backbone
+        self.yes_token, self.no_token, self.value_range = s.yes_token, s.no_token, (lo, hi)
+        self.dtype = precision.dtype
         self.head: nn.Linear | None = None
         self.backbone: nn.Module | None = None
         self.token_ids: tuple[int, int] | None = None
@@ -107,7 +117,7 @@ class CriticModule(nn.Module, LossTerm):
 
             path = self.model_path or policy.model_path
             self.backbone = load_causal_lm(path, self.dtype).train()
-            if getattr(policy.hparams, "disable_dropout", True):
+            if policy.config.forward.disable_dropout:
                 from lit_rl.models.dropout import disable_dropout
 
                 disable_dropout(self.backbone)
@@ -244,7 +254,7 @@ class CriticModule(nn.Module, LossTerm):
     def attach_values(self, module, exp) -> None:
         """``exp.values`` (B, C) float32: V at every completion token (0 off the loss mask)."""
         chunks = []
-        for micro in exp.micro_batches(module.hparams.micro_batch_size):
+        for micro in exp.micro_batches(module.config.step.micro_batch_size):
             v, _ = self.predict(module, micro)
             v = v.double() if v.dtype == torch.float64 else v.float()
             chunks.append(torch.where(micro.loss_mask.to(v.device), v, 0.0).to(exp.input_ids.device))

@@ -27,6 +27,9 @@ GKD λ=1), ``teacher`` (the teacher's own samples, i.e. supervised KD; done in t
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -36,57 +39,96 @@ from lit_rl.core.distill import check_losses, masked_cross_entropy, topk_reverse
 from lit_rl.core.fused_logprobs import Projection, linear_divergence, linear_logprobs
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import token_logprobs
-from lit_rl.core.policy_losses import LOSS_PARAMS, PolicyLossInputs, compute_policy_loss
+from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
+from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
+from lit_rl.modules.config import POLICY_GROUPS, PolicyConfig
+from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.heads import LazyLogits
-from lit_rl.modules.policy import PolicyModule
+from lit_rl.modules.policy import OptimizerFactory, PolicyModule, SchedulerFactory, _default_optimizer
 from lit_rl.modules.protocols import LossTerm
 
 KD_ON = ("student", "teacher", "both")
 
 
+@dataclass(frozen=True, kw_only=True)
+class DistillSettings:
+    """The settings only ``DistillModule`` has (every ``PolicyModule`` setting keeps its meaning there)."""
+
+    losses: dict[str, float] = setting(
+        doc="{name: coefficient} over reverse_kl_sampled, reverse_kl_full, topk_reverse_kl, forward_kl, jsd, "
+        "sft_on_success (e.g. {reverse_kl_sampled: 1.0}).", factory=lambda: {"reverse_kl_sampled": 1.0})
+    rl_coef: float = setting(0.0, "Weight of the reward policy-gradient term (0 = distillation only).")
+    jsd_beta: float = setting(0.5, "Beta of jsd in (0, 1) (the teacher's weight in the mixture).")
+    topk: int = setting(16, "k of topk_reverse_kl.")
+    kd_on: str = setting("student", "The rollouts the forward_kl / jsd terms read.", choices=KD_ON)
+    opd_baseline: bool = setting(
+        False, "reverse_kl_sampled subtracts the leave-one-out group mean of the per-token advantage at each "
+        "position (core.advantages opd with baseline; unbiased, lower variance).")
+
+
+@dataclass(frozen=True)
+class DistillConfig(PolicyConfig):
+    """``PolicyConfig`` and the ``DistillSettings`` group."""
+
+    distill: DistillSettings = field(default_factory=DistillSettings)
+
+    def validate(self, source: bool = True) -> DistillConfig:
+        d = self.distill
+        check_choices(d)
+        losses = check_losses(d.losses)
+        if not (d.rl_coef >= 0 and d.rl_coef < float("inf")):
+            raise ValueError(f"rl_coef must be a finite number >= 0, got {d.rl_coef}")
+        if not 0.0 < d.jsd_beta < 1.0:
+            raise ValueError(f"jsd_beta must lie strictly in (0, 1), got {d.jsd_beta}")
+        if d.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {d.topk}")
+        if d.kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
+            raise ValueError(f"kd_on={d.kd_on!r} only affects forward_kl / jsd, which are not in losses "
+                             f"{sorted(losses)}")
+        if not isinstance(d.opd_baseline, bool):
+            raise TypeError(f"opd_baseline must be true or false, got {d.opd_baseline!r}")
+        if d.opd_baseline and "reverse_kl_sampled" not in losses:
+            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses "
+                             f"{sorted(losses)}")
+        super().validate(source)
+        return self
+
+
+DISTILL_GROUPS = (*POLICY_GROUPS, DistillSettings)  # DistillConfig's fields (cli/precheck.py reads it)
+
+
+@flat_settings(DISTILL_GROUPS)
 class DistillModule(PolicyModule):
     """On-policy distillation from one or many teachers (``TeacherRouter``), optionally mixed with RL.
 
-    Args (in addition to every ``PolicyModule`` argument, which keeps its meaning):
-        losses: ``{name: coefficient}`` over reverse_kl_sampled, reverse_kl_full, topk_reverse_kl, forward_kl,
-            jsd, sft_on_success (e.g. ``{reverse_kl_sampled: 1.0}``).
-        rl_coef: weight of the reward policy-gradient term (0 = distillation only).
-        jsd_beta: β of ``jsd`` in (0, 1) (weight of the teacher in the mixture).
-        topk: k of ``topk_reverse_kl``.
-        kd_on: ``student`` | ``teacher`` | ``both``: rollouts the forward_kl / jsd terms read.
-        opd_baseline: ``reverse_kl_sampled`` subtracts the leave-one-out group mean of the per-token
-            advantage at each position (``core.advantages`` "opd" with ``baseline``; unbiased, lower variance).
+    Takes every ``PolicyModule`` setting (same meaning) and the ``DistillSettings`` group's, read from
+    ``self.config.distill``.
+
+    Args:
+        model: the student: local directory or hub id of a causal LM.
+        optimizer: LightningCLI ``OptimizerCallable`` (default AdamW, lr 1e-5).
+        lr_scheduler: LightningCLI ``LRSchedulerCallable``; None = a constant learning rate.
+        critic: a ``CriticModule`` (PPO), as in ``PolicyModule``.
     """
 
-    def __init__(self, *args, losses: dict[str, float] | None = None, rl_coef: float = 0.0,
-                 jsd_beta: float = 0.5, topk: int = 16, kd_on: str = "student", opd_baseline: bool = False,
-                 **kwargs):
-        losses = check_losses(losses if losses is not None else {"reverse_kl_sampled": 1.0})
-        if not (rl_coef >= 0 and rl_coef < float("inf")):
-            raise ValueError(f"rl_coef must be a finite number >= 0, got {rl_coef}")
-        if not 0.0 < jsd_beta < 1.0:
-            raise ValueError(f"jsd_beta must lie strictly in (0, 1), got {jsd_beta}")
-        if topk < 1:
-            raise ValueError(f"topk must be >= 1, got {topk}")
-        if kd_on not in KD_ON:
-            raise ValueError(f"kd_on={kd_on!r}; valid values: {', '.join(KD_ON)}")
-        if kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
-            raise ValueError(f"kd_on={kd_on!r} only affects forward_kl / jsd, which are not in losses {sorted(losses)}")
-        if not isinstance(opd_baseline, bool):
-            raise TypeError(f"opd_baseline must be true or false, got {opd_baseline!r}")
-        if opd_baseline and "reverse_kl_sampled" not in losses:
-            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses {sorted(losses)}")
-        super().__init__(*args, **kwargs)
-        self.losses, self.rl_coef, self.jsd_beta, self.topk, self.kd_on = losses, rl_coef, jsd_beta, topk, kd_on
-        self.opd_baseline = opd_baseline
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
+    config_type = DistillConfig
+
+    def __init__(self, model: str, *, optimizer: OptimizerFactory = _default_optimizer,
+                 lr_scheduler: SchedulerFactory | None = None, critic: CriticModule | None = None,
+                 **settings: Any):
+        # its own __init__ only so that flat_settings gives this class its own signature (not PolicyModule's)
+        super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, critic=critic, **settings)
+
+    @property
+    def losses(self) -> dict[str, float]:
+        return self.config.distill.losses
 
     # ------------------------------------------------------------ teachers
     @property
     def teacher_topk_k(self) -> int | None:
         """Asked by the TeacherRouter: store the teacher's top-k (only when topk_reverse_kl is used)."""
-        return self.topk if "topk_reverse_kl" in self.losses else None
+        return self.config.distill.topk if "topk_reverse_kl" in self.losses else None
 
     teacher_router = None  # handed over by TeacherRouter.setup (explicit wiring, no search of trainer.callbacks)
 
@@ -103,7 +145,7 @@ class DistillModule(PolicyModule):
     # ---------------------------------------------------------- advantages
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
         metrics = super().compute_advantages(exp)
-        exp.advantages = exp.advantages * self.rl_coef  # scales the reward PG term by rl_coef (0 = off)
+        exp.advantages = exp.advantages * self.config.distill.rl_coef  # scales the reward PG term (0 = off)
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
                 raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
@@ -112,7 +154,7 @@ class DistillModule(PolicyModule):
             out = compute_advantages("opd", AdvantageInputs(
                 rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
                 teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),
-                group_ids=exp.group_ids, baseline=self.opd_baseline))
+                group_ids=exp.group_ids, baseline=self.config.distill.opd_baseline))
             exp.extras["opd_advantages"] = out.advantages.float()  # (B, C)
             metrics.update({f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")})
         return metrics
@@ -128,17 +170,18 @@ class DistillModule(PolicyModule):
         """The full-vocabulary divergences ``names`` (reverse_kl_full, forward_kl, jsd) of one micro-batch
         against its teacher, each coefficient-weighted: of the student's rollouts (``StudentDistillation``) or
         of the teacher's own (the teacher-data step)."""
-        h, c, out = self.hparams, self.losses, {}
+        c, out, beta = self.losses, {}, self.config.distill.jsd_beta
+        chunk = self.config.forward.logprob_chunk_size
         head = fwd.get("head")
         if head is None:  # materialised path: student and teacher logits as (b, C, V) tensors
             logits = fwd["logits"]
             t_logits = self.router().teacher_logits(self, micro, names[0])  # (b, C, V), no grad
             for n in names:
                 if n == "jsd":
-                    d = generalized_jsd(logits, t_logits, self.jsd_beta, mask, h.logprob_chunk_size, self.temperature)
+                    d = generalized_jsd(logits, t_logits, beta, mask, chunk, self.temperature)
                 else:
                     d = kl_from_logits(logits, t_logits, mask, "reverse" if n == "reverse_kl_full" else "forward",
-                                       h.logprob_chunk_size, self.temperature)
+                                       chunk, self.temperature)
                 out[n] = c[n] * self.aggregate(d, mask, fwd)
             return out
         groups = self.router().teacher_heads(self, micro, names[0])  # [(rows, Projection | (b', C, V) logits)]
@@ -149,7 +192,7 @@ class DistillModule(PolicyModule):
                 rows = torch.as_tensor(idx, device=head.hidden.device)
                 student = head if len(groups) == 1 else Projection(head.hidden[rows], head.weight, head.bias)
                 parts.append((rows, linear_divergence(kinds[n], student, teacher, mask[rows.to(mask.device)],
-                                                      self.temperature, self.jsd_beta, h.logprob_chunk_size)))
+                                                      self.temperature, beta, chunk)))
             if len(parts) == 1:
                 d = parts[0][1]
             else:  # rows of several teachers: put each group's (b', C) back in place (differentiable)
@@ -161,20 +204,20 @@ class DistillModule(PolicyModule):
 
     # ------------------------------------------------------ teacher-data step
     def training_step(self, batch, batch_idx: int):
-        student_terms = self.rl_coef > 0 or set(self.losses) - {"sft_on_success"} - (
-            {"forward_kl", "jsd"} if self.kd_on == "teacher" else set())
+        student_terms = self.config.distill.rl_coef > 0 or set(self.losses) - {"sft_on_success"} - (
+            {"forward_kl", "jsd"} if self.config.distill.kd_on == "teacher" else set())
         if student_terms:
             super().training_step(batch, batch_idx)
         else:  # nothing reads the student's rollouts: skip a zero-gradient optimizer step, still log them
             self.iteration += 1
             for k, v in batch.metrics.items():
                 self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
-        if "sft_on_success" in self.losses or self.kd_on != "student":
+        if "sft_on_success" in self.losses or self.config.distill.kd_on != "student":
             self._teacher_data_step(batch)
 
     def optimizer_steps_per_iteration(self, rows: int) -> int | None:
         """None (no max_steps check) with teacher-data steps: there is one only when some rank has survivors."""
-        if "sft_on_success" in self.losses or self.kd_on != "student":
+        if "sft_on_success" in self.losses or self.config.distill.kd_on != "student":
             return None
         return super().optimizer_steps_per_iteration(rows)
 
@@ -208,23 +251,23 @@ class DistillModule(PolicyModule):
 
     def _teacher_micro_loss(self, micro: Experience, fwd: dict) -> dict[str, Tensor]:
         """Loss terms of one micro-batch of teacher rollouts (the ``micro_loss`` of ``_optimizer_step``)."""
-        h, c = self.hparams, self.losses
+        c, chunk = self.losses, self.config.forward.logprob_chunk_size
         mask = micro.train_mask
         out = self.forward_outputs(micro)
         fwd = LazyLogits(fwd, head=out["head"])
         if out["head"] is not None:
             hd = out["head"]
             lp = linear_logprobs(hd.hidden, hd.weight, micro.completion_ids.to(hd.hidden.device), hd.bias,
-                                 self.temperature, h.logprob_chunk_size, entropy=False)[0]
+                                 self.temperature, chunk, entropy=False)[0]
         else:
             fwd["logits"] = out["logits"]
-            lp = token_logprobs(out["logits"], micro.completion_ids, h.logprob_chunk_size, self.temperature)
+            lp = token_logprobs(out["logits"], micro.completion_ids, chunk, self.temperature)
         parts: dict[str, Tensor] = {}
         if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
             ce = masked_cross_entropy(lp, mask)
             parts["sft_on_success"] = c["sft_on_success"] * aggregate(
                 ce, mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
-        kd = [n for n in ("forward_kl", "jsd") if n in c and self.kd_on != "student"]
+        kd = [n for n in ("forward_kl", "jsd") if n in c and self.config.distill.kd_on != "student"]
         if kd:
             parts.update({f"{k}_teacher_rollouts": v for k, v in
                           self.full_vocab_terms(kd, micro, mask, fwd).items()})
@@ -242,15 +285,15 @@ class StudentDistillation(LossTerm):
         Full-vocabulary terms go through the student's ``fwd["head"]`` (hidden states + LM head) chunk by
         chunk, with the teacher's logits computed chunk-wise from its own hidden states: no (b, C, V) tensor
         is built (``fwd["logits"]`` is read only on the materialised path)."""
-        h, c = module.hparams, module.losses
+        c, o = module.losses, module.config.objective
+        chunk = module.config.forward.logprob_chunk_size
         lp, mask, head = fwd["logprobs"], fwd["mask"], fwd.get("head")  # (b, C), (b, C), Projection | None
         out: dict[str, Tensor] = {}
         if "reverse_kl_sampled" in c:
             old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
-            per_tok, _ = compute_policy_loss(h.policy_loss, PolicyLossInputs(
+            per_tok, _ = compute_policy_loss(o.policy_loss, PolicyLossInputs(
                 logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
-                rollout_logprobs=None, is_weights=None, clip_low=h.clip_low, clip_high=h.clip_high,
-                dual_clip=h.dual_clip, **{k: h.get(k) for k in LOSS_PARAMS}))
+                rollout_logprobs=None, is_weights=None, **loss_settings(o)))
             out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * module.aggregate(per_tok, mask, fwd)
         if "topk_reverse_kl" in c:
             C = mask.shape[1]
@@ -258,12 +301,13 @@ class StudentDistillation(LossTerm):
             teacher = (ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
                        ex["teacher_tail_logprob"][:, :C])
             if head is not None:
-                kl = topk_reverse_kl_linear(head, *teacher, mask, module.temperature, h.logprob_chunk_size)
+                kl = topk_reverse_kl_linear(head, *teacher, mask, module.temperature, chunk)
             else:
-                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, module.temperature, h.micro_batch_size)
+                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, module.temperature,
+                                     module.config.step.micro_batch_size)
             out["topk_reverse_kl"] = c["topk_reverse_kl"] * module.aggregate(kl, mask, fwd)
         full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
-                and (n == "reverse_kl_full" or module.kd_on != "teacher")]
+                and (n == "reverse_kl_full" or module.config.distill.kd_on != "teacher")]
         if full:
             out.update(module.full_vocab_terms(full, micro, mask, fwd))
         return out

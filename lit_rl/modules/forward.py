@@ -1,9 +1,10 @@
 """How the policy reads a micro-batch: one forward to the LM head's input, log-probs chunked through the head.
 
-``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.hparams``, ``self.temperature``
-and the class flag ``materialize_logits``); it is its own file because the forward has three shapes: the
-chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct prompt once) and
-the materialised path (the test reference, and the fallback for heads the chunked path cannot read).
+``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.config``,
+``self.temperature`` and the class flag ``materialize_logits``); it is its own file because the forward has
+three shapes: the chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct
+prompt once) and the materialised path (the test reference, and the fallback for heads the chunked path
+cannot read).
 """
 from __future__ import annotations
 
@@ -149,11 +150,12 @@ class PolicyForward:
         """The micro-batch packed padding-free (``models/packed.py``) when ``padding_free`` is on and the model
         takes a packed forward (the policy is checked when it is built; a reference or teacher that cannot
         runs padded); None = the padded forward."""
-        if not self.hparams.get("padding_free") or unsupported_reason(model) is not None:
+        fw = self.config.forward
+        if not fw.padding_free or unsupported_reason(model) is not None:
             return None
         # the Experience may still be on the CPU (the no-grad passes run before ``training_step`` moves it)
         return pack_rows(micro.input_ids, micro.attention_mask, micro.prompt_len,
-                         self.hparams.get("pack_row_tokens") or DEFAULT_ROW_TOKENS,
+                         fw.pack_row_tokens or DEFAULT_ROW_TOKENS,
                          device=next(model.parameters()).device)
 
     def _shares_prompt(self, model) -> bool:
@@ -163,7 +165,7 @@ class PolicyForward:
         under gradient checkpointing (its layers drop the prompt's cache: ``enable_gradient_checkpointing``)."""
         if model.training and _checkpoint_layers(model):
             return False
-        share = self.hparams.get("share_prompt_forward")
+        share = self.config.forward.share_prompt_forward
         if share is None:
             share = next(model.parameters()).dtype != torch.float64
         if not share:
@@ -189,8 +191,8 @@ class PolicyForward:
         if logits is None:
             out = self.forward_outputs(micro, model)
             return self._full_logprobs(micro, out)
-        lp = token_logprobs(logits, micro.completion_ids.to(logits.device), self.hparams.logprob_chunk_size,
-                            self.temperature)
+        lp = token_logprobs(logits, micro.completion_ids.to(logits.device),
+                            self.config.forward.logprob_chunk_size, self.temperature)
         return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked
 
     def _full_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor:
@@ -205,7 +207,7 @@ class PolicyForward:
         scores truncated / penalised as the engine's were, renormalised over the kept set), None while the
         processing is inactive (π^s is then the full softmax) or without ``sampler``. Chunked through the LM head
         in one pass when ``out["head"]`` exists (no (b, C, V) tensor; real completion tokens only)."""
-        h, head = self.hparams, out["head"]
+        h, head = self.config.forward, out["head"]
         proc = self.processing if sampler else LogitProcessing()
         dev = head.hidden.device if head is not None else out["logits"].device
         mask, ids = real_completion_tokens(micro).to(dev), micro.completion_ids.to(dev)
@@ -244,6 +246,6 @@ class PolicyForward:
                 return exp.old_logprobs
             if exp.rollout_logprobs is not None:
                 return exp.rollout_logprobs
-        chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+        chunks = [self.completion_logprobs(m) for m in exp.micro_batches(self.config.step.micro_batch_size)]
         lp = torch.cat([c.to(exp.input_ids.device) for c in chunks])  # (B, C)
         return lp if lp.dtype == torch.float64 else lp.float()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +20,22 @@ from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
 from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
-from lit_rl.core.names import (AdvantageName, CorrectionLevel, CorrectionMode, LossAgg, PolicyLossName,
-                               StdScope)
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.core.seeds import run_seed
+from lit_rl.core.settings import flat_settings
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
 from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import PolicyConfig
+from lit_rl.modules.config import (
+    POLICY_GROUPS,
+    ModelSettings,
+    PolicyConfig,
+    PrecisionSettings,
+    record_settings,
+)
 from lit_rl.modules.critic import CriticModule
 from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.modules.heads import LazyLogits
@@ -55,137 +61,40 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
+@flat_settings(POLICY_GROUPS)
 class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
     """Policy-gradient RL on a causal LM.
 
+    Every setting is a keyword argument of the flat name users write in recipes
+    (``model.init_args.loss_agg``), declared once in a settings group (``modules/config.py``); they are split
+    into ``self.config`` (a frozen ``PolicyConfig``), validated before the model is loaded, and recorded flat
+    in ``hparams``. Change one on a built module with ``update_settings(name=value)``.
+
     Args:
         model: local directory or hub id of a causal LM.
-        tiny_if_missing: if set and ``model`` is a missing local directory, build a tiny random model there
-            with ``lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing)`` (quickstart, tests).
-        dtype: parameter dtype (``float32``, ``bfloat16``, ``float16``).
-        lora: peft ``LoraConfig`` keyword arguments (e.g. ``{r: 8, lora_alpha: 16}``); None = full fine-tune.
-        adapter: a PEFT adapter directory to continue training (its own LoRA settings; ``model`` is its base).
-        advantage: advantage estimator (``core.advantages``): grpo, dr_grpo, rloo, reinforce, gae, opd.
-        std_normalize, gamma, lam, baseline: estimator options (baseline: reinforce's batch-mean baseline;
-            opd's leave-one-out per-position group baseline).
-        std_scope: what grpo's ``std_normalize`` divides by: ``group`` (each group's reward std) | ``batch``
-        (the
-            std of the whole batch's rewards, all ranks; TRL's ``scale_rewards="batch"``).
-        policy_loss: ``core.policy_losses`` name: ppo_clip, gspo, cispo, sapo, vespo, reinforce.
-        loss_agg: token_mean (DAPO), seq_mean_token_mean (GRPO), seq_mean_token_sum, seq_mean_token_sum_norm
-            (Dr. GRPO).
-        loss_horizon: the constant H that ``seq_mean_token_sum_norm`` divides every row's token sum by. None =
-            the Experience's ``horizon`` (RolloutCallback sets it to ``sampling.max_new_tokens``); with neither,
-            that mode raises instead of dividing by the padded width (which changes between minibatches).
-        whiten_advantages: standardise the advantages over the batch's trainable tokens (all ranks' tokens;
-            mean 0, variance 1). None = on for ``gae`` (PPO, as TRL / veRL / OpenRLHF do), off otherwise.
-        disable_dropout: zero every dropout probability of the policy (and a separate critic backbone), so the
-            rollout, old-log-prob, reference, value and training passes evaluate the same function (TRL does
-            the same); False keeps the checkpoint's dropout.
-        clip_low, clip_high, dual_clip: ratio clipping (asymmetric bounds = DAPO clip-higher).
-        sapo_tau_pos, sapo_tau_neg: ``policy_loss: sapo``'s gate temperatures for positive / non-positive
-            advantages; null = the paper's 1.0 / 1.05 (TRL's ``sapo_temperature_pos`` / ``_neg``).
-        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg: ``policy_loss: vespo``'s Gamma weight of
-            the sequence ratio for A >= 0 / A < 0; null = the paper's 2, 3 / 3, 2 (TRL's names).
-        ppo_epochs: passes over each Experience.
-        minibatch_size: rows per optimizer step (None = the whole Experience).
-        micro_batch_size: rows per forward/backward (gradient accumulation); None = the minibatch. With
-            ``micro_batch_tokens`` it caps the rows of a token-budget micro-batch; it also sizes the no-grad
-            passes over the Experience (old log-probs, reference, values).
-        micro_batch_tokens: token budget per training forward/backward instead of a row count: each minibatch's
-            rows are sorted by length and cut so that rows × (trimmed width) ≤ the budget, each micro-batch
-            trimmed to its own longest prompt and completion (``core.microbatch``). A row longer than the
-            budget forms a micro-batch alone. The loss is still the minibatch loss (global denominators), and
-            every rank runs the same number of micro-batches (the count is agreed with an all-reduce; a rank
-            with fewer runs zero-weight ones). None = fixed ``micro_batch_size`` rows.
-        max_grad_norm: gradient clipping; a non-finite norm skips the step.
-        max_nonfinite_steps: this many skipped steps in a row raise.
-        rollout_correction / correction_level / correction_cap: engine-vs-trainer mismatch correction
-            (``none|tis|mis`` at ``token|sequence|geometric`` level, ``core.importance``).
-        correction_low: lower bound of the ``mis`` band [low, cap] (IcePop, arXiv 2510.18855); None = 1/cap.
-        logprob_chunk_size: rows per chunk of the log-softmax (bounds memory for large vocabularies).
-        share_prompt_forward: run each distinct prompt of a micro-batch once and let its group's completions
-            reuse the prompt's key/value cache (``models/shared_prompt.py``): the same log-probs and gradients
-            up to float summation order, about 3/8 fewer forward/backward FLOPs at G=4 with prompts as long
-            as completions. Applies to the policy, reference and old-log-prob forwards (not a critic's
-            hidden-state / cache reads, which keep the plain forward). None (default) = on, except for a float64
-            model: transformers' RMSNorm computes in float32 inside, so summing a group's gradients before it
-            (shared) or after it (plain) differs by float32 rounding (~1e-7), and float64 runs are the exact
-            (1e-12) invariance checks. True / False force it.
-        padding_free: every forward of the policy, reference and old log-probs runs on the micro-batch's real
-            tokens only: each prompt once followed by its rows' completions, packed into rows of about
-            ``pack_row_tokens`` (default 256) tokens, kept apart by a 4-D attention mask (``models/packed.py``).
-            Same log-probs and gradients up to float summation order, no padding computed. Needs ``sdpa`` or
-            ``eager`` attention and no sliding-window layer (checked when the model loads). TRL's name for
-            the same idea; off by default.
-        gradient_checkpointing: recompute decoder layers in backward (non-reentrant; no shared-prompt pass).
-        seed: the sampling RNG (reseeded when the model is built), minibatch shuffles and a ``tiny_if_missing``
-            model's weights; None = the run's ``seed_everything`` (``lit_rl.core.seeds``).
-        optimizer / lr_scheduler: LightningCLI ``OptimizerCallable`` / ``LRSchedulerCallable``.
+        optimizer: LightningCLI ``OptimizerCallable`` (default AdamW, lr 1e-5).
+        lr_scheduler: LightningCLI ``LRSchedulerCallable``; None = a constant learning rate.
         critic: a ``CriticModule`` (PPO): values attached to each Experience, value loss added to the policy loss;
             pair it with ``advantage: gae``.
     """
 
-    def __init__(
-        self,
-        model: str,
-        tiny_if_missing: dict[str, Any] | None = None,
-        dtype: str = "float32",
-        lora: dict[str, Any] | None = None,
-        advantage: AdvantageName | str = "grpo",
-        std_normalize: bool = True,
-        std_scope: StdScope = "group",
-        gamma: float = 1.0,
-        lam: float = 1.0,
-        baseline: bool = False,
-        policy_loss: PolicyLossName | str = "ppo_clip",
-        loss_agg: LossAgg = "token_mean",
-        loss_horizon: int | None = None,
-        whiten_advantages: bool | None = None,
-        disable_dropout: bool = True,
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        dual_clip: float | None = None,
-        sapo_tau_pos: float | None = None,
-        sapo_tau_neg: float | None = None,
-        vespo_k_pos: float | None = None,
-        vespo_lambda_pos: float | None = None,
-        vespo_k_neg: float | None = None,
-        vespo_lambda_neg: float | None = None,
-        ppo_epochs: int = 1,
-        minibatch_size: int | None = None,
-        micro_batch_size: int | None = None,
-        micro_batch_tokens: int | None = None,
-        max_grad_norm: float = 1.0,
-        max_nonfinite_steps: int = 5,
-        rollout_correction: CorrectionMode = "none",
-        correction_level: CorrectionLevel = "token",
-        correction_cap: float = 2.0,
-        correction_low: float | None = None,
-        logprob_chunk_size: int | None = None,
-        share_prompt_forward: bool | None = None,
-        padding_free: bool = False,
-        pack_row_tokens: int | None = None,
-        gradient_checkpointing: bool = False,
-        seed: int | None = None,
-        optimizer: OptimizerFactory = _default_optimizer,
-        lr_scheduler: SchedulerFactory | None = None,
-        critic: CriticModule | None = None,
-        adapter: str | None = None,
-    ):
+    config_type = PolicyConfig  # a subclass with its own settings group extends it (DistillModule)
+
+    def __init__(self, model: str, *, optimizer: OptimizerFactory = _default_optimizer,
+                 lr_scheduler: SchedulerFactory | None = None, critic: CriticModule | None = None,
+                 **settings: Any):
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler", "critic"])
-        # None: the run's seed_everything (lit_rl.core.seeds). An attribute, not only hparams: a subclass that
-        # saves its own hyperparameters after this (DistillModule) would put the None back there.
-        self.seed = self.hparams.seed = run_seed(seed)
-        PolicyConfig.from_mapping(self.hparams).validate()  # every setting, before the model is loaded
-        self.model_path = model
-        self.tiny_if_missing = tiny_if_missing
+        # seed None = the run's seed_everything (lit_rl.core.seeds), resolved once: config and record agree
+        settings["seed"] = run_seed(settings.get("seed"))
+        # every setting split into its group and validated once, before the model is loaded
+        self.config = self.config_type.of(model, type(self).__name__, **settings).validate()
+        record_settings(self, self.config.flat())  # the flat record: checkpoints, load_from_checkpoint
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
         self.critic = critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
-        self._stepper = OptimizerStep(max_grad_norm, max_nonfinite_steps)  # holds the non-finite counters
+        step = self.config.step
+        self._stepper = OptimizerStep(step.max_grad_norm, step.max_nonfinite_steps)  # the non-finite counters
         self.iteration = 0
         self.model = None
         self.tokenizer = None
@@ -193,20 +102,41 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         for term in self.own_loss_terms:  # terms built against the policy (a critic's head, its own backbone)
             term.bind(self)
 
+    def update_settings(self, **settings: Any) -> None:
+        """Change flat settings of a built module (tests switch a forward path this way): the config is
+        rebuilt, validated and recorded in ``hparams``. The model is not rebuilt: a change of what ``_build``
+        applies (``ModelSettings``, ``dtype``, ``lora``, ``adapter``, dropout, checkpointing) is refused."""
+        built = {"lora", "adapter", "disable_dropout", "gradient_checkpointing"}
+        reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | built
+        if bad := sorted(reload & set(settings)):
+            raise ValueError(f"update_settings: {', '.join(bad)} take effect only when the model is built; "
+                             "construct a new module instead")
+        self.config = self.config.replace(**settings)
+        self.hparams.update(settings)
+
+    @property
+    def model_path(self) -> str:
+        return self.config.model
+
+    @property
+    def seed(self) -> int:
+        return self.config.load.seed
+
     # ----------------------------------------------------------------- model
     def _build(self) -> None:
-        if self.tiny_if_missing is not None and not (Path(self.model_path) / "config.json").exists():
+        load, fw = self.config.load, self.config.forward
+        if load.tiny_if_missing is not None and not (Path(self.model_path) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
             # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
-            ensure_tiny_model(self.model_path, **{"seed": self.seed, **self.tiny_if_missing})
+            ensure_tiny_model(self.model_path, **{"seed": self.seed, **load.tiny_if_missing})
         torch.manual_seed(self.seed)
-        self.model = load_causal_lm(self.model_path, self.hparams.dtype, self.hparams.lora,
-                                    adapter=self.config.adapter).train()
-        if self.hparams.disable_dropout:
+        self.model = load_causal_lm(self.model_path, self.config.precision.dtype, fw.lora,
+                                    adapter=fw.adapter).train()
+        if fw.disable_dropout:
             disable_dropout(self.model)
-        enable_gradient_checkpointing(self.model, self.hparams.get("gradient_checkpointing", False))
-        if self.hparams.get("padding_free") and (why := unsupported_reason(self.model)) is not None:
+        enable_gradient_checkpointing(self.model, fw.gradient_checkpointing)
+        if fw.padding_free and (why := unsupported_reason(self.model)) is not None:
             raise ValueError(f"padding_free: {why} (model {self.model_path!r}); set padding_free: false")
         self.tokenizer = load_tokenizer(self.model_path)
 
@@ -243,14 +173,15 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     def optimizer_steps_per_iteration(self, rows: int) -> int | None:
         """Optimizer steps (``global_step``, what ``trainer.max_steps`` counts) one iteration of ``rows`` rollout
         rows per rank takes: ``ppo_epochs`` x minibatches; None when it varies (``lit_rl.core.steps``)."""
-        return optimizer_steps_per_iteration(rows, self.hparams.ppo_epochs, self.hparams.minibatch_size)
+        step = self.config.step
+        return optimizer_steps_per_iteration(rows, step.ppo_epochs, step.minibatch_size)
 
     # ------------------------------------------------------------ experience
     @property
     def needs_old_logprobs(self) -> bool:
         """Several optimizer steps per Experience make later steps off-policy: the ratio's denominator
         must then be the pre-update policy, computed once before any update."""
-        return self.hparams.ppo_epochs > 1 or self.hparams.minibatch_size is not None
+        return self.config.step.ppo_epochs > 1 or self.config.step.minibatch_size is not None
 
     @torch.no_grad()
     def on_experience(self, trainer, module, exp: Experience) -> None:
@@ -261,7 +192,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             # on the Experience's device (the CPU here, before training_step moves it), like every other field:
             # a field left on the model's device breaks the next select (index_select with a CPU index)
             dev = exp.input_ids.device
-            pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.hparams.micro_batch_size)]
+            pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.config.step.micro_batch_size)]
             exp.old_logprobs = store_dtype(torch.cat([p[0].to(dev) for p in pairs]))  # the sampler's (core.processed)
             if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
                 exp.old_full_logprobs = store_dtype(torch.cat([p[1].to(dev) for p in pairs]))
@@ -283,11 +214,6 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         trainer = self._trainer
         return self.own_loss_terms + (loss_term_providers(trainer) if trainer is not None else [])
 
-    @property
-    def config(self) -> PolicyConfig:
-        """The settings as a typed ``PolicyConfig`` (a view of ``hparams``, the stored record)."""
-        return PolicyConfig.from_mapping(self.hparams)
-
     # The non-finite counters are the optimizer step's (checkpointed through _RESUME_ATTRS).
     skipped_steps = property(lambda self: self._stepper.skipped_steps,
                              lambda self, v: setattr(self._stepper, "skipped_steps", v))
@@ -301,7 +227,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             raise RuntimeError("PolicyModule got a batch without an Experience: add a RolloutCallback to "
                                "trainer.callbacks (it generates the rollouts each step)")
         exp = exp.to(self.device)
-        h, t0 = self.hparams, time.perf_counter()
+        h, t0 = self.config.step, time.perf_counter()
         opt = self.optimizers()
         sched = self.lr_schedulers()
         gen = torch.Generator().manual_seed(self.seed + self.iteration)
@@ -340,7 +266,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         loss) over its micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step
         the scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
         """
-        h = self.hparams
+        h = self.config.step
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
         common = self._denominators(mb)
@@ -356,8 +282,8 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
         ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
         its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks."""
-        h = self.hparams
-        budget = h.get("micro_batch_tokens")
+        h = self.config.step
+        budget = h.micro_batch_tokens
         if budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
         plens, clens = mb.row_extents()
@@ -434,13 +360,13 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         entropy, mask = fwd["entropy"], fwd["mask"]
         if entropy is None and mask.any():
             with torch.no_grad():
-                entropy = entropy_from_logits(fwd["logits"].detach(), self.hparams.logprob_chunk_size,
+                entropy = entropy_from_logits(fwd["logits"].detach(), self.config.forward.logprob_chunk_size,
                                               self.temperature)
         parts, metrics = policy_objective(ObjectiveInputs(
             logprobs=fwd["logprobs"] if sampled is None else sampled, mask=mask, advantages=micro.advantages,
             num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"], horizon=fwd.get("horizon"),
             old_logprobs=micro.old_logprobs, rollout_logprobs=micro.rollout_logprobs,
-            is_weights=micro.is_weights, entropy=entropy), self.config.objective())
+            is_weights=micro.is_weights, entropy=entropy), self.config.objective)
         return LossParts(parts, metrics)
 
     # ------------------------------------------------------------ checkpoint

@@ -7,6 +7,7 @@ the trained model saves and loads in plain Hugging Face format and ``RewardModel
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,38 +17,63 @@ from torch import Tensor
 
 from lit_rl.core.preference import bradley_terry_loss
 from lit_rl.core.seeds import run_seed
+from lit_rl.core.settings import check_choices, flat_settings, flat_values, setting, split_settings
 from lit_rl.data.preferences import PreferencePair
 from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
+from lit_rl.modules.config import ModelSettings, PrecisionSettings, record_settings
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
 
 
-class RewardModelModule(L.LightningModule):
-    """Bradley-Terry training on (prompt, chosen, rejected) pairs.
+@dataclass(frozen=True)
+class RewardModelConfig:
+    """``RewardModelModule``'s settings, built once: the model path and its two groups."""
 
-    Args:
-        model: causal LM to start from (local dir or hub id); ``tiny_if_missing`` as in ``PolicyModule``.
-        margin: constant margin m in −log σ(r_c − r_r − m) (0 = plain Bradley-Terry).
-        max_length: truncate ``prompt + completion`` to this many tokens (None = no truncation).
-        save_dir: if set, the model and tokenizer are saved there (HF format) when training ends.
+    model: str
+    load: ModelSettings
+    precision: PrecisionSettings
+    rm: RewardModelSettings
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardModelSettings:
+    """The settings only ``RewardModelModule`` has (its model's are ``ModelSettings`` /
+    ``PrecisionSettings``, as the policy's)."""
+
+    margin: float = setting(
+        0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry).")
+    max_length: int | None = setting(
+        None, "Truncate prompt + completion to this many tokens; null = no truncation.")
+    save_dir: str | None = setting(
+        None, "If set, the model and tokenizer are saved there (HF format) when training ends.")
+
+
+@flat_settings((ModelSettings, PrecisionSettings, RewardModelSettings))
+class RewardModelModule(L.LightningModule):
+    """Bradley-Terry training on (prompt, chosen, rejected) pairs; settings in ``self.config``.
 
     Metrics: ``rm/loss``, ``rm/accuracy`` (train pairs), ``rm/val_accuracy`` and ``rm/val_loss`` (held-out).
+
+    Args:
+        model: causal LM to start from (local dir or hub id).
+        optimizer: LightningCLI ``OptimizerCallable`` (default AdamW, lr 1e-5).
     """
 
-    def __init__(self, model: str, tiny_if_missing: dict[str, Any] | None = None, dtype: str = "float32",
-                 margin: float = 0.0, max_length: int | None = None, save_dir: str | None = None, seed: int | None = None,
-                 optimizer: Callable = _default_optimizer):
+    def __init__(self, model: str, *, optimizer: Callable = _default_optimizer, **settings: Any):
         super().__init__()
-        self.save_hyperparameters(ignore=["optimizer"])
-        seed = self.hparams.seed = run_seed(seed)  # None: the run's seed_everything
-        if tiny_if_missing is not None and not (Path(model) / "config.json").exists():
+        settings["seed"] = run_seed(settings.get("seed"))  # None: the run's seed_everything, resolved once
+        load, precision, rm = split_settings("RewardModelModule", RewardModelModule.settings_groups, settings)
+        check_choices(precision)
+        self.config = RewardModelConfig(model, load, precision, rm)
+        record_settings(self, {"model": model, **flat_values(load, precision, rm)})
+        if load.tiny_if_missing is not None and not (Path(model) / "config.json").exists():
             from lit_rl.models.tiny import ensure_tiny_model
 
-            ensure_tiny_model(model, **{"seed": seed, **tiny_if_missing})
-        torch.manual_seed(seed)
-        self.model, self.tokenizer = load_reward_model(model, dtype)
+            ensure_tiny_model(model, **{"seed": load.seed, **load.tiny_if_missing})
+        torch.manual_seed(load.seed)
+        self.model, self.tokenizer = load_reward_model(model, precision.dtype)
         self.optimizer_factory = optimizer
 
     def configure_optimizers(self):
@@ -55,14 +81,15 @@ class RewardModelModule(L.LightningModule):
 
     def rewards(self, prompts: list[str], completions: list[str]) -> Tensor:
         return score_texts(self.model, self.tokenizer, [p + c for p, c in zip(prompts, completions)],
-                           self.hparams.max_length)
+                           self.config.rm.max_length)
 
     def _pair_loss(self, batch: list[PreferencePair]) -> tuple[Tensor, dict[str, float]]:
         prompts = [p.prompt for p in batch]
         # one forward for both sides: rows [0, P) chosen, [P, 2P) rejected
         r = self.rewards(prompts * 2, [p.chosen for p in batch] + [p.rejected for p in batch])  # (2P,)
         n = len(batch)
-        margin = None if not self.hparams.margin else torch.full((n,), float(self.hparams.margin), device=r.device)
+        m = self.config.rm.margin
+        margin = None if not m else torch.full((n,), float(m), device=r.device)
         return bradley_terry_loss(r[:n], r[n:], margin)
 
     def training_step(self, batch: list[PreferencePair], batch_idx: int) -> Tensor:
@@ -82,5 +109,5 @@ class RewardModelModule(L.LightningModule):
         self.tokenizer.save_pretrained(path)
 
     def on_train_end(self) -> None:
-        if self.hparams.save_dir and self.trainer.is_global_zero:
-            self.save_hf(self.hparams.save_dir)
+        if self.config.rm.save_dir and self.trainer.is_global_zero:
+            self.save_hf(self.config.rm.save_dir)

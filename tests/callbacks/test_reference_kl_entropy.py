@@ -13,6 +13,7 @@ from lit_rl.core.aggregation import aggregate
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
 from lit_rl.modules import PolicyModule
+from lit_rl.modules.config import PolicyConfig
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 
@@ -207,7 +208,7 @@ def test_entropy_term_is_minus_coef_times_aggregated_entropy():
 
     class Mod:
         temperature = 1.0
-        hparams = type("H", (), {"logprob_chunk_size": None})()
+        config = PolicyConfig.of("m")
 
         def aggregate(self, values, m, fwd):
             return aggregate(values, m, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
@@ -255,7 +256,7 @@ def test_fragments_compose_with_grpo_config(tiny_model_dir, tmp_path):
 
 class AggModule:
     temperature = 1.0
-    hparams = type("H", (), {"logprob_chunk_size": None})()
+    config = PolicyConfig.of("m")
 
     def aggregate(self, values, m, fwd):
         return aggregate(values, m, "seq_mean_token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])

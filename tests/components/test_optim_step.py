@@ -58,8 +58,10 @@ def test_nonfinite_norm_skips_the_step_and_counts_then_raises():
 
 def test_policy_config_names_the_field_and_its_values(tiny_model_dir):
     with pytest.raises(ValueError, match=r"loss_agg='mean'; valid values: token_mean, seq_mean_token_mean"):
-        PolicyConfig(model=str(tiny_model_dir), loss_agg="mean").validate()
+        PolicyConfig.of(str(tiny_model_dir), loss_agg="mean").validate()
     with pytest.raises(ValueError, match=r"correction_level=.*valid values: token, sequence, geometric"):
-        PolicyConfig(model=str(tiny_model_dir), correction_level="row").validate()
-    cfg = PolicyConfig.from_mapping({"model": str(tiny_model_dir), "clip_high": 0.28, "losses": {"x": 1.0}})
-    assert cfg.validate() is cfg and cfg.objective().clip_high == 0.28  # a subclass's own keys are ignored
+        PolicyConfig.of(str(tiny_model_dir), correction_level="row").validate()
+    cfg = PolicyConfig.of(str(tiny_model_dir), clip_high=0.28)
+    assert cfg.validate() is cfg and cfg.objective.clip_high == 0.28
+    with pytest.raises(TypeError, match=r"^PolicyModule: unknown setting 'losses'$"):  # DistillModule's only
+        PolicyConfig.of(str(tiny_model_dir), clip_high=0.28, losses={"x": 1.0})

@@ -171,7 +171,8 @@ def test_ppo_vectorised_matches_python_loop():
     old = lp + torch.randn(5, 9, generator=g, dtype=F64) * 0.6
     adv = torch.randn(5, 9, generator=g, dtype=F64)
     mask = torch.rand(5, 9, generator=g) > 0.3
-    loss, m = compute_policy_loss("ppo_clip", PolicyLossInputs(lp, old, adv, mask, None, None, 0.15, 0.25, 2.0))
+    x = PolicyLossInputs(lp, old, adv, mask, clip_low=0.15, clip_high=0.25, dual_clip=2.0)
+    loss, m = compute_policy_loss("ppo_clip", x)
     expected = _ppo_loop(lp.tolist(), old.tolist(), adv.tolist(), mask.tolist(), 0.15, 0.25, 2.0)
     close(loss, expected)
     assert 0 < m["clipfrac"] < 1 and 0 < m["dual_clipfrac"] < 1  # every branch occurred

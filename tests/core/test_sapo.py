@@ -84,11 +84,11 @@ def test_policy_config_names_the_field_and_the_loss_that_reads_it():
         match=r"sapo_tau_pos=2.0 is read only by policy_loss: sapo "
         r"\(policy_loss='ppo_clip'\); set it to null",
     ):
-        PolicyConfig(model="m", tiny_if_missing={}, sapo_tau_pos=2.0).validate()
-    PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_pos=2.0).validate()
+        PolicyConfig.of("m", tiny_if_missing={}, sapo_tau_pos=2.0).validate()
+    PolicyConfig.of("m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_pos=2.0).validate()
     with pytest.raises(ValueError, match="sapo_tau_neg must be null or a finite number > 0, got -1"):
-        PolicyConfig(model="m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_neg=-1.0).validate()
+        PolicyConfig.of("m", tiny_if_missing={}, policy_loss="sapo", sapo_tau_neg=-1.0).validate()
     with pytest.raises(
         ValueError, match="policy_loss='clipped'.*valid names: cispo, gspo, ppo_clip, reinforce, sapo, vespo"
     ):
-        PolicyConfig(model="m", tiny_if_missing={}, policy_loss="clipped").validate()
+        PolicyConfig.of("m", tiny_if_missing={}, policy_loss="clipped").validate()

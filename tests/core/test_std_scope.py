@@ -94,6 +94,6 @@ def test_policy_config_refuses_batch_scope_without_std_normalize():
     from lit_rl.modules.config import PolicyConfig
 
     with pytest.raises(ValueError, match="std_scope='batch'.*std_normalize is false"):
-        PolicyConfig(model="m", tiny_if_missing={}, std_scope="batch", std_normalize=False).validate()
+        PolicyConfig.of("m", tiny_if_missing={}, std_scope="batch", std_normalize=False).validate()
     with pytest.raises(ValueError, match=r"std_scope='per_group'; valid values: group, batch"):
-        PolicyConfig(model="m", tiny_if_missing={}, std_scope="per_group").validate()
+        PolicyConfig.of("m", tiny_if_missing={}, std_scope="per_group").validate()

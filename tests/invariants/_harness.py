@@ -181,7 +181,7 @@ def run(
         precision=precision,
         # one iteration = every optimizer step of one Experience (max_steps counts optimizer steps)
         max_steps=optimizer_steps_per_iteration(
-            PROMPTS * GROUP, module.hparams.ppo_epochs, module.hparams.minibatch_size
+            PROMPTS * GROUP, module.config.step.ppo_epochs, module.config.step.minibatch_size
         ),
         max_epochs=-1,
         logger=False,
