@@ -31,3 +31,9 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 
     start = float(max_len - cache)
     pen = torch.where(n <= start, torch.zeros_like(n), (start - n) / cache)
     return factor * torch.where(n > max_len, torch.full_like(n, -1.0), pen)
+
+
+def check_penalty_factor(factor: float) -> None:
+    """``overlong_penalty_factor`` must be >= 0 (NaN refused): checked even while the buffer is off."""
+    if not factor >= 0:
+        raise ValueError(f"overlong_penalty_factor must be >= 0, got {factor}")

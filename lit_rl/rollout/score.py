@@ -10,15 +10,9 @@ from collections.abc import Callable
 
 import torch
 
-from lit_rl.core.shaping import overlong_penalty
+from lit_rl.core.shaping import check_penalty_factor, overlong_penalty
 from lit_rl.rewards.pool import RewardBatch, RewardPool
 from lit_rl.rollout.engine import Completion
-
-
-def check_penalty_factor(factor: float) -> None:
-    """``overlong_penalty_factor`` must be >= 0 (NaN refused): checked even while the buffer is off."""
-    if not factor >= 0:
-        raise ValueError(f"overlong_penalty_factor must be >= 0, got {factor}")
 
 
 class OverlongShaping:

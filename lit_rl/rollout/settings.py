@@ -21,8 +21,8 @@ from typing import get_args
 from lit_rl.core.group_size import check_group_size
 from lit_rl.core.names import OverlongPrompts, RolloutMode, StalePolicy
 from lit_rl.core.settings import check_choices, field_docs, setting
+from lit_rl.core.shaping import check_penalty_factor
 from lit_rl.rollout.sampling import SamplingConfig
-from lit_rl.rollout.score import check_penalty_factor
 
 
 @dataclass(frozen=True, kw_only=True)
