@@ -39,7 +39,7 @@ import torch
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 

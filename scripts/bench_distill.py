@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from lit_rl.callbacks import HeldoutEval, RolloutCallback, TeacherRouter
 from lit_rl.data.datamodule import PromptDataModule
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import DistillModule, PolicyModule
+from lit_rl.learners import DistillModule, PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 

@@ -65,9 +65,9 @@ def _one(name: str, args) -> dict:
     import torch
 
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
-    from lit_rl.modules.critic import CriticModule
-    from lit_rl.modules.protocols import experience_hooks
+    from lit_rl.learners import PolicyModule
+    from lit_rl.learners.critic import CriticModule
+    from lit_rl.learners.protocols import experience_hooks
 
     state = {"rss0": 0}
     cfg = dict(CONFIGS[name])
@@ -120,8 +120,8 @@ def _one_head(spec: str, args) -> dict:
     import torch
 
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
-    from lit_rl.modules.protocols import experience_hooks
+    from lit_rl.learners import PolicyModule
+    from lit_rl.learners.protocols import experience_hooks
 
     variant, path = spec.split("@")
     sgd = lambda params: torch.optim.SGD(params, lr=0.0)
@@ -129,7 +129,7 @@ def _one_head(spec: str, args) -> dict:
     if variant == "reverse_kl_full":
         from lit_rl.callbacks.teachers import Teacher, TeacherRouter
         from lit_rl.models.loading import load_causal_lm
-        from lit_rl.modules.distill import DistillModule
+        from lit_rl.learners.distill import DistillModule
 
         mod = DistillModule(model=args.model, losses={"reverse_kl_full": 1.0}, optimizer=sgd)
         callbacks.append(TeacherRouter({"default": Teacher(model=load_causal_lm(args.model, "float32").eval())}))

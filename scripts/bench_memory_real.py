@@ -99,7 +99,7 @@ def _child(name: str, args) -> dict:
     from lit_rl.data.prompts import render_prompt
     from lit_rl.data.tasks import get_task
     from lit_rl.models.loading import merged_state_items
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
     torch.set_num_threads(args.threads)  # memory does not depend on it; 1 avoids OpenMP spin-waits on a busy machine

@@ -80,7 +80,7 @@ def main() -> None:
     from lit_rl.data import PromptDataModule
     from lit_rl.data.experience import Experience
     from lit_rl.models.tiny import build_tiny_model
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     tmp = tempfile.mkdtemp(prefix="bench_microbatch_")
     model = args.model or str(build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,

@@ -23,7 +23,7 @@ from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
 from lit_rl.data.prompts import render_prompt
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward, PrefixMatchReward
 from lit_rl.rollout import SamplingConfig
 

@@ -171,7 +171,7 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.callbacks.reference_kl import ReferenceKL
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rollout import HFEngine, SamplingConfig
 
     def phases() -> dict[str, float]:  # the module's own timers of the iteration that just ended

@@ -36,7 +36,7 @@ def main() -> int:
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
     from lit_rl.models.tiny import ensure_tiny_model
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rewards import ExactAnswerReward, RewardPool
     from lit_rl.rollout import SamplingConfig
 

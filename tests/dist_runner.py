@@ -180,7 +180,7 @@ def _slow_server_requests(spec: str) -> None:
 def _nan_loss_at(iteration: int) -> None:
     """``NAN_AT_ITERATION=k``: every rank's policy loss is NaN in iteration k (its gradients are NaN), so that
     optimizer step must be skipped by the non-finite guard — identically in every strategy."""
-    from lit_rl.modules.policy import PolicyModule
+    from lit_rl.learners.policy import PolicyModule
 
     original = PolicyModule._micro_loss
 

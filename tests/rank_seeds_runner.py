@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from lit_rl.callbacks import RolloutCallback
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rollout import HFEngine, SamplingConfig
 from lit_rl.rollout.server import VLLMServerEngine
 from lit_rl.rollout.vllm import VLLMEngine

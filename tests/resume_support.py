@@ -13,7 +13,7 @@ import sys
 import lightning as L
 import torch
 
-from lit_rl.modules.protocols import LossTerm
+from lit_rl.learners.protocols import LossTerm
 from lit_rl.rewards.verifiers import ExactAnswerReward
 
 SERIES_KEYS = ("loss/policy", "reward/mean", "actor/grad_norm", "actor/entropy", "kl/mean", "entropy/coef")

@@ -20,7 +20,7 @@ from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.core.shaping import overlong_penalty
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 

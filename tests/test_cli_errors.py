@@ -103,3 +103,10 @@ def test_an_engine_option_removed_or_misspelt_is_one_line_naming_the_fix(tmp_pat
     cfg.write_text("rollout:\n  engine:\n    class_path: lit_rl.rollout.engine.HFEngine\n"
                    f"    init_args:\n      {option}\n")
     assert _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "-c", str(cfg)) == expected
+
+
+def test_the_renamed_learners_package_is_one_line_naming_the_new_spelling(tmp_path):
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("model:\n  class_path: lit_rl.modules.PolicyModule\n")
+    assert _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "-c", str(cfg)) == (
+        "model: lit_rl.modules was renamed lit_rl.learners: write class_path: lit_rl.learners.<Class>")

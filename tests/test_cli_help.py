@@ -42,7 +42,7 @@ def _help(capsys, *args) -> str:
 
 
 def test_help_lists_the_choices(capsys):
-    model = _help(capsys, "fit", "--model.help", "lit_rl.modules.PolicyModule")
+    model = _help(capsys, "fit", "--model.help", "lit_rl.learners.PolicyModule")
     assert "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm}" in model
     assert "--model.rollout_correction {none,tis,mis}" in model
     assert "--model.correction_level {token,sequence,geometric}" in model

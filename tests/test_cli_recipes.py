@@ -102,7 +102,7 @@ def test_distill_recipe_runs_through_cli(tmp_path, monkeypatch, tiny_model_dir):
     """configs/distill.yaml: DistillModule + TeacherRouter; its teacher path is the quickstart's output, which
     the test fakes with a tiny model (the student is another copy, so the KL starts at 0 — plumbing only)."""
     from lit_rl.callbacks import TeacherRouter
-    from lit_rl.modules import DistillModule
+    from lit_rl.learners import DistillModule
 
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")
     cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/distill.yaml", extra=SMALL)

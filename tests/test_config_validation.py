@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from lit_rl.callbacks import Curriculum, EntropyRegularization, HeldoutEval, ReferenceKL, RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import CriticModule, PolicyModule
+from lit_rl.learners import CriticModule, PolicyModule
 from lit_rl.rewards import ExactAnswerReward, RewardPool
 from lit_rl.rollout import HFEngine, SamplingConfig
 

@@ -9,8 +9,8 @@ import torch
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.critic import CriticModule
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.critic import CriticModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 
@@ -177,7 +177,7 @@ def test_ppo_config_runs_under_the_cli(tiny_model_dir, tmp_path):
           "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
           "--model.init_args.model", str(tiny_model_dir), "--data.init_args.batch_size", "2",
           "--model.init_args.minibatch_size", "4"])
-    assert "lit_rl.modules.critic.CriticModule" in (tmp_path / "config.yaml").read_text()
+    assert "lit_rl.learners.critic.CriticModule" in (tmp_path / "config.yaml").read_text()
 
 
 def test_value_only_warmup_leaves_a_detached_policy_untouched(tiny_model_dir):

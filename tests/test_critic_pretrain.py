@@ -8,9 +8,9 @@ from _learning import record, seed
 from torch.utils.data import DataLoader
 
 from lit_rl.core.value import explained_variance
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.critic_pretrain import CriticPretrainModule, parse_value_records, records_to_experience
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.critic_pretrain import CriticPretrainModule, parse_value_records, records_to_experience
 
 
 def _records():

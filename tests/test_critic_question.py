@@ -9,8 +9,8 @@ import torch
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.critic import CriticModule
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.critic import CriticModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 

@@ -38,8 +38,8 @@ import torch
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 from lit_rl.core.processed import LogitProcessing
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.critic import CriticModule
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.critic import CriticModule
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 
 REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
@@ -210,7 +210,7 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
     """DistillModule's passes: the teacher's log-probs and top-k (``TeacherRouter.on_experience``), the
     student's on-policy log-probs for the OPD advantages (one epoch: no old log-probs, no rollout log-probs),
     then the loss with full-vocabulary terms (the teacher's forward on the training micro-batch)."""
-    from lit_rl.modules.distill import DistillModule
+    from lit_rl.learners.distill import DistillModule
 
     losses = {"reverse_kl_sampled": 1.0, "topk_reverse_kl": 0.5, "forward_kl": 0.5}
     m = DistillModule(model=str(path), losses=losses, topk=4, padding_free=padding_free,

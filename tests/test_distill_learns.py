@@ -15,7 +15,7 @@ from lit_rl.data.datamodule import PromptDataModule
 from lit_rl.data.tasks import get_task
 from lit_rl.models.loading import load_causal_lm
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import DistillModule
+from lit_rl.learners import DistillModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 

@@ -9,7 +9,7 @@ import torch
 
 from lit_rl.core.distill import teacher_topk
 from lit_rl.data.experience import Experience
-from lit_rl.modules.distill import STUDENT_DISTILLATION, DistillModule
+from lit_rl.learners.distill import STUDENT_DISTILLATION, DistillModule
 
 D = torch.float64
 P1, Q1 = [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]  # position 0: student, teacher

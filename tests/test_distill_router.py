@@ -12,7 +12,7 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules.policy import PolicyModule
+from lit_rl.learners.policy import PolicyModule
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char"}
 
@@ -114,7 +114,7 @@ def test_privileged_view_keeps_completion_tokens_aligned(student):
 
 
 def test_full_vocab_loss_with_other_tokenizer_suggests_sampled(student, tmp_path):
-    from lit_rl.modules.distill import DistillModule
+    from lit_rl.learners.distill import DistillModule
 
     bpe = build_tiny_model(tmp_path / "bpe", seed=3, **{**TINY, "tokenizer": "bpe", "vocab_size": 300})
     router = TeacherRouter({"addition": str(bpe)})

@@ -40,7 +40,7 @@ def _config(tmp_path, model_dir, loss_agg="token_mean", steps=3):
                     "fmt": {"class_path": "lit_rl.rewards.RegexFormatReward",
                             "init_args": {"pattern": ".*[0-9].*"}}}}}}}],
         },
-        "model": {"class_path": "lit_rl.modules.PolicyModule", "init_args": {
+        "model": {"class_path": "lit_rl.learners.PolicyModule", "init_args": {
             "model": str(model_dir), "advantage": "grpo", "loss_agg": loss_agg, "max_grad_norm": MAX_GRAD_NORM,
             "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.0}}}},
         "data": {"class_path": "lit_rl.data.PromptDataModule", "init_args": {

@@ -90,7 +90,7 @@ def test_lora_run_saves_adapter_and_merged_and_restarts_from_the_adapter(tmp_pat
     again = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("base"), "ad")
     assert torch.allclose(_logits(again), trained, atol=1e-5)
     # model.init_args.adapter: the base as model, the adapter on it; the initial weights are the adapter's
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     start = PolicyModule(model="base", adapter="ad").model.eval()
     assert isinstance(start, PeftModel) and torch.equal(_logits(start), _logits(again))

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.forward import _checkpoint_layers
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.forward import _checkpoint_layers
 from tests._float64 import float64_rmsnorm
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 

@@ -13,7 +13,7 @@ from resume_support import NaNGradTerm
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 

@@ -9,7 +9,7 @@ import types
 
 import torch
 
-from lit_rl.modules import heads
+from lit_rl.learners import heads
 
 
 def _scaled(model, factor):
@@ -43,7 +43,7 @@ def test_unknown_logit_transform_falls_back_to_materialised_logits(tiny_model_di
 def test_policy_logprobs_of_a_scaled_model_are_its_own(tiny_model_dir):
     """End to end through PolicyModule.completion_logprobs: equal to log_softmax of the model's own (scaled)
     logits, computed by hand from one forward."""
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     policy = PolicyModule(model=str(tiny_model_dir))
     _scaled(policy.model, 3.0)

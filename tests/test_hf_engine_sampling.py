@@ -15,7 +15,7 @@ import torch
 from transformers import GenerationConfig
 
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
 PROMPT = "abcdefghijklmnopqrstuvwxyz0123456789"  # 36 distinct tokens the repetition penalty would push down

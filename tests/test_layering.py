@@ -20,16 +20,16 @@ FLOORS = {
     "errors": 0, "core": 0,
     "data": 1, "models": 1, "runs": 1, "checkpoint": 1, "report": 1,
     "rewards": 2, "rollout": 2, "strategies": 2, "export": 2,
-    "modules": 3,
+    "learners": 3,
     "callbacks": 4,
     "cli": 5,
 }
 
 # layer -> lit_rl packages it must not import (the first rules, kept: core is also free of every other floor)
 FORBIDDEN = {
-    "core": ("lit_rl.callbacks", "lit_rl.modules", "lit_rl.rollout", "lit_rl.data", "lit_rl.rewards",
+    "core": ("lit_rl.callbacks", "lit_rl.learners", "lit_rl.rollout", "lit_rl.data", "lit_rl.rewards",
              "lit_rl.models", "lit_rl.cli", "lit_rl.runs", "lit_rl.strategies", "lit_rl.report"),
-    "rollout": ("lit_rl.callbacks", "lit_rl.modules", "lit_rl.cli", "lit_rl.runs"),
+    "rollout": ("lit_rl.callbacks", "lit_rl.learners", "lit_rl.cli", "lit_rl.runs"),
 }
 
 

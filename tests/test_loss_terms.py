@@ -1,4 +1,4 @@
-"""The ``LossTerm`` contract (``modules/protocols.py``) as ``PolicyModule._micro_loss`` applies it to every
+"""The ``LossTerm`` contract (``learners/protocols.py``) as ``PolicyModule._micro_loss`` applies it to every
 term, a callback's as the module's own: declared forward needs are honoured, ``trains_alone`` zeroes the other
 parts, two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages
 1, no old log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lit_rl.data.experience import Experience
-from lit_rl.modules import CriticModule, DistillModule, LossTerm, PolicyModule
-from lit_rl.modules.distill import STUDENT_DISTILLATION
-from lit_rl.modules.protocols import ForwardNeeds, forward_needs
+from lit_rl.learners import CriticModule, DistillModule, LossTerm, PolicyModule
+from lit_rl.learners.distill import STUDENT_DISTILLATION
+from lit_rl.learners.protocols import ForwardNeeds, forward_needs
 
 C = 4
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lit_rl.models.packed import pack_rows, unsupported_reason
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.heads import lm_head_projection
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.heads import lm_head_projection
 from tests._float64 import float64_rmsnorm
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience, embedding_inputs
 

@@ -7,7 +7,7 @@ import torch
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import LossTerm, PolicyModule
+from lit_rl.learners import LossTerm, PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 
@@ -166,7 +166,7 @@ def test_overlong_prompts_truncate_drop_error(tiny_model_dir):
 
 
 def test_metric_reduction_keeps_extremes_across_micro_batches():
-    from lit_rl.modules.policy import _reduce
+    from lit_rl.learners.policy import _reduce
 
     assert _reduce("is/max_weight", [1.0, 7.5, 2.0]) == 7.5  # a spike in one micro-batch stays visible
     assert _reduce("actor/ratio_min", [0.9, 0.4]) == 0.4

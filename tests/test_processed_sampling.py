@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
 PROMPT = "the cat sat on the mat; the cat sat"

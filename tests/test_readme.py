@@ -32,7 +32,7 @@ RUN = {
         ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/flags", "--rollout.group_size", "4"],
     "lit-rl fit --config configs/grpo.yaml --model.init_args.model runs/quickstart/final_model":
         ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/own_model"],
-    "lit-rl fit --model.help lit_rl.modules.PolicyModule": [],
+    "lit-rl fit --model.help lit_rl.learners.PolicyModule": [],
     ("lit-rl fit -c configs/grpo.yaml -c callbacks/eval.yaml --trainer.default_root_dir runs/mine "
      "--data.init_args.train_files '[train.jsonl]' --data.init_args.heldout_files '[heldout.jsonl]' "
      "--rollout.rewards.rewards '{mine: my_reward.ends_with_answer}'"): ["--trainer.max_steps", "2"],

@@ -36,7 +36,7 @@ KL_BOUND = 1e-3  # fp32 engines against the fp32 trainer; measured values are pr
 
 @pytest.fixture(scope="module")
 def policy(smollm2_dir):
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     p = PolicyModule(model=smollm2_dir)
     p.temperature = SAMPLING.logprob_temperature

@@ -65,7 +65,7 @@ rollout:
 checkpoint:
   every_n_iterations: 1
 model:
-  class_path: lit_rl.modules.PolicyModule
+  class_path: lit_rl.learners.PolicyModule
   init_args:
     model: {model_dir}
 {LORA if lora else ""}    optimizer:

@@ -60,7 +60,7 @@ trainer:
     - class_path: lightning.pytorch.callbacks.ModelCheckpoint
       init_args: {{dirpath: {root}/ckpt, every_n_train_steps: 1, save_last: true}}
 model:
-  class_path: lit_rl.modules.PolicyModule
+  class_path: lit_rl.learners.PolicyModule
   init_args:
     model: {model_dir}
     minibatch_size: 8

@@ -8,7 +8,7 @@ import torch
 from _learning import record, seed
 
 from lit_rl.data.preferences import PreferenceDataModule, load_preferences, parse_preferences, prefers
-from lit_rl.modules.reward_model import RewardModelModule
+from lit_rl.learners.reward_model import RewardModelModule
 from lit_rl.rewards.reward_model import RewardModelReward
 
 
@@ -58,7 +58,7 @@ def test_grpo_against_the_rm_raises_its_score(trained_rm, tiny_model_dir):
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
     from lit_rl.data.prompts import render_prompt
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rollout import SamplingConfig
 
     L.seed_everything(seed(0), verbose=False)

@@ -1,4 +1,4 @@
-"""``WarmupLinearDecay`` (lit_rl/modules/schedules.py), TRL's default schedule: the closed form per branch
+"""``WarmupLinearDecay`` (lit_rl/learners/schedules.py), TRL's default schedule: the closed form per branch
 (warmup by steps, by ratio, none; decay to 0 and to a floor), transformers'
 ``get_linear_schedule_with_warmup`` as a second reference, the input errors, and a restored state taking T and
 W from the loading run."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lit_rl.modules import WarmupLinearDecay
+from lit_rl.learners import WarmupLinearDecay
 
 
 def _lrs(factory, steps: int, base: float = 1.0) -> list[float]:

@@ -1,4 +1,4 @@
-"""``CosineDecay`` (lit_rl/modules/schedules.py): the closed form per branch, its input errors, and a resumed run
+"""``CosineDecay`` (lit_rl/learners/schedules.py): the closed form per branch, its input errors, and a resumed run
 with a larger ``trainer.max_steps`` spreading the rest of the decay over the new length (torch's
 ``CosineAnnealingLR`` keeps the old ``T_max`` in its state and climbs back up past it)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from lit_rl.modules import CosineDecay
+from lit_rl.learners import CosineDecay
 
 ROOT = Path(__file__).resolve().parents[1]
 

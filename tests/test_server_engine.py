@@ -244,7 +244,7 @@ def test_async_rollout_callback_on_servers_keeps_the_staleness_bound(pair, tiny_
 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rewards import ExactAnswerReward
     from lit_rl.rollout.server import VLLMServerEngine
 

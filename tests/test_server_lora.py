@@ -144,7 +144,7 @@ def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tin
 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rollout.server import VLLMServerEngine
 
     checked = []

@@ -11,11 +11,11 @@ import pytest
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.cli.app import main
 from lit_rl.core.settings import doc_of
-from lit_rl.modules.config import POLICY_GROUPS, PolicyConfig
-from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.distill import DISTILL_GROUPS, DistillConfig, DistillModule
-from lit_rl.modules.policy import PolicyModule
-from lit_rl.modules.reward_model import RewardModelModule
+from lit_rl.learners.config import POLICY_GROUPS, PolicyConfig
+from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.distill import DISTILL_GROUPS, DistillConfig, DistillModule
+from lit_rl.learners.policy import PolicyModule
+from lit_rl.learners.reward_model import RewardModelModule
 
 LEARNERS = [PolicyModule, DistillModule, CriticModule, RewardModelModule]
 
@@ -96,7 +96,7 @@ def test_a_misspelt_setting_is_one_line_naming_the_setting(tiny_model_dir):
 
 def test_cli_help_lists_loss_agg_once_with_its_doc(capsys):
     with pytest.raises(SystemExit):
-        main(["fit", "--model.help", "lit_rl.modules.PolicyModule"])
+        main(["fit", "--model.help", "lit_rl.learners.PolicyModule"])
     out = " ".join(capsys.readouterr().out.split())
     assert out.count("--model.loss_agg ") == 2  # once in the usage line, once with its doc
     assert "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm} " \

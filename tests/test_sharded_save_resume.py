@@ -51,7 +51,7 @@ def _config(root, model_dir):
                                         "init_args": {"pattern": ".*[0-9].*"}}}}}}},
                         {"class_path": "lit_rl.callbacks.SaveHFModel"}]},
         "checkpoint": {"every_n_iterations": 1},
-        "model": {"class_path": "lit_rl.modules.PolicyModule", "init_args": {
+        "model": {"class_path": "lit_rl.learners.PolicyModule", "init_args": {
             "model": str(model_dir), "advantage": "grpo", "max_grad_norm": 0.3,
             "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.0}}}},
         "data": {"class_path": "lit_rl.data.PromptDataModule", "init_args": {

@@ -10,8 +10,8 @@ import torch
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.heads import lm_head_projection
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.heads import lm_head_projection
 from tests._float64 import rmsnorm_in_input_dtype as _rmsnorm_in_input_dtype
 
 
@@ -227,7 +227,7 @@ def test_shared_prompt_hidden_states_match_plain_forward_float64(module64):
 def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_model_dir):
     """The default path composes both savings: the shared prompt pass returns the LM head's input, and the
     log-probs come chunk by chunk through the head (no (B, C, V) logits read), equal to the plain forward's."""
-    from lit_rl.modules.heads import LazyLogits
+    from lit_rl.learners.heads import LazyLogits
 
     m = PolicyModule(model=str(tiny_model_dir))  # float32, share_prompt_forward=None (auto: on)
     lm_head_projection(m.model)  # the head's one-time numerical check (one small forward) is not counted here

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import torch
 
 from lit_rl.data.experience import Experience
-from lit_rl.modules.assembly import PolicyAssembly
-from lit_rl.modules.config import PolicyConfig
+from lit_rl.learners.assembly import PolicyAssembly
+from lit_rl.learners.config import PolicyConfig
 
 F64 = torch.float64
 

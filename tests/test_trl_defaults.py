@@ -29,7 +29,7 @@ def test_preset_trains_the_quickstart_and_resumes_on_one_linear_decay(tmp_path, 
     """Two iterations with TRL's settings (lr 1e-6 decaying linearly to 0 at max_steps, gradient
     checkpointing, dapo's loss), then a resume extended to 4: lr_t = 1e-6 (T − t) / T with T = 2, then T = 4
     from t = 2 on."""
-    from lit_rl.modules import WarmupLinearDecay
+    from lit_rl.learners import WarmupLinearDecay
     from lit_rl.runs import log_rows
 
     monkeypatch.chdir(tmp_path)
@@ -99,7 +99,7 @@ def test_differences_read_callbacks_and_schedules():
         "model": {
             "init_args": {
                 "lr_scheduler": {
-                    "class_path": "lit_rl.modules.WarmupLinearDecay",
+                    "class_path": "lit_rl.learners.WarmupLinearDecay",
                     "init_args": {"warmup_ratio": 0.1, "warmup_steps": 0},
                 }
             }

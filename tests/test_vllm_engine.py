@@ -446,7 +446,7 @@ def test_policy_rollout_correction_with_vllm_logprobs(bound, model_dir, correcti
 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rewards import ExactAnswerReward
 
     engine, _ = bound

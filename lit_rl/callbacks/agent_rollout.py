@@ -15,7 +15,7 @@ from torch import Tensor
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.core.settings import flat_settings, flat_values, split_settings
 from lit_rl.data.experience import Experience
-from lit_rl.modules.protocols import LossTerm
+from lit_rl.learners.protocols import LossTerm
 from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline
 from lit_rl.rollout.settings import FilterSettings, RolloutSettings, SyncSettings
 

@@ -16,7 +16,7 @@ import torch
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveEntropyController, FixedController
 from lit_rl.core.logprobs import entropy_from_logits
-from lit_rl.modules.protocols import LossTerm
+from lit_rl.learners.protocols import LossTerm
 
 
 class EntropyRegularization(L.Callback, LossTerm):

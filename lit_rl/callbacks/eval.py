@@ -25,7 +25,7 @@ def _rollout_source(pl_module):
 class HeldoutEval(L.Callback):
     """Greedy evaluation on held-out prompts, run by Lightning's validation loop.
 
-    The policy module's ``validation_step`` (``lit_rl.modules.validation.HeldoutValidation``) hands each
+    The policy module's ``validation_step`` (``lit_rl.learners.validation.HeldoutValidation``) hands each
     batch of ``trainer.datamodule``'s held-out prompts (``val_dataloader``) to this callback, which generates
     greedily with the RolloutCallback's engine and accumulates, with ``torchmetrics`` (summed over batches
     and ranks):

@@ -33,7 +33,7 @@ from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
 from lit_rl.models.loading import resolve_dtype
-from lit_rl.modules.protocols import LossTerm
+from lit_rl.learners.protocols import LossTerm
 
 KL_WHERE = ("reward", "loss")
 

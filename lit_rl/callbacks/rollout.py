@@ -36,7 +36,7 @@ from lit_rl.core.steps import max_steps_message
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.errors import ConfigError
-from lit_rl.modules.protocols import experience_hooks
+from lit_rl.learners.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
 from lit_rl.rollout.async_producer import AsyncProducer

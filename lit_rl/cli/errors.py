@@ -110,17 +110,29 @@ def class_option_message(message: str) -> str | None:
     return f"{attr} has no setting {name!r}{hint}"
 
 
+# Packages a release renamed: a config's class_path under the old name gets the new spelling in one line.
+RENAMED_PACKAGES = {"lit_rl.modules": "lit_rl.learners"}
+
+
+def _renamed(old: str) -> str:
+    return f"{old} was renamed {RENAMED_PACKAGES[old]}: write class_path: {RENAMED_PACKAGES[old]}.<Class>"
+
+
 def attribute_error_message(message: str) -> str | None:
     """``module 'my_reward' has no attribute 'maxdigit'`` (buried in a union-type dump) -> one line naming what the
     module has instead: ``my_reward has no attribute 'maxdigit'; it has: max_digit``."""
     m = re.search(r"module '([\w.]+)' has no attribute '(\w+)'", message)
     if not m:
         missing = re.search(r"No module named '([\w.]+)'", message)
+        if missing and missing.group(1) in RENAMED_PACKAGES:
+            return _renamed(missing.group(1))
         if missing:
             return (f"no module named {missing.group(1)!r} (the working directory is importable: "
                     f"{missing.group(1).replace('.', '/')}.py would be found there)")
         return None
     module, attr = m.groups()
+    if f"{module}.{attr}" in RENAMED_PACKAGES:
+        return _renamed(f"{module}.{attr}")
     import importlib
 
     try:

@@ -115,7 +115,7 @@ def _choices(annotation) -> tuple[tuple, bool] | None:
 
 def _find(module: str, name: str, depth: int = 0) -> tuple[str, ast.stmt] | None:
     """(defining module, node) of the module-level class or assignment ``name`` of ``module``, following
-    ``from x import Name`` re-exports (lit_rl.modules.PolicyModule)."""
+    ``from x import Name`` re-exports (lit_rl.learners.PolicyModule)."""
     path = _module_file(module)
     if path is None or depth > 4:
         return None

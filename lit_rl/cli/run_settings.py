@@ -80,7 +80,7 @@ def _fixed_steps(model) -> bool:
     init = model.get("init_args") or Namespace()
     if cls is None or not hasattr(cls, "optimizer_steps_per_iteration"):
         return False
-    from lit_rl.modules.distill import DistillModule
+    from lit_rl.learners.distill import DistillModule
 
     if issubclass(cls, DistillModule):
         losses = init.get("losses") or {}

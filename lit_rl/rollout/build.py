@@ -9,7 +9,7 @@ single-turn layout), episodes (``rollout/agent_loop.py``: ``AgentLoop.episode_ro
 ``AgentLoop.to_experience``), evaluation's critic path (``count=False``), teacher rollouts
 (``callbacks/teachers.py``), a teacher's re-tokenised view of student rows
 (``callbacks/teacher_inputs.cross_tokenizer_view``) and the critic's pretraining records
-(``modules/critic_pretrain.py``). So padding, the rollout log-prob columns, the policy version and the horizon
+(``learners/critic_pretrain.py``). So padding, the rollout log-prob columns, the policy version and the horizon
 are set in one place. The one other constructor, ``reprompted``, rebuilds the prompt columns of rows already
 built (a teacher's privileged prompt) and keeps everything else, completion columns included.
 """

@@ -15,7 +15,7 @@ from lit_rl.callbacks.agent_rollout import AgentRolloutCallback, ObservationLoss
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.data import PromptDataModule
 from lit_rl.data.prompts import Prompt
-from lit_rl.modules import LossTerm, PolicyModule
+from lit_rl.learners import LossTerm, PolicyModule
 from lit_rl.rewards.code import CodeTestsReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
 from lit_rl.rollout.agent_loop import AgentLoop

@@ -9,7 +9,7 @@ import torch
 from lit_rl.callbacks.agent_rollout import ObservationLoss
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 
 
 def _experience() -> Experience:

@@ -21,7 +21,7 @@ import torch
 from lit_rl.callbacks import EntropyRegularization, ReferenceKL, RolloutCallback
 from lit_rl.callbacks.monitoring import TokensSeen
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 

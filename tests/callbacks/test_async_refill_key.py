@@ -13,7 +13,7 @@ import torch
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward, RewardPool
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.pipeline import RolloutPipeline, build_pipeline

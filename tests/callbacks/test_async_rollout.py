@@ -13,7 +13,7 @@ from _learning import record, seed
 
 from lit_rl.callbacks import HeldoutEval, RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.async_producer import AsyncProducer, ProducerError, Slot, split_fresh, staleness
 from lit_rl.rollout.engine import HFEngine, SamplingConfig

@@ -47,13 +47,13 @@ rollout:
     init_args:
       rewards: {{exact: {{class_path: lit_rl.rewards.ExactAnswerReward}}}}
 model:
-  class_path: lit_rl.modules.PolicyModule
+  class_path: lit_rl.learners.PolicyModule
   init_args:
     model: {model_dir}
     advantage: gae
     policy_loss: ppo_clip
     critic:
-      class_path: lit_rl.modules.critic.CriticModule
+      class_path: lit_rl.learners.critic.CriticModule
       init_args: {{head: regression, share_backbone: true}}
     optimizer:
       class_path: torch.optim.AdamW

@@ -21,7 +21,7 @@ from lit_rl.callbacks import HeldoutEval, RolloutCallback, RolloutInspector
 from lit_rl.callbacks.inspector import row_records, select_groups
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 from lit_rl.report import load_run
 from lit_rl.report.chromium import dump_dom, find_chromium, screenshot
 from lit_rl.rewards import RewardErrorWarning, RewardFailureError, RewardPool

@@ -12,8 +12,8 @@ from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.core.aggregation import aggregate
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
-from lit_rl.modules.config import PolicyConfig
+from lit_rl.learners import PolicyModule
+from lit_rl.learners.config import PolicyConfig
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout import SamplingConfig
 

@@ -13,7 +13,7 @@ import torch
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 
 
 def _experience() -> Experience:

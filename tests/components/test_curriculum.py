@@ -202,7 +202,7 @@ def test_real_run_reorders_and_tracks_and_resumes_rng(tiny_model_dir):
 
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rewards import ExactAnswerReward
     from lit_rl.rollout import SamplingConfig
 

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from lit_rl.modules.config import PolicyConfig
-from lit_rl.modules.optim_step import LossParts, OptimizerStep
+from lit_rl.learners.config import PolicyConfig
+from lit_rl.learners.optim_step import LossParts, OptimizerStep
 
 
 def _setup():

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lit_rl.data.experience import Experience
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 
 RATIOS = [0.4, 1.0, 1.5, 3.0]
 

@@ -123,7 +123,7 @@ class FixedExperience(L.Callback):
         pl_module.temperature = self.temperature
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        from lit_rl.modules.protocols import experience_hooks
+        from lit_rl.learners.protocols import experience_hooks
 
         exp = copy.deepcopy(self.exp)
         if self.transform is not None:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from _conformance import build_module, flat, hand_experience, max_rel_diff, run_step
 
-from lit_rl.modules.heads import LazyLogits, projection_blocker
+from lit_rl.learners.heads import LazyLogits, projection_blocker
 
 RTOL = 1e-9
 
@@ -81,7 +81,7 @@ def test_lazy_logits_still_serve_an_unconverted_consumer(tiny_model_dir):
 
 
 def test_lora_on_lm_head_falls_back_to_materialised_logits(tiny_model_dir):
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     module = PolicyModule(model=str(tiny_model_dir), lora={"r": 2, "target_modules": ["q_proj", "lm_head"]})
     assert "not a plain Linear" in projection_blocker(module.model)
@@ -91,7 +91,7 @@ def test_lora_on_lm_head_falls_back_to_materialised_logits(tiny_model_dir):
 
 
 def test_default_lora_keeps_the_chunked_path_and_equal_logprobs(tiny_model_dir):
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     module = PolicyModule(model=str(tiny_model_dir), lora={"r": 2})  # all-linear: peft leaves lm_head alone
     module.model.double()
@@ -106,7 +106,7 @@ def test_default_lora_keeps_the_chunked_path_and_equal_logprobs(tiny_model_dir):
 def test_hidden_states_are_the_heads_input(tiny_llama_dir):
     """The decoder-hook hidden states (the critic's regression input) equal the CausalLM's last hidden states
     (final norm applied) at the completion positions, for llama too."""
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     module = PolicyModule(model=str(tiny_llama_dir))
     module.model.double()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from _conformance import build_module, flat, hand_experience, max_rel_diff, run_step
-from lit_rl.modules import PolicyModule
+from lit_rl.learners import PolicyModule
 
 HERE = Path(__file__).resolve().parent
 RTOL = 1e-9

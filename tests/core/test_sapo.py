@@ -77,7 +77,7 @@ def test_other_losses_refuse_the_sapo_temperatures(loss):
 
 
 def test_policy_config_names_the_field_and_the_loss_that_reads_it():
-    from lit_rl.modules.config import PolicyConfig
+    from lit_rl.learners.config import PolicyConfig
 
     with pytest.raises(
         ValueError,

@@ -91,7 +91,7 @@ def test_unknown_scope_names_the_field_and_the_allowed_values():
 
 
 def test_policy_config_refuses_batch_scope_without_std_normalize():
-    from lit_rl.modules.config import PolicyConfig
+    from lit_rl.learners.config import PolicyConfig
 
     with pytest.raises(ValueError, match="std_scope='batch'.*std_normalize is false"):
         PolicyConfig.of("m", tiny_if_missing={}, std_scope="batch", std_normalize=False).validate()

@@ -79,7 +79,7 @@ def test_refuses_dual_clip_foreign_and_bad_parameters():
 
 
 def test_policy_config_reads_vespo_parameters_only_with_vespo():
-    from lit_rl.modules.config import PolicyConfig
+    from lit_rl.learners.config import PolicyConfig
 
     PolicyConfig.of("m", tiny_if_missing={}, policy_loss="vespo", vespo_k_neg=0.0).validate()
     with pytest.raises(
@@ -91,7 +91,7 @@ def test_policy_config_reads_vespo_parameters_only_with_vespo():
 
 
 def test_the_module_settings_reach_the_objective():
-    from lit_rl.modules.config import PolicyConfig
+    from lit_rl.learners.config import PolicyConfig
 
     s = PolicyConfig.of("m", tiny_if_missing={}, policy_loss="vespo", vespo_k_neg=1.5).objective
     assert (s.policy_loss, s.vespo_k_neg, s.vespo_k_pos, s.sapo_tau_pos) == ("vespo", 1.5, None, None)

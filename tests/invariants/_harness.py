@@ -152,7 +152,7 @@ def run(
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.core.steps import optimizer_steps_per_iteration
     from lit_rl.data import PromptDataModule
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
     from lit_rl.rollout.engine import HFEngine
 
     minibatches: list = []

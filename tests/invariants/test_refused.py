@@ -14,7 +14,7 @@ from invariants import _grid, _harness
     "rule,match", _grid.REFUSED, ids=[" ".join(f"{k}={v}" for k, v in r.items()) for r, _ in _grid.REFUSED]
 )
 def test_refused_at_construction(rule, match, tiny_model_dir):
-    from lit_rl.modules import PolicyModule
+    from lit_rl.learners import PolicyModule
 
     settings = {k: v[0] for k, v in _grid.DIMENSIONS.items()} | rule
     with pytest.raises(ValueError, match=re.escape(match)):

@@ -42,11 +42,11 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
 from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
-from lit_rl.modules.config import POLICY_GROUPS, PolicyConfig
-from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.heads import LazyLogits
-from lit_rl.modules.policy import OptimizerFactory, PolicyModule, SchedulerFactory, _default_optimizer
-from lit_rl.modules.protocols import LossTerm
+from lit_rl.learners.config import POLICY_GROUPS, PolicyConfig
+from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.policy import OptimizerFactory, PolicyModule, SchedulerFactory, _default_optimizer
+from lit_rl.learners.protocols import LossTerm
 
 KD_ON = ("student", "teacher", "both")
 

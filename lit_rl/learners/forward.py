@@ -21,7 +21,7 @@ from lit_rl.core.processed import History, LogitProcessing, sampler_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
-from lit_rl.modules.heads import LazyLogits, head_weight_after_forward, lm_head_projection
+from lit_rl.learners.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 
 
 def _checkpoint_layers(model) -> list[torch.nn.Module]:

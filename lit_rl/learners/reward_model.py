@@ -20,7 +20,7 @@ from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import check_choices, flat_settings, flat_values, setting, split_settings
 from lit_rl.data.preferences import PreferencePair
 from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
-from lit_rl.modules.config import ModelSettings, PrecisionSettings, record_settings
+from lit_rl.learners.config import ModelSettings, PrecisionSettings, record_settings
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:

@@ -119,5 +119,5 @@ def loss_term_providers(trainer) -> list[LossTerm]:
             terms.append(cb)
         elif callable(getattr(cb, "loss_terms", None)):
             raise TypeError(f"{type(cb).__name__} defines loss_terms but is not a LossTerm: subclass "
-                            "lit_rl.modules.LossTerm (class X(L.Callback, LossTerm)) for its terms to count")
+                            "lit_rl.learners.LossTerm (class X(L.Callback, LossTerm)) for its terms to count")
     return terms

@@ -28,21 +28,21 @@ from lit_rl.data.experience import Experience
 from lit_rl.models.dropout import disable_dropout
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.packed import unsupported_reason
-from lit_rl.modules.assembly import PolicyAssembly, store_dtype
-from lit_rl.modules.config import (
+from lit_rl.learners.assembly import PolicyAssembly, store_dtype
+from lit_rl.learners.config import (
     POLICY_GROUPS,
     ModelSettings,
     PolicyConfig,
     PrecisionSettings,
     record_settings,
 )
-from lit_rl.modules.critic import CriticModule
-from lit_rl.modules.forward import PolicyForward, enable_gradient_checkpointing
-from lit_rl.modules.heads import LazyLogits
-from lit_rl.modules.optim_step import LossParts, OptimizerStep
-from lit_rl.modules.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
-from lit_rl.modules.step_metrics import StepMetricsOnly
-from lit_rl.modules.validation import HeldoutValidation
+from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.forward import PolicyForward, enable_gradient_checkpointing
+from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.optim_step import LossParts, OptimizerStep
+from lit_rl.learners.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
+from lit_rl.learners.step_metrics import StepMetricsOnly
+from lit_rl.learners.validation import HeldoutValidation
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
 
@@ -66,7 +66,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     """Policy-gradient RL on a causal LM.
 
     Every setting is a keyword argument of the flat name users write in recipes
-    (``model.init_args.loss_agg``), declared once in a settings group (``modules/config.py``); they are split
+    (``model.init_args.loss_agg``), declared once in a settings group (``learners/config.py``); they are split
     into ``self.config`` (a frozen ``PolicyConfig``), validated before the model is loaded, and recorded flat
     in ``hparams``. Change one on a built module with ``update_settings(name=value)``.
 
@@ -203,7 +203,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     # ------------------------------------------------------------ loss terms
     @property
     def own_loss_terms(self) -> list[LossTerm]:
-        """The module's own loss terms (``LossTerm``s, ``modules/protocols.py``), in the order their parts are
+        """The module's own loss terms (``LossTerm``s, ``learners/protocols.py``), in the order their parts are
         added: the ``critic`` (PPO's value loss) when given. The module binds them and runs their
         ``on_experience``; otherwise they are terms like any callback's."""
         return [self.critic] if self.critic is not None else []

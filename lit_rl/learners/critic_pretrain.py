@@ -18,7 +18,7 @@ import lightning as L
 import torch
 
 from lit_rl.data.experience import Experience
-from lit_rl.modules.critic import CriticModule
+from lit_rl.learners.critic import CriticModule
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 CRITIC_FILE = "critic.pt"
@@ -63,7 +63,7 @@ class CriticPretrainModule(L.LightningModule):
     def __init__(self, model: str, critic: CriticModule | None = None, tiny_if_missing: dict[str, Any] | None = None,
                  optimizer: Callable = _default_optimizer):
         super().__init__()
-        from lit_rl.modules.policy import PolicyModule
+        from lit_rl.learners.policy import PolicyModule
 
         self.policy = PolicyModule(model=model, tiny_if_missing=tiny_if_missing,
                                    critic=critic if critic is not None else CriticModule())

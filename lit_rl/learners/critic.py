@@ -8,7 +8,7 @@ answering "yes", P(yes) / (P(yes) + P(no))), and one forward pass yields both th
 (the token head adds one cached pass over the question tokens).
 
 The critic plugs into ``PolicyModule(critic=...)`` as one of the module's own loss terms
-(``own_loss_terms``), a ``LossTerm`` like the ``ReferenceKL`` callback (``modules/protocols.py``): ``bind``
+(``own_loss_terms``), a ``LossTerm`` like the ``ReferenceKL`` callback (``learners/protocols.py``): ``bind``
 builds the head against the policy, ``needs`` asks the shared forward for the hidden states or the cache it
 reads, ``on_experience`` fills ``Experience.values`` before advantages, ``loss_terms`` adds ``vf_coef ·``
 value loss to every micro-batch, ``trains_alone`` is the value-only warmup, ``advantage_metrics`` reports the
@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 from lit_rl.core.settings import check_choices, flat_settings, setting, split_settings
 from lit_rl.core.value import bce_value_loss, clipped_value_loss, explained_variance, yes_no_value
-from lit_rl.modules.config import PrecisionSettings
-from lit_rl.modules.optim_step import LossParts
-from lit_rl.modules.protocols import ForwardNeeds, LossTerm
+from lit_rl.learners.config import PrecisionSettings
+from lit_rl.learners.optim_step import LossParts
+from lit_rl.learners.protocols import ForwardNeeds, LossTerm
 
 HEADS = ("regression", "token")
 

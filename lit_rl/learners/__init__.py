@@ -1,0 +1,9 @@
+from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.distill import DistillModule
+from lit_rl.learners.policy import PolicyModule
+from lit_rl.learners.protocols import ExperienceHook, LossTerm
+from lit_rl.learners.reward_model import RewardModelModule
+from lit_rl.learners.schedules import CosineDecay, WarmupLinearDecay
+
+__all__ = ["PolicyModule", "CriticModule", "RewardModelModule", "ExperienceHook", "LossTerm", "DistillModule",
+           "CosineDecay", "WarmupLinearDecay"]
