@@ -6,6 +6,7 @@ RNG, so a resumed run only reproduces the uninterrupted one if every rank's gene
 they were when the checkpoint was written. ``PolicyModule`` saves them through :func:`rng_checkpoint_state`
 and restores them with :class:`PendingRNG` right before the first resumed batch reaches the callbacks.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,9 @@ RNG_KEY = "lit_rl_rng"
 
 # PolicyModule applies restored RNG states in on_after_batch_transfer (see PendingRNG). Lightning warns whenever
 # a module overrides that hook while a datamodule is attached, though it then calls the module's, as intended.
-warnings.filterwarnings("ignore", message=r"You have overridden `on_after_batch_transfer` in `LightningModule`")
+warnings.filterwarnings(
+    "ignore", message=r"You have overridden `on_after_batch_transfer` in `LightningModule`"
+)
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -179,10 +182,12 @@ class PendingRNG:
             return
         per_rank = saved["per_rank"]
         if len(per_rank) != world_size:  # a legitimate change of scale; only exactness is lost
-            warnings.warn(f"checkpoint holds RNG states of {len(per_rank)} rank(s) but this run has "
-                          f"world_size={world_size}: RNG states are not restored, so the resumed run will not "
-                          "reproduce the original exactly (that needs the same devices x num_nodes)",
-                          stacklevel=2)
+            warnings.warn(
+                f"checkpoint holds RNG states of {len(per_rank)} rank(s) but this run has "
+                f"world_size={world_size}: RNG states are not restored, so the resumed run will not "
+                "reproduce the original exactly (that needs the same devices x num_nodes)",
+                stacklevel=2,
+            )
             return
         self.states = per_rank[rank]
 

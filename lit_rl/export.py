@@ -14,6 +14,7 @@ Under sharding (FSDP2 DTensors, ZeRO-3 partitions) ``save_hf_model`` is a collec
 parameter is gathered whole in turn (``models.loading.merged_state_items``: peak one parameter beyond the
 shards), and rank 0 alone writes. Unsharded models (single process, DDP, ZeRO-2) are written by rank 0 alone.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def is_peft(model) -> bool:
 
 def is_sharded(model) -> bool:
     """Whether any parameter is a shard: an FSDP2 DTensor (``full_tensor``) or a ZeRO-3 partition (``ds_id``)."""
-    return any(hasattr(p, "ds_id") or hasattr(p, "full_tensor") for p in model.state_dict(keep_vars=True).values())
+    return any(
+        hasattr(p, "ds_id") or hasattr(p, "full_tensor") for p in model.state_dict(keep_vars=True).values()
+    )
 
 
 def _rank() -> int:
@@ -72,12 +75,15 @@ def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list
         written = []
         if lora in ("both", "adapter"):
             adir = out if lora == "adapter" else out / ADAPTER_SUBDIR
-            model.save_pretrained(adir, state_dict=full, safe_serialization=True)  # peft keeps the LoRA tensors
+            model.save_pretrained(
+                adir, state_dict=full, safe_serialization=True
+            )  # peft keeps the LoRA tensors
             tokenizer.save_pretrained(adir)
             written.append(adir)
         if lora != "adapter":
-            model.get_base_model().save_pretrained(out, state_dict=lora_merged_state(model, full),
-                                                   safe_serialization=True)
+            model.get_base_model().save_pretrained(
+                out, state_dict=lora_merged_state(model, full), safe_serialization=True
+            )
             tokenizer.save_pretrained(out)
             written.insert(0, out)
         return written
@@ -110,10 +116,19 @@ def _resolve(source: str) -> tuple[Path, Path]:
     if p.is_dir() and not _checkpoint_dir_kind(p) and p.suffix != ".ckpt":  # a run directory
         ckpt = p / "checkpoints" / "last.ckpt"
         if not ckpt.exists():
-            found = sorted(str(c) for c in (p / "checkpoints").glob("*.ckpt")) if (p / "checkpoints").is_dir() else []
-            raise FileNotFoundError(f"run directory {source!r} has no checkpoints/last.ckpt"
-                                    + (f"; checkpoints there: {', '.join(found)}" if found else
-                                       " (nothing to export: was it trained with checkpointing on?)"))
+            found = (
+                sorted(str(c) for c in (p / "checkpoints").glob("*.ckpt"))
+                if (p / "checkpoints").is_dir()
+                else []
+            )
+            raise FileNotFoundError(
+                f"run directory {source!r} has no checkpoints/last.ckpt"
+                + (
+                    f"; checkpoints there: {', '.join(found)}"
+                    if found
+                    else " (nothing to export: was it trained with checkpointing on?)"
+                )
+            )
         return ckpt, p
     run = p.parent.parent if p.parent.name == "checkpoints" else p.parent
     return p, run
@@ -138,13 +153,17 @@ def _read_state_dict(ckpt: Path) -> dict:
     kind = _checkpoint_dir_kind(ckpt)
     if kind == "deepspeed":
         if not any((ckpt / "checkpoint").glob("*model_states.pt")):
-            raise ValueError(f"{ckpt} is a DeepSpeed checkpoint directory without model states "
-                             "(checkpoint/*model_states.pt): an incomplete save?")
+            raise ValueError(
+                f"{ckpt} is a DeepSpeed checkpoint directory without model states "
+                "(checkpoint/*model_states.pt): an incomplete save?"
+            )
         try:
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
         except ImportError as e:
-            raise ValueError(f"{ckpt} is a DeepSpeed checkpoint; reading it needs the deepspeed package "
-                             f"(pip install -e .[deepspeed]): {e}") from None
+            raise ValueError(
+                f"{ckpt} is a DeepSpeed checkpoint; reading it needs the deepspeed package "
+                f"(pip install -e .[deepspeed]): {e}"
+            ) from None
         # every rank's partitions merged into fp32 full tensors (ZeRO-2: the fp32 master copy, ZeRO-3: the
         # parameter partitions); keys are the LightningModule's
         sd = get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag="checkpoint")
@@ -154,8 +173,10 @@ def _read_state_dict(ckpt: Path) -> dict:
 
         state = _load_distributed_checkpoint(ckpt)
     elif ckpt.is_dir():
-        raise ValueError(f"{ckpt} is a directory but neither a DeepSpeed checkpoint (no checkpoint/ inside) nor a "
-                         "torch.distributed.checkpoint one (no .metadata)")
+        raise ValueError(
+            f"{ckpt} is a directory but neither a DeepSpeed checkpoint (no checkpoint/ inside) nor a "
+            "torch.distributed.checkpoint one (no .metadata)"
+        )
     else:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
     sd = state.get("state_dict") if isinstance(state, dict) else None
@@ -167,8 +188,10 @@ def _read_state_dict(ckpt: Path) -> dict:
 def _model_args(run: Path) -> dict[str, Any]:
     cfg_path = run / "config.yaml"
     if not cfg_path.exists():
-        raise FileNotFoundError(f"{cfg_path} not found: the run's config says which base model the checkpoint "
-                                "belongs to (pass the run directory, or a .ckpt inside <run>/checkpoints)")
+        raise FileNotFoundError(
+            f"{cfg_path} not found: the run's config says which base model the checkpoint "
+            "belongs to (pass the run directory, or a .ckpt inside <run>/checkpoints)"
+        )
     import yaml
 
     cfg = yaml.safe_load(cfg_path.read_text()) or {}
@@ -194,32 +217,46 @@ def export(source: str, out: str, adapter: bool = False, base: str | None = None
     init = _model_args(run)
     lora, start = init.get("lora"), init.get("adapter")  # start: the adapter directory the run started from
     if adapter and not lora and not start and not is_adapter_dir(init["model"]):
-        raise ValueError(f"--adapter: the run {str(run)!r} trained without LoRA (model.init_args.lora is null), "
-                         "so it has no adapter; export the full model without --adapter")
+        raise ValueError(
+            f"--adapter: the run {str(run)!r} trained without LoRA (model.init_args.lora is null), "
+            "so it has no adapter; export the full model without --adapter"
+        )
     base = _beside(run, base or init["model"])
     start = _beside(run, start) if start else None
     sd = _read_state_dict(ckpt)
-    weights = {k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")}
+    weights = {k[len("model.") :]: v for k, v in sd.items() if k.startswith("model.")}
     if not weights:
-        raise ValueError(f"{ckpt} holds no policy weights (no 'model.*' keys); keys start with: "
-                         f"{sorted({k.split('.')[0] for k in sd})}")
+        raise ValueError(
+            f"{ckpt} holds no policy weights (no 'model.*' keys); keys start with: "
+            f"{sorted({k.split('.')[0] for k in sd})}"
+        )
     model = load_causal_lm(base, init.get("dtype") or "float32", lora, adapter=start)
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{ckpt} does not match the base model {base!r} with lora={lora}: "
-                         f"{len(missing)} missing keys (e.g. {missing[:2]}), {len(unexpected)} unexpected "
-                         f"(e.g. {unexpected[:2]}); pass the run's base model with --base")
+        raise ValueError(
+            f"{ckpt} does not match the base model {base!r} with lora={lora}: "
+            f"{len(missing)} missing keys (e.g. {missing[:2]}), {len(unexpected)} unexpected "
+            f"(e.g. {unexpected[:2]}); pass the run's base model with --base"
+        )
     return save_hf_model(model, load_tokenizer(base), out, lora="adapter" if adapter else "merged")
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="lit-rl export", description="Write a Hugging Face model (or, with "
-                                 "--adapter, a LoRA run's PEFT adapter) from a run directory or a .ckpt file.")
+    ap = argparse.ArgumentParser(
+        prog="lit-rl export",
+        description="Write a Hugging Face model (or, with "
+        "--adapter, a LoRA run's PEFT adapter) from a run directory or a .ckpt file.",
+    )
     ap.add_argument("source", help="a run directory (its checkpoints/last.ckpt) or a .ckpt file")
     ap.add_argument("-o", "--output", required=True, help="the directory to write")
-    ap.add_argument("--adapter", action="store_true", help="a LoRA run: write the PEFT adapter, not the merged model")
-    ap.add_argument("--base", default=None, help="the base model (default: model.init_args.model of the run's "
-                    "config.yaml)")
+    ap.add_argument(
+        "--adapter", action="store_true", help="a LoRA run: write the PEFT adapter, not the merged model"
+    )
+    ap.add_argument(
+        "--base",
+        default=None,
+        help="the base model (default: model.init_args.model of the run's config.yaml)",
+    )
     a = ap.parse_args(argv)
     try:
         written = export(a.source, a.output, adapter=a.adapter, base=a.base)

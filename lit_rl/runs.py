@@ -15,6 +15,7 @@ Resume (``--ckpt_path``): ``last`` must find ``checkpoints/last.ckpt`` (or the c
 A resumed run appends to the same CSV and TensorBoard files: rows the killed process logged after its last
 checkpoint are dropped first (CSV) or purged (TensorBoard ``purge_step``), so every step appears once.
 """
+
 from __future__ import annotations
 
 import csv
@@ -51,15 +52,30 @@ class IterationCheckpoint(ModelCheckpoint):
     size with AdamW), for export and evaluation; such a checkpoint cannot resume a run.
     """
 
-    def __init__(self, every_n_iterations: int = 50, dirpath: str | None = None,
-                 save_last: bool | Literal["link"] = "link", save_top_k: int = 1,
-                 filename: str | None = "iter={iteration}", save_weights_only: bool = False):
+    def __init__(
+        self,
+        every_n_iterations: int = 50,
+        dirpath: str | None = None,
+        save_last: bool | Literal["link"] = "link",
+        save_top_k: int = 1,
+        filename: str | None = "iter={iteration}",
+        save_weights_only: bool = False,
+    ):
         if every_n_iterations < 1:
             raise ValueError(f"every_n_iterations must be >= 1, got {every_n_iterations}")
         # every_n_train_steps=0 and every_n_epochs=0: Lightning's own triggers are off, this class decides.
-        super().__init__(dirpath=dirpath, filename=filename, save_last=save_last, save_top_k=save_top_k,
-                         monitor="iteration" if save_top_k not in (0, 1, -1) else None, save_weights_only=save_weights_only,
-                         mode="max", every_n_train_steps=0, every_n_epochs=0, auto_insert_metric_name=False)
+        super().__init__(
+            dirpath=dirpath,
+            filename=filename,
+            save_last=save_last,
+            save_top_k=save_top_k,
+            monitor="iteration" if save_top_k not in (0, 1, -1) else None,
+            save_weights_only=save_weights_only,
+            mode="max",
+            every_n_train_steps=0,
+            every_n_epochs=0,
+            auto_insert_metric_name=False,
+        )
         self.every_n_iterations = every_n_iterations
 
     def _save_checkpoint(self, trainer, filepath: str) -> None:
@@ -79,7 +95,9 @@ class IterationCheckpoint(ModelCheckpoint):
             tmp = Path(linkpath).with_name(f".{Path(linkpath).name}.{os.getpid()}.link")
             tmp.unlink(missing_ok=True)
             os.symlink(os.path.relpath(filepath, os.path.dirname(linkpath)), tmp)
-            if os.path.isdir(linkpath) and not os.path.islink(linkpath):  # a directory checkpoint of an older run
+            if os.path.isdir(linkpath) and not os.path.islink(
+                linkpath
+            ):  # a directory checkpoint of an older run
                 remove_path(Path(linkpath))
             os.replace(tmp, linkpath)
         trainer.strategy.barrier()
@@ -139,7 +157,8 @@ def resolve_ckpt_path(ckpt_path: str | None, ckpt_dir: Path) -> str | None:
             return None
         raise NothingToResume(
             f"--ckpt_path last: nothing to resume, {last} does not exist. Check --trainer.default_root_dir "
-            "(the run directory to resume), or pass --ckpt_path last_or_new to start fresh when there is none")
+            "(the run directory to resume), or pass --ckpt_path last_or_new to start fresh when there is none"
+        )
     if not Path(ckpt_path).expanduser().exists():
         raise NothingToResume(f"--ckpt_path {ckpt_path}: no such checkpoint file or directory")
     return ckpt_path
@@ -158,7 +177,8 @@ def checkpoint_log_step(path: str) -> int:
     if not Path(path).is_dir() and "optimizer_states" not in ckpt:  # a directory keeps them in its shards
         raise NothingToResume(
             f"--ckpt_path {path}: a weights-only checkpoint (checkpoint.save_weights_only) cannot resume a run: it "
-            "has no optimizer or loop state. Export it (lit-rl export) or start a new run from its weights")
+            "has no optimizer or loop state. Export it (lit-rl export) or start a new run from its weights"
+        )
     iteration = ckpt.get("lit_rl_policy", {}).get("iteration")
     if iteration is not None:
         return int(iteration) + 1
@@ -166,7 +186,9 @@ def checkpoint_log_step(path: str) -> int:
     processed = loops.get("epoch_loop.batch_progress", {}).get("total", {}).get("processed")
     if processed is not None:
         return int(processed)
-    return int(loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", ckpt.get("global_step", 0)))
+    return int(
+        loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", ckpt.get("global_step", 0))
+    )
 
 
 def _loop_state_file(path: Path) -> Path:
@@ -179,8 +201,10 @@ def _loop_state_file(path: Path) -> Path:
         return path / "meta.pt"
     found = sorted((path / "checkpoint").glob("*mp_rank_00_model_states.pt"))
     if not found:
-        raise FileNotFoundError(f"{path} is a directory but neither a torch.distributed.checkpoint (no meta.pt) nor "
-                                "a DeepSpeed checkpoint (no checkpoint/*model_states.pt)")
+        raise FileNotFoundError(
+            f"{path} is a directory but neither a torch.distributed.checkpoint (no meta.pt) nor "
+            "a DeepSpeed checkpoint (no checkpoint/*model_states.pt)"
+        )
     return found[0]
 
 
@@ -234,7 +258,9 @@ def run_csv_logger(root: str, resume_step: int | None):
         def experiment(self):
             if self._experiment is None:
                 self._fs.makedirs(self.root_dir, exist_ok=True)
-                self._experiment = (_Writer if resume_step is not None else ExperimentWriter)(log_dir=self.log_dir)
+                self._experiment = (_Writer if resume_step is not None else ExperimentWriter)(
+                    log_dir=self.log_dir
+                )
             return self._experiment
 
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -265,6 +291,7 @@ def default_loggers(root: str, resume_step: int | None) -> list[Any]:
 def log_rows(path: Path) -> list[dict[str, float]]:
     """Rows of a ``metrics.csv`` as floats (empty cells dropped): a test and notebook helper."""
     with Path(path).open(newline="") as f:
-        return [{k: float(v) for k, v in r.items() if v not in ("", None) and not math.isnan(float(v))}
-                for r in csv.DictReader(f)]
-
+        return [
+            {k: float(v) for k, v in r.items() if v not in ("", None) and not math.isnan(float(v))}
+            for r in csv.DictReader(f)
+        ]

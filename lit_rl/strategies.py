@@ -1,5 +1,6 @@
 """Strategy presets. `FSDP2Strategy`: Lightning's ModelParallelStrategy as pure data parallelism (FSDP2).
 `DeepSpeedZeROStrategy`: Lightning's DeepSpeedStrategy (ZeRO-2/3) on GPUs and on CPU processes."""
+
 from __future__ import annotations
 
 import argparse
@@ -51,11 +52,19 @@ class FSDP2Strategy(SideDirectorySave, ModelParallelStrategy):
     signature leaves both out so a config cannot set them inconsistently).
     """
 
-    def __init__(self, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
-                 timeout: timedelta | None = timedelta(seconds=1800)):
-        super().__init__(data_parallel_size="auto", tensor_parallel_size=1,
-                         save_distributed_checkpoint=save_distributed_checkpoint,
-                         process_group_backend=process_group_backend, timeout=timeout)
+    def __init__(
+        self,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = timedelta(seconds=1800),
+    ):
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=1,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
 
     def setup_environment(self) -> None:
         self._data_parallel_size = self.num_nodes * self.num_processes
@@ -80,19 +89,35 @@ class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
     * ZeRO-3 with unmanaged accumulation needs ``overlap_comm: false`` (a DeepSpeed restriction).
     """
 
-    def __init__(self, stage: int = 2, offload_optimizer: bool = False, offload_parameters: bool = False,
-                 config: dict[str, Any] | None = None, process_group_backend: str | None = None,
-                 timeout: timedelta | None = timedelta(seconds=1800), logging_level: int = logging.WARNING):
+    def __init__(
+        self,
+        stage: int = 2,
+        offload_optimizer: bool = False,
+        offload_parameters: bool = False,
+        config: dict[str, Any] | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = timedelta(seconds=1800),
+        logging_level: int = logging.WARNING,
+    ):
         if stage not in (2, 3):
             raise ValueError(f"DeepSpeedZeROStrategy.stage must be 2 or 3, got {stage!r}")
-        super().__init__(stage=stage, offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
-                         overlap_comm=stage == 2, config=config, process_group_backend=process_group_backend,
-                         timeout=timeout, logging_level=logging_level)
+        super().__init__(
+            stage=stage,
+            offload_optimizer=offload_optimizer,
+            offload_parameters=offload_parameters,
+            overlap_comm=stage == 2,
+            config=config,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            logging_level=logging_level,
+        )
         assert self.config is not None  # DeepSpeedStrategy builds one from the arguments when none is given
         self.config.setdefault("managed_gradient_accumulation", False)
         if self.config["managed_gradient_accumulation"]:
-            raise ValueError("DeepSpeedZeROStrategy: config.managed_gradient_accumulation must be false "
-                             "(PolicyModule's optimizer step is the accumulation boundary)")
+            raise ValueError(
+                "DeepSpeedZeROStrategy: config.managed_gradient_accumulation must be false "
+                "(PolicyModule's optimizer step is the accumulation boundary)"
+            )
 
     def setup_environment(self) -> None:
         if not isinstance(self.accelerator, CUDAAccelerator):
@@ -128,9 +153,14 @@ class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
         # Lightning passes the root device's index, which a CPU device lacks (None): DeepSpeed would then
         # fall back to a 1-process world. The local rank is what it needs.
         engine, ds_optimizer, _, _ = deepspeed.initialize(
-            args=argparse.Namespace(device_rank=self.local_rank), config=self.config, model=model,
-            model_parameters=[p for p in model.parameters() if p.requires_grad], optimizer=optimizer,
-            lr_scheduler=lr_scheduler, dist_init_required=False)
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
         return engine, ds_optimizer
 
     def _format_batch_size_and_grad_accum_config(self) -> None:
@@ -141,8 +171,10 @@ class DeepSpeedZeROStrategy(SideDirectorySave, DeepSpeedStrategy):
             assert self.config is not None  # set in __init__
             have = self.config.get("gradient_clipping")
             if have is not None and float(have) != float(clip):
-                raise ValueError(f"DeepSpeed config gradient_clipping={have} disagrees with the module's "
-                                 f"max_grad_norm={clip}: set only max_grad_norm")
+                raise ValueError(
+                    f"DeepSpeed config gradient_clipping={have} disagrees with the module's "
+                    f"max_grad_norm={clip}: set only max_grad_norm"
+                )
             self.config["gradient_clipping"] = float(clip)
         super()._format_batch_size_and_grad_accum_config()
 

@@ -25,6 +25,7 @@ simulated latency overlaps fully. The measured fraction of the ideal bound is pr
 shared 2-core machine: ~97% with the default split latency, ~85% with --latency-order after, ~77% with
 --latency-median 0.1, where G is only ~2 T and the compute parts matter more).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,8 +39,8 @@ import torch
 
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
-from lit_rl.models.tiny import build_tiny_model
 from lit_rl.learners import PolicyModule
+from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
@@ -48,7 +49,9 @@ class LatencyEngine(HFEngine):
     """``HFEngine`` whose every rollout also takes a log-normal extra latency; rollouts run concurrently."""
 
     def __init__(self, median_s: float, sigma: float, order: str = "split", seed: int = 0):
-        super().__init__(share_weights=False)  # async needs its own weight copy; sync uses the same for fairness
+        super().__init__(
+            share_weights=False
+        )  # async needs its own weight copy; sync uses the same for fairness
         self.median_s, self.sigma, self.order = median_s, sigma, order
         self.rng = random.Random(seed)  # its own RNG: leaves torch's (sampling) untouched
 
@@ -99,19 +102,37 @@ SERVER_LAUNCH = {"num_servers": 1, "max_model_len": 128, "max_num_seqs": 256, "k
 
 def run(model_dir, mode: str, args, kind: str = "latency") -> dict[str, float]:
     L.seed_everything(0, verbose=False)
-    module = PolicyModule(model=str(model_dir), rollout_correction="tis", correction_cap=2.0,
-                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
-    rc = RolloutCallback(engine=make_engine(kind, args),
-                         rewards=ExactAnswerReward(),
-                         group_size=args.group_size, sampling=SamplingConfig(max_new_tokens=args.max_new_tokens,
-                                                                             temperature=1.0),
-                         mode=mode, max_staleness=args.max_staleness)
+    module = PolicyModule(
+        model=str(model_dir),
+        rollout_correction="tis",
+        correction_cap=2.0,
+        optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0),
+    )
+    rc = RolloutCallback(
+        engine=make_engine(kind, args),
+        rewards=ExactAnswerReward(),
+        group_size=args.group_size,
+        sampling=SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=1.0),
+        mode=mode,
+        max_staleness=args.max_staleness,
+    )
     before, after, col = Clock(), Clock(), Collect()
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=args.steps, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[before, rc, after, col])
-    dm = PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True},
-                          batch_size=args.batch_size)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=args.steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[before, rc, after, col],
+    )
+    dm = PromptDataModule(
+        task="addition",
+        task_args={"answer_width": 1, "max_sum": 9, "unary": True},
+        batch_size=args.batch_size,
+    )
     trainer.fit(module, datamodule=dm)
     w = args.warmup
     wall = before.end[-1] - before.start[w]
@@ -119,14 +140,20 @@ def run(model_dir, mode: str, args, kind: str = "latency") -> dict[str, float]:
     rollout_s = [a - b for a, b in zip(after.start[w:], before.start[w:])]  # time inside the rollout hook
     rows = iters * args.batch_size * args.group_size
     m = col.metrics[w:]
-    return {"wall": wall, "iters": iters, "rows": rows, "rows_per_s": rows / wall,
-            "rollout_s": sum(rollout_s) / iters, "iter_s": wall / iters,
-            "stale_mean": sum(x.get("async/staleness_mean", 0.0) for x in m) / len(m),
-            "stale_max": max(x.get("async/staleness_max", 0.0) for x in m),
-            "dropped": m[-1].get("async/dropped", 0.0),
-            "reward": sum(x["reward/mean"] for x in m) / len(m),
-            "gen_s": sum(x["perf/generate_s"] for x in m) / len(m),
-            "update_s": sum(x["perf/update_s"] for x in m) / len(m)}
+    return {
+        "wall": wall,
+        "iters": iters,
+        "rows": rows,
+        "rows_per_s": rows / wall,
+        "rollout_s": sum(rollout_s) / iters,
+        "iter_s": wall / iters,
+        "stale_mean": sum(x.get("async/staleness_mean", 0.0) for x in m) / len(m),
+        "stale_max": max(x.get("async/staleness_max", 0.0) for x in m),
+        "dropped": m[-1].get("async/dropped", 0.0),
+        "reward": sum(x["reward/mean"] for x in m) / len(m),
+        "gen_s": sum(x["perf/generate_s"] for x in m) / len(m),
+        "update_s": sum(x["perf/update_s"] for x in m) / len(m),
+    }
 
 
 def _median_pair(pairs):
@@ -145,28 +172,70 @@ def main() -> None:
     p.add_argument("--max-staleness", type=int, default=2)
     p.add_argument("--latency-median", type=float, default=0.3, help="seconds, per rollout")
     p.add_argument("--latency-sigma", type=float, default=0.5, help="log-normal sigma (tail heaviness)")
-    p.add_argument("--latency-order", choices=("before", "after", "split"), default="split",
-                   help="latency before the real generation, after it, or half each (a multi-turn agent)")
-    p.add_argument("--hidden", type=int, default=None, help="tiny model width (bigger: kernels dominate Python)")
+    p.add_argument(
+        "--latency-order",
+        choices=("before", "after", "split"),
+        default="split",
+        help="latency before the real generation, after it, or half each (a multi-turn agent)",
+    )
+    p.add_argument(
+        "--hidden", type=int, default=None, help="tiny model width (bigger: kernels dominate Python)"
+    )
     p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--switch-interval", type=float, default=None,
-                   help="sys.setswitchinterval (s; Python's default 0.005): shorter GIL hand-offs between the producer "
-                        "and trainer threads (tiny models are Python-bound, each torch op re-acquires the GIL)")
-    p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1: 2-core machines)")
-    p.add_argument("--engine", choices=("latency", "server"), default="latency",
-                   help="latency: HFEngine + simulated per-rollout latency (G >> T by default); server: a vLLM "
-                        "server process, compared with thread-based async at the same sizes")
+    p.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="sys.setswitchinterval (s; Python's default 0.005): shorter GIL hand-offs between the producer "
+        "and trainer threads (tiny models are Python-bound, each torch op re-acquires the GIL)",
+    )
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch.set_num_threads (default 1: 2-core machines)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("latency", "server"),
+        default="latency",
+        help="latency: HFEngine + simulated per-rollout latency (G >> T by default); server: a vLLM "
+        "server process, compared with thread-based async at the same sizes",
+    )
     p.add_argument("--server-threads", type=int, default=1, help="--engine server: CPU threads of the server")
-    p.add_argument("--server-executor", choices=("uni", "mp"), default="uni",
-                   help="--engine server on CPU: uni (the launch default: model in the EngineCore) or mp (vLLM's "
-                        "default: a separate Worker process the EngineCore busy-polls)")
-    p.add_argument("--repeats", type=int, default=None, help="sync/async pairs per engine, alternating (median shown)")
+    p.add_argument(
+        "--server-executor",
+        choices=("uni", "mp"),
+        default="uni",
+        help="--engine server on CPU: uni (the launch default: model in the EngineCore) or mp (vLLM's "
+        "default: a separate Worker process the EngineCore busy-polls)",
+    )
+    p.add_argument(
+        "--repeats", type=int, default=None, help="sync/async pairs per engine, alternating (median shown)"
+    )
     args = p.parse_args()
     # Unset sizes follow the engine: the latency default is G >> T; the server default is G ~ T (a 4 x 256
     # model, 32 new tokens: about 0.7 s of generation against 1 s of update here), 3 alternating repeats.
-    sizes = (dict(steps=8, warmup=2, batch_size=8, group_size=8, max_new_tokens=32, hidden=256, layers=4, repeats=3)
-             if args.engine == "server" else
-             dict(steps=24, warmup=3, batch_size=16, group_size=16, max_new_tokens=1, hidden=64, layers=2, repeats=1))
+    sizes = (
+        {
+            "steps": 8,
+            "warmup": 2,
+            "batch_size": 8,
+            "group_size": 8,
+            "max_new_tokens": 32,
+            "hidden": 256,
+            "layers": 4,
+            "repeats": 3,
+        }
+        if args.engine == "server"
+        else {
+            "steps": 24,
+            "warmup": 3,
+            "batch_size": 16,
+            "group_size": 16,
+            "max_new_tokens": 1,
+            "hidden": 64,
+            "layers": 2,
+            "repeats": 1,
+        }
+    )
     for k, v in sizes.items():
         if getattr(args, k) is None:
             setattr(args, k, v)
@@ -177,35 +246,65 @@ def main() -> None:
     kinds = ["latency"] if args.engine == "latency" else ["server", "thread"]
     procs = []
     with tempfile.TemporaryDirectory() as d:
-        model_dir = build_tiny_model(d + "/tiny", arch="qwen2", layers=args.layers, hidden=args.hidden,
-                                     heads=max(2, args.hidden // 32), tokenizer="char", seed=0)
-        if args.engine == "server":  # launched once and shared by the runs (each run pushes its weights first)
+        model_dir = build_tiny_model(
+            d + "/tiny",
+            arch="qwen2",
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=max(2, args.hidden // 32),
+            tokenizer="char",
+            seed=0,
+        )
+        if (
+            args.engine == "server"
+        ):  # launched once and shared by the runs (each run pushes its weights first)
             from lit_rl.rollout._server_http import launch_servers
 
-            mp = {"extra_args": ["--distributed-executor-backend", "mp"],
-                  "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}} if args.server_executor == "mp" else {}
-            args.server_urls, procs = launch_servers(str(model_dir), {**SERVER_LAUNCH, **mp,
-                                                                      "threads_per_server": args.server_threads},
-                                                     "float32")
+            mp = (
+                {
+                    "extra_args": ["--distributed-executor-backend", "mp"],
+                    "env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"},
+                }
+                if args.server_executor == "mp"
+                else {}
+            )
+            args.server_urls, procs = launch_servers(
+                str(model_dir), {**SERVER_LAUNCH, **mp, "threads_per_server": args.server_threads}, "float32"
+            )
         try:
             # sync and async alternate, repeats times: a shared machine's load drifts, and a pair run back to back
             # sees about the same load; the table shows the pair with the median async/sync ratio.
-            pairs = {k: [(run(model_dir, "sync", args, k), run(model_dir, "async", args, k))
-                         for _ in range(args.repeats)] for k in kinds}
+            pairs = {
+                k: [
+                    (run(model_dir, "sync", args, k), run(model_dir, "async", args, k))
+                    for _ in range(args.repeats)
+                ]
+                for k in kinds
+            }
         finally:
             for proc in procs:
                 proc.stop()
     results = {k: _median_pair(v) for k, v in pairs.items()}
     if args.repeats > 1:
         for k, v in pairs.items():
-            print(f"{k}: async/sync per repeat " + ", ".join(f"{a['rows_per_s'] / s['rows_per_s']:.2f}" for s, a in v))
-    print(f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x {args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
-          + (f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
-             f"{args.latency_order} the real generation), concurrent rollouts; " if args.engine == "latency" else
-             f"server: 1 vLLM server ({args.server_executor} executor) with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); ")
-          + f"{args.steps} iterations ({args.warmup} warm-up untimed); GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n")
-    print("| engine | mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
-          "| ideal (G+T)/max(G,T) | fraction of ideal | staleness mean / max | dropped rows | reward mean |")
+            print(
+                f"{k}: async/sync per repeat "
+                + ", ".join(f"{a['rows_per_s'] / s['rows_per_s']:.2f}" for s, a in v)
+            )
+    print(
+        f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x {args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
+        + (
+            f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
+            f"{args.latency_order} the real generation), concurrent rollouts; "
+            if args.engine == "latency"
+            else f"server: 1 vLLM server ({args.server_executor} executor) with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); "
+        )
+        + f"{args.steps} iterations ({args.warmup} warm-up untimed); GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n"
+    )
+    print(
+        "| engine | mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
+        "| ideal (G+T)/max(G,T) | fraction of ideal | staleness mean / max | dropped rows | reward mean |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     verdicts = []
     for kind, (sync, asyn) in results.items():
@@ -213,17 +312,24 @@ def main() -> None:
         T = sync["iter_s"] - G  # training and everything else per iteration
         bound = (G + T) / max(G, T)
         speedup = asyn["rows_per_s"] / sync["rows_per_s"]
-        name = {"latency": "HFEngine + latency", "server": "VLLMServerEngine", "thread": "HFEngine (thread)"}[kind]
+        name = {"latency": "HFEngine + latency", "server": "VLLMServerEngine", "thread": "HFEngine (thread)"}[
+            kind
+        ]
         for mode, r in (("sync", sync), (f"async k={args.max_staleness}", asyn)):
-            print(f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | "
-                  f"{r['gen_s']:.3f} | {r['update_s']:.3f} | {r['rows_per_s'] / sync['rows_per_s']:.2f} | {bound:.2f} | "
-                  f"{'-' if r is sync else format((r['rows_per_s'] / sync['rows_per_s']) / bound, '.0%')} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
-                  f"{r['dropped']:.0f} | {r['reward']:.3f} |")
+            print(
+                f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | "
+                f"{r['gen_s']:.3f} | {r['update_s']:.3f} | {r['rows_per_s'] / sync['rows_per_s']:.2f} | {bound:.2f} | "
+                f"{'-' if r is sync else format((r['rows_per_s'] / sync['rows_per_s']) / bound, '.0%')} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
+                f"{r['dropped']:.0f} | {r['reward']:.3f} |"
+            )
         ok = speedup >= 0.9 * bound
-        verdicts.append(f"{name}: G = {G:.3f} s, T = {T:.3f} s; async / sync = {speedup:.2f}; target >= 0.9 x {bound:.2f} "
-                        f"= {0.9 * bound:.2f}: {'PASS' if ok else 'FAIL'} ({speedup / bound:.0%} of the ideal overlap)")
+        verdicts.append(
+            f"{name}: G = {G:.3f} s, T = {T:.3f} s; async / sync = {speedup:.2f}; target >= 0.9 x {bound:.2f} "
+            f"= {0.9 * bound:.2f}: {'PASS' if ok else 'FAIL'} ({speedup / bound:.0%} of the ideal overlap)"
+        )
     print()
     print("\n".join(verdicts))
+
 
 if __name__ == "__main__":
     main()

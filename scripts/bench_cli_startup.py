@@ -8,6 +8,7 @@ shared machine; wall time is what a user waits on a quiet one.
 
     python scripts/bench_cli_startup.py [--repeats 3] [--no-full]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,9 +42,16 @@ def cases(tmp: Path) -> list[tuple[str, list[str]]]:
 def run(args: list[str], env: dict, cwd: Path) -> tuple[float, float, int, str]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-m", "lit_rl.cli", *args, "--trainer.default_root_dir", str(cwd / "run")]
-                       if args[0] not in ("--help", "fitt") else [sys.executable, "-m", "lit_rl.cli", *args],
-                       cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    p = subprocess.run(
+        [sys.executable, "-m", "lit_rl.cli", *args, "--trainer.default_root_dir", str(cwd / "run")]
+        if args[0] not in ("--help", "fitt")
+        else [sys.executable, "-m", "lit_rl.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -56,10 +64,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-full", action="store_true", help="skip the runs without the early check (slow)")
     args = ap.parse_args()
-    base = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    base = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     load = os.getloadavg()[0]
     print(f"load average {load:.1f} on {os.cpu_count()} CPUs; median of {args.repeats} runs; seconds")
-    print(f"{'case':<34} {'exit':>4} {'wall':>7} {'cpu':>6} | {'full wall':>9} {'full cpu':>8} {'cpu ratio':>9}")
+    print(
+        f"{'case':<34} {'exit':>4} {'wall':>7} {'cpu':>6} | {'full wall':>9} {'full cpu':>8} {'cpu ratio':>9}"
+    )
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name, argv in cases(tmp):

@@ -15,6 +15,7 @@
     python scripts/bench_distill.py                    # ~8 min on 2 quiet CPU cores (3 of them training the teacher)
     python scripts/bench_distill.py --teacher runs/quickstart/final_model
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 
 from lit_rl.callbacks import HeldoutEval, RolloutCallback, TeacherRouter
 from lit_rl.data.datamodule import PromptDataModule
-from lit_rl.models.tiny import build_tiny_model
 from lit_rl.learners import DistillModule, PolicyModule
+from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rewards import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 
@@ -47,9 +48,17 @@ def train_teacher(work: Path, steps: int, target: float, init: str | None = None
     from lit_rl.cli import main
 
     out = work / "teacher"
-    args = ["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.max_steps", str(steps),
-            "--trainer.logger", "false",
-            "--model.init_args.model", init or str(work / "teacher_init")]
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / "configs/quickstart.yaml"),
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.logger",
+        "false",
+        "--model.init_args.model",
+        init or str(work / "teacher_init"),
+    ]
     import os
 
     cwd = os.getcwd()
@@ -68,25 +77,48 @@ def train_teacher(work: Path, steps: int, target: float, init: str | None = None
     return str(out), acc
 
 
-def run(name: str, module, teacher: str | None, qs: dict, steps: int, eval_every: int,
-        shape: tuple[int, int] | None = None) -> list[tuple[int, float]]:
+def run(
+    name: str,
+    module,
+    teacher: str | None,
+    qs: dict,
+    steps: int,
+    eval_every: int,
+    shape: tuple[int, int] | None = None,
+) -> list[tuple[int, float]]:
     """``shape`` = (prompts per step, samples per prompt); None = the quickstart's."""
     d = qs["data"]["init_args"]
     rc = qs["rollout"]  # the RolloutCallback section of the recipe
     batch, group = shape or (d["batch_size"], rc["group_size"])
     ev = HeldoutEval(every_n_steps=eval_every)
-    cbs = [RolloutCallback(rewards=[ExactAnswerReward()], group_size=group,
-                           sampling=SamplingConfig(**rc["sampling"])), ev]
+    cbs = [
+        RolloutCallback(
+            rewards=[ExactAnswerReward()], group_size=group, sampling=SamplingConfig(**rc["sampling"])
+        ),
+        ev,
+    ]
     if teacher is not None:
         cbs.insert(1, TeacherRouter({"addition": teacher}))
     dm = PromptDataModule(task=d["task"], task_args=d["task_args"], batch_size=batch)
     L.seed_everything(0, verbose=False)
     t0 = time.perf_counter()
-    tr = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
-                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=cbs)
+    tr = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
     tr.fit(module, datamodule=dm)
     curve = [(int(h["step"]), h["eval/accuracy"]) for h in ev.history]
-    print(f"{name}: {steps} steps in {time.perf_counter() - t0:.0f}s, final held-out {curve[-1][1]:.2f}", flush=True)
+    print(
+        f"{name}: {steps} steps in {time.perf_counter() - t0:.0f}s, final held-out {curve[-1][1]:.2f}",
+        flush=True,
+    )
     return curve
 
 
@@ -104,11 +136,14 @@ def main(argv=None) -> None:
     ap.add_argument("--student-layers", type=int, default=2)
     ap.add_argument("--student-hidden", type=int, default=64)
     ap.add_argument("--lr", type=float, default=3e-3, help="default lr of every run without its own @lr")
-    ap.add_argument("--runs", default="grpo@recipe,grpo@recipe:64x4,reverse_kl_full,reverse_kl_full:64x4,"
-                    "reverse_kl_sampled:64x4,reverse_kl_sampled+baseline:64x4",
-                    help="comma list of grpo | <distill loss>[+baseline], each optionally @<lr> (@recipe = the "
-                    "quickstart's lr) and :<prompts>x<samples> per step (default: the quickstart's 16x16); "
-                    "+baseline = opd_baseline (leave-one-out) for reverse_kl_sampled")
+    ap.add_argument(
+        "--runs",
+        default="grpo@recipe,grpo@recipe:64x4,reverse_kl_full,reverse_kl_full:64x4,"
+        "reverse_kl_sampled:64x4,reverse_kl_sampled+baseline:64x4",
+        help="comma list of grpo | <distill loss>[+baseline], each optionally @<lr> (@recipe = the "
+        "quickstart's lr) and :<prompts>x<samples> per step (default: the quickstart's 16x16); "
+        "+baseline = opd_baseline (leave-one-out) for reverse_kl_sampled",
+    )
     a = ap.parse_args(argv)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     qs = quickstart()
@@ -117,8 +152,14 @@ def main(argv=None) -> None:
         work = Path(tmp)
         t_steps = a.teacher_steps or qs["trainer"]["max_steps"]
         teacher, t_acc = (a.teacher, None) if a.teacher else train_teacher(work, t_steps, 0.9, a.teacher_init)
-        student = build_tiny_model(work / "student", layers=a.student_layers, hidden=a.student_hidden, heads=2,
-                                   tokenizer="char", seed=123)
+        student = build_tiny_model(
+            work / "student",
+            layers=a.student_layers,
+            hidden=a.student_hidden,
+            heads=2,
+            tokenizer="char",
+            seed=123,
+        )
         mi = qs["model"]["init_args"]
         recipe_lr = mi["optimizer"]["init_args"]["lr"]
         curves = {}
@@ -127,31 +168,43 @@ def main(argv=None) -> None:
             name, _, lr_s = spec.partition("@")
             lr = recipe_lr if lr_s == "recipe" else float(lr_s) if lr_s else a.lr
             shape = tuple(int(x) for x in shape_s.split("x")) if shape_s else None
-            common = {"model": str(student), "advantage": mi["advantage"], "policy_loss": mi["policy_loss"],
-                      "loss_agg": mi["loss_agg"], "seed": 0,
-                      "optimizer": lambda p, lr=lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.0)}
+            common = {
+                "model": str(student),
+                "advantage": mi["advantage"],
+                "policy_loss": mi["policy_loss"],
+                "loss_agg": mi["loss_agg"],
+                "seed": 0,
+                "optimizer": lambda p, lr=lr: torch.optim.AdamW(p, lr=lr, weight_decay=0.0),
+            }
             label = f"{name} lr={lr:g}" + (f" {shape_s}" if shape_s else "")
             if name == "grpo":
-                curves[label] = run(f"GRPO alone, {label}", PolicyModule(**common), None, qs, a.steps, a.eval_every,
-                                    shape)
+                curves[label] = run(
+                    f"GRPO alone, {label}", PolicyModule(**common), None, qs, a.steps, a.eval_every, shape
+                )
             else:
                 loss, _, extra = name.partition("+")
                 mod = DistillModule(**common, losses={loss: 1.0}, opd_baseline=extra == "baseline")
-                curves[label] = run(f"OPD {label}", mod, teacher, qs,
-                                    a.steps, a.eval_every, shape)
+                curves[label] = run(f"OPD {label}", mod, teacher, qs, a.steps, a.eval_every, shape)
             if t_acc is None:  # teacher given: measure it with the same evaluation (greedy, held-out)
                 t_acc = _teacher_acc(teacher, qs)
         names = list(curves)
-        print(f"\nteacher held-out accuracy: {t_acc:.2f}   (50% = {0.5 * t_acc:.2f}, 80% = {0.8 * t_acc:.2f})")
+        print(
+            f"\nteacher held-out accuracy: {t_acc:.2f}   (50% = {0.5 * t_acc:.2f}, 80% = {0.8 * t_acc:.2f})"
+        )
         print(f"student: {a.student_layers} layers, hidden {a.student_hidden}, same init for every run")
         print("\nheld-out greedy accuracy by optimizer step")
         print(f"{'step':>6} " + " ".join(f"{n:>24}" for n in names))
         for i, (s, _) in enumerate(curves[names[0]]):
-            print(f"{s:>6} " + " ".join(f"{curves[n][i][1]:>24.2f}" if i < len(curves[n]) else " " * 24 for n in names))
+            print(
+                f"{s:>6} "
+                + " ".join(f"{curves[n][i][1]:>24.2f}" if i < len(curves[n]) else " " * 24 for n in names)
+            )
         print(f"\n{'steps to':>12} " + " ".join(f"{n:>24}" for n in names))
         for frac in (0.5, 0.8):
-            print(f"{f'{int(frac * 100)}% teacher':>12} " + " ".join(f"{steps_to(curves[n], frac * t_acc):>24}"
-                                                                     for n in names))
+            print(
+                f"{f'{int(frac * 100)}% teacher':>12} "
+                + " ".join(f"{steps_to(curves[n], frac * t_acc):>24}" for n in names)
+            )
         print(f"\ntotal {time.perf_counter() - t0:.0f}s")
 
 
@@ -167,9 +220,13 @@ def _teacher_acc(path: str, qs: dict) -> float:
     with torch.no_grad():
         for p in held:
             ids = torch.tensor([render_prompt(p, tok)])
-            out = model.generate(input_ids=ids, do_sample=False, pad_token_id=tok.pad_token_id,
-                                 max_new_tokens=qs["trainer"]["callbacks"][0]["init_args"]["sampling"]["max_new_tokens"])
-            hits += tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True).strip() == p.answer
+            out = model.generate(
+                input_ids=ids,
+                do_sample=False,
+                pad_token_id=tok.pad_token_id,
+                max_new_tokens=qs["trainer"]["callbacks"][0]["init_args"]["sampling"]["max_new_tokens"],
+            )
+            hits += tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).strip() == p.answer
     return hits / len(held)
 
 

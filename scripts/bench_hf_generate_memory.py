@@ -8,6 +8,7 @@ before the call. The model is a 1-layer Qwen2 (hidden 64) with V = 151,936, so t
 
     python scripts/bench_hf_generate_memory.py [--rows 8] [--tokens 128] [--repeats 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,12 +43,21 @@ class _OldEngine:
             ids = torch.full((len(rows), P), tok.pad_token_id, dtype=torch.long)
             att = torch.zeros((len(rows), P), dtype=torch.long)
             for i, r in enumerate(rows):
-                ids[i, P - len(r):] = torch.tensor(r)
-                att[i, P - len(r):] = 1
-            cfg = GenerationConfig(do_sample=True, max_new_tokens=sp.max_new_tokens, min_length=0,
-                                   temperature=sp.temperature, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                                   return_dict_in_generate=True, output_logits=True)
+                ids[i, P - len(r) :] = torch.tensor(r)
+                att[i, P - len(r) :] = 1
+            cfg = GenerationConfig(
+                do_sample=True,
+                max_new_tokens=sp.max_new_tokens,
+                min_length=0,
+                temperature=sp.temperature,
+                top_p=1.0,
+                top_k=0,
+                repetition_penalty=1.0,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
             out = model.generate(input_ids=ids, attention_mask=att, generation_config=cfg)
             new = out.sequences[:, P:]
             logits = torch.stack(out.logits, dim=1).float()  # (N, C, V)
@@ -88,8 +98,12 @@ def worker(variant: str, rows: int, tokens: int, model_dir: str) -> dict:
     stop.set()
     t.join()
     peak[0] = max(peak[0], _rss())
-    return {"variant": variant, "peak_mib": (peak[0] - base) / 2**20, "cpu_s": cpu,
-            "tokens": sum(len(c.token_ids) for c in out)}
+    return {
+        "variant": variant,
+        "peak_mib": (peak[0] - base) / 2**20,
+        "cpu_s": cpu,
+        "tokens": sum(len(c.token_ids) for c in out),
+    }
 
 
 def build(model_dir: str) -> None:
@@ -118,22 +132,39 @@ def main() -> None:
     res: dict[str, dict] = {}
     for _ in range(a.repeats):  # alternating; the minimum of each column
         for v in ("old", "new"):
-            cmd = [sys.executable, __file__, "--worker", v, "--rows", str(a.rows), "--tokens", str(a.tokens),
-                   "--model-dir", a.model_dir]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--worker",
+                v,
+                "--rows",
+                str(a.rows),
+                "--tokens",
+                str(a.tokens),
+                "--model-dir",
+                a.model_dir,
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=os.environ)
             r = json.loads(out.stdout.strip().splitlines()[-1])
             prev = res.setdefault(v, r)
-            prev["peak_mib"], prev["cpu_s"] = min(prev["peak_mib"], r["peak_mib"]), min(prev["cpu_s"], r["cpu_s"])
+            prev["peak_mib"], prev["cpu_s"] = (
+                min(prev["peak_mib"], r["peak_mib"]),
+                min(prev["cpu_s"], r["cpu_s"]),
+            )
     nctv = a.rows * a.tokens * V * 4 / 2**20
-    print(f"HFEngine.generate, V={V}, {a.rows} rows x {a.tokens} new tokens (one fp32 (N, C, V) = {nctv:.0f} MiB)")
+    print(
+        f"HFEngine.generate, V={V}, {a.rows} rows x {a.tokens} new tokens (one fp32 (N, C, V) = {nctv:.0f} MiB)"
+    )
     print(f"min over {a.repeats} alternating runs, one torch thread")
     print("| path | peak RSS above start (MiB) | CPU (s) | tokens |")
     print("|---|---:|---:|---:|")
     for v, name in (("old", "old: output_logits stacked"), ("new", "new: final logits processor")):
         r = res[v]
         print(f"| {name} | {r['peak_mib']:.0f} | {r['cpu_s']:.2f} | {r['tokens']} |")
-    print(f"| new / old | {res['new']['peak_mib'] / max(res['old']['peak_mib'], 1e-9):.3f} | "
-          f"{res['new']['cpu_s'] / res['old']['cpu_s']:.2f} | |")
+    print(
+        f"| new / old | {res['new']['peak_mib'] / max(res['old']['peak_mib'], 1e-9):.3f} | "
+        f"{res['new']['cpu_s'] / res['old']['cpu_s']:.2f} | |"
+    )
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ alternating in one process. Peak = VmHWM above the RSS before the step (inputs b
 one fresh subprocess per (path, mode); it includes h.grad / W.grad, which both paths produce.
 Targets (issue 29): time ratio <= 1.1 at memory ratio <= 0.25.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,8 +112,21 @@ def mem_probe(args) -> None:
 
 
 def measure_memory(args, variant: str, dtype: str, backward: bool) -> int:
-    cmd = [sys.executable, os.path.abspath(__file__), "--mem-probe", "--variant", variant, "--dtype", dtype,
-           "--B", str(args.B), "--T", str(args.T), "--V", str(args.V)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--mem-probe",
+        "--variant",
+        variant,
+        "--dtype",
+        dtype,
+        "--B",
+        str(args.B),
+        "--T",
+        str(args.T),
+        "--V",
+        str(args.V),
+    ]
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
     if backward:
@@ -120,7 +134,9 @@ def measure_memory(args, variant: str, dtype: str, backward: bool) -> int:
     res = subprocess.run(cmd, capture_output=True, text=True, check=True)
     info = json.loads(res.stdout.strip().splitlines()[-1])
     if not info["hwm_reset"]:
-        print("warning: /proc/self/clear_refs not writable; peak memory may be underestimated", file=sys.stderr)
+        print(
+            "warning: /proc/self/clear_refs not writable; peak memory may be underestimated", file=sys.stderr
+        )
     return int(info["extra_bytes"])
 
 
@@ -174,8 +190,10 @@ def head_step(path: str, mode: str, h, W, ids, adv):
 
 def head_mem_probe(args) -> None:
     h, W, ids, adv = head_inputs(args.B, args.T, args.V, args.hidden)
-    small = [x[:1, :2].detach().clone().requires_grad_(x.requires_grad) if x.dim() == 3 else x[:1, :2]
-             for x in (h, W, ids, adv)]
+    small = [
+        x[:1, :2].detach().clone().requires_grad_(x.requires_grad) if x.dim() == 3 else x[:1, :2]
+        for x in (h, W, ids, adv)
+    ]
     head_step(args.variant, args.mode, small[0], W, small[2], small[3])  # warm the kernels on a slice
     W.grad = None
     with open("/proc/self/clear_refs", "w") as f:
@@ -190,10 +208,14 @@ def head_main(args) -> int:
     from lit_rl.core.fused_logprobs import linear_chunk_rows
 
     rows = linear_chunk_rows(args.V)
-    print(f"LM head: B={args.B} T={args.T} (B*T={args.B * args.T}) H={args.hidden} V={args.V} fp32, chunk={rows} "
-          f"rows ({rows * args.V * 4 / 2**20:.0f} MiB)  threads={torch.get_num_threads()}  repeats={args.repeats}")
-    header = (f"{'mode':7} {'mat. CPU s':>10} {'chunk CPU s':>11} {'ratio':>6} {'mat. MiB':>9} {'chunk MiB':>9} "
-              f"{'mem ratio':>9} {'max|Δlp|':>9} {'max|ΔgW|':>9}  result")
+    print(
+        f"LM head: B={args.B} T={args.T} (B*T={args.B * args.T}) H={args.hidden} V={args.V} fp32, chunk={rows} "
+        f"rows ({rows * args.V * 4 / 2**20:.0f} MiB)  threads={torch.get_num_threads()}  repeats={args.repeats}"
+    )
+    header = (
+        f"{'mode':7} {'mat. CPU s':>10} {'chunk CPU s':>11} {'ratio':>6} {'mat. MiB':>9} {'chunk MiB':>9} "
+        f"{'mem ratio':>9} {'max|Δlp|':>9} {'max|ΔgW|':>9}  result"
+    )
     print(header)
     print("-" * len(header))
     all_ok = True
@@ -212,19 +234,38 @@ def head_main(args) -> int:
         del out
         mem = {}
         for path in times:
-            cmd = [sys.executable, os.path.abspath(__file__), "--head-mem-probe", "--variant", path, "--mode", mode,
-                   "--B", str(args.B), "--T", str(args.T), "--V", str(args.V), "--hidden", str(args.hidden)]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--head-mem-probe",
+                "--variant",
+                path,
+                "--mode",
+                mode,
+                "--B",
+                str(args.B),
+                "--T",
+                str(args.T),
+                "--V",
+                str(args.V),
+                "--hidden",
+                str(args.hidden),
+            ]
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             mem[path] = json.loads(res.stdout.strip().splitlines()[-1])["extra_bytes"]
         ratio, mratio = t["chunked"] / t["materialised"], mem["chunked"] / max(mem["materialised"], 1)
         ok = ratio <= HEAD_TIME_MAX and mratio <= HEAD_MEM_MAX
         all_ok &= ok
-        print(f"{mode:7} {t['materialised']:10.2f} {t['chunked']:11.2f} {ratio:6.2f} "
-              f"{mem['materialised'] / 2**20:9.0f} {mem['chunked'] / 2**20:9.0f} {mratio:9.3f} {d_lp:9.2e} "
-              f"{d_gw:9.2e}  {'PASS' if ok else 'FAIL'}  (all CPU s: mat. "
-              f"{[round(x, 2) for x in times['materialised']]}, chunk. {[round(x, 2) for x in times['chunked']]})",
-              flush=True)
-    print(f"targets: time ratio <= {HEAD_TIME_MAX} at mem ratio <= {HEAD_MEM_MAX} -> {'PASS' if all_ok else 'FAIL'}")
+        print(
+            f"{mode:7} {t['materialised']:10.2f} {t['chunked']:11.2f} {ratio:6.2f} "
+            f"{mem['materialised'] / 2**20:9.0f} {mem['chunked'] / 2**20:9.0f} {mratio:9.3f} {d_lp:9.2e} "
+            f"{d_gw:9.2e}  {'PASS' if ok else 'FAIL'}  (all CPU s: mat. "
+            f"{[round(x, 2) for x in times['materialised']]}, chunk. {[round(x, 2) for x in times['chunked']]})",
+            flush=True,
+        )
+    print(
+        f"targets: time ratio <= {HEAD_TIME_MAX} at mem ratio <= {HEAD_MEM_MAX} -> {'PASS' if all_ok else 'FAIL'}"
+    )
     return 0 if all_ok else 1
 
 
@@ -233,7 +274,9 @@ def main() -> int:
     p.add_argument("--B", "--rows", type=int, default=8)
     p.add_argument("--T", "--tokens", type=int, default=1024)
     p.add_argument("--V", "--vocab", type=int, default=32000)
-    p.add_argument("--head", action="store_true", help="benchmark the LM head (hidden -> log-probs), see above")
+    p.add_argument(
+        "--head", action="store_true", help="benchmark the LM head (hidden -> log-probs), see above"
+    )
     p.add_argument("--hidden", type=int, default=256, help="--head: hidden size H")
     p.add_argument("--modes", default="metric,bonus", help="--head: comma list of metric,bonus")
     p.add_argument("--dtypes", default="fp32,bf16", help="comma list of fp32,bf16")
@@ -260,16 +303,20 @@ def main() -> int:
         return head_main(args)
 
     rows = args.chunk_size or default_chunk_rows(args.V, "cpu")
-    print(f"B={args.B} T={args.T} V={args.V}  B*T={args.B * args.T}  chunk={rows} rows "
-          f"({rows * args.V * 4 / 2**20:.1f} MiB fp32)  threads={torch.get_num_threads()}  repeats={args.repeats}")
-    header = (f"{'dtype':5} {'pass':7} {'naive s':>8} {'chunk s':>8} {'ratio':>6} "
-              f"{'naive MB':>9} {'chunk MB':>9} {'mem ratio':>9} {'max|Δ|':>9}  result")
+    print(
+        f"B={args.B} T={args.T} V={args.V}  B*T={args.B * args.T}  chunk={rows} rows "
+        f"({rows * args.V * 4 / 2**20:.1f} MiB fp32)  threads={torch.get_num_threads()}  repeats={args.repeats}"
+    )
+    header = (
+        f"{'dtype':5} {'pass':7} {'naive s':>8} {'chunk s':>8} {'ratio':>6} "
+        f"{'naive MB':>9} {'chunk MB':>9} {'mem ratio':>9} {'max|Δ|':>9}  result"
+    )
     print(header)
     print("-" * len(header))
     all_ok = True
     for dname in args.dtypes.split(","):
         logits, ids = make_inputs(args.B, args.T, args.V, DTYPES[dname])
-        for backward in ([False, True] if args.backward else [False]):
+        for backward in [False, True] if args.backward else [False]:
             t, res = measure_time(args, logits, ids, backward)
             i = 1 if backward else 0
             a, b = res["naive"][i].float(), res["chunked"][i].float()
@@ -279,16 +326,27 @@ def main() -> int:
             m_chunk = measure_memory(args, "chunked", dname, backward)
             ratio, mratio = t["chunked"] / t["naive"], m_chunk / max(m_naive, 1)
             ok = ratio <= TIME_RATIO_MAX and mratio <= MEM_RATIO_MAX and delta_ok
-            fails = [n for n, bad in (("time", ratio > TIME_RATIO_MAX), ("mem", mratio > MEM_RATIO_MAX),
-                                      ("delta", not delta_ok)) if bad]
+            fails = [
+                n
+                for n, bad in (
+                    ("time", ratio > TIME_RATIO_MAX),
+                    ("mem", mratio > MEM_RATIO_MAX),
+                    ("delta", not delta_ok),
+                )
+                if bad
+            ]
             if not backward:
                 all_ok &= ok
-            print(f"{dname:5} {'fwd+bwd' if backward else 'fwd':7} {t['naive']:8.3f} {t['chunked']:8.3f} "
-                  f"{ratio:6.2f} {m_naive / 2**20:9.1f} {m_chunk / 2**20:9.1f} {mratio:9.3f} {delta:9.2e}  "
-                  f"{'PASS' if ok else 'FAIL (' + ','.join(fails) + ')'}")
+            print(
+                f"{dname:5} {'fwd+bwd' if backward else 'fwd':7} {t['naive']:8.3f} {t['chunked']:8.3f} "
+                f"{ratio:6.2f} {m_naive / 2**20:9.1f} {m_chunk / 2**20:9.1f} {mratio:9.3f} {delta:9.2e}  "
+                f"{'PASS' if ok else 'FAIL (' + ','.join(fails) + ')'}"
+            )
         del logits
-    print(f"targets: time ratio <= {TIME_RATIO_MAX}, mem ratio <= {MEM_RATIO_MAX}, max|Δ| <= {DELTA_MAX} "
-          f"(forward rows gate the exit code) -> {'PASS' if all_ok else 'FAIL'}")
+    print(
+        f"targets: time ratio <= {TIME_RATIO_MAX}, mem ratio <= {MEM_RATIO_MAX}, max|Δ| <= {DELTA_MAX} "
+        f"(forward rows gate the exit code) -> {'PASS' if all_ok else 'FAIL'}"
+    )
     return 0 if all_ok else 1
 
 

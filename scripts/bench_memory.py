@@ -27,6 +27,7 @@ the child, all threads: on a shared machine wall time mostly measures the schedu
 just before each phase (reset through /proc/self/clear_refs). The child's address space is capped (``--max-gb``, default: available
 memory - 2 GiB) so an over-large baseline fails with an allocation error instead of waking the OOM killer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,17 @@ def _synthetic_experience(B: int, P: int, C: int, **extra):
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, 60, (B, P + C), generator=g)
-    return Experience(input_ids=ids, attention_mask=torch.ones(B, P + C, dtype=torch.long),
-                      loss_mask=torch.ones(B, C, dtype=torch.bool), prompt_len=P,
-                      group_ids=torch.arange(B) // 4, rewards=torch.rand(B, generator=g),
-                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long), **extra)
+    return Experience(
+        input_ids=ids,
+        attention_mask=torch.ones(B, P + C, dtype=torch.long),
+        loss_mask=torch.ones(B, C, dtype=torch.bool),
+        prompt_len=P,
+        group_ids=torch.arange(B) // 4,
+        rewards=torch.rand(B, generator=g),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        **extra,
+    )
 
 
 def _one(name: str, args) -> dict:
@@ -95,9 +103,17 @@ def _one(name: str, args) -> dict:
             batch.metrics = pl_module.compute_advantages(exp)
             batch.experience = exp
 
-    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator=args.device, devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[SyntheticRollout()])
+    trainer = L.Trainer(
+        max_steps=1,
+        max_epochs=-1,
+        accelerator=args.device,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SyntheticRollout()],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
     n_params = sum(p.numel() for p in mod.parameters())
     if args.device == "cuda":
@@ -128,11 +144,13 @@ def _one_head(spec: str, args) -> dict:
     callbacks = []
     if variant == "reverse_kl_full":
         from lit_rl.callbacks.teachers import Teacher, TeacherRouter
-        from lit_rl.models.loading import load_causal_lm
         from lit_rl.learners.distill import DistillModule
+        from lit_rl.models.loading import load_causal_lm
 
         mod = DistillModule(model=args.model, losses={"reverse_kl_full": 1.0}, optimizer=sgd)
-        callbacks.append(TeacherRouter({"default": Teacher(model=load_causal_lm(args.model, "float32").eval())}))
+        callbacks.append(
+            TeacherRouter({"default": Teacher(model=load_causal_lm(args.model, "float32").eval())})
+        )
     else:
         mod = PolicyModule(model=args.model, optimizer=sgd)
         if variant == "grpo+ref_kl":
@@ -162,13 +180,28 @@ def _one_head(spec: str, args) -> dict:
             st["step_s"], st["step_peak"] = time.perf_counter() - st["t1"], _rss("VmHWM") - st["rss1"]
             st["step_cpu"] = _cpu_s() - st["c1"]
 
-    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[SyntheticRollout(), *callbacks])
+    trainer = L.Trainer(
+        max_steps=1,
+        max_epochs=-1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[SyntheticRollout(), *callbacks],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
-    return {"variant": variant, "path": path, "step_mib": st["step_peak"] / 2**20, "step_s": st["step_s"],
-            "step_cpu": st["step_cpu"], "hooks_mib": st["hooks_peak"] / 2**20, "hooks_s": st["hooks_s"],
-            "hooks_cpu": st["hooks_cpu"]}
+    return {
+        "variant": variant,
+        "path": path,
+        "step_mib": st["step_peak"] / 2**20,
+        "step_s": st["step_s"],
+        "step_cpu": st["step_cpu"],
+        "hooks_mib": st["hooks_peak"] / 2**20,
+        "hooks_s": st["hooks_s"],
+        "hooks_cpu": st["hooks_cpu"],
+    }
 
 
 def _cpu_s() -> float:
@@ -204,20 +237,41 @@ def _head_main(args) -> None:
     from lit_rl.models.tiny import build_tiny_model
 
     tmp = tempfile.mkdtemp(prefix="bench_memory_vocab_")
-    d = build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
-                         heads=max(2, args.hidden // 64), tokenizer="char", seed=0)
+    d = build_tiny_model(
+        tmp,
+        arch="qwen2",
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=max(2, args.hidden // 64),
+        tokenizer="char",
+        seed=0,
+    )
     from transformers import AutoModelForCausalLM
 
     m = AutoModelForCausalLM.from_pretrained(d)
-    m.resize_token_embeddings(args.vocab, mean_resizing=False)  # tied head: the (V, H) weight is the embedding
+    m.resize_token_embeddings(
+        args.vocab, mean_resizing=False
+    )  # tied head: the (V, H) weight is the embedding
     m.save_pretrained(d)
     del m
-    max_gb = args.max_gb if args.max_gb else max(2.0, _available_gib() - 2.0)
+    max_gb = args.max_gb or max(2.0, _available_gib() - 2.0)
     rows = []
     for variant in HEAD_VARIANTS:
         for path in ("chunked", "materialised"):
-            cmd = [sys.executable, __file__, "--one-head", f"{variant}@{path}", "--model", str(d), "--rows",
-                   str(args.rows), "--completion-len", str(args.completion_len), "--max-gb", str(max_gb)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one-head",
+                f"{variant}@{path}",
+                "--model",
+                str(d),
+                "--rows",
+                str(args.rows),
+                "--completion-len",
+                str(args.completion_len),
+                "--max-gb",
+                str(max_gb),
+            ]
             out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
             line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
             if out.returncode or not line:
@@ -225,29 +279,40 @@ def _head_main(args) -> None:
                 print(f"{variant}@{path} failed (rc {out.returncode}): {err[0][:300]}", flush=True)
                 rows.append({"variant": variant, "path": path, "failed": True})
                 continue
-            rows.append(json.loads(line[-1][len("RESULT "):]))
+            rows.append(json.loads(line[-1][len("RESULT ") :]))
             r = rows[-1]
-            print(f"  {variant:<16}{path:<13} step {r['step_mib']:9.1f} MiB {r['step_s']:7.2f} s wall "
-                  f"{r['step_cpu']:7.2f} s CPU   hooks {r['hooks_mib']:9.1f} MiB {r['hooks_s']:6.2f} s wall "
-                  f"{r['hooks_cpu']:6.2f} s CPU", flush=True)
+            print(
+                f"  {variant:<16}{path:<13} step {r['step_mib']:9.1f} MiB {r['step_s']:7.2f} s wall "
+                f"{r['step_cpu']:7.2f} s CPU   hooks {r['hooks_mib']:9.1f} MiB {r['hooks_s']:6.2f} s wall "
+                f"{r['hooks_cpu']:6.2f} s CPU",
+                flush=True,
+            )
     shutil.rmtree(tmp, ignore_errors=True)
-    print(f"\none training micro-step ({args.rows} rows x {args.completion_len} completion tokens, vocab "
-          f"{args.vocab}, hidden {args.hidden}, {args.layers} layers, float32, CPU): peak RSS above the RSS "
-          f"before the phase (VmHWM reset via /proc/self/clear_refs); wall time and CPU time (getrusage, user+sys of "
-          f"the child's threads); child address space <= {max_gb:.1f} GiB")
-    print(f"{'variant':<17}{'chunked MiB':>12}{'mat. MiB':>10}{'ratio':>7}{'chunked s':>11}{'mat. s':>8}{'ratio':>7}"
-          f"{'chunked CPU s':>15}{'mat. CPU s':>12}{'ratio':>7}{'hooks MiB c/m':>16}")
+    print(
+        f"\none training micro-step ({args.rows} rows x {args.completion_len} completion tokens, vocab "
+        f"{args.vocab}, hidden {args.hidden}, {args.layers} layers, float32, CPU): peak RSS above the RSS "
+        f"before the phase (VmHWM reset via /proc/self/clear_refs); wall time and CPU time (getrusage, user+sys of "
+        f"the child's threads); child address space <= {max_gb:.1f} GiB"
+    )
+    print(
+        f"{'variant':<17}{'chunked MiB':>12}{'mat. MiB':>10}{'ratio':>7}{'chunked s':>11}{'mat. s':>8}{'ratio':>7}"
+        f"{'chunked CPU s':>15}{'mat. CPU s':>12}{'ratio':>7}{'hooks MiB c/m':>16}"
+    )
     for variant in HEAD_VARIANTS:
         new = next(r for r in rows if r["variant"] == variant and r["path"] == "chunked")
         old = next(r for r in rows if r["variant"] == variant and r["path"] == "materialised")
         if new.get("failed") or old.get("failed"):
-            print(f"{variant:<17}{'failed' if new.get('failed') else format(new['step_mib'], '.1f'):>12}"
-                  f"{'failed' if old.get('failed') else format(old['step_mib'], '.1f'):>10}")
+            print(
+                f"{variant:<17}{'failed' if new.get('failed') else format(new['step_mib'], '.1f'):>12}"
+                f"{'failed' if old.get('failed') else format(old['step_mib'], '.1f'):>10}"
+            )
             continue
-        print(f"{variant:<17}{new['step_mib']:>12.1f}{old['step_mib']:>10.1f}{new['step_mib'] / old['step_mib']:>7.2f}"
-              f"{new['step_s']:>11.2f}{old['step_s']:>8.2f}{new['step_s'] / old['step_s']:>7.2f}"
-              f"{new['step_cpu']:>15.2f}{old['step_cpu']:>12.2f}{new['step_cpu'] / old['step_cpu']:>7.2f}"
-              f"{new['hooks_mib']:>8.0f}/{old['hooks_mib']:<7.0f}")
+        print(
+            f"{variant:<17}{new['step_mib']:>12.1f}{old['step_mib']:>10.1f}{new['step_mib'] / old['step_mib']:>7.2f}"
+            f"{new['step_s']:>11.2f}{old['step_s']:>8.2f}{new['step_s'] / old['step_s']:>7.2f}"
+            f"{new['step_cpu']:>15.2f}{old['step_cpu']:>12.2f}{new['step_cpu'] / old['step_cpu']:>7.2f}"
+            f"{new['hooks_mib']:>8.0f}/{old['hooks_mib']:<7.0f}"
+        )
 
 
 def _rss(field: str) -> int:
@@ -278,9 +343,15 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--rows", type=int, default=32)
     ap.add_argument("--completion-len", "--completion", type=int, default=64)
-    ap.add_argument("--vocab", type=int, default=None,
-                    help="compare the chunked LM-head path with materialised logits at this vocabulary size")
-    ap.add_argument("--max-gb", type=float, default=None, help="address-space cap of each --vocab child (GiB)")
+    ap.add_argument(
+        "--vocab",
+        type=int,
+        default=None,
+        help="compare the chunked LM-head path with materialised logits at this vocabulary size",
+    )
+    ap.add_argument(
+        "--max-gb", type=float, default=None, help="address-space cap of each --vocab child (GiB)"
+    )
     ap.add_argument("--one-head", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--micro-batch-size", type=int, default=None)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -301,23 +372,46 @@ def main() -> None:
         from lit_rl.models.tiny import build_tiny_model
 
         tmp = tempfile.mkdtemp(prefix="bench_memory_")
-        args.model = str(build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
-                                          heads=max(2, args.hidden // 64), tokenizer="char", seed=0))
+        args.model = str(
+            build_tiny_model(
+                tmp,
+                arch="qwen2",
+                layers=args.layers,
+                hidden=args.hidden,
+                heads=max(2, args.hidden // 64),
+                tokenizer="char",
+                seed=0,
+            )
+        )
     rows = []
     for name in CONFIGS:
-        cmd = [sys.executable, __file__, "--one", name, "--model", args.model, "--rows", str(args.rows),
-               "--completion-len", str(args.completion_len), "--device", args.device]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--one",
+            name,
+            "--model",
+            args.model,
+            "--rows",
+            str(args.rows),
+            "--completion-len",
+            str(args.completion_len),
+            "--device",
+            args.device,
+        ]
         if args.micro_batch_size:
             cmd += ["--micro-batch-size", str(args.micro_batch_size)]
         out = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), check=False)
         line = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
         if out.returncode or not line:
             raise SystemExit(f"{name} failed:\n{out.stderr[-3000:]}")
-        rows.append(json.loads(line[-1][len("RESULT "):]))
+        rows.append(json.loads(line[-1][len("RESULT ") :]))
     base = rows[0]["peak_mib"]
     what = "max_memory_allocated" if args.device == "cuda" else "peak RSS above the pre-step RSS"
-    print(f"\npeak memory of one update step ({what}); model {args.model}, {args.rows} rows x "
-          f"{args.completion_len} completion tokens, device {args.device}")
+    print(
+        f"\npeak memory of one update step ({what}); model {args.model}, {args.rows} rows x "
+        f"{args.completion_len} completion tokens, device {args.device}"
+    )
     print(f"{'config':<14}{'params':>12}{'peak MiB':>12}{'x GRPO':>9}")
     for r in rows:
         print(f"{r['name']:<14}{r['params']:>12,}{r['peak_mib']:>12.1f}{r['peak_mib'] / base:>9.2f}")

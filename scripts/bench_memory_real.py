@@ -32,6 +32,7 @@ with ``--json``. Numbers are RSS of the trainer's process: pages vLLM touches in
 pages it only reserves do not; ``autograd_saved`` is the bytes of the distinct storages autograd saves in the
 first micro-batch's forward (``saved_tensors_hooks``; inside a checkpointed layer, only what checkpointing keeps).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,8 +42,19 @@ import re
 import subprocess
 import sys
 
-STAGES = ("imports", "policy", "reference", "engine", "first_sync", "generate", "fwd_saved", "step_peak", "optimizer",
-          "sync", "total")
+STAGES = (
+    "imports",
+    "policy",
+    "reference",
+    "engine",
+    "first_sync",
+    "generate",
+    "fwd_saved",
+    "step_peak",
+    "optimizer",
+    "sync",
+    "total",
+)
 
 
 def _rss(field: str = "VmRSS") -> int:
@@ -77,10 +89,17 @@ def _parse(name: str, args) -> dict:
     bad = [x for x in parts[1:] if x not in known and not re.fullmatch(r"(kv|mb)\d+", x)]
     if bad:
         raise SystemExit(f"configuration {name!r}: unknown part(s) {bad}; allowed: {sorted(known)}, kvN, mbN")
-    return {"lora": parts[0] == "lora", "gc": "gc" in parts, "engine": "hf" if "hf" in parts else "vllm",
-            "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else kv, "vllm_default": "kvvllm" in parts,
-            "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None),
-            "dtype": "bfloat16" if "bf16" in parts else None, "trim": "trim" in parts, "arena2": "arena2" in parts}
+    return {
+        "lora": parts[0] == "lora",
+        "gc": "gc" in parts,
+        "engine": "hf" if "hf" in parts else "vllm",
+        "kv": None if ("kvdefault" in parts or "kvvllm" in parts) else kv,
+        "vllm_default": "kvvllm" in parts,
+        "micro": next((int(x[2:]) for x in parts if x.startswith("mb") and x[2:].isdigit()), None),
+        "dtype": "bfloat16" if "bf16" in parts else None,
+        "trim": "trim" in parts,
+        "arena2": "arena2" in parts,
+    }
 
 
 def _child(name: str, args) -> dict:
@@ -98,11 +117,13 @@ def _child(name: str, args) -> dict:
     from lit_rl.data.experience import Experience, pad_prompts_completions
     from lit_rl.data.prompts import render_prompt
     from lit_rl.data.tasks import get_task
-    from lit_rl.models.loading import merged_state_items
     from lit_rl.learners import PolicyModule
+    from lit_rl.models.loading import merged_state_items
     from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
-    torch.set_num_threads(args.threads)  # memory does not depend on it; 1 avoids OpenMP spin-waits on a busy machine
+    torch.set_num_threads(
+        args.threads
+    )  # memory does not depend on it; 1 avoids OpenMP spin-waits on a busy machine
     mark = _rss()
     out["imports"] = mark - base
 
@@ -129,7 +150,9 @@ def _child(name: str, args) -> dict:
 
         ref = load_causal_lm(args.model).eval().requires_grad_(False)  # noqa: F841 - held: its memory is the point
     stage("reference")
-    if cfg["vllm_default"]:  # vLLM's own CPU default: gpu_memory_utilization x RAM (what lit_rl no longer uses)
+    if cfg[
+        "vllm_default"
+    ]:  # vLLM's own CPU default: gpu_memory_utilization x RAM (what lit_rl no longer uses)
         import lit_rl.rollout.vllm as vllm_mod
 
         vllm_mod.cpu_kv_cache_bytes = lambda *a, **k: None
@@ -144,7 +167,7 @@ def _child(name: str, args) -> dict:
     out["engine_weights"] = n_params * wbytes if cfg["engine"] == "vllm" else 0
     out["engine_kv"] = (cfg["kv"] or 0) if cfg["engine"] == "vllm" else 0
     train, _ = get_task("chat_addition")
-    prompt_ids = [render_prompt(p, mod.tokenizer) for p in train[:args.prompts]]
+    prompt_ids = [render_prompt(p, mod.tokenizer) for p in train[: args.prompts]]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=args.new_tokens)
     if cfg["engine"] == "vllm":
         eng.update_weights(merged_state_items(mod.model))  # the first sync happens before the first rollout
@@ -155,9 +178,16 @@ def _child(name: str, args) -> dict:
     rows_c = [list(c.token_ids) for g in groups for c in g]
     ids, att, mask, P = pad_prompts_completions(mod.tokenizer.pad_token_id, rows_p, rows_c)
     B = len(rows_p)
-    exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                     group_ids=torch.arange(B) // args.group, rewards=torch.zeros(B),
-                     valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long))
+    exp = Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.arange(B) // args.group,
+        rewards=torch.zeros(B),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+    )
     trainable = [p for p in mod.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=5e-6)
     adv = torch.randn(B, 1, generator=torch.Generator().manual_seed(0))
@@ -215,14 +245,20 @@ def _child(name: str, args) -> dict:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="checkpoint directory (default: the smollm2 cache, built if missing)")
+    ap.add_argument(
+        "--model", default=None, help="checkpoint directory (default: the smollm2 cache, built if missing)"
+    )
     ap.add_argument("--configs", default="full,lora,lora_kvdefault,lora_kv32,full_gc")
     ap.add_argument("--kv-mib", type=int, default=256)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=24)
-    ap.add_argument("--iterations", type=int, default=1,
-                    help="rollout + step + sync rounds (later rounds show whether memory keeps growing)")
+    ap.add_argument(
+        "--iterations",
+        type=int,
+        default=1,
+        help="rollout + step + sync rounds (later rounds show whether memory keeps growing)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each measured process")
     ap.add_argument("--reference", action="store_true", help="also hold a frozen reference copy")
     ap.add_argument("--json", default=None)
@@ -237,13 +273,34 @@ def main(argv=None) -> None:
         return
     rows = []
     for name in args.configs.split(","):
-        cmd = [sys.executable, __file__, "--child", name, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in (
-            ("model", args.model), ("kv_mib", args.kv_mib), ("prompts", args.prompts), ("group", args.group),
-            ("new_tokens", args.new_tokens), ("iterations", args.iterations), ("threads", args.threads))), [])] + (["--reference"] if args.reference else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--child",
+            name,
+            *sum(
+                (
+                    [f"--{k.replace('_', '-')}", str(v)]
+                    for k, v in (
+                        ("model", args.model),
+                        ("kv_mib", args.kv_mib),
+                        ("prompts", args.prompts),
+                        ("group", args.group),
+                        ("new_tokens", args.new_tokens),
+                        ("iterations", args.iterations),
+                        ("threads", args.threads),
+                    )
+                ),
+                [],
+            ),
+        ] + (["--reference"] if args.reference else [])
         parts = name.split("_")
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads),
-                   **({"MALLOC_ARENA_MAX": "2"} if "arena2" in parts else {}),
-                   **({"MALLOC_MMAP_THRESHOLD_": "65536"} if "mmap" in parts else {}))
+        env = dict(
+            os.environ,
+            OMP_NUM_THREADS=str(args.threads),
+            **({"MALLOC_ARENA_MAX": "2"} if "arena2" in parts else {}),
+            **({"MALLOC_MMAP_THRESHOLD_": "65536"} if "mmap" in parts else {}),
+        )
         p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         res = [line for line in p.stdout.splitlines() if line.startswith("RESULT ")]
         if p.returncode or not res:
@@ -256,21 +313,44 @@ def main(argv=None) -> None:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        print("| " + " | ".join([r["name"]] + [f"{r.get(k, 0) / mib:,.0f}" for k in STAGES[:-1]] +
-                                [f"{r['total'] / mib:,.0f}", f"{r['peak_total'] / mib:,.0f}"]) + " |")
+        print(
+            "| "
+            + " | ".join(
+                [r["name"]]
+                + [f"{r.get(k, 0) / mib:,.0f}" for k in STAGES[:-1]]
+                + [f"{r['total'] / mib:,.0f}", f"{r['peak_total'] / mib:,.0f}"]
+            )
+            + " |"
+        )
     print("\nresident MiB after each stage, anonymous + file-backed (high-water mark so far):")
     for r in rows:
-        print(f"  {r['name']}: " + "; ".join(f"{k} {a / mib:,.0f}+{f / mib:,.0f} ({r['stage_peak'][k] / mib:,.0f})"
-                                            for k, (a, f) in r["anon_file"].items()))
+        print(
+            f"  {r['name']}: "
+            + "; ".join(
+                f"{k} {a / mib:,.0f}+{f / mib:,.0f} ({r['stage_peak'][k] / mib:,.0f})"
+                for k, (a, f) in r["anon_file"].items()
+            )
+        )
     if any(len(r["per_iter_total"]) > 1 for r in rows):
-        print("\nresident MiB after each iteration: " + "; ".join(
-            f"{r['name']}: " + ", ".join(f"{x / mib:,.0f}" for x in r["per_iter_total"]) for r in rows))
-    print("by construction: " + "; ".join(
-        f"{r['name']}: engine weights {r['engine_weights'] / mib:,.0f}, KV {r['engine_kv'] / mib:,.0f}, "
-        f"Adam state {r['adam_state'] / mib:,.0f} ({r['trainable'] / 1e6:.2f}M trainable), tensors autograd saved "
-        f"in the first micro-batch's forward {r['autograd_saved'] / mib:,.0f}" for r in rows))
-    print(f"(MiB of resident memory; rows per step = {rows[0]['rows'] if rows else '?'}, "
-          f"sequence width = {rows[0]['width'] if rows else '?'})")
+        print(
+            "\nresident MiB after each iteration: "
+            + "; ".join(
+                f"{r['name']}: " + ", ".join(f"{x / mib:,.0f}" for x in r["per_iter_total"]) for r in rows
+            )
+        )
+    print(
+        "by construction: "
+        + "; ".join(
+            f"{r['name']}: engine weights {r['engine_weights'] / mib:,.0f}, KV {r['engine_kv'] / mib:,.0f}, "
+            f"Adam state {r['adam_state'] / mib:,.0f} ({r['trainable'] / 1e6:.2f}M trainable), tensors autograd saved "
+            f"in the first micro-batch's forward {r['autograd_saved'] / mib:,.0f}"
+            for r in rows
+        )
+    )
+    print(
+        f"(MiB of resident memory; rows per step = {rows[0]['rows'] if rows else '?'}, "
+        f"sequence width = {rows[0]['width'] if rows else '?'})"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

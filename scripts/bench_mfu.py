@@ -19,6 +19,7 @@ Generation: ``model.generate`` of ``--completion`` new tokens for ``--rows`` row
 Prints a table: phase, seconds (median of --reps), achieved GFLOP/s, the matmul peak, the fraction. Threads:
 ``--threads`` (default: torch's). The machine is shared: run it quiet, and read the fraction, not the seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,8 +82,13 @@ def generate_seconds(model, rows: int, prompt: int, completion: int, reps: int) 
 
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, model.config.vocab_size, (rows, prompt), generator=g)
-    cfg = GenerationConfig(do_sample=False, max_new_tokens=completion, min_new_tokens=completion,
-                           eos_token_id=None, pad_token_id=0)
+    cfg = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=completion,
+        min_new_tokens=completion,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     times = []
     with torch.no_grad():
         for _ in range(reps + 1):
@@ -98,8 +104,16 @@ def load(model_arg: str):
     if model_arg == "tiny18m":  # the Qwen2 size bench_vs_trl uses
         from lit_rl.models.tiny import build_tiny_model
 
-        path = build_tiny_model(tempfile.mkdtemp(), arch="qwen2", layers=4, hidden=512, heads=8,
-                                intermediate=2304, tokenizer="char", seed=0)
+        path = build_tiny_model(
+            tempfile.mkdtemp(),
+            arch="qwen2",
+            layers=4,
+            hidden=512,
+            heads=8,
+            intermediate=2304,
+            tokenizer="char",
+            seed=0,
+        )
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_arg, dtype=torch.float32)
@@ -130,8 +144,10 @@ def main() -> None:
     gen = generate_seconds(model, args.rows, args.prompt, args.completion, args.reps)
     gen_flops = 2 * N * args.rows * T  # prefill tokens + generated tokens, 2N each
 
-    print(f"model {args.model}: {N / 1e6:.1f}M matmul params, {L} layers, hidden {H}, vocab {cfg.vocab_size}; "
-          f"{args.rows} rows x ({args.prompt} + {args.completion}) tokens; threads {torch.get_num_threads()}")
+    print(
+        f"model {args.model}: {N / 1e6:.1f}M matmul params, {L} layers, hidden {H}, vocab {cfg.vocab_size}; "
+        f"{args.rows} rows x ({args.prompt} + {args.completion}) tokens; threads {torch.get_num_threads()}"
+    )
     print(f"matmul peak (fp32 torch.mm, best of the model's shapes): {peak:.1f} GFLOP/s at {shape}")
     print("| phase | seconds | GFLOP | GFLOP/s | fraction of peak |")
     print("|---|---|---|---|---|")

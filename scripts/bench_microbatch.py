@@ -26,6 +26,7 @@ Prints per plan: micro-batches, padded tokens, median update wall and CPU second
 s and / CPU s) and the ratio to ``fixed``. CPU time (getrusage, all threads) is the robust figure on a shared
 machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,7 +50,9 @@ def lengths(rows: int, median: int, sigma: float, seed: int) -> list[int]:
     import torch
 
     g = torch.Generator().manual_seed(seed)
-    raw = (median * torch.exp(sigma * torch.randn(rows, generator=g, dtype=torch.float64))).round().clamp(min=1)
+    raw = (
+        (median * torch.exp(sigma * torch.randn(rows, generator=g, dtype=torch.float64))).round().clamp(min=1)
+    )
     out = raw.long().tolist()
     cap = int(8 * statistics.median_low(out))
     out = [min(n, cap) for n in out]
@@ -79,12 +82,21 @@ def main() -> None:
 
     from lit_rl.data import PromptDataModule
     from lit_rl.data.experience import Experience
-    from lit_rl.models.tiny import build_tiny_model
     from lit_rl.learners import PolicyModule
+    from lit_rl.models.tiny import build_tiny_model
 
     tmp = tempfile.mkdtemp(prefix="bench_microbatch_")
-    model = args.model or str(build_tiny_model(tmp, arch="qwen2", layers=args.layers, hidden=args.hidden,
-                                               heads=max(2, args.hidden // 64), tokenizer="char", seed=0))
+    model = args.model or str(
+        build_tiny_model(
+            tmp,
+            arch="qwen2",
+            layers=args.layers,
+            hidden=args.hidden,
+            heads=max(2, args.hidden // 64),
+            tokenizer="char",
+            seed=0,
+        )
+    )
     lens = lengths(args.rows, args.median, args.sigma, args.seed)
     B, P, C = args.rows, args.prompt, max(lens)
     g = torch.Generator().manual_seed(args.seed)
@@ -93,13 +105,20 @@ def main() -> None:
     mask = torch.zeros(B, C, dtype=torch.bool)
     for i, n in enumerate(lens):
         ids[i, :P] = ids[i - i % args.group, :P]  # a group's rows share its prompt
-        att[i, :P + n] = 1
+        att[i, : P + n] = 1
         mask[i, :n] = True
-        ids[i, P + n:] = 0
-    exp = Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                     group_ids=torch.arange(B) // args.group, rewards=torch.rand(B, generator=g),
-                     valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
-                     horizon=C)
+        ids[i, P + n :] = 0
+    exp = Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.arange(B) // args.group,
+        rewards=torch.rand(B, generator=g),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        horizon=C,
+    )
     real_tokens = int(att.sum())
     sgd = lambda params: torch.optim.SGD(params, lr=0.0)  # noqa: E731  same weights every repetition
     mbs = args.micro_batch_size
@@ -122,8 +141,10 @@ def main() -> None:
     for name, mod in plans.items():
         micros = mod.train_micro_batches(exp.trim())
         packed = [mod._packed(m, mod.model) for m in micros] if mod.config.forward.padding_free else None
-        shape[name] = (len(micros), sum(p.computed_tokens for p in packed) if packed else
-                       sum(m.input_ids.numel() for m in micros))
+        shape[name] = (
+            len(micros),
+            sum(p.computed_tokens for p in packed) if packed else sum(m.input_ids.numel() for m in micros),
+        )
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in plans}
 
@@ -142,27 +163,45 @@ def main() -> None:
 
     for _ in range(args.reps):
         for name, mod in plans.items():  # interleaved: load on the machine hits every plan alike
-            trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", devices=1, logger=False,
-                                enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                                callbacks=[Synthetic(name)])
-            trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
+            trainer = L.Trainer(
+                max_steps=1,
+                max_epochs=-1,
+                accelerator="cpu",
+                devices=1,
+                logger=False,
+                enable_checkpointing=False,
+                enable_progress_bar=False,
+                enable_model_summary=False,
+                callbacks=[Synthetic(name)],
+            )
+            trainer.fit(
+                mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2)
+            )
 
-    print(f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
-          f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
-          f"max {max(lens)}; {real_tokens} real tokens; {args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
-          f"{args.group}, float32, CPU, "
-          f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}")
-    print("(padded tok: the tokens the forwards compute; packed plans: real tokens plus the packed rows' padding)")
-    print(f"{'plan':<12}{'micro':>7}{'padded tok':>12}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'tok/s CPU':>11}"
-          f"{'x fixed (wall)':>16}{'x fixed (CPU)':>15}")
+    print(
+        f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
+        f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
+        f"max {max(lens)}; {real_tokens} real tokens; {args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
+        f"{args.group}, float32, CPU, "
+        f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}"
+    )
+    print(
+        "(padded tok: the tokens the forwards compute; packed plans: real tokens plus the packed rows' padding)"
+    )
+    print(
+        f"{'plan':<12}{'micro':>7}{'padded tok':>12}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'tok/s CPU':>11}"
+        f"{'x fixed (wall)':>16}{'x fixed (CPU)':>15}"
+    )
     base = None
     for name in plans:
         wall = statistics.median(t[0] for t in times[name])
         cpu = statistics.median(t[1] for t in times[name])
         tw, tc = real_tokens / wall, real_tokens / cpu
         base = base or (tw, tc)
-        print(f"{name:<12}{shape[name][0]:>7}{shape[name][1]:>12}{wall:>9.2f}{cpu:>9.2f}{tw:>12.0f}{tc:>11.0f}"
-              f"{tw / base[0]:>16.2f}{tc / base[1]:>15.2f}")
+        print(
+            f"{name:<12}{shape[name][0]:>7}{shape[name][1]:>12}{wall:>9.2f}{cpu:>9.2f}{tw:>12.0f}{tc:>11.0f}"
+            f"{tw / base[0]:>16.2f}{tc / base[1]:>15.2f}"
+        )
     import shutil
 
     shutil.rmtree(tmp, ignore_errors=True)

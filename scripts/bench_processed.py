@@ -11,6 +11,7 @@ the ratio of the two; run it on a quiet machine (ratios only: this machine is no
 
     python scripts/bench_processed.py [--positions 512] [--spread 3.5] [--model DIR] [--repeat 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,7 @@ def main() -> None:
         N, H, V = hidden.shape[1], hidden.shape[2], weight.shape[0]
     else:
         N, H, V = a.positions, 576, 49152
-        hidden = torch.randn(1, N, H, generator=g) / H ** 0.5
+        hidden = torch.randn(1, N, H, generator=g) / H**0.5
         weight = torch.randn(V, H, generator=g) * a.spread
         ids = torch.randint(0, V, (1, N), generator=g)
     mask = torch.ones(1, N, dtype=torch.bool)

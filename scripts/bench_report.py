@@ -9,6 +9,7 @@ same number for an empty page is printed first, as the machine's baseline (it gr
     python scripts/bench_report.py            # 200 and 800 steps x 64 rows
     python scripts/bench_report.py 50 200     # other step counts
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,17 @@ def synth_run(root: Path, steps: int, rows: int = 64, group: int = 16, seed: int
     with open(d / "metrics.jsonl", "w") as m:
         for s in range(1, steps + 1):
             p_ok = min(0.95, 0.1 + s / steps)
-            m.write(json.dumps({"step": s, "reward/mean": round(p_ok, 4), "rollout/response_len_mean": 1.0,
-                                "reward/invalid_frac": 0.01}) + "\n")
+            m.write(
+                json.dumps(
+                    {
+                        "step": s,
+                        "reward/mean": round(p_ok, 4),
+                        "rollout/response_len_mean": 1.0,
+                        "reward/invalid_frac": 0.01,
+                    }
+                )
+                + "\n"
+            )
             if s % 25 == 0:
                 m.write(json.dumps({"step": s, "eval/accuracy": round(p_ok * 0.9, 4)}) + "\n")
             with open(d / f"step_{s:06d}.jsonl", "w") as f:
@@ -44,18 +54,37 @@ def synth_run(root: Path, steps: int, rows: int = 64, group: int = 16, seed: int
                     for k in range(group):
                         err = "exact: ValueError: synthetic failure" if rng.random() < 0.01 else None
                         out = str(a + b + c) if rewards[k] else str(rng.randrange(10))
-                        f.write(json.dumps({
-                            "step": s, "row": g * group + k, "group": s * 16 + g, "uid": f"{a}+{b}+{c}",
-                            "prompt": prompt, "answer": str(a + b + c), "completion": out,
-                            "reward": None if err else rewards[k], "components": {"exact": None if err else rewards[k]},
-                            "advantage": round(rewards[k] - mean, 4), "finish": "length", "length": 1,
-                            "policy_version": s - 1, "staleness": 0, "logprob": round(-rng.random() * 2, 4),
-                            "error": err, "pick": "random"}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "step": s,
+                                    "row": g * group + k,
+                                    "group": s * 16 + g,
+                                    "uid": f"{a}+{b}+{c}",
+                                    "prompt": prompt,
+                                    "answer": str(a + b + c),
+                                    "completion": out,
+                                    "reward": None if err else rewards[k],
+                                    "components": {"exact": None if err else rewards[k]},
+                                    "advantage": round(rewards[k] - mean, 4),
+                                    "finish": "length",
+                                    "length": 1,
+                                    "policy_version": s - 1,
+                                    "staleness": 0,
+                                    "logprob": round(-rng.random() * 2, 4),
+                                    "error": err,
+                                    "pick": "random",
+                                }
+                            )
+                            + "\n"
+                        )
     return root
 
 
-BASELINE = ('<!DOCTYPE html><html><body><script>document.body.dataset.loadMs = performance.now().toFixed(1);'
-            '</script></body></html>')
+BASELINE = (
+    "<!DOCTYPE html><html><body><script>document.body.dataset.loadMs = performance.now().toFixed(1);"
+    "</script></body></html>"
+)
 
 
 def load_ms(url: str) -> float:
@@ -69,8 +98,14 @@ def measure(steps: int) -> dict:
         out = write_report(run)
         build_s = time.perf_counter() - t0
         loads = [load_ms(out.as_uri()) for _ in range(3)]
-        return {"steps": steps, "rows": steps * 64, "size_mb": out.stat().st_size / 1e6, "build_s": build_s,
-                "load_ms_median": sorted(loads)[1], "load_ms_all": loads}
+        return {
+            "steps": steps,
+            "rows": steps * 64,
+            "size_mb": out.stat().st_size / 1e6,
+            "build_s": build_s,
+            "load_ms_median": sorted(loads)[1],
+            "load_ms_all": loads,
+        }
 
 
 def main(argv: list[str]) -> None:
@@ -83,8 +118,10 @@ def main(argv: list[str]) -> None:
     print(f"{'steps':>6} {'rows':>7} {'size MB':>8} {'build s':>8} {'load ms (median of 3)':>22}  all loads")
     for n in counts:
         r = measure(n)
-        print(f"{r['steps']:>6} {r['rows']:>7} {r['size_mb']:>8.2f} {r['build_s']:>8.2f} {r['load_ms_median']:>22.0f}"
-              f"  {', '.join(f'{x:.0f}' for x in r['load_ms_all'])}")
+        print(
+            f"{r['steps']:>6} {r['rows']:>7} {r['size_mb']:>8.2f} {r['build_s']:>8.2f} {r['load_ms_median']:>22.0f}"
+            f"  {', '.join(f'{x:.0f}' for x in r['load_ms_all'])}"
+        )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ one-element lists per row) vs once per batch (now, as TRL's GRPOTrainer calls th
 
     python scripts/bench_reward_calls.py [--overhead-ms 20] [--rows 64 128] [--workers 1 4]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,12 @@ def per_row(trl_fn):
 def run(mode: str, rows: int, workers: int, overhead_s: float, repeats: int) -> tuple[float, float]:
     counter = [0]
     fn = make_reward(overhead_s, counter)
-    pool = RewardPool({"acc": fn if mode == "per batch" else per_row(fn)}, num_workers=workers, executor="thread",
-                      timeout_s=600)
+    pool = RewardPool(
+        {"acc": fn if mode == "per batch" else per_row(fn)},
+        num_workers=workers,
+        executor="thread",
+        timeout_s=600,
+    )
     prompts = [Prompt(prompt=f"{i}+1=", answer=str(i + 1)) for i in range(rows)]
     texts = [str(i + 1) if i % 2 else "x" for i in range(rows)]
     t0 = time.monotonic()
@@ -60,15 +65,19 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     a = ap.parse_args()
     print(f"TRL-style reward, {a.overhead_ms:g} ms fixed overhead per call; mean of {a.repeats} batches")
-    print(f"| {'rows/batch':>10} | {'workers':>7} | {'calls/batch before':>18} | {'s/batch before':>14} | "
-          f"{'calls/batch after':>17} | {'s/batch after':>13} | {'speed-up':>8} |")
+    print(
+        f"| {'rows/batch':>10} | {'workers':>7} | {'calls/batch before':>18} | {'s/batch before':>14} | "
+        f"{'calls/batch after':>17} | {'s/batch after':>13} | {'speed-up':>8} |"
+    )
     print("|" + "|".join("-" * (w + 2) for w in (10, 7, 18, 14, 17, 13, 8)) + "|")
     for rows in a.rows:
         for w in a.workers:
             c0, s0 = run("per row", rows, w, a.overhead_ms / 1000, a.repeats)
             c1, s1 = run("per batch", rows, w, a.overhead_ms / 1000, a.repeats)
-            print(f"| {rows:>10} | {w:>7} | {c0:>18.0f} | {s0:>14.3f} | {c1:>17.0f} | {s1:>13.3f} | "
-                  f"{s0 / s1:>7.0f}x |")
+            print(
+                f"| {rows:>10} | {w:>7} | {c0:>18.0f} | {s0:>14.3f} | {c1:>17.0f} | {s1:>13.3f} | "
+                f"{s0 / s1:>7.0f}x |"
+            )
 
 
 if __name__ == "__main__":

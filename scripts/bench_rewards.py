@@ -18,6 +18,7 @@ costs one timeout) side by side, plus each run's worst evaluation time (``timeou
 
     python scripts/bench_rewards.py [--n 16] [--work 0.15] [--section all|pool|budget] [--timeout 1.0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -79,8 +80,12 @@ def run_case(name: str, fn, executor: str, workers: int, prompts, completions) -
     finally:
         pool.close()
     assert bool(batch.valid.all()), f"{name}: infra errors {batch.errors}"
-    return {"wall": wall, "tput": len(prompts) / wall, "lat": batch.metrics[f"perf/reward_{name}_call_s"],
-            "mean": float(batch.total.mean())}
+    return {
+        "wall": wall,
+        "tput": len(prompts) / wall,
+        "lat": batch.metrics[f"perf/reward_{name}_call_s"],
+        "mean": float(batch.total.mean()),
+    }
 
 
 ADD_OK = "def add(a, b):\n    return a + b\n"
@@ -92,10 +97,14 @@ def budget_table(n: int, timeout: float) -> None:
     tests = [{"call": "add", "args": [i, 2], "expected": i + 2} for i in range(5)]
     sandbox = Sandbox(SandboxLimits(cpu_s=max(1, int(timeout) + 1)), timeout_s=timeout)
     prompts = [Prompt(prompt="add", metadata={"tests": tests}) for _ in range(n)]
-    print(f"\n# 5-test program, timeout_s={timeout}, {n} evaluations per mix, RewardPool thread x2, "
-          f"cgroup={sandbox.cgroups.version}, load1={os.getloadavg()[0]:.2f}")
-    print(f"{'hang share':>10} | {'per_test eval/s':>15} {'max eval s':>10} {'ok':>4} | {'program eval/s':>14} "
-          f"{'max eval s':>10} {'ok':>4} | {'speed-up':>8}")
+    print(
+        f"\n# 5-test program, timeout_s={timeout}, {n} evaluations per mix, RewardPool thread x2, "
+        f"cgroup={sandbox.cgroups.version}, load1={os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"{'hang share':>10} | {'per_test eval/s':>15} {'max eval s':>10} {'ok':>4} | {'program eval/s':>14} "
+        f"{'max eval s':>10} {'ok':>4} | {'speed-up':>8}"
+    )
     for hang_share in (0.0, 0.25, 0.5, 1.0):
         n_hang = round(n * hang_share)
         completions = [ADD_HANG] * n_hang + [ADD_OK] * (n - n_hang)
@@ -111,7 +120,9 @@ def budget_table(n: int, timeout: float) -> None:
                 return out
 
             timed.name = "code_tests"
-            pool = RewardPool({"code_tests": timed}, timeout_s=5 * timeout + 60, num_workers=2, executor="thread")
+            pool = RewardPool(
+                {"code_tests": timed}, timeout_s=5 * timeout + 60, num_workers=2, executor="thread"
+            )
             try:
                 t0 = time.perf_counter()
                 batch = pool.score(prompts, completions)
@@ -123,15 +134,19 @@ def budget_table(n: int, timeout: float) -> None:
             ok = sum(int(s == e) for s, e in zip(batch.total.tolist(), [0.0] * n_hang + [1.0] * (n - n_hang)))
             row[budget] = (n / wall, max(walls), ok)
         (pt, pt_max, pt_ok), (pp, pp_max, pp_ok) = row["per_test"], row["program"]
-        print(f"{hang_share:>10.2f} | {pt:>15.2f} {pt_max:>10.2f} {pt_ok:>4} | {pp:>14.2f} {pp_max:>10.2f} {pp_ok:>4} "
-              f"| {pp / pt:>7.2f}x")
+        print(
+            f"{hang_share:>10.2f} | {pt:>15.2f} {pt_max:>10.2f} {pt_ok:>4} | {pp:>14.2f} {pp_max:>10.2f} {pp_ok:>4} "
+            f"| {pp / pt:>7.2f}x"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=16, help="completions per timed batch")
     ap.add_argument("--work", type=float, default=0.15, help="seconds of CPU per reward call")
-    ap.add_argument("--section", choices=("all", "pool", "budget"), default="all", help="which table(s) to print")
+    ap.add_argument(
+        "--section", choices=("all", "pool", "budget"), default="all", help="which table(s) to print"
+    )
     ap.add_argument("--timeout", type=float, default=1.0, help="code reward timeout_s for the budget table")
     args = ap.parse_args()
     if args.section in ("all", "budget"):
@@ -143,27 +158,39 @@ def main() -> None:
 
     sandbox = Sandbox(SandboxLimits(cpu_s=30), timeout_s=60.0)
     code_reward = CodeTestsReward("binary", timeout_s=60.0, sandbox=sandbox)
-    candidate = ("def burn(n):\n    x = 0\n    for i in range(n):\n        x += i & 7\n    return x\n\n"
-                 f"def add(a, b):\n    burn({n})\n    return a + b\n")
-    code_prompts = [Prompt(prompt="add", metadata={"tests": [{"call": "add", "args": [i, 1], "expected": i + 1}]})
-                    for i in range(args.n)]
+    candidate = (
+        "def burn(n):\n    x = 0\n    for i in range(n):\n        x += i & 7\n    return x\n\n"
+        f"def add(a, b):\n    burn({n})\n    return a + b\n"
+    )
+    code_prompts = [
+        Prompt(prompt="add", metadata={"tests": [{"call": "add", "args": [i, 1], "expected": i + 1}]})
+        for i in range(args.n)
+    ]
     py_prompts = [Prompt(prompt="p", answer="42") for _ in range(args.n)]
 
-    cases = [("code_tests", code_reward, "thread", code_prompts, [candidate] * args.n),
-             ("py_cpu", py_cpu, "process", py_prompts, ["42"] * args.n),
-             ("py_cpu", py_cpu, "thread", py_prompts, ["42"] * args.n)]
+    cases = [
+        ("code_tests", code_reward, "thread", code_prompts, [candidate] * args.n),
+        ("py_cpu", py_cpu, "process", py_prompts, ["42"] * args.n),
+        ("py_cpu", py_cpu, "thread", py_prompts, ["42"] * args.n),
+    ]
     load = os.getloadavg()[0]
-    print(f"# cpus={os.cpu_count()} load1={load:.2f} completions={args.n} work/call~{args.work}s (loop {n}); "
-          f"machine ceiling for 2 workers (2 plain processes): {machine_ceiling(3 * n):.2f}x")
-    print(f"{'reward':<11} {'executor':<8} {'workers':>7} {'wall_s':>8} {'compl/s':>8} {'speedup':>8} "
-          f"{'latency_s':>10} {'reward':>7}")
+    print(
+        f"# cpus={os.cpu_count()} load1={load:.2f} completions={args.n} work/call~{args.work}s (loop {n}); "
+        f"machine ceiling for 2 workers (2 plain processes): {machine_ceiling(3 * n):.2f}x"
+    )
+    print(
+        f"{'reward':<11} {'executor':<8} {'workers':>7} {'wall_s':>8} {'compl/s':>8} {'speedup':>8} "
+        f"{'latency_s':>10} {'reward':>7}"
+    )
     for name, fn, executor, prompts, completions in cases:
         base = None
         for workers in (1, 2):
             r = run_case(name, fn, executor, workers, prompts, completions)
             base = base or r["tput"]
-            print(f"{name:<11} {executor:<8} {workers:>7} {r['wall']:>8.2f} {r['tput']:>8.2f} "
-                  f"{r['tput'] / base:>7.2f}x {r['lat']:>10.3f} {r['mean']:>7.2f}")
+            print(
+                f"{name:<11} {executor:<8} {workers:>7} {r['wall']:>8.2f} {r['tput']:>8.2f} "
+                f"{r['tput'] / base:>7.2f}x {r['lat']:>10.3f} {r['mean']:>7.2f}"
+            )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ the checks. ``bytes`` is what rank 0 writes per sync. Generation tokens/s: the s
 each server, best of ``--gen-repeats`` (the merged one serves a plain model, the adapter one applies LoRA at every
 linear layer).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,15 @@ def main(argv: list[str] | None = None) -> None:
     from lit_rl.rollout.server import VLLMServerEngine
 
     if a.quick:
-        size, (n_prompts, n, new_tokens) = {"layers": 2, "hidden": 128, "heads": 4, "intermediate": 512}, (8, 4, 16)
+        size, (n_prompts, n, new_tokens) = (
+            {"layers": 2, "hidden": 128, "heads": 4, "intermediate": 512},
+            (8, 4, 16),
+        )
     else:
-        size, (n_prompts, n, new_tokens) = {"layers": 8, "hidden": 512, "heads": 8, "intermediate": 768}, (16, 4, 32)
+        size, (n_prompts, n, new_tokens) = (
+            {"layers": 8, "hidden": 512, "heads": 8, "intermediate": 768},
+            (16, 4, 32),
+        )
     root = tempfile.mkdtemp(prefix="bench_server_lora_")
     path = str(build_tiny_model(f"{root}/model", tokenizer="char", overwrite=True, **size))
     model = load_causal_lm(path, lora={"r": a.rank, "lora_alpha": 2 * a.rank})
@@ -53,16 +60,25 @@ def main(argv: list[str] | None = None) -> None:
     module = types.SimpleNamespace(model=model, tokenizer=load_tokenizer(path), model_path=path)
     n_base = sum(q.numel() for name, q in model.named_parameters() if "lora_" not in name)
     n_lora = sum(q.numel() for name, q in model.named_parameters() if "lora_" in name)
-    prompts = [module.tokenizer.encode(("# " * (i % 5)) + f"{i % 97}+{(7 * i) % 89}=") for i in range(n_prompts)]
+    prompts = [
+        module.tokenizer.encode(("# " * (i % 5)) + f"{i % 97}+{(7 * i) % 89}=") for i in range(n_prompts)
+    ]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=new_tokens, seed=0)
     max_len = max(len(q) for q in prompts) + new_tokens + 8
 
     rows = {}
     for mode in ("merged", "adapter"):
-        eng = VLLMServerEngine(launch={"threads_per_server": a.threads, "max_model_len": max_len,
-                                       "max_num_seqs": n_prompts * n, "kv_cache_gb": 1,
-                                       "extra_args": ["--max-num-batched-tokens", str(n_prompts * n * max_len)]},
-                               lora_sync=mode, request_timeout_s=600)
+        eng = VLLMServerEngine(
+            launch={
+                "threads_per_server": a.threads,
+                "max_model_len": max_len,
+                "max_num_seqs": n_prompts * n,
+                "kv_cache_gb": 1,
+                "extra_args": ["--max-num-batched-tokens", str(n_prompts * n * max_len)],
+            },
+            lora_sync=mode,
+            request_timeout_s=600,
+        )
         try:
             eng.bind(module)
             assert eng.sync_path == mode, eng.sync_path_reason
@@ -82,15 +98,19 @@ def main(argv: list[str] | None = None) -> None:
         finally:
             eng.close()
 
-    print(f"\nmodel: {size['layers']} layers, hidden {size['hidden']}, {n_base / 1e6:.1f}M base params, LoRA r={a.rank} "
-          f"({n_lora / 1e6:.2f}M params), float32; 1 server x {a.threads} thread(s); generation {n_prompts} prompts "
-          f"x {n} samples x {new_tokens} tokens")
+    print(
+        f"\nmodel: {size['layers']} layers, hidden {size['hidden']}, {n_base / 1e6:.1f}M base params, LoRA r={a.rank} "
+        f"({n_lora / 1e6:.2f}M params), float32; 1 server x {a.threads} thread(s); generation {n_prompts} prompts "
+        f"x {n} samples x {new_tokens} tokens"
+    )
     print(f"{'sync path':<10}{'min s':>9}{'median s':>10}{'bytes':>12}{'gen tok/s':>11}")
     for mode, (syncs, nbytes, rate) in rows.items():
         print(f"{mode:<10}{min(syncs):>9.3f}{statistics.median(syncs):>10.3f}{nbytes:>12d}{rate:>11.0f}")
     (ms, mb, mr), (asy, ab, ar) = rows["merged"], rows["adapter"]
-    print(f"adapter / merged: sync {min(asy) / min(ms):.2f}x (min), {statistics.median(asy) / statistics.median(ms):.2f}x "
-          f"(median); bytes {ab / mb:.3f}x; generation tok/s {ar / mr:.2f}x")
+    print(
+        f"adapter / merged: sync {min(asy) / min(ms):.2f}x (min), {statistics.median(asy) / statistics.median(ms):.2f}x "
+        f"(median); bytes {ab / mb:.3f}x; generation tok/s {ar / mr:.2f}x"
+    )
 
 
 if __name__ == "__main__":

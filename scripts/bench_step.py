@@ -8,6 +8,7 @@ Rounds alternate (bare, lit, bare, lit, ...) and the table reports medians, so m
     python scripts/bench_step.py            # default sizes
     python scripts/bench_step.py --quick
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,8 @@ import torch
 from lit_rl.callbacks import RolloutCallback
 from lit_rl.data import PromptDataModule
 from lit_rl.data.prompts import render_prompt
-from lit_rl.models.tiny import build_tiny_model
 from lit_rl.learners import PolicyModule
+from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rewards import ExactAnswerReward, PrefixMatchReward
 from lit_rl.rollout import SamplingConfig
 
@@ -45,13 +46,29 @@ class _Timer(L.Callback):
 def run_lit(model_dir, args, seed) -> list[dict[str, float]]:
     timer = _Timer()
     torch.manual_seed(seed)
-    module = PolicyModule(model=model_dir, ppo_epochs=args.epochs, clip_low=0.2, clip_high=0.2,
-                          optimizer=functools.partial(torch.optim.AdamW, lr=1e-4), seed=seed)
-    rc = RolloutCallback(rewards={"exact": ExactAnswerReward(), "prefix": PrefixMatchReward()}, group_size=args.group,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=args.max_new))
-    tr = L.Trainer(max_steps=args.iters * args.epochs, max_epochs=-1, accelerator="cpu", logger=False,
-                   enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                   callbacks=[timer, rc])
+    module = PolicyModule(
+        model=model_dir,
+        ppo_epochs=args.epochs,
+        clip_low=0.2,
+        clip_high=0.2,
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-4),
+        seed=seed,
+    )
+    rc = RolloutCallback(
+        rewards={"exact": ExactAnswerReward(), "prefix": PrefixMatchReward()},
+        group_size=args.group,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=args.max_new),
+    )
+    tr = L.Trainer(
+        max_steps=args.iters * args.epochs,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[timer, rc],
+    )
     tr.fit(module, datamodule=PromptDataModule(task="addition", batch_size=args.prompts, seed=seed))
     return timer.iters
 
@@ -78,12 +95,21 @@ def run_bare(model_dir, args, seed) -> list[dict[str, float]]:
         ids = torch.full((len(rows), P), tok.pad_token_id)
         att = torch.zeros_like(ids)
         for i, r in enumerate(rows):
-            ids[i, P - len(r):], att[i, P - len(r):] = torch.tensor(r), 1
+            ids[i, P - len(r) :], att[i, P - len(r) :] = torch.tensor(r), 1
         model.eval()
         with torch.no_grad():
-            g = model.generate(input_ids=ids, attention_mask=att, do_sample=True, temperature=1.0, top_k=None,
-                               max_new_tokens=args.max_new, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id, return_dict_in_generate=True, output_logits=True)
+            g = model.generate(
+                input_ids=ids,
+                attention_mask=att,
+                do_sample=True,
+                temperature=1.0,
+                top_k=None,
+                max_new_tokens=args.max_new,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+                return_dict_in_generate=True,
+                output_logits=True,
+            )
         model.train()
         new = g.sequences[:, P:]
         is_eos = (new == tok.eos_token_id).long()
@@ -103,7 +129,9 @@ def run_bare(model_dir, args, seed) -> list[dict[str, float]]:
         C = new.shape[1]
 
         def logp():
-            logits = model(input_ids=seq, attention_mask=full_att, position_ids=pos, logits_to_keep=C + 1).logits
+            logits = model(
+                input_ids=seq, attention_mask=full_att, position_ids=pos, logits_to_keep=C + 1
+            ).logits
             return torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
 
         with torch.no_grad():
@@ -119,8 +147,16 @@ def run_bare(model_dir, args, seed) -> list[dict[str, float]]:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
         t4 = time.perf_counter()
-        out.append({"wall": t4 - t0, "tokens": float(full_att.sum()), "perf/generate_s": t1 - t0,
-                    "perf/reward_s": t2 - t1, "perf/old_logprob_s": t3 - t2, "perf/update_s": t4 - t3})
+        out.append(
+            {
+                "wall": t4 - t0,
+                "tokens": float(full_att.sum()),
+                "perf/generate_s": t1 - t0,
+                "perf/reward_s": t2 - t1,
+                "perf/old_logprob_s": t3 - t2,
+                "perf/update_s": t4 - t3,
+            }
+        )
     return out
 
 
@@ -145,8 +181,10 @@ def main() -> None:
         res["bare"] += run_bare(d, args, seed=r)[1:]  # first iteration of each run is warm-up
         res["lit_rl"] += run_lit(d, args, seed=r)[1:]
     keys = ["perf/generate_s", "perf/reward_s", "perf/old_logprob_s", "perf/update_s", "wall"]
-    print(f"\nmodel: {args.layers} layers, hidden {args.hidden}; {args.prompts} prompts x {args.group} samples, "
-          f"max_new_tokens={args.max_new}, ppo_epochs={args.epochs}; medians over {len(res['bare'])} iterations")
+    print(
+        f"\nmodel: {args.layers} layers, hidden {args.hidden}; {args.prompts} prompts x {args.group} samples, "
+        f"max_new_tokens={args.max_new}, ppo_epochs={args.epochs}; medians over {len(res['bare'])} iterations"
+    )
     print(f"{'':10s}" + "".join(f"{k.replace('perf/', ''):>16s}" for k in keys) + f"{'tokens/s':>12s}")
     tps = {}
     for name, its in res.items():
@@ -154,8 +192,10 @@ def main() -> None:
         tps[name] = statistics.median(i["tokens"] / i["wall"] for i in its)
         print(f"{name:10s}" + "".join(f"{med[k]:16.4f}" for k in keys) + f"{tps[name]:12.0f}")
     ratio = tps["bare"] / tps["lit_rl"]
-    print(f"\nlit_rl overhead (bare tokens/s / lit_rl tokens/s): {ratio:.3f}x  target <= 1.15x  "
-          f"{'PASS' if ratio <= 1.15 else 'FAIL'}")
+    print(
+        f"\nlit_rl overhead (bare tokens/s / lit_rl tokens/s): {ratio:.3f}x  target <= 1.15x  "
+        f"{'PASS' if ratio <= 1.15 else 'FAIL'}"
+    )
 
 
 if __name__ == "__main__":

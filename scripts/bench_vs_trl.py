@@ -43,6 +43,7 @@ adds only ``trl`` and what it lacks).
     python scripts/bench_vs_trl.py --model ~/.cache/lit_rl/smollm2-135m-instruct --engines vllm --iters 3
     python scripts/bench_vs_trl.py --engines hf --betas 0 --iters 3 --warmup 1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,8 +91,13 @@ def ensure_trl_venv() -> Path:
     """The TRL virtualenv's python; created (with this environment's site packages visible) on first use."""
     venv = CACHE / "trl_venv"
     py = venv / "bin" / "python"
-    if py.exists() and subprocess.run([py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"],
-                                      capture_output=True).returncode == 0:
+    if (
+        py.exists()
+        and subprocess.run(
+            [py, "-c", f"import trl; assert trl.__version__ == '{TRL_VERSION}'"], capture_output=True
+        ).returncode
+        == 0
+    ):
         return py
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     import torch
@@ -111,7 +117,6 @@ class Gate:
         self.total, self.k, self.t0, self.c0 = total, 0, None, None
         self.profile, self.prof = profile, None  # cProfile of every iteration after the first
         self.phases = phases  # () -> {phase: seconds} of the iteration just ended (lit_rl's perf/* metrics)
-
 
     def stop(self, final: bool = False) -> None:
         now, cpu = time.perf_counter(), time.process_time()
@@ -142,8 +147,10 @@ def token_counts(exp) -> dict[str, float]:
     forward, and what a prefix cache prefills), and every generated completion token."""
     P = exp.prompt_len
     first = [int((exp.group_ids == g).nonzero()[0]) for g in exp.group_ids.unique()]
-    return {"work_prompt_tokens": float(exp.attention_mask[first, :P].sum()),
-            "work_completion_tokens": float(exp.attention_mask[:, P:].sum())}
+    return {
+        "work_prompt_tokens": float(exp.attention_mask[first, :P].sum()),
+        "work_completion_tokens": float(exp.attention_mask[:, P:].sum()),
+    }
 
 
 def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> dict[str, float] | None:
@@ -156,13 +163,26 @@ def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> 
         return None
     n, tp, tc = phases["work_matmul_params"], phases["work_prompt_tokens"], phases["work_completion_tokens"]
     per_token = (6 + 2 + (2 if beta > 0 else 0)) * n  # FLOPs of one token over every pass
-    return {"gflop": per_token * (tp + tc) / 1e9, "floor_s": per_token * (tp + tc) / (peak_gflops * 1e9),
-            "strict_s": per_token * tc / (peak_gflops * 1e9), "tokens": tp + tc}
+    return {
+        "gflop": per_token * (tp + tc) / 1e9,
+        "floor_s": per_token * (tp + tc) / (peak_gflops * 1e9),
+        "strict_s": per_token * tc / (peak_gflops * 1e9),
+        "tokens": tp + tc,
+    }
 
 
-def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
-            new_tokens: int = NEW_TOKENS, gc: bool = False, micro_batch_tokens: int | None = None,
-            padding_free: bool = False) -> None:
+def run_lit(
+    model_dir: str,
+    engine: str,
+    beta: float,
+    total: int,
+    prompts_file: str,
+    profile: str | None,
+    new_tokens: int = NEW_TOKENS,
+    gc: bool = False,
+    micro_batch_tokens: int | None = None,
+    padding_free: bool = False,
+) -> None:
     import functools
 
     import lightning as L
@@ -176,8 +196,11 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
 
     def phases() -> dict[str, float]:  # the module's own timers of the iteration that just ended
         m = trainer.callback_metrics
-        return {k[5:-2]: float(v) for k, v in m.items()
-                if k.startswith("perf/") and k.endswith("_s") and not k.endswith("per_s")}
+        return {
+            k[5:-2]: float(v)
+            for k, v in m.items()
+            if k.startswith("perf/") and k.endswith("_s") and not k.endswith("per_s")
+        }
 
     work: dict[str, float] = {}  # the iteration's real token counts, for the controller's compute floor
     gate = Gate(total, profile, lambda: {**phases(), **work})
@@ -200,20 +223,45 @@ def run_lit(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
         eng = VLLMEngine(max_model_len=128, kv_cache_memory_bytes=256 << 20)
     else:
         eng = HFEngine()
-    module = PolicyModule(model=model_dir, optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0),
-                          gradient_checkpointing=gc, micro_batch_tokens=micro_batch_tokens, padding_free=padding_free)
-    rc = RolloutCallback(engine=eng, rewards={"r": lambda p, c: reward(p.answer, c)}, group_size=GROUP,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens))
+    module = PolicyModule(
+        model=model_dir,
+        optimizer=functools.partial(torch.optim.AdamW, lr=LR, weight_decay=0.0),
+        gradient_checkpointing=gc,
+        micro_batch_tokens=micro_batch_tokens,
+        padding_free=padding_free,
+    )
+    rc = RolloutCallback(
+        engine=eng,
+        rewards={"r": lambda p, c: reward(p.answer, c)},
+        group_size=GROUP,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=new_tokens),
+    )
     cbs = [GateCb(), rc] + ([ReferenceKL(kind="k3", where="loss", beta=beta)] if beta > 0 else [])
-    trainer = L.Trainer(max_steps=total + 1, max_epochs=-1, accelerator="cpu", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=cbs)
+    trainer = L.Trainer(
+        max_steps=total + 1,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=cbs,
+    )
     dm = PromptDataModule(train_files=[prompts_file], batch_size=PROMPTS, seed=0)
     trainer.fit(module, datamodule=dm)
 
 
-def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: str, profile: str | None,
-            new_tokens: int = NEW_TOKENS, mode: str = "like-for-like", gc: bool = False) -> None:
+def run_trl(
+    model_dir: str,
+    engine: str,
+    beta: float,
+    total: int,
+    prompts_file: str,
+    profile: str | None,
+    new_tokens: int = NEW_TOKENS,
+    mode: str = "like-for-like",
+    gc: bool = False,
+) -> None:
     import warnings
 
     from datasets import Dataset
@@ -244,13 +292,37 @@ def run_trl(model_dir: str, engine: str, beta: float, total: int, prompts_file: 
     if mode == "like-for-like":  # TRL's default is True; lit_rl's False: the same setting on both sides
         extra["gradient_checkpointing"] = gc
     cfg = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="trl_bench_"), per_device_train_batch_size=PROMPTS * GROUP,
-        num_generations=GROUP, max_completion_length=new_tokens, temperature=1.0, top_p=1.0, top_k=0,
-        learning_rate=LR, weight_decay=0.0, beta=beta, num_iterations=1, gradient_accumulation_steps=1,
-        max_steps=total + 1, use_cpu=True, bf16=False, fp16=False, logging_steps=1, report_to="none",
-        save_strategy="no", dataloader_num_workers=0, seed=0, disable_tqdm=True, **extra)
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=[reward_fn], args=cfg, train_dataset=Dataset.from_list(rows),
-                          callbacks=[GateCb()])
+        output_dir=tempfile.mkdtemp(prefix="trl_bench_"),
+        per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP,
+        max_completion_length=new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=LR,
+        weight_decay=0.0,
+        beta=beta,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        max_steps=total + 1,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        seed=0,
+        disable_tqdm=True,
+        **extra,
+    )
+    trainer = GRPOTrainer(
+        model=model_dir,
+        reward_funcs=[reward_fn],
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        callbacks=[GateCb()],
+    )
     trainer.train()
 
 
@@ -259,8 +331,9 @@ class Worker:
     def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
         self.name = name
         self.err = tempfile.TemporaryFile()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True,
-                                     env=env, bufsize=1)
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True, env=env, bufsize=1
+        )
         self.times: list[dict[str, float]] = []
 
     def wait_ready(self) -> None:
@@ -271,7 +344,9 @@ class Worker:
                 return
         self.err.seek(0)
         tail = self.err.read().decode(errors="replace")[-4000:]
-        raise RuntimeError(f"{self.name} worker exited (rc={self.proc.wait()}) before its next iteration:\n{tail}")
+        raise RuntimeError(
+            f"{self.name} worker exited (rc={self.proc.wait()}) before its next iteration:\n{tail}"
+        )
 
     def step(self) -> None:
         try:
@@ -294,16 +369,41 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
     total = args.warmup + args.iters
     lit_engine, _, trl_engine = engine.partition(":")
     trl_engine = trl_engine or lit_engine
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), TOKENIZERS_PARALLELISM="false",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONWARNINGS="ignore")
-    common = ["--model", str(model_dir), "--beta", str(beta), "--total", str(total),
-              "--prompts-file", str(prompts_file), "--threads", str(args.threads), "--mode", args.mode,
-              "--new-tokens", str(args.new_tokens)] + (["--gc"] if args.gc else []) + \
-        (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else []) + \
-        (["--padding-free"] if args.padding_free else [])
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(args.threads),
+        TOKENIZERS_PARALLELISM="false",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        PYTHONWARNINGS="ignore",
+    )
+    common = (
+        [
+            "--model",
+            str(model_dir),
+            "--beta",
+            str(beta),
+            "--total",
+            str(total),
+            "--prompts-file",
+            str(prompts_file),
+            "--threads",
+            str(args.threads),
+            "--mode",
+            args.mode,
+            "--new-tokens",
+            str(args.new_tokens),
+        ]
+        + (["--gc"] if args.gc else [])
+        + (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else [])
+        + (["--padding-free"] if args.padding_free else [])
+    )
     me = [os.path.abspath(__file__)]
-    workers = {"lit_rl": Worker("lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env),
-               "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env)}
+    workers = {
+        "lit_rl": Worker(
+            "lit_rl", [sys.executable, *me, "--worker", "lit", "--engine", lit_engine, *common], env
+        ),
+        "trl": Worker("trl", [str(trl_py), *me, "--worker", "trl", "--engine", trl_engine, *common], env),
+    }
     try:
         for w in workers.values():  # start-up (model load, vLLM start) happens here, untimed
             w.wait_ready()
@@ -321,44 +421,77 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
                 w.proc.kill()
     out = {}
     for name, w in workers.items():
-        t = w.times[args.warmup:]
-        out[name] = {"wall": statistics.median(x["wall"] for x in t), "cpu": statistics.median(x["cpu"] for x in t),
-                     "n": len(t), "all_wall": [round(x["wall"], 3) for x in w.times],
-                     "phases": {k: statistics.median(x[k] for x in t) for k in t[0] if k not in ("wall", "cpu")
-                                and all(k in x for x in t)}}
+        t = w.times[args.warmup :]
+        out[name] = {
+            "wall": statistics.median(x["wall"] for x in t),
+            "cpu": statistics.median(x["cpu"] for x in t),
+            "n": len(t),
+            "all_wall": [round(x["wall"], 3) for x in w.times],
+            "phases": {
+                k: statistics.median(x[k] for x in t)
+                for k in t[0]
+                if k not in ("wall", "cpu") and all(k in x for x in t)
+            },
+        }
     return out
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--engines", default="vllm:hf,hf",
-                   help="comma list of LIT[:TRL] engines, each vllm or hf (vllm:hf = lit_rl VLLMEngine vs TRL generate)")
+    p.add_argument(
+        "--engines",
+        default="vllm:hf,hf",
+        help="comma list of LIT[:TRL] engines, each vllm or hf (vllm:hf = lit_rl VLLMEngine vs TRL generate)",
+    )
     p.add_argument("--betas", default="0,0.04", help="comma list of KL coefficients (0 = no reference model)")
     p.add_argument("--iters", type=int, default=6, help="measured iterations per side")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured iterations per side first")
     p.add_argument("--threads", type=int, default=2, help="torch / OpenMP threads on both sides")
     p.add_argument("--json", default=None, help="also write the raw numbers here")
-    p.add_argument("--mode", default="like-for-like", choices=["like-for-like", "defaults"],
-                   help="like-for-like (headline): same gradient checkpointing, no TRL IS forward; defaults: each "
-                        "side's own defaults")
-    p.add_argument("--gc", action="store_true", help="like-for-like: gradient checkpointing on, on both sides")
-    p.add_argument("--model", default=None, help="checkpoint directory (default: the 18M Qwen2 built locally)")
-    p.add_argument("--new-tokens", type=int, default=None,
-                   help=f"new tokens per sample (default {NEW_TOKENS} for the 18M model, 64 with --model)")
-    p.add_argument("--micro-batch-tokens", type=int, default=None,
-                   help="lit_rl only: PolicyModule(micro_batch_tokens=...), its length-sorted token-budget "
-                        "micro-batches (the same gradient, less padding; TRL's GRPOTrainer has no such setting). "
-                        "Default: off, lit_rl's defaults")
-    p.add_argument("--padding-free", action="store_true",
-                   help="lit_rl only: PolicyModule(padding_free=True): forwards on the real tokens only, each prompt "
-                        "once (the same gradient; TRL 1.16's GRPOTrainer has no such setting). Default: off")
+    p.add_argument(
+        "--mode",
+        default="like-for-like",
+        choices=["like-for-like", "defaults"],
+        help="like-for-like (headline): same gradient checkpointing, no TRL IS forward; defaults: each "
+        "side's own defaults",
+    )
+    p.add_argument(
+        "--gc", action="store_true", help="like-for-like: gradient checkpointing on, on both sides"
+    )
+    p.add_argument(
+        "--model", default=None, help="checkpoint directory (default: the 18M Qwen2 built locally)"
+    )
+    p.add_argument(
+        "--new-tokens",
+        type=int,
+        default=None,
+        help=f"new tokens per sample (default {NEW_TOKENS} for the 18M model, 64 with --model)",
+    )
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=None,
+        help="lit_rl only: PolicyModule(micro_batch_tokens=...), its length-sorted token-budget "
+        "micro-batches (the same gradient, less padding; TRL's GRPOTrainer has no such setting). "
+        "Default: off, lit_rl's defaults",
+    )
+    p.add_argument(
+        "--padding-free",
+        action="store_true",
+        help="lit_rl only: PolicyModule(padding_free=True): forwards on the real tokens only, each prompt "
+        "once (the same gradient; TRL 1.16's GRPOTrainer has no such setting). Default: off",
+    )
     # worker mode (internal)
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
     p.add_argument("--engine", help=argparse.SUPPRESS)
     p.add_argument("--beta", type=float, help=argparse.SUPPRESS)
     p.add_argument("--total", type=int, help=argparse.SUPPRESS)
     p.add_argument("--prompts-file", help=argparse.SUPPRESS)
-    p.add_argument("--profile", default=None, help="worker only: cProfile of the iterations after the first, written here")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="worker only: cProfile of the iterations after the first, written here",
+    )
     a = p.parse_args()
     engines = [e for e in a.engines.split(",") if e]
     bad = [e for e in engines if any(x not in ("vllm", "hf") for x in e.split(":")) or e.count(":") > 1]
@@ -373,17 +506,31 @@ def main() -> None:
     if a.new_tokens < 1:
         p.error("--new-tokens must be >= 1")
     if a.micro_batch_tokens is not None and a.micro_batch_tokens < 1:
-        p.error(f"--micro-batch-tokens must be a positive integer (a token budget), got {a.micro_batch_tokens}")
+        p.error(
+            f"--micro-batch-tokens must be a positive integer (a token budget), got {a.micro_batch_tokens}"
+        )
     if a.model and not a.worker and not (Path(a.model).expanduser() / "config.json").is_file():
-        p.error(f"--model {a.model}: no config.json there (build SmolLM2 with `python -m lit_rl.models.smollm2`)")
+        p.error(
+            f"--model {a.model}: no config.json there (build SmolLM2 with `python -m lit_rl.models.smollm2`)"
+        )
 
     if a.worker:
         import torch
 
         torch.set_num_threads(a.threads)
         if a.worker == "lit":
-            run_lit(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens,
-                    a.gc if a.mode == "like-for-like" else False, a.micro_batch_tokens, a.padding_free)
+            run_lit(
+                a.model,
+                a.engine,
+                a.beta,
+                a.total,
+                a.prompts_file,
+                a.profile,
+                a.new_tokens,
+                a.gc if a.mode == "like-for-like" else False,
+                a.micro_batch_tokens,
+                a.padding_free,
+            )
         else:
             run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens, a.mode, a.gc)
         return
@@ -400,49 +547,67 @@ def main() -> None:
 
     with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
         n_params = sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())  # noqa: SIM118 (not a dict)
-    gc_txt = f"gradient checkpointing {'on' if a.gc else 'off'} on both sides, no TRL IS forward" \
-        if a.mode == "like-for-like" else "each side's defaults (TRL: gradient checkpointing on, IS forward with vLLM)"
-    print(f"model: {cfg.model_type} {model_dir.name} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
-          f"vocab={cfg.vocab_size} params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, "
-          f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
-          f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}"
-          + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else "")
-          + ("; lit_rl padding_free" if a.padding_free else ""))
+    gc_txt = (
+        f"gradient checkpointing {'on' if a.gc else 'off'} on both sides, no TRL IS forward"
+        if a.mode == "like-for-like"
+        else "each side's defaults (TRL: gradient checkpointing on, IS forward with vLLM)"
+    )
+    print(
+        f"model: {cfg.model_type} {model_dir.name} hidden={cfg.hidden_size} layers={cfg.num_hidden_layers} "
+        f"vocab={cfg.vocab_size} params={n_params / 1e6:.1f}M; {PROMPTS} prompts x {GROUP} samples, "
+        f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
+        f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}"
+        + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else "")
+        + ("; lit_rl padding_free" if a.padding_free else "")
+    )
     results = []
     for engine in engines:
         for beta in [float(b) for b in a.betas.split(",")]:
             r = measure(engine, beta, a, model_dir, prompts_file, trl_py)
             results.append({"engine": engine, "beta": beta, **r})
-            print(f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']} (median cpu s: "
-                  f"lit {r['lit_rl']['cpu']:.2f}, trl {r['trl']['cpu']:.2f})", flush=True)
+            print(
+                f"  done {engine} beta={beta}: lit {r['lit_rl']['all_wall']} trl {r['trl']['all_wall']} (median cpu s: "
+                f"lit {r['lit_rl']['cpu']:.2f}, trl {r['trl']['cpu']:.2f})",
+                flush=True,
+            )
     head = f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
     print(head)
     print("-" * len(head))
     for r in results:
         lw, tw, lc, tc = r["lit_rl"]["wall"], r["trl"]["wall"], r["lit_rl"]["cpu"], r["trl"]["cpu"]
-        print(f"{r['engine']:<8} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
-              f"{lc / tc:>9.2f}")
-    print(f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
-          "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate")
+        print(
+            f"{r['engine']:<8} {r['beta']:>5.2f} {lw:>9.2f} {tw:>7.2f} {lw / tw:>6.2f} {lc:>10.2f} {tc:>10.2f} "
+            f"{lc / tc:>9.2f}"
+        )
+    print(
+        f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
+        "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate"
+    )
     print("lit_rl's own phase timers (its perf/*_s metrics, wall seconds, medians over the same iterations):")
     for r in results:
         ph = r["lit_rl"]["phases"]
-        print(f"  {r['engine']} beta={r['beta']:.2f}: " + ", ".join(
-            f"{k} {v:.2f}" for k, v in sorted(ph.items()) if not k.startswith("work_")))
+        print(
+            f"  {r['engine']} beta={r['beta']:.2f}: "
+            + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ph.items()) if not k.startswith("work_"))
+        )
     # How far 0.5x TRL is from physics: lit_rl's matmul work at this machine's fp32 matmul peak (bench_mfu's).
     torch.set_num_threads(a.threads)  # the workers' thread count
     peak, shape = matmul_peak(cfg, 1024, reps=5)
-    print(f"compute floor of lit_rl's iteration at this machine's fp32 matmul peak ({peak:.0f} GFLOP/s at {shape}; "
-          "matmul FLOPs of the real tokens only; 'needs' = the fraction of that peak the whole iteration, decode "
-          "and overheads included, would have to run at to take half TRL's time):")
+    print(
+        f"compute floor of lit_rl's iteration at this machine's fp32 matmul peak ({peak:.0f} GFLOP/s at {shape}; "
+        "matmul FLOPs of the real tokens only; 'needs' = the fraction of that peak the whole iteration, decode "
+        "and overheads included, would have to run at to take half TRL's time):"
+    )
     for r in results:
         f = compute_floor(r["lit_rl"]["phases"], r["beta"], peak)
         if f is None:
             continue
         half = r["trl"]["wall"] / 2
-        print(f"  {r['engine']} beta={r['beta']:.2f}: {f['tokens']:.0f} tokens, {f['gflop']:.0f} GFLOP, floor "
-              f"{f['floor_s']:.2f} s (completion tokens only: {f['strict_s']:.2f} s); half TRL {half:.2f} s; "
-              f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f})")
+        print(
+            f"  {r['engine']} beta={r['beta']:.2f}: {f['tokens']:.0f} tokens, {f['gflop']:.0f} GFLOP, floor "
+            f"{f['floor_s']:.2f} s (completion tokens only: {f['strict_s']:.2f} s); half TRL {half:.2f} s; "
+            f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f})"
+        )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
 

@@ -11,6 +11,7 @@ fails):
 
     python scripts/gpu_check_loop.py [--steps 150] [--out DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,15 +29,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--accelerator", default="gpu", help="cpu: a dry run of this script on a machine without CUDA")
+    ap.add_argument(
+        "--accelerator", default="gpu", help="cpu: a dry run of this script on a machine without CUDA"
+    )
     args = ap.parse_args()
     if args.accelerator == "gpu" and not torch.cuda.is_available():
         print("FAIL: no CUDA device")
         return 1
     from lit_rl.callbacks import RolloutCallback
     from lit_rl.data import PromptDataModule
-    from lit_rl.models.tiny import ensure_tiny_model
     from lit_rl.learners import PolicyModule
+    from lit_rl.models.tiny import ensure_tiny_model
     from lit_rl.rewards import ExactAnswerReward, RewardPool
     from lit_rl.rollout import SamplingConfig
 
@@ -52,30 +55,56 @@ def main() -> int:
             m["device"] = str(next(pl_module.model.parameters()).device)
             rows.append(m)
 
-    module = PolicyModule(str(model_dir), advantage="grpo",
-                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0))
-    rollout = RolloutCallback(group_size=16, sampling=SamplingConfig(temperature=1.0, max_new_tokens=1),
-                              rewards=RewardPool({"exact": ExactAnswerReward()}))
-    data = PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True,
-                                                        "num_operands": 3}, batch_size=16)
-    trainer = L.Trainer(accelerator=args.accelerator, devices=1, max_steps=args.steps, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0, callbacks=[rollout, Record()])
+    module = PolicyModule(
+        str(model_dir), advantage="grpo", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0)
+    )
+    rollout = RolloutCallback(
+        group_size=16,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=1),
+        rewards=RewardPool({"exact": ExactAnswerReward()}),
+    )
+    data = PromptDataModule(
+        task="addition",
+        task_args={"answer_width": 1, "max_sum": 9, "unary": True, "num_operands": 3},
+        batch_size=16,
+    )
+    trainer = L.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        max_steps=args.steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[rollout, Record()],
+    )
     trainer.fit(module, datamodule=data)
     checks = []
     losses = [v for r in rows for k, v in r.items() if k.startswith("loss/")]
-    checks.append((f"{args.accelerator} + finite losses", all(r["device"].startswith("cuda" if args.accelerator == "gpu" else "cpu") for r in rows) and losses
-                   and all(math.isfinite(v) for v in losses), f"{len(rows)} iterations, {len(losses)} losses"))
+    checks.append(
+        (
+            f"{args.accelerator} + finite losses",
+            all(r["device"].startswith("cuda" if args.accelerator == "gpu" else "cpu") for r in rows)
+            and losses
+            and all(math.isfinite(v) for v in losses),
+            f"{len(rows)} iterations, {len(losses)} losses",
+        )
+    )
     kl = [r["rollout/logprob_mismatch_kl"] for r in rows if "rollout/logprob_mismatch_kl" in r]
-    checks.append(("engine vs trainer log-probs", bool(kl) and max(kl) < 1e-3, f"max mismatch KL {max(kl or [0]):.2e}"))
+    checks.append(
+        ("engine vs trainer log-probs", bool(kl) and max(kl) < 1e-3, f"max mismatch KL {max(kl or [0]):.2e}")
+    )
     rew = [r["reward/mean"] for r in rows]
     first, last = sum(rew[:20]) / 20, sum(rew[-20:]) / 20
     checks.append(("training reward rose", last > first, f"first 20: {first:.3f}, last 20: {last:.3f}"))
     for name, ok, detail in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {name}: {detail}")
     if args.out:
-        (root / "gpu_check_loop.json").write_text(json.dumps({"checks": [(n, bool(o), d) for n, o, d in checks],
-                                                              "reward": rew, "kl": kl}))
+        (root / "gpu_check_loop.json").write_text(
+            json.dumps({"checks": [(n, bool(o), d) for n, o, d in checks], "reward": rew, "kl": kl})
+        )
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 

@@ -14,6 +14,7 @@ What it checks, each printed as PASS/FAIL (exit status 1 if any fails):
   5. throughput: VLLMEngine vs HFEngine tokens/s on the bench model (64 prompts x 8 x 64, bf16).
 Results also go to DIR/gpu_check_vllm.json when --out is given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,7 +43,9 @@ def perturb(model, seed: int, scale: float = 0.3) -> None:
     g = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).to(p.dtype) * scale)
+            p.add_(
+                torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).to(p.dtype) * scale
+            )
 
 
 def logprob_errors(model, prompts, groups, temperature: float) -> list[float]:
@@ -55,9 +58,12 @@ def logprob_errors(model, prompts, groups, temperature: float) -> list[float]:
         for p, group in zip(prompts, groups):
             for c in group:
                 ids = torch.tensor([p + c.token_ids], device=dev)
-                logits = model(input_ids=ids).logits[0, len(p) - 1:-1].float()  # (C, V)
-                ref = torch.log_softmax(logits / temperature, -1).gather(
-                    -1, torch.tensor(c.token_ids, device=dev)[:, None]).squeeze(-1)  # (C,)
+                logits = model(input_ids=ids).logits[0, len(p) - 1 : -1].float()  # (C, V)
+                ref = (
+                    torch.log_softmax(logits / temperature, -1)
+                    .gather(-1, torch.tensor(c.token_ids, device=dev)[:, None])
+                    .squeeze(-1)
+                )  # (C,)
                 errs += (torch.tensor(c.logprobs, device=dev) - ref).abs().tolist()
     return errs
 
@@ -76,7 +82,9 @@ def main(argv: list[str] | None = None) -> None:
 
     _require_cuda()
     root = tempfile.mkdtemp(prefix="gpu_check_vllm_")
-    path = str(build_tiny_model(f"{root}/model", layers=8, hidden=512, heads=8, intermediate=768, tokenizer="char"))
+    path = str(
+        build_tiny_model(f"{root}/model", layers=8, hidden=512, heads=8, intermediate=768, tokenizer="char")
+    )
     tok = load_tokenizer(path)
     prompts = [tok.encode(("# " * (i % 5)) + f"{i % 97}+{(7 * i) % 89}=") for i in range(64)]
     sampling = SamplingConfig(temperature=1.0, max_new_tokens=64)
@@ -93,17 +101,23 @@ def main(argv: list[str] | None = None) -> None:
     start_s = time.perf_counter() - t
     used = free0 - torch.cuda.mem_get_info()[0]
     dt = eng.llm.llm_engine.model_config.dtype
-    check("start_bf16", dt == torch.bfloat16 and used <= 0.3 * total * 1.05,
-          f"{start_s:.1f}s, dtype {dt}, vLLM took {used / 2**30:.2f} GiB of {total / 2**30:.0f} GiB "
-          f"(budget 0.3 = {0.3 * total / 2**30:.1f} GiB), torch reserved +"
-          f"{(torch.cuda.memory_reserved() - reserved0) / 2**30:.2f} GiB, "
-          f"enforce_eager={getattr(eng.llm.llm_engine.model_config, 'enforce_eager', '?')}")
+    check(
+        "start_bf16",
+        dt == torch.bfloat16 and used <= 0.3 * total * 1.05,
+        f"{start_s:.1f}s, dtype {dt}, vLLM took {used / 2**30:.2f} GiB of {total / 2**30:.0f} GiB "
+        f"(budget 0.3 = {0.3 * total / 2**30:.1f} GiB), torch reserved +"
+        f"{(torch.cuda.memory_reserved() - reserved0) / 2**30:.2f} GiB, "
+        f"enforce_eager={getattr(eng.llm.llm_engine.model_config, 'enforce_eager', '?')}",
+    )
 
     # 2. logprobs vs transformers (bf16)
     groups = eng.generate(prompts[:16], 4, sampling)
     errs = logprob_errors(model, prompts[:16], groups, 1.0)
-    check("logprobs_bf16", statistics.mean(errs) < 0.02 and max(errs) < 0.2,
-          f"mean |d| {statistics.mean(errs):.4f}, max |d| {max(errs):.4f} over {len(errs)} tokens")
+    check(
+        "logprobs_bf16",
+        statistics.mean(errs) < 0.02 and max(errs) < 0.2,
+        f"mean |d| {statistics.mean(errs):.4f}, max |d| {max(errs):.4f} over {len(errs)} tokens",
+    )
 
     # 3. weight sync under CUDA graphs
     old = copy.deepcopy(model)
@@ -111,19 +125,28 @@ def main(argv: list[str] | None = None) -> None:
     copy_s = statistics.median(_timed(lambda: {k: v.clone() for k, v in model.state_dict().items()}, 3))
     sync_s = statistics.median(_timed(lambda: eng.update_weights(merged_state_items(model)), 3))
     groups = eng.generate(prompts[:16], 4, sampling)
-    new_err, old_err = logprob_errors(model, prompts[:16], groups, 1.0), logprob_errors(old, prompts[:16], groups, 1.0)
-    check("sync_bf16", statistics.mean(new_err) < 0.02 and statistics.mean(old_err) > 10 * statistics.mean(new_err),
-          f"mean |d| vs new weights {statistics.mean(new_err):.4f}, vs old weights {statistics.mean(old_err):.4f}; "
-          f"sync {sync_s:.4f}s vs state_dict copy {copy_s:.4f}s ({sync_s / copy_s:.1f}x), "
-          f"policy_version {eng.policy_version}")
+    new_err, old_err = (
+        logprob_errors(model, prompts[:16], groups, 1.0),
+        logprob_errors(old, prompts[:16], groups, 1.0),
+    )
+    check(
+        "sync_bf16",
+        statistics.mean(new_err) < 0.02 and statistics.mean(old_err) > 10 * statistics.mean(new_err),
+        f"mean |d| vs new weights {statistics.mean(new_err):.4f}, vs old weights {statistics.mean(old_err):.4f}; "
+        f"sync {sync_s:.4f}s vs state_dict copy {copy_s:.4f}s ({sync_s / copy_s:.1f}x), "
+        f"policy_version {eng.policy_version}",
+    )
 
     # 5. throughput (bf16, same engine) before switching to fp32
     hf = HFEngine()
     hf.bind(module)
     hf_rate = _rate(hf, prompts, sampling)
     vl_rate = _rate(eng, prompts, sampling)
-    check("throughput_bf16", vl_rate >= 2 * hf_rate,
-          f"vLLM {vl_rate:.0f} tok/s vs HF {hf_rate:.0f} tok/s ({vl_rate / hf_rate:.1f}x, target >= 2x)")
+    check(
+        "throughput_bf16",
+        vl_rate >= 2 * hf_rate,
+        f"vLLM {vl_rate:.0f} tok/s vs HF {hf_rate:.0f} tok/s ({vl_rate / hf_rate:.1f}x, target >= 2x)",
+    )
     eng.close()
     del old, hf
     torch.cuda.empty_cache()
@@ -142,8 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     want = hf32.generate(prompts[:16], 1, greedy)
     same = sum(g[0].token_ids == w[0].token_ids for g, w in zip(got, want))
     errs = logprob_errors(model32, prompts[:16], eng32.generate(prompts[:16], 2, sampling), 1.0)
-    check("fp32_sync_parity", same >= 15 and max(errs) < 1e-3,
-          f"greedy equal on {same}/16 prompts (TF32/kernel ties may flip one), max |d| logprob {max(errs):.2e}")
+    check(
+        "fp32_sync_parity",
+        same >= 15 and max(errs) < 1e-3,
+        f"greedy equal on {same}/16 prompts (TF32/kernel ties may flip one), max |d| logprob {max(errs):.2e}",
+    )
     eng32.close()
 
     RESULTS["wall_s"] = time.perf_counter() - T0
@@ -158,7 +184,9 @@ def _require_cuda() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("no CUDA GPU: this script checks the GPU path (the CPU path is tests/test_vllm_engine.py)")
+        raise SystemExit(
+            "no CUDA GPU: this script checks the GPU path (the CPU path is tests/test_vllm_engine.py)"
+        )
 
 
 def _timed(fn, repeats: int) -> list[float]:

@@ -12,6 +12,7 @@ seed offset of tests/_learning.py) set; the tests append their measured numbers 
 
 Exit code: 1 if any run failed, else 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,23 +34,38 @@ def plan(design: str, caps: list[str], seeds: list[int]) -> list[tuple[str, int]
     return [(caps[i % len(caps)], s) for i, s in enumerate(seeds)]  # latin: seed i <-> kernel set i
 
 
-def run_one(tests: list[str], cap: str, seed: int, timeout: float,
-            log_dir: str | None = None) -> tuple[int, float, list[dict]]:
+def run_one(
+    tests: list[str], cap: str, seed: int, timeout: float, log_dir: str | None = None
+) -> tuple[int, float, list[dict]]:
     with tempfile.NamedTemporaryFile(suffix=".jsonl", delete=False) as f:
         rec = f.name
-    env = {**os.environ, "ATEN_CPU_CAPABILITY": cap, "LIT_RL_TEST_SEED": str(seed), "LIT_RL_TEST_RECORD": rec,
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "ATEN_CPU_CAPABILITY": cap,
+        "LIT_RL_TEST_SEED": str(seed),
+        "LIT_RL_TEST_RECORD": rec,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
     t0 = time.monotonic()
     try:
-        rc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-                            cwd=ROOT, env=env, timeout=timeout, check=False, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+        rc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+            cwd=ROOT,
+            env=env,
+            timeout=timeout,
+            check=False,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         code, out = rc.returncode, rc.stdout
     except subprocess.TimeoutExpired:
         code, out = 124, "timed out"
     secs = time.monotonic() - t0
     if code != 0:
-        tail = [ln for ln in out.splitlines() if ln.startswith(("E ", "FAILED", "ERROR"))][-15:] or out.splitlines()[-15:]
+        tail = [ln for ln in out.splitlines() if ln.startswith(("E ", "FAILED", "ERROR"))][
+            -15:
+        ] or out.splitlines()[-15:]
         print(f"--- {' '.join(tests)} [{cap}, seed {seed}] exit {code}:\n" + "\n".join(tail), file=sys.stderr)
         if log_dir:  # the whole pytest output, for the cause (the tail above is often only warnings)
             name = tests[0].rsplit("::", 1)[-1].replace("/", "_")[:60]
@@ -73,8 +89,11 @@ def fmt(v) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tests", nargs="+", help="pytest node ids")
-    ap.add_argument("--each", action="store_true",
-                    help="one pytest process per test (default: all tests in one process per kernels x seed)")
+    ap.add_argument(
+        "--each",
+        action="store_true",
+        help="one pytest process per test (default: all tests in one process per kernels x seed)",
+    )
     ap.add_argument("--design", choices=["latin", "full"], default="latin")
     ap.add_argument("--caps", nargs="+", default=CAPS, choices=CAPS)
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -93,12 +112,19 @@ def main(argv: list[str] | None = None) -> int:
                 if r["cpu"] not in ("?", cap.upper()):
                     print(f"warning: asked for {cap} kernels, torch used {r['cpu']}", file=sys.stderr)
                 vals = {k: v for k, v in r.items() if k not in ("name", "seed", "cpu")}
-                print(f"{r['name'][:44]:<44} {cap:<8} {seed:>4} {code:>4} {secs:>6.0f}  "
-                      + " ".join(f"{k}={fmt(v)}" for k, v in vals.items()), flush=True)
+                print(
+                    f"{r['name'][:44]:<44} {cap:<8} {seed:>4} {code:>4} {secs:>6.0f}  "
+                    + " ".join(f"{k}={fmt(v)}" for k, v in vals.items()),
+                    flush=True,
+                )
                 if args.json:
                     with open(args.json, "a") as f:
-                        f.write(json.dumps({**r, "kernels": cap, "tests": tests, "exit": code,
-                                            "secs": round(secs, 1)}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {**r, "kernels": cap, "tests": tests, "exit": code, "secs": round(secs, 1)}
+                            )
+                            + "\n"
+                        )
     return 1 if failed else 0
 
 

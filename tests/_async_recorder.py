@@ -13,6 +13,7 @@ is sent to ``fault_pgid`` at iteration ``fault_at``, ``fault_when``: ``rollout``
 taken (async: the producers are generating the next items) or ``update`` just before its optimizer step (every
 rank has generated, so the weight sync after it is the first to meet the server).
 """
+
 from __future__ import annotations
 
 import os
@@ -23,10 +24,21 @@ import torch
 
 
 class AsyncRowRecorder(L.Callback):
-    def __init__(self, out_dir: str, fault_at: int | None = None, fault_pgid: int | None = None,
-                 fault_signal: str = "KILL", fault_when: str = "rollout"):
+    def __init__(
+        self,
+        out_dir: str,
+        fault_at: int | None = None,
+        fault_pgid: int | None = None,
+        fault_signal: str = "KILL",
+        fault_when: str = "rollout",
+    ):
         self.out_dir = out_dir
-        self.fault_at, self.fault_pgid, self.fault_signal, self.fault_when = fault_at, fault_pgid, fault_signal, fault_when
+        self.fault_at, self.fault_pgid, self.fault_signal, self.fault_when = (
+            fault_at,
+            fault_pgid,
+            fault_signal,
+            fault_when,
+        )
         self.rows: list[dict] = []
         self.weights: dict[int, dict[str, torch.Tensor]] = {}
 
@@ -42,14 +54,22 @@ class AsyncRowRecorder(L.Callback):
         rc = self._rc(trainer)
         version = rc._async_state["version"] if rc._producer is not None else rc.engine.policy_version
         if trainer.global_rank == 0 and version not in self.weights:
-            self.weights[version] = {n: t.detach().cpu().clone() for n, t in merged_state_items(pl_module.model)}
+            self.weights[version] = {
+                n: t.detach().cpu().clone() for n, t in merged_state_items(pl_module.model)
+            }
 
     def on_train_start(self, trainer, pl_module):
-        self._snapshot(trainer, pl_module)  # after the RolloutCallback loaded the learner's weights (version 0)
+        self._snapshot(
+            trainer, pl_module
+        )  # after the RolloutCallback loaded the learner's weights (version 0)
 
     def _fault(self, trainer, pl_module, when: str) -> None:
-        if (self.fault_when == when and trainer.global_rank == 0 and self.fault_pgid is not None
-                and pl_module.iteration == self.fault_at):
+        if (
+            self.fault_when == when
+            and trainer.global_rank == 0
+            and self.fault_pgid is not None
+            and pl_module.iteration == self.fault_at
+        ):
             os.killpg(self.fault_pgid, getattr(signal, f"SIG{self.fault_signal}"))
             self.fault_at = None  # once (several optimizer steps may follow)
 
@@ -66,9 +86,16 @@ class AsyncRowRecorder(L.Callback):
             am = exp.attention_mask[i].bool()
             prompt = exp.input_ids[i, :P][am[:P]].tolist()
             completion = exp.input_ids[i, P:][am[P:]].tolist()
-            self.rows.append({"iteration": int(pl_module.iteration), "prompt": prompt, "completion": completion,
-                              "logprobs": exp.rollout_logprobs[i, :len(completion)].double().tolist(),
-                              "version": int(exp.policy_version[i]), "learner": int(learner)})
+            self.rows.append(
+                {
+                    "iteration": int(pl_module.iteration),
+                    "prompt": prompt,
+                    "completion": completion,
+                    "logprobs": exp.rollout_logprobs[i, : len(completion)].double().tolist(),
+                    "version": int(exp.policy_version[i]),
+                    "learner": int(learner),
+                }
+            )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._snapshot(trainer, pl_module)  # after the RolloutCallback's push (its version is the new one)
@@ -77,8 +104,10 @@ class AsyncRowRecorder(L.Callback):
         rc = self._rc(trainer)
         rank = trainer.global_rank
         learner = rc._async_state["version"] if rc._producer is not None else rc.engine.policy_version
-        torch.save({"rows": self.rows, "syncs": int(rc.engine._sync_seq), "learner": learner},
-                   os.path.join(self.out_dir, f"rows{rank}.pt"))
+        torch.save(
+            {"rows": self.rows, "syncs": int(rc.engine._sync_seq), "learner": learner},
+            os.path.join(self.out_dir, f"rows{rank}.pt"),
+        )
         if rank == 0:
             torch.save(self.weights, os.path.join(self.out_dir, "weights.pt"))
 
@@ -87,7 +116,7 @@ class AsyncRowRecorder(L.Callback):
 def _logprobs(model, prompt, completion):
     """log softmax(logits)[token] of each completion token (T = 1), float64, one transformers forward."""
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # (C, V)
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -111,12 +140,16 @@ def wrong_rows(out_dir, model_dir, rows_per_rank: int, max_staleness: int, tol: 
         for row in rows:
             stale = row["learner"] - row["version"]
             got = torch.tensor(row["logprobs"], dtype=torch.float64)
-            err = {v: round(float((_logprobs(m, row["prompt"], row["completion"]) - got).abs().max()), 6)
-                   for v, m in models.items()}
+            err = {
+                v: round(float((_logprobs(m, row["prompt"], row["completion"]) - got).abs().max()), 6)
+                for v, m in models.items()
+            }
             match = [v for v, e in err.items() if e <= tol]
             # a row generated after another rank's push matches the next version; one whose weights changed
             # part-way matches none
             if match != [row["version"]] or not 0 <= stale <= max_staleness:
-                wrong.append(f"rank {r} iteration {row['iteration']}: label {row['version']}, learner "
-                             f"{row['learner']}, max |log-prob error| per version {err}")
+                wrong.append(
+                    f"rank {r} iteration {row['iteration']}: label {row['version']}, learner "
+                    f"{row['learner']}, max |log-prob error| per version {err}"
+                )
     return wrong

@@ -3,6 +3,7 @@
 Teachers here are trained by plain teacher-forced cross-entropy on (prompt, answer + eos) pairs — seconds on a
 CPU, and deterministic — rather than by RL (scripts/bench_distill.py trains its teacher with GRPO instead).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,16 @@ class Spy(torch.nn.Module):
         return self.inner(input_ids=input_ids, **kw)
 
 
-def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int = 0, lr: float = 3e-3,
-              base: str | None = None, decay: bool = False, **tiny) -> Path:
+def sft_model(
+    out_dir,
+    pairs: list[tuple[str, str]],
+    steps: int = 300,
+    seed: int = 0,
+    lr: float = 3e-3,
+    base: str | None = None,
+    decay: bool = False,
+    **tiny,
+) -> Path:
     """A tiny model trained with CE on ``pairs`` (prompt text, completion text; eos appended), saved to out_dir."""
     out_dir = Path(out_dir)
     path = base or build_tiny_model(out_dir, seed=seed, overwrite=True, **{**TINY, **tiny})
@@ -55,7 +64,7 @@ def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int
     for i, (p, a) in enumerate(rows):  # left padding, as generate() sees prompts
         s = L_ - len(p) - len(a)
         ids[i, s:] = torch.tensor(p + a)
-        labels[i, L_ - len(a):] = torch.tensor(a)
+        labels[i, L_ - len(a) :] = torch.tensor(a)
         att[i, s:] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -75,8 +84,9 @@ def sft_model(out_dir, pairs: list[tuple[str, str]], steps: int = 300, seed: int
 
 
 @torch.no_grad()
-def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, tokenizer=None,
-                    per_char: bool = False) -> float:
+def greedy_accuracy(
+    model_or_path, prompts: list[Prompt], max_new_tokens: int, tokenizer=None, per_char: bool = False
+) -> float:
     """Fraction of prompts whose greedy completion (special tokens dropped, stripped) equals the answer; with
     ``per_char``, the fraction of answer characters the completion gets right at their position (partial
     credit, so progress shows before whole answers are right)."""
@@ -91,12 +101,17 @@ def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, t
     ids = torch.full((len(rows), P), tokenizer.pad_token_id)
     att = torch.zeros((len(rows), P), dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, P - len(r):] = torch.tensor(r)
-        att[i, P - len(r):] = 1
+        ids[i, P - len(r) :] = torch.tensor(r)
+        att[i, P - len(r) :] = 1
     dev = next(model.parameters()).device
-    out = model.generate(input_ids=ids.to(dev), attention_mask=att.to(dev), do_sample=False,
-                         max_new_tokens=max_new_tokens, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    out = model.generate(
+        input_ids=ids.to(dev),
+        attention_mask=att.to(dev),
+        do_sample=False,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model.train(was)
     texts = [t.strip() for t in tokenizer.batch_decode(out[:, P:], skip_special_tokens=True)]
     if per_char:
@@ -107,16 +122,29 @@ def greedy_accuracy(model_or_path, prompts: list[Prompt], max_new_tokens: int, t
 
 def write_jsonl(path, prompts: list[Prompt]) -> str:
     with open(path, "w") as f:
-        for p in prompts:
-            f.write(json.dumps({"prompt": p.prompt, "answer": p.answer, "domain": p.domain, "uid": p.uid,
-                                **p.metadata}) + "\n")
+        f.writelines(
+            json.dumps(
+                {"prompt": p.prompt, "answer": p.answer, "domain": p.domain, "uid": p.uid, **p.metadata}
+            )
+            + "\n"
+            for p in prompts
+        )
     return str(path)
 
 
 def fit(module, datamodule, callbacks: list, steps: int) -> L.Trainer:
     L.seed_everything(seed(0), verbose=False)  # rollout sampling draws from the global RNG
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=callbacks, log_every_n_steps=1)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+        log_every_n_steps=1,
+    )
     trainer.fit(module, datamodule=datamodule)
     return trainer

@@ -43,6 +43,7 @@ Import it in a process of its own: importing registers PrivateUse1 for good, and
 handling consult it), which must not leak into other tests, least of all CUDA ones.
 ``tests/test_device_placement.py`` runs it in a spawned worker.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -84,12 +85,22 @@ FAKE = _register_backend()
 CPU = torch.device("cpu")
 
 # Ops that move data between devices on purpose; the rule does not apply to them.
-_CROSS_DEVICE = {torch.ops.aten._to_copy.default, torch.ops.aten.copy_.default, torch.ops.aten.copy.default,
-                 torch.ops.aten._copy_from.default, torch.ops.aten._copy_from_and_resize.default}
+_CROSS_DEVICE = {
+    torch.ops.aten._to_copy.default,
+    torch.ops.aten.copy_.default,
+    torch.ops.aten.copy.default,
+    torch.ops.aten._copy_from.default,
+    torch.ops.aten._copy_from_and_resize.default,
+}
 # Indexing ops: the indices (argument 1) may stay on the CPU when self is on the device (CUDA moves them).
-_INDEXING = {torch.ops.aten.index.Tensor, torch.ops.aten.index_put.default, torch.ops.aten.index_put_.default,
-             torch.ops.aten._index_put_impl_.default, torch.ops.aten._unsafe_index.Tensor,
-             torch.ops.aten._unsafe_index_put.default}
+_INDEXING = {
+    torch.ops.aten.index.Tensor,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.index_put_.default,
+    torch.ops.aten._index_put_impl_.default,
+    torch.ops.aten._unsafe_index.Tensor,
+    torch.ops.aten._unsafe_index_put.default,
+}
 
 
 class FakeDeviceTensor(torch.Tensor):
@@ -100,9 +111,16 @@ class FakeDeviceTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, inner: torch.Tensor, requires_grad: bool = False):
         assert type(inner) is torch.Tensor and inner.device.type == "cpu", type(inner)
-        t = torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(),
-                                                storage_offset=inner.storage_offset(), dtype=inner.dtype,
-                                                layout=inner.layout, device=FAKE, requires_grad=requires_grad)
+        t = torch.Tensor._make_wrapper_subclass(
+            cls,
+            inner.shape,
+            strides=inner.stride(),
+            storage_offset=inner.storage_offset(),
+            dtype=inner.dtype,
+            layout=inner.layout,
+            device=FAKE,
+            requires_grad=requires_grad,
+        )
         t.inner = inner
         return t
 
@@ -128,8 +146,10 @@ class FakeDeviceTensor(torch.Tensor):
         return self.inner.tolist()
 
     def numpy(self, *, force: bool = False):
-        raise TypeError(f"can't convert {FAKE.type}:{FAKE.index} device type tensor to numpy. Use "
-                        "Tensor.cpu() to copy the tensor to host memory first.")
+        raise TypeError(
+            f"can't convert {FAKE.type}:{FAKE.index} device type tensor to numpy. Use "
+            "Tensor.cpu() to copy the tensor to host memory first."
+        )
 
     def __array__(self, dtype=None):
         return self.numpy()
@@ -159,22 +179,27 @@ def _check_devices(func, args, kwargs) -> None:
         indices = [i for i in tree_flatten(args[1])[0] if isinstance(i, torch.Tensor)]
         for i in indices:
             if _device_of(i) != self_dev and _device_of(i) != CPU:
-                raise RuntimeError(f"indices should be either on cpu or on the same device as the indexed "
-                                   f"tensor ({self_dev}) ({func})")
+                raise RuntimeError(
+                    f"indices should be either on cpu or on the same device as the indexed "
+                    f"tensor ({self_dev}) ({func})"
+                )
         operands = [args[0]] + list(args[2:]) + list(kwargs.values())
     tensors = [t for t in tree_flatten(operands)[0] if isinstance(t, torch.Tensor)]
     devices = {_device_of(t) for t in tensors if not (_device_of(t) == CPU and t.dim() == 0)}
     if len(devices) > 1:
         names = " and ".join(sorted(str(d) for d in devices))
-        raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                           f"{names}! ({func})")
+        raise RuntimeError(
+            f"Expected all tensors to be on the same device, but found at least two devices, "
+            f"{names}! ({func})"
+        )
 
 
 def _dispatch(func, args, kwargs):
     _check_devices(func, args, kwargs)
     target = kwargs.get("device")
-    on_fake = _is_fake_device(target) or (target is None and any(
-        isinstance(t, FakeDeviceTensor) for t in tree_flatten((args, kwargs))[0]))
+    on_fake = _is_fake_device(target) or (
+        target is None and any(isinstance(t, FakeDeviceTensor) for t in tree_flatten((args, kwargs))[0])
+    )
     if _is_fake_device(target):
         kwargs = {**kwargs, "device": CPU}
     wrappers = {}  # id(inner) -> its wrapper, so an in-place op / out= returns the very tensor it was given
@@ -206,7 +231,8 @@ class _FakeDeviceMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if not _is_fake_device(kwargs.get("device")) and not any(
-                isinstance(t, FakeDeviceTensor) for t in tree_flatten((args, kwargs))[0]):
+            isinstance(t, FakeDeviceTensor) for t in tree_flatten((args, kwargs))[0]
+        ):
             return func(*args, **kwargs)  # a plain CPU op: untouched
         return _dispatch(func, args, kwargs)
 

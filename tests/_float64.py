@@ -4,6 +4,7 @@ transformers' ``Qwen2RMSNorm`` computes in float32 even for a float64 model. Pat
 before it (the shared-prompt pass, padding-free packing: one prompt, G completions) or after it (the padded
 forward) then differ by float32 rounding (~1e-7). With the norm in the input dtype they agree to ~1e-15.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

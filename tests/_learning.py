@@ -7,6 +7,7 @@ kernels (``ATEN_CPU_CAPABILITY``) and collect what they measured.
 - ``LIT_RL_TEST_RECORD=FILE``: ``record(name, **values)`` appends one JSON line per call to FILE (nothing
   without the variable), e.g. ``{"name": "distill/add_teacher", "seed": 0, "cpu": "AVX512", "accuracy": 0.9}``.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,9 @@ def seed_offset() -> int:
     try:
         return int(raw)
     except ValueError:
-        raise ValueError(f"{SEED_ENV}={raw!r}: expected an integer seed offset (0 = the default seeds)") from None
+        raise ValueError(
+            f"{SEED_ENV}={raw!r}: expected an integer seed offset (0 = the default seeds)"
+        ) from None
 
 
 def seed(base: int) -> int:

@@ -8,4 +8,5 @@ the reward's program budget ``FINISH_S``: far above any load, reached only by a 
 the timeouts themselves run hanging programs (they time out at any speed) with their own short limits. CPU
 limits (``SandboxLimits.cpu_s``, RLIMIT_CPU) count CPU time, which load does not stretch.
 """
+
 FINISH_S = 60.0

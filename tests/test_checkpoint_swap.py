@@ -1,6 +1,7 @@
 """lit_rl.checkpoint.swap_in / finish_interrupted_swap: a checkpoint directory is replaced whole or not at all,
 and every state a kill can leave resolves to a whole checkpoint (tests/test_sharded_save_resume.py kills real
 FSDP2 / DeepSpeed jobs inside a save)."""
+
 from pathlib import Path
 
 from lit_rl.checkpoint import finish_interrupted_swap, side_path, swap_in

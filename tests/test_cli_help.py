@@ -1,5 +1,6 @@
 """Closed name sets are Literal types: listed in --help, checked while parsing (one-line error naming the
 field); registry names stay extensible through --imports."""
+
 from __future__ import annotations
 
 import os
@@ -43,7 +44,10 @@ def _help(capsys, *args) -> str:
 
 def test_help_lists_the_choices(capsys):
     model = _help(capsys, "fit", "--model.help", "lit_rl.learners.PolicyModule")
-    assert "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm}" in model
+    assert (
+        "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm}"
+        in model
+    )
     assert "--model.rollout_correction {none,tis,mis}" in model
     assert "--model.correction_level {token,sequence,geometric}" in model
     assert "Literal['grpo', 'dr_grpo', 'rloo', 'reinforce', 'gae', 'opd']" in model
@@ -52,17 +56,39 @@ def test_help_lists_the_choices(capsys):
     assert "--rollout.group_size GROUP_SIZE" in top and "--checkpoint.every_n_iterations" in top
 
 
-@pytest.mark.parametrize("precheck, expected", [
-    ("1", "lit-rl: error: model.init_args.loss_agg: 'tokenmean' is not one of: token_mean, seq_mean_token_mean, "
-          "seq_mean_token_sum, seq_mean_token_sum_norm; did you mean 'token_mean'?"),  # before Lightning (precheck.py)
-    ("0", "lit-rl: error: model.loss_agg: Expected a typing.Literal['token_mean', 'seq_mean_token_mean', "
-          "'seq_mean_token_sum', 'seq_mean_token_sum_norm']. Got value: tokenmean"),  # the full parser's, condensed
-])
+@pytest.mark.parametrize(
+    "precheck, expected",
+    [
+        (
+            "1",
+            "lit-rl: error: model.init_args.loss_agg: 'tokenmean' is not one of: token_mean, seq_mean_token_mean, "
+            "seq_mean_token_sum, seq_mean_token_sum_norm; did you mean 'token_mean'?",
+        ),  # before Lightning (precheck.py)
+        (
+            "0",
+            "lit-rl: error: model.loss_agg: Expected a typing.Literal['token_mean', 'seq_mean_token_mean', "
+            "'seq_mean_token_sum', 'seq_mean_token_sum_norm']. Got value: tokenmean",
+        ),  # the full parser's, condensed
+    ],
+)
 def test_parse_error_is_one_line_naming_the_field(tmp_path, precheck, expected):
-    proc = subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", "fit", "-c",
-                           str(ROOT / "configs/grpo.yaml"), "--model.init_args.loss_agg", "tokenmean"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "LIT_RL_PRECHECK": precheck})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from lit_rl.cli import console_main; console_main()",
+            "fit",
+            "-c",
+            str(ROOT / "configs/grpo.yaml"),
+            "--model.init_args.loss_agg",
+            "tokenmean",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "LIT_RL_PRECHECK": precheck},
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [expected]
 
@@ -72,13 +98,30 @@ def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatc
     module = f"my_rl_ext_{name}"
     (tmp_path / f"{module}.py").write_text(
         "from lit_rl.core.advantages import ADVANTAGES\n"
-        f"ADVANTAGES.register({name!r})(ADVANTAGES.get('grpo'))\n")
+        f"ADVANTAGES.register({name!r})(ADVANTAGES.get('grpo'))\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
-    args = ["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(tiny_model_dir),
-            "--model.init_args.advantage", name, "--trainer.max_steps", "1", "--trainer.enable_progress_bar", "false",
-            "--data.init_args.batch_size", "4", "--rollout.group_size", "2"]
-    with pytest.raises(ConfigError, match=rf"advantage='{name}' is not a known advantage; valid names: dr_grpo"):
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        str(tiny_model_dir),
+        "--model.init_args.advantage",
+        name,
+        "--trainer.max_steps",
+        "1",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--data.init_args.batch_size",
+        "4",
+        "--rollout.group_size",
+        "2",
+    ]
+    with pytest.raises(
+        ConfigError, match=rf"advantage='{name}' is not a known advantage; valid names: dr_grpo"
+    ):
         main([*args, "--trainer.default_root_dir", str(tmp_path / "a")])
     cli = main([*args, "--imports", f"[{module}]", "--trainer.default_root_dir", str(tmp_path / "b")])
     assert cli.model.hparams.advantage == name and cli.model.iteration == 1
@@ -87,16 +130,24 @@ def test_a_registered_advantage_is_accepted_through_imports(tmp_path, monkeypatc
 def test_inspect_does_not_import_lightning(tmp_path):
     # `lit-rl inspect` only reads JSONL files: the console script must dispatch it before importing Lightning
     # (~13 s of imports on a 2-core machine), while `lit_rl.cli.main` stays importable from the package.
-    code = ("import sys; sys.argv = ['lit-rl', 'inspect', '--help']\n"
-            "from lit_rl.cli import console_main\n"
-            "try:\n    console_main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch', 'transformers'))\n"
-            "print('HEAVY', heavy)\n"
-            "from lit_rl.cli import main, ConfigError\n"
-            "import lit_rl.cli.app as app\n"
-            "assert app.ConfigError is ConfigError and app.main is main\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ))
+    code = (
+        "import sys; sys.argv = ['lit-rl', 'inspect', '--help']\n"
+        "from lit_rl.cli import console_main\n"
+        "try:\n    console_main()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'torch', 'transformers'))\n"
+        "print('HEAVY', heavy)\n"
+        "from lit_rl.cli import main, ConfigError\n"
+        "import lit_rl.cli.app as app\n"
+        "assert app.ConfigError is ConfigError and app.main is main\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+    )
     assert proc.returncode == 0, proc.stderr
     assert "usage: lit-rl inspect" in proc.stdout
     assert "HEAVY []" in proc.stdout
@@ -104,13 +155,21 @@ def test_inspect_does_not_import_lightning(tmp_path):
 
 def _console(*args: str, cwd) -> subprocess.CompletedProcess:
     """The console script in a fresh process; prints which heavy packages it imported."""
-    code = ("import sys\nfrom lit_rl.cli import console_main\n"
-            "try:\n    console_main()\nexcept SystemExit as e:\n    code = e.code\n"
-            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers', 'vllm', "
-            "'jsonargparse'})\n"
-            "print('HEAVY', heavy, file=sys.stderr)\nsys.exit(code)\n")
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=240,
-                          env=dict(os.environ))
+    code = (
+        "import sys\nfrom lit_rl.cli import console_main\n"
+        "try:\n    console_main()\nexcept SystemExit as e:\n    code = e.code\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'lightning', 'torch', 'transformers', 'vllm', "
+        "'jsonargparse'})\n"
+        "print('HEAVY', heavy, file=sys.stderr)\nsys.exit(code)\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=dict(os.environ),
+    )
 
 
 def test_top_level_help_lists_every_command_without_heavy_imports(tmp_path):
@@ -131,13 +190,15 @@ def test_unknown_command_suggests_the_close_one_without_heavy_imports(tmp_path):
     proc = _console("fti", "-c", "x.yaml", cwd=tmp_path)
     assert proc.returncode == 2
     err = proc.stderr.splitlines()
-    assert err[0].startswith("lit-rl: error: unknown command 'fti'; did you mean 'fit'? Commands: fit, validate")
+    assert err[0].startswith(
+        "lit-rl: error: unknown command 'fti'; did you mean 'fit'? Commands: fit, validate"
+    )
     assert err[1] == "HEAVY []"
 
 
 def test_ckpt_path_help_says_what_last_means_here(capsys):
     fit = _help(capsys, "fit", "--help")
     assert "'last' = <run dir>/checkpoints/last.ckpt" in fit and "'last_or_new' =" in fit
-    ckpt = fit[fit.index("--ckpt_path CKPT_PATH Resume"):][:600]
+    ckpt = fit[fit.index("--ckpt_path CKPT_PATH Resume") :][:600]
     assert "hpc" not in ckpt and "registry" not in ckpt  # Lightning's stock text
     assert "The checkpoint to evaluate: 'last'" in _help(capsys, "validate", "--help")

@@ -1,6 +1,7 @@
 """Issue 26 §5: a logger of the user's own is added to the run directory's CSV / TensorBoard loggers (as
 TRL's report_to adds W&B to what a run writes anyway), --run_loggers false keeps only the user's; every run logs
 the learning rate and tokens seen."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,20 +10,44 @@ from lit_rl.cli import main
 from lit_rl.runs import log_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false",
-         "--trainer.max_steps", "1"]
+SMALL = [
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.max_steps",
+    "1",
+]
 
 
 def _fit(run: Path, *extra: str):
-    return main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(run),
-                 *SMALL, *extra])
+    return main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(run),
+            *SMALL,
+            *extra,
+        ]
+    )
 
 
 def test_added_logger_keeps_the_run_directory_loggers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run, mine = tmp_path / "run", tmp_path / "mine"
-    cli = _fit(run, "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(mine),
-               "--trainer.logger.name", "extra")
+    cli = _fit(
+        run,
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        str(mine),
+        "--trainer.logger.name",
+        "extra",
+    )
     kinds = [type(lg).__name__ for lg in cli.trainer.loggers]
     assert kinds[-1] == "CSVLogger" and cli.trainer.loggers[-1].save_dir == str(mine)
     assert "TensorBoardLogger" in kinds and len(kinds) == 3
@@ -53,8 +78,15 @@ def test_recipe_lr_schedule_is_a_class_path_and_follows_max_steps(tmp_path, monk
 def test_run_loggers_false_keeps_only_the_users(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run, mine = tmp_path / "run", tmp_path / "mine"
-    cli = _fit(run, "--run_loggers", "false", "--trainer.logger", "lightning.pytorch.loggers.CSVLogger",
-               "--trainer.logger.save_dir", str(mine))
+    cli = _fit(
+        run,
+        "--run_loggers",
+        "false",
+        "--trainer.logger",
+        "lightning.pytorch.loggers.CSVLogger",
+        "--trainer.logger.save_dir",
+        str(mine),
+    )
     assert [type(lg).__name__ for lg in cli.trainer.loggers] == ["CSVLogger"]
     assert not (run / "logs").exists() and not (run / "tb").exists()
     assert (mine / "lightning_logs/version_0/metrics.csv").is_file()

@@ -2,6 +2,7 @@
 trainer setup) mean to print, and nothing else. An allow-list, not a deny-list: any new warning of a
 dependency (transformers' per-call generation notices, DeepSpeed's accelerator notice, Lightning's tips and
 its "dataloader is not resumable" on a resume lit_rl makes exact) fails here."""
+
 from __future__ import annotations
 
 import os
@@ -39,9 +40,27 @@ def _run(root: Path, *extra: str) -> str:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("PYTHONWARNINGS", None)
     p = subprocess.run(
-        [sys.executable, "-m", "lit_rl.cli", "fit", "-c", "configs/quickstart.yaml", "--trainer.default_root_dir",
-         str(root), "--checkpoint.every_n_iterations", "1", "--trainer.val_check_interval", "2", *extra],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "lit_rl.cli",
+            "fit",
+            "-c",
+            "configs/quickstart.yaml",
+            "--trainer.default_root_dir",
+            str(root),
+            "--checkpoint.every_n_iterations",
+            "1",
+            "--trainer.val_check_interval",
+            "2",
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     return p.stdout + p.stderr
 
@@ -63,4 +82,6 @@ def test_quickstart_output_has_no_foreign_lines(tmp_path):
 
 def test_allow_list_catches_a_foreign_line():
     noisy = "Iteration 1/2\n[transformers] Both `min_new_tokens` (=0) and `min_length`(=0) seem to have been set.\n"
-    assert _foreign(noisy) == ["[transformers] Both `min_new_tokens` (=0) and `min_length`(=0) seem to have been set."]
+    assert _foreign(noisy) == [
+        "[transformers] Both `min_new_tokens` (=0) and `min_length`(=0) seem to have been set."
+    ]

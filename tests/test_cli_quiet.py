@@ -1,6 +1,7 @@
 """A `lit-rl fit` piped to a file (not a terminal) prints progress lines and none of the known noise of the
 libraries underneath (``lit_rl/cli/quiet.py``); ``--verbose`` brings that noise back. A deny-list of the lines
 seen before issue 40 (``tests/test_cli_output.py`` is the allow-list of the quickstart's whole output)."""
+
 from __future__ import annotations
 
 import os
@@ -43,8 +44,25 @@ def _env() -> dict:
 
 
 def _fit(root: Path, config: str, *extra: str, timeout: int = 300) -> str:
-    p = subprocess.run([sys.executable, "-m", "lit_rl.cli", "fit", "-c", config, "--trainer.default_root_dir",
-                        str(root), *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "lit_rl.cli",
+            "fit",
+            "-c",
+            config,
+            "--trainer.default_root_dir",
+            str(root),
+            *extra,
+        ],
+        cwd=ROOT,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
     return out
@@ -64,17 +82,35 @@ def test_quickstart_piped_prints_progress_and_no_noise(tmp_path):
     evaluation's line, no noise. configs/grpo.yaml (no HeldoutEval: the deliberately empty validation loader
     Lightning warned about) on the same model: no noise either; with --verbose that notice and Lightning's
     litlogger tip are back (what is dropped is only hidden)."""
-    out = _fit(tmp_path / "qs", "configs/quickstart.yaml", "--trainer.max_steps", "3", "--trainer.val_check_interval",
-               "2", "--checkpoint.every_n_iterations", "3")
+    out = _fit(
+        tmp_path / "qs",
+        "configs/quickstart.yaml",
+        "--trainer.max_steps",
+        "3",
+        "--trainer.val_check_interval",
+        "2",
+        "--checkpoint.every_n_iterations",
+        "3",
+    )
     assert noise(out) == [], "\n" + out[-4000:]
     assert [ln.split(":")[0] for ln in progress(out)] == ["Iteration 1/3", "Iteration 3/3"], out[-4000:]
-    assert re.search(r"^Evaluation at iteration 2: eval/accuracy [\d.e-]+", out, flags=re.MULTILINE), out[-4000:]
+    assert re.search(r"^Evaluation at iteration 2: eval/accuracy [\d.e-]+", out, flags=re.MULTILINE), out[
+        -4000:
+    ]
 
-    grpo = ["configs/grpo.yaml", "--trainer.max_steps", "1", "--model.init_args.model", str(tmp_path / "qs" / "model")]
+    grpo = [
+        "configs/grpo.yaml",
+        "--trainer.max_steps",
+        "1",
+        "--model.init_args.model",
+        str(tmp_path / "qs" / "model"),
+    ]
     out = _fit(tmp_path / "grpo", *grpo)
     assert noise(out) == [] and len(progress(out)) == 1, "\n" + out[-4000:]
     loud = _fit(tmp_path / "grpo_verbose", *grpo, "--verbose")
-    assert any("Total length of `NoEvaluation` across ranks is zero" in ln for ln in noise(loud)), loud[-4000:]
+    assert any("Total length of `NoEvaluation` across ranks is zero" in ln for ln in noise(loud)), loud[
+        -4000:
+    ]
     assert any("💡 Tip" in ln for ln in noise(loud)), loud[-4000:]
     assert len(progress(loud)) == 1
 
@@ -95,7 +131,18 @@ def test_vllm_run_is_quiet_and_exits_cleanly(tmp_path):
     advice (vLLM's in-process process group made Lightning think it was distributed), and no
     "[rank0]: ... Invalid process group specified" at exit (the engine is closed before the process group)."""
     pytest.importorskip("vllm")
-    out = _fit(tmp_path, "configs/grpo_vllm.yaml", "--trainer.max_steps", "2", "--trainer.val_check_interval", "2",
-               "--rollout.group_size", "2", "--data.init_args.batch_size", "4", timeout=600)
+    out = _fit(
+        tmp_path,
+        "configs/grpo_vllm.yaml",
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "2",
+        "--rollout.group_size",
+        "2",
+        "--data.init_args.batch_size",
+        "4",
+        timeout=600,
+    )
     assert noise(out) == [], "\n" + out[-4000:]
     assert len(progress(out)) == 2 and "Evaluation at iteration 2:" in out, out[-4000:]

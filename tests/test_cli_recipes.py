@@ -1,5 +1,6 @@
 """Every recipe runs through the `lit-rl` CLI, takes the rollout settings as flags, and re-runs from its own
 `--print_config` output; callback fragments compose."""
+
 import shutil
 from pathlib import Path
 
@@ -15,10 +16,18 @@ RECIPES = ["grpo", "dr_grpo", "dapo", "gspo", "cispo", "reinforce", "async"]
 CONFIGS = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
 # Recipes on the real checkpoint (lit_rl.models.smollm2) run only where it is built (marker real_ckpt).
 REAL = {"smollm2_addition": "last_int"}
-CONFIG_PARAMS = [pytest.param(c, marks=[pytest.mark.real_ckpt, pytest.mark.slow]) if c in REAL else c
-                 for c in CONFIGS]
+CONFIG_PARAMS = [
+    pytest.param(c, marks=[pytest.mark.real_ckpt, pytest.mark.slow]) if c in REAL else c for c in CONFIGS
+]
 # Keep every run cheap: 1-2 iterations of 4 prompts x 2 samples, 1 new token.
-SMALL = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--rollout.sampling.max_new_tokens", "1"]
+SMALL = [
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--rollout.sampling.max_new_tokens",
+    "1",
+]
 
 
 def _run(tmp_path, monkeypatch, model_dir, *configs, steps=2, extra=()):
@@ -26,8 +35,16 @@ def _run(tmp_path, monkeypatch, model_dir, *configs, steps=2, extra=()):
     args = ["fit"]
     for c in configs:
         args += ["-c", str(ROOT / c)]
-    args += ["--trainer.max_steps", str(steps), "--trainer.logger", "false", "--trainer.enable_progress_bar",
-             "false", "--trainer.default_root_dir", str(tmp_path / "run")]
+    args += [
+        "--trainer.max_steps",
+        str(steps),
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+    ]
     if model_dir is not None:
         args += ["--model.init_args.model", str(model_dir)]
     return main([*args, *extra])
@@ -46,8 +63,13 @@ def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatc
     # dapo's dynamic sampling refills groups without reward variance: its preset group of 8 and 64 tries
     group = "8" if recipe == "dapo" else "3"
     more = []
-    cli = _run(tmp_path, monkeypatch, tiny_model_dir, f"configs/{recipe}.yaml",
-               extra=["--rollout.group_size", group, "--rollout.sampling.max_new_tokens", "2", *more])
+    cli = _run(
+        tmp_path,
+        monkeypatch,
+        tiny_model_dir,
+        f"configs/{recipe}.yaml",
+        extra=["--rollout.group_size", group, "--rollout.sampling.max_new_tokens", "2", *more],
+    )
     m = cli.trainer.callback_metrics
     assert cli.model.iteration >= 1
     assert "reward/mean" in m and "actor/grad_norm" in m
@@ -66,8 +88,15 @@ def test_recipe_runs_through_cli_with_rollout_flags(recipe, tmp_path, monkeypatc
 def test_callback_fragment_composes_with_recipe(tmp_path, monkeypatch, tiny_model_dir):
     from lit_rl.callbacks import HeldoutEval, RolloutCallback
 
-    cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml", "callbacks/eval.yaml",
-               "callbacks/save_hf.yaml", extra=["--rollout.group_size", "5", "--trainer.val_check_interval", "1"])
+    cli = _run(
+        tmp_path,
+        monkeypatch,
+        tiny_model_dir,
+        "configs/grpo.yaml",
+        "callbacks/eval.yaml",
+        "callbacks/save_hf.yaml",
+        extra=["--rollout.group_size", "5", "--trainer.val_check_interval", "1"],
+    )
     kinds = [type(cb) for cb in cli.trainer.callbacks]
     assert RolloutCallback in kinds and HeldoutEval in kinds  # appended, not replaced
     assert _rollout(cli).settings.group_size == 5
@@ -78,21 +107,50 @@ def test_callback_fragment_composes_with_recipe(tmp_path, monkeypatch, tiny_mode
 
 def test_unknown_name_in_recipe_fails_at_construction(tmp_path, monkeypatch, tiny_model_dir):
     with pytest.raises((ValueError, SystemExit)):
-        _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml",
-             extra=["--model.init_args.advantage", "ppo"])
+        _run(
+            tmp_path,
+            monkeypatch,
+            tiny_model_dir,
+            "configs/grpo.yaml",
+            extra=["--model.init_args.advantage", "ppo"],
+        )
 
 
-def test_rollout_callback_in_callbacks_list_becomes_the_rollout_section(tmp_path, monkeypatch, tiny_model_dir):
+def test_rollout_callback_in_callbacks_list_becomes_the_rollout_section(
+    tmp_path, monkeypatch, tiny_model_dir
+):
     """Configs written before the `rollout` section (RolloutCallback under trainer.callbacks) still run: the
     entry moves into the section at its position, and a flag still wins over the entry's value."""
     cfg = tmp_path / "old.yaml"
-    cfg.write_text(yaml.safe_dump({"trainer": {"callbacks": [
-        {"class_path": "lit_rl.callbacks.Curriculum", "init_args": {"min_visits": 1}},
-        {"class_path": "lit_rl.callbacks.RolloutCallback", "init_args": {
-            "group_size": 4, "max_prompt_len": 77, "sampling": {"max_new_tokens": 1},
-            "rewards": {"class_path": "lit_rl.rewards.ExactAnswerReward"}}}]}}))
-    cli = _run(tmp_path, monkeypatch, tiny_model_dir, "configs/grpo.yaml", str(cfg), steps=1,
-               extra=["--rollout.group_size", "2", "--data.init_args.batch_size", "4"])
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "trainer": {
+                    "callbacks": [
+                        {"class_path": "lit_rl.callbacks.Curriculum", "init_args": {"min_visits": 1}},
+                        {
+                            "class_path": "lit_rl.callbacks.RolloutCallback",
+                            "init_args": {
+                                "group_size": 4,
+                                "max_prompt_len": 77,
+                                "sampling": {"max_new_tokens": 1},
+                                "rewards": {"class_path": "lit_rl.rewards.ExactAnswerReward"},
+                            },
+                        },
+                    ]
+                }
+            }
+        )
+    )
+    cli = _run(
+        tmp_path,
+        monkeypatch,
+        tiny_model_dir,
+        "configs/grpo.yaml",
+        str(cfg),
+        steps=1,
+        extra=["--rollout.group_size", "2", "--data.init_args.batch_size", "4"],
+    )
     rc = _rollout(cli)
     assert (rc.settings.group_size, rc.settings.max_prompt_len) == (2, 77)
     assert [type(c).__name__ for c in cli.trainer.callbacks[:2]] == ["Curriculum", "RolloutCallback"]
@@ -138,9 +196,20 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     small = SMALL if recipe != "dapo" else []
     # one iteration; max_steps counts optimizer steps: ppo_epochs 2 (gspo, cispo, ppo's one minibatch of 8) take 2
     steps = "2" if recipe in ("gspo", "cispo", "ppo") else "1"
-    printed = _print_config(capsys, ["fit", "-c", str(ROOT / f"configs/{recipe}.yaml"), "--trainer.max_steps", steps,
-                                     "--trainer.default_root_dir", str(tmp_path / "run"), *small,
-                                     *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else [])])
+    printed = _print_config(
+        capsys,
+        [
+            "fit",
+            "-c",
+            str(ROOT / f"configs/{recipe}.yaml"),
+            "--trainer.max_steps",
+            steps,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            *small,
+            *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else []),
+        ],
+    )
     assert "Unable to serialize" not in printed
     cfg = yaml.safe_load(printed)
     reward = REAL.get(recipe, "exact")
@@ -163,8 +232,17 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     if recipe != "quickstart":
         return
     # ... and the config the run saved re-runs as well (as a new run: another run directory)
-    cli = main(["fit", "-c", str(tmp_path / "run" / "config.yaml"), "--trainer.default_root_dir",
-                str(tmp_path / "run2"), "--trainer.enable_progress_bar", "false"])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            str(tmp_path / "run" / "config.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run2"),
+            "--trainer.enable_progress_bar",
+            "false",
+        ]
+    )
     assert cli.model.iteration == 1
 
 
@@ -172,12 +250,28 @@ def test_reward_list_and_callable_round_trip(tmp_path, monkeypatch, capsys, tiny
     """A list of reward specs (a class and a plain function) also survives print_config."""
     monkeypatch.chdir(tmp_path)
     rewards = '[{"class_path": "lit_rl.rewards.ExactAnswerReward"}, {"class_path": "lit_rl.rewards.PrefixMatchReward"}]'
-    args = ["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(tiny_model_dir),
-            "--trainer.max_steps", "1", "--trainer.default_root_dir", str(tmp_path / "run"), *SMALL,
-            "--rollout.rewards", "lit_rl.rewards.RewardPool", "--rollout.rewards.rewards", rewards]
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        str(tiny_model_dir),
+        "--trainer.max_steps",
+        "1",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        *SMALL,
+        "--rollout.rewards",
+        "lit_rl.rewards.RewardPool",
+        "--rollout.rewards.rewards",
+        rewards,
+    ]
     printed = _print_config(capsys, args)
     got = yaml.safe_load(printed)["rollout"]["rewards"]["init_args"]["rewards"]
-    assert [r["class_path"] for r in got] == ["lit_rl.rewards.ExactAnswerReward", "lit_rl.rewards.PrefixMatchReward"]
+    assert [r["class_path"] for r in got] == [
+        "lit_rl.rewards.ExactAnswerReward",
+        "lit_rl.rewards.PrefixMatchReward",
+    ]
     (tmp_path / "p.yaml").write_text(printed)
     cli = main(["fit", "-c", str(tmp_path / "p.yaml"), "--trainer.enable_progress_bar", "false"])
     assert sorted(_rollout(cli).rewards.rewards) == ["exact", "prefix"]

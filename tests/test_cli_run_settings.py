@@ -1,6 +1,7 @@
 """Run-level settings one step away from the defaults (issues 36 and 38): seed_everything seeds the whole run,
 max_steps counts optimizer steps and ends at an iteration's end, and TRL habits (gradient accumulation through
 the trainer, a top-level optimizer, a missing strategy package) stop with one line naming the replacement."""
+
 from __future__ import annotations
 
 import os
@@ -13,15 +14,35 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--data.init_args.batch_size", "4",
-         "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false"]
+QUICK = [
+    "fit",
+    "-c",
+    str(ROOT / "configs/quickstart.yaml"),
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def _lit_rl(*args: str, cwd: Path, pythonpath: list[str] = (), timeout: float = 240):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([*pythonpath, str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "lit_rl.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    env = {
+        **os.environ,
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([*pythonpath, str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "lit_rl.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def _error_line(proc) -> str:
@@ -44,8 +65,16 @@ def test_seed_everything_seeds_the_whole_run(tmp_path):
     the same rollout file, another seed another one (different prompts too)."""
     runs = {}
     for name, seed in (("a", "42"), ("b", "42"), ("c", "43")):
-        proc = _lit_rl(*QUICK, "--trainer.max_steps", "1", "--seed_everything", seed,
-                       "--trainer.default_root_dir", str(tmp_path / name), cwd=tmp_path)
+        proc = _lit_rl(
+            *QUICK,
+            "--trainer.max_steps",
+            "1",
+            "--seed_everything",
+            seed,
+            "--trainer.default_root_dir",
+            str(tmp_path / name),
+            cwd=tmp_path,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         runs[name] = _rollouts(tmp_path / name)
     assert runs["a"] == runs["b"]
@@ -84,16 +113,27 @@ def test_recipes_leave_the_narrower_seeds_to_seed_everything():
             for i, v in enumerate(node):
                 yield from seeds(v, f"{path}[{i}]")
 
-    found = {p.relative_to(ROOT).as_posix(): list(seeds(yaml.safe_load(p.read_text())))
-             for p in [*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "callbacks").glob("*.yaml")]}
+    found = {
+        p.relative_to(ROOT).as_posix(): list(seeds(yaml.safe_load(p.read_text())))
+        for p in [*(ROOT / "configs").rglob("*.yaml"), *(ROOT / "callbacks").glob("*.yaml")]
+    }
     assert {k: v for k, v in found.items() if v} == {}
 
 
 # ------------------------------------------------------------------ max_steps (issue 36.2, 38.8)
 def test_max_steps_not_a_whole_number_of_iterations_is_refused(tmp_path):
-    proc = _lit_rl(*QUICK, "--trainer.max_steps", "2", "--model.init_args.ppo_epochs", "2",
-                   "--model.init_args.minibatch_size", "4", "--trainer.default_root_dir", str(tmp_path / "run"),
-                   cwd=tmp_path)
+    proc = _lit_rl(
+        *QUICK,
+        "--trainer.max_steps",
+        "2",
+        "--model.init_args.ppo_epochs",
+        "2",
+        "--model.init_args.minibatch_size",
+        "4",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     line = _error_line(proc)
     assert "trainer.max_steps=2" in line and "model.init_args.ppo_epochs=2" in line
     assert "model.init_args.minibatch_size=4" in line and "multiple of 4" in line
@@ -109,9 +149,21 @@ def test_max_steps_stops_exactly_and_the_bar_counts_iterations(tmp_path, monkeyp
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
-    main([*QUICK[:-2], "--trainer.max_steps", "8", "--model.init_args.ppo_epochs", "2",
-          "--model.init_args.minibatch_size", "4", "--trainer.default_root_dir", str(run),
-          "--trainer.callbacks", "[]"])  # the default (tqdm) bar
+    main(
+        [
+            *QUICK[:-2],
+            "--trainer.max_steps",
+            "8",
+            "--model.init_args.ppo_epochs",
+            "2",
+            "--model.init_args.minibatch_size",
+            "4",
+            "--trainer.default_root_dir",
+            str(run),
+            "--trainer.callbacks",
+            "[]",
+        ]
+    )  # the default (tqdm) bar
     ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False, mmap=True)
     assert ckpt["global_step"] == 8 and ckpt["lit_rl_policy"]["iteration"] == 2
     out = capsys.readouterr()
@@ -121,19 +173,37 @@ def test_max_steps_stops_exactly_and_the_bar_counts_iterations(tmp_path, monkeyp
 
 # ------------------------------------------------------------------ TRL habits (issue 38)
 def test_trainer_gradient_accumulation_names_micro_batch_size(tmp_path):
-    line = _error_line(_lit_rl(*QUICK, "--trainer.accumulate_grad_batches", "4",
-                               "--trainer.default_root_dir", str(tmp_path / "run"), cwd=tmp_path))
+    line = _error_line(
+        _lit_rl(
+            *QUICK,
+            "--trainer.accumulate_grad_batches",
+            "4",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            cwd=tmp_path,
+        )
+    )
     assert "trainer.accumulate_grad_batches=4" in line
     assert "model.init_args.micro_batch_size" in line and "model.init_args.minibatch_size" in line
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("key,value", [("optimizer", "torch.optim.SGD"),
-                                       ("lr_scheduler", "torch.optim.lr_scheduler.StepLR")])
+@pytest.mark.parametrize(
+    "key,value", [("optimizer", "torch.optim.SGD"), ("lr_scheduler", "torch.optim.lr_scheduler.StepLR")]
+)
 def test_top_level_optimizer_beside_the_modules_is_refused(tmp_path, key, value):
     extra = ["--optimizer.lr", "0.123"] if key == "optimizer" else ["--lr_scheduler.step_size", "3"]
-    line = _error_line(_lit_rl(*QUICK, f"--{key}", value, *extra, "--trainer.default_root_dir",
-                               str(tmp_path / "run"), cwd=tmp_path))
+    line = _error_line(
+        _lit_rl(
+            *QUICK,
+            f"--{key}",
+            value,
+            *extra,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            cwd=tmp_path,
+        )
+    )
     assert f"model.init_args.{key}" in line and value in line
     assert not (tmp_path / "run").exists()
 
@@ -163,9 +233,17 @@ def test_missing_strategy_package_says_so_in_one_line(tmp_path):
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(textwrap.dedent(BLOCK_DEEPSPEED))
-    line = _error_line(_lit_rl(*QUICK, "-c", str(ROOT / "configs/strategies/deepspeed_zero3.yaml"),
-                               "--trainer.default_root_dir", str(tmp_path / "run"), cwd=tmp_path,
-                               pythonpath=[str(hook)]))
+    line = _error_line(
+        _lit_rl(
+            *QUICK,
+            "-c",
+            str(ROOT / "configs/strategies/deepspeed_zero3.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            cwd=tmp_path,
+            pythonpath=[str(hook)],
+        )
+    )
     assert "trainer.strategy=lit_rl.strategies.DeepSpeedZeROStrategy" in line
     assert "DeepSpeed installed" in line and "pip install" in line
     assert "Expected a <class 'str'>" not in line
@@ -192,14 +270,35 @@ def test_one_file_per_checkpoint_resumes_and_weights_only(tmp_path, monkeypatch)
     assert os.readlink(ckpts / "last.ckpt") == "iter=3.ckpt"
 
     light = tmp_path / "light"
-    main([*QUICK, "--trainer.default_root_dir", str(light), "--trainer.max_steps", "1",
-          "--checkpoint.save_weights_only", "true"])
+    main(
+        [
+            *QUICK,
+            "--trainer.default_root_dir",
+            str(light),
+            "--trainer.max_steps",
+            "1",
+            "--checkpoint.save_weights_only",
+            "true",
+        ]
+    )
     ckpt = torch.load(light / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert "state_dict" in ckpt and "optimizer_states" not in ckpt
     from lit_rl.cli import ConfigError
 
-    with pytest.raises(ConfigError, match="weights-only checkpoint .* cannot resume"):  # not Lightning's KeyError
-        main([*QUICK, "--trainer.default_root_dir", str(light), "--trainer.max_steps", "2", "--ckpt_path", "last"])
+    with pytest.raises(
+        ConfigError, match="weights-only checkpoint .* cannot resume"
+    ):  # not Lightning's KeyError
+        main(
+            [
+                *QUICK,
+                "--trainer.default_root_dir",
+                str(light),
+                "--trainer.max_steps",
+                "2",
+                "--ckpt_path",
+                "last",
+            ]
+        )
 
 
 # ------------------------------------------------------------------ lit-rl models (issue 38.6)

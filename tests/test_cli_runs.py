@@ -1,4 +1,5 @@
 """One run directory, resume that never silently restarts, one-line configuration errors, model sources."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,30 @@ from lit_rl.cli import ConfigError, main
 from lit_rl.runs import log_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false"]
+SMALL = [
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 
 def _quickstart(run: Path, *extra: str, steps: int = 2):
-    return main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(run),
-                 "--trainer.max_steps", str(steps), *SMALL, *extra])
+    return main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(run),
+            "--trainer.max_steps",
+            str(steps),
+            *SMALL,
+            *extra,
+        ]
+    )
 
 
 def _steps(run: Path, key: str = "reward/mean") -> list[int]:
@@ -38,14 +57,23 @@ def test_default_root_dir_moves_every_output(tmp_path, monkeypatch):
     run = tmp_path / "elsewhere" / "my_run"
     _quickstart(run, "--checkpoint.every_n_iterations", "1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere"]  # nothing in the working directory
-    for rel in ("config.yaml", "model/config.json", "checkpoints/last.ckpt", "checkpoints/iter=2.ckpt",
-                "logs/metrics.csv", "reward_curve.png", "final_model/config.json"):
+    for rel in (
+        "config.yaml",
+        "model/config.json",
+        "checkpoints/last.ckpt",
+        "checkpoints/iter=2.ckpt",
+        "logs/metrics.csv",
+        "reward_curve.png",
+        "final_model/config.json",
+    ):
         assert (run / rel).is_file(), rel
     assert list((run / "tb").glob("events.out.tfevents.*"))
     assert _steps(run) == [1, 2]  # iteration i at step i, as the progress bar counts
     saved = yaml.safe_load((run / "config.yaml").read_text())
     assert saved["trainer"]["default_root_dir"] == str(run)
-    assert saved["model"]["init_args"]["model"] == f"{run}/model"  # ${trainer.default_root_dir}/model, resolved
+    assert (
+        saved["model"]["init_args"]["model"] == f"{run}/model"
+    )  # ${trainer.default_root_dir}/model, resolved
 
 
 def test_one_step_numbering_in_every_output(tmp_path, monkeypatch):
@@ -74,7 +102,11 @@ def test_checkpoint_every_n_iterations_and_at_the_end(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "run"
     _quickstart(run, "--checkpoint.every_n_iterations", "2", "--checkpoint.save_top_k", "-1", steps=3)
-    assert sorted(p.name for p in (run / "checkpoints").glob("*.ckpt")) == ["iter=2.ckpt", "iter=3.ckpt", "last.ckpt"]
+    assert sorted(p.name for p in (run / "checkpoints").glob("*.ckpt")) == [
+        "iter=2.ckpt",
+        "iter=3.ckpt",
+        "last.ckpt",
+    ]
     last = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=True)
     assert last["lit_rl_policy"]["iteration"] == 3
 
@@ -134,8 +166,15 @@ def test_checkpointing_can_be_switched_off(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------ console script
 def _console(*args: str, cwd: Path, env: dict | None = None, timeout: float = 240):
     full = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    return subprocess.run([sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", *args], check=False,
-                          cwd=cwd, env=full, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from lit_rl.cli import console_main; console_main()", *args],
+        check=False,
+        cwd=cwd,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _error_lines(proc) -> list[str]:
@@ -143,8 +182,16 @@ def _error_lines(proc) -> list[str]:
 
 
 def test_config_error_is_one_line_naming_the_field(tmp_path, tiny_model_dir):
-    proc = _console("fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(tiny_model_dir),
-                    "--model.init_args.clip_low", "5", cwd=tmp_path)
+    proc = _console(
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        str(tiny_model_dir),
+        "--model.init_args.clip_low",
+        "5",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2
     (line,) = _error_lines(proc)
     assert "clip_low" in line and "[0, 1]" in line
@@ -152,16 +199,29 @@ def test_config_error_is_one_line_naming_the_field(tmp_path, tiny_model_dir):
 
 
 def test_missing_local_model_path_is_an_error(tmp_path):
-    proc = _console("fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", "runs/typo/model",
-                    cwd=tmp_path)
+    proc = _console(
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        "runs/typo/model",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = _error_lines(proc)
     assert "model='runs/typo/model'" in line and "does not exist" in line and "not a hub id" in line
 
 
 def test_hub_id_goes_to_from_pretrained_and_says_why_it_failed(tmp_path):
-    proc = _console("fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", "some-org/some-model",
-                    cwd=tmp_path, env={"HF_HUB_OFFLINE": "1"})
+    proc = _console(
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        "some-org/some-model",
+        cwd=tmp_path,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     (line,) = _error_lines(proc)
     assert "model='some-org/some-model' is not a local directory" in line and "hub id" in line
@@ -171,17 +231,37 @@ def test_hub_id_goes_to_from_pretrained_and_says_why_it_failed(tmp_path):
 def test_only_the_quickstarts_build_a_tiny_model():
     """tiny_if_missing turns a typo into a silently trained random model: only the from-scratch demos (the
     quickstart, and the same quickstart through vLLM, in-process or on servers) may use it."""
-    users = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml")
-                   if "tiny_if_missing" in (yaml.safe_load(p.read_text())["model"]["init_args"]))
+    users = sorted(
+        p.stem
+        for p in (ROOT / "configs").glob("*.yaml")
+        if "tiny_if_missing" in (yaml.safe_load(p.read_text())["model"]["init_args"])
+    )
     assert users == ["grpo_server", "grpo_vllm", "quickstart"]
 
 
 def test_progress_bar_counts_iterations_and_no_args_warning(tmp_path, monkeypatch, capsys, recwarn):
     monkeypatch.chdir(tmp_path)
-    main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path / "run"),
-          "--trainer.max_steps", "2", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-          "--trainer.callbacks", "[]", "-c", str(ROOT / "callbacks/eval.yaml"),  # the default (tqdm) bar
-          "--trainer.val_check_interval", "1"])
+    main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/quickstart.yaml"),
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.max_steps",
+            "2",
+            "--data.init_args.batch_size",
+            "4",
+            "--rollout.group_size",
+            "2",
+            "--trainer.callbacks",
+            "[]",
+            "-c",
+            str(ROOT / "callbacks/eval.yaml"),  # the default (tqdm) bar
+            "--trainer.val_check_interval",
+            "1",
+        ]
+    )
     out = capsys.readouterr()
     bar = out.out + out.err  # Lightning's tqdm writes to stdout
     assert "Iteration" in bar and "2/2" in bar and "eval/accuracy" in bar

@@ -1,4 +1,5 @@
 """CriticModule: parameter counts, hand-computed values and losses, bad input, PPO through Lightning."""
+
 import functools
 import math
 
@@ -31,17 +32,29 @@ def _experience(B=2, P=2, C=3):
     ids = torch.randint(5, 40, (B, P + C), generator=torch.Generator().manual_seed(0))
     mask = torch.tensor([[True, True, True], [True, False, False]])
     att = torch.ones(B, P + C, dtype=torch.long)
-    att[1, P + 1:] = 0
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                      group_ids=torch.arange(B), rewards=torch.ones(B), valid=torch.ones(B, dtype=torch.bool),
-                      policy_version=torch.zeros(B, dtype=torch.long))
+    att[1, P + 1 :] = 0
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.arange(B),
+        rewards=torch.ones(B),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+    )
 
 
 def _fwd(mod, exp, hidden=True):
     logits, h = mod.forward_logits(exp, return_hidden=True)
     n = int(exp.loss_mask.sum())
-    return {"logits": logits, "hidden": h if hidden else None, "mask": exp.loss_mask, "num_tokens": n,
-            "num_seqs": int(exp.loss_mask.any(-1).sum())}
+    return {
+        "logits": logits,
+        "hidden": h if hidden else None,
+        "mask": exp.loss_mask,
+        "num_tokens": n,
+        "num_seqs": int(exp.loss_mask.any(-1).sum()),
+    }
 
 
 def test_parameter_counts_regression_adds_hidden_plus_one_token_adds_zero(tiny_model_dir):
@@ -72,15 +85,17 @@ def test_token_head_bce_loss_hand_computed(tiny_model_dir):
     logits[..., yes] = 2.0  # z = 2 everywhere
     exp.values = torch.zeros(2, 3)
     exp.returns = torch.tensor([[1.0, 1.0, 0.0], [0.25, 7.0, 7.0]])  # 7.0 is padding: never read
-    out = mod.critic.loss_terms(mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4,
-                                           "num_seqs": 2})
+    out = mod.critic.loss_terms(
+        mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4, "num_seqs": 2}
+    )
     sp = math.log1p(math.exp(2.0))  # softplus(2); BCE = softplus(z) - y z
     expected = ((sp - 2) * 2 + sp + (sp - 0.5)) / 4
     assert float(out["value"]) == pytest.approx(0.5 * expected, rel=1e-12)
     exp.returns[0, 0] = 1.5
     with pytest.raises(ValueError, match=r"returns must lie in value_range=\[0.0, 1.0\]"):
-        mod.critic.loss_terms(mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4,
-                                         "num_seqs": 2})
+        mod.critic.loss_terms(
+            mod, exp, {"question_logits": logits, "mask": exp.loss_mask, "num_tokens": 4, "num_seqs": 2}
+        )
 
 
 def test_regression_clipped_value_loss_hand_computed(tiny_model_dir):
@@ -135,8 +150,12 @@ def test_bad_input_errors(tiny_model_dir, tiny_llama_dir):
         _module(tiny_model_dir, CriticModule(head="token"))
     with pytest.raises(ValueError, match="share_backbone=True but critic model .*llama.*qwen2"):
         _module(tiny_model_dir, CriticModule(model=str(tiny_llama_dir)))
-    for kw, match in (({"head": "mlp"}, "head='mlp'.*regression, token"), ({"vf_coef": -1.0}, "vf_coef"),
-                      ({"value_clip": 0.0}, "value_clip"), ({"value_range": (1.0, 0.0)}, "value_range")):
+    for kw, match in (
+        ({"head": "mlp"}, "head='mlp'.*regression, token"),
+        ({"vf_coef": -1.0}, "vf_coef"),
+        ({"value_clip": 0.0}, "value_clip"),
+        ({"value_range": (1.0, 0.0)}, "value_range"),
+    ):
         with pytest.raises(ValueError, match=match):
             CriticModule(**kw)
     mod = _module(tiny_model_dir, CriticModule())
@@ -146,16 +165,25 @@ def test_bad_input_errors(tiny_model_dir, tiny_llama_dir):
 
 def _fit(mod, steps):
     rc = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=2))
-    trainer = L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[rc])
+    trainer = L.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
     return trainer
 
 
 @pytest.mark.parametrize("critic_kw", [{}, {"share_backbone": False}])
 def test_ppo_with_critic_runs_through_lightning(tiny_model_dir, critic_kw):
-    mod = _module(tiny_model_dir, CriticModule(**critic_kw), advantage="gae", lam=0.95, ppo_epochs=2,
-                  minibatch_size=4)
+    mod = _module(
+        tiny_model_dir, CriticModule(**critic_kw), advantage="gae", lam=0.95, ppo_epochs=2, minibatch_size=4
+    )
     with torch.no_grad():  # non-zero values, so the value loss has a gradient even if every reward is 0
         torch.manual_seed(0)
         mod.critic.head.weight.normal_(std=0.1)
@@ -173,17 +201,38 @@ def test_ppo_config_runs_under_the_cli(tiny_model_dir, tmp_path):
     from lit_rl.cli import main
 
     # one iteration = ppo_epochs 2 x (2 prompts x 8 samples / minibatch 4) = 8 optimizer steps (max_steps counts those)
-    main(["fit", "-c", "configs/ppo.yaml", "--trainer.max_steps", "8", "--trainer.logger", "false",
-          "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path),
-          "--model.init_args.model", str(tiny_model_dir), "--data.init_args.batch_size", "2",
-          "--model.init_args.minibatch_size", "4"])
+    main(
+        [
+            "fit",
+            "-c",
+            "configs/ppo.yaml",
+            "--trainer.max_steps",
+            "8",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--model.init_args.model",
+            str(tiny_model_dir),
+            "--data.init_args.batch_size",
+            "2",
+            "--model.init_args.minibatch_size",
+            "4",
+        ]
+    )
     assert "lit_rl.learners.critic.CriticModule" in (tmp_path / "config.yaml").read_text()
 
 
 def test_value_only_warmup_leaves_a_detached_policy_untouched(tiny_model_dir):
     # weight_decay=0: AdamW's decoupled decay would move parameters even with all-zero gradients
-    mod = _module(tiny_model_dir, CriticModule(warmup_steps=1, detach_backbone=True), advantage="gae",
-                  optimizer=functools.partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0))
+    mod = _module(
+        tiny_model_dir,
+        CriticModule(warmup_steps=1, detach_backbone=True),
+        advantage="gae",
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-2, weight_decay=0.0),
+    )
     before = [p.detach().clone() for p in mod.model.parameters()]
     with torch.no_grad():  # non-zero values: the value loss has a gradient even if every reward is 0
         torch.manual_seed(0)

@@ -7,6 +7,7 @@ The pad is added here the way ``train_micro_batches`` adds it after the ranks' m
 micro-batch's value loss is its share of L (minibatch denominators), so their mean was L / k with k
 micro-batches; the logged value is now L for any micro-batching. Float64.
 """
+
 import functools
 
 import lightning as L
@@ -42,16 +43,31 @@ class Capture(L.Callback):
 def test_logged_value_loss_ignores_zero_weight_passes(tiny_model_dir, micro_batch_size, padded):
     L.seed_everything(0)
     cls = PaddedPolicy if padded else PolicyModule
-    mod = cls(model=str(tiny_model_dir), critic=CriticModule(value_clip=None), advantage="gae", lam=0.95,
-              loss_agg="token_mean", micro_batch_size=micro_batch_size, optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
+    mod = cls(
+        model=str(tiny_model_dir),
+        critic=CriticModule(value_clip=None),
+        advantage="gae",
+        lam=0.95,
+        loss_agg="token_mean",
+        micro_batch_size=micro_batch_size,
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
+    )
     with torch.no_grad():  # non-zero values: a non-trivial value loss
         torch.manual_seed(0)
         mod.critic.head.weight.normal_(std=0.1)
     cap = Capture()
     rc = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=3))
-    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", precision="64-true", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rc, cap])
+    trainer = L.Trainer(
+        max_steps=1,
+        max_epochs=-1,
+        accelerator="cpu",
+        precision="64-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, cap],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
     exp = cap.exps[0]
     assert exp.values.dtype == torch.float64

@@ -1,4 +1,5 @@
 """The yes/no value head asks its question after each prefix (the seed's design), not at the policy's logits."""
+
 from __future__ import annotations
 
 import functools
@@ -24,9 +25,16 @@ def _exp():
     att[1, 0] = 0
     att[1, 5:] = 0
     mask = att[:, 3:].bool()
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=3, group_ids=torch.arange(2),
-                      rewards=torch.ones(2), valid=torch.ones(2, dtype=torch.bool),
-                      policy_version=torch.zeros(2, dtype=torch.long))
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=3,
+        group_ids=torch.arange(2),
+        rewards=torch.ones(2),
+        valid=torch.ones(2, dtype=torch.bool),
+        policy_version=torch.zeros(2, dtype=torch.long),
+    )
 
 
 def test_value_is_read_after_the_question_appended_to_each_prefix(tiny_model_dir):
@@ -40,18 +48,24 @@ def test_value_is_read_after_the_question_appended_to_each_prefix(tiny_model_dir
     q = mod.critic.question_ids
     for i in range(2):
         for t in range(int(exp.loss_mask[i].sum())):
-            prefix = exp.input_ids[i, :3 + t][exp.attention_mask[i, :3 + t].bool()]
+            prefix = exp.input_ids[i, : 3 + t][exp.attention_mask[i, : 3 + t].bool()]
             with torch.no_grad():
                 logits = mod.model(input_ids=torch.cat([prefix, q])[None]).logits[0, -1]
-            assert abs(float(z[i, t]) - float(logits[yes] - logits[no])) <= 1e-10 * max(1.0, abs(float(z[i, t])))
+            assert abs(float(z[i, t]) - float(logits[yes] - logits[no])) <= 1e-10 * max(
+                1.0, abs(float(z[i, t]))
+            )
 
 
 def test_training_the_detached_token_head_alone_leaves_the_policy_unchanged(tiny_model_dir):
     """detach_backbone: only δ (hidden-size vector) learns from the value loss; after value-only warm-up
     steps the policy's completion log-probs are bitwise unchanged while the values moved."""
     critic = CriticModule(**TOKEN, detach_backbone=True, warmup_steps=100, vf_coef=1.0)
-    mod = PolicyModule(model=str(tiny_model_dir), critic=critic, advantage="gae",
-                       optimizer=functools.partial(torch.optim.SGD, lr=0.5))
+    mod = PolicyModule(
+        model=str(tiny_model_dir),
+        critic=critic,
+        advantage="gae",
+        optimizer=functools.partial(torch.optim.SGD, lr=0.5),
+    )
     assert critic.delta is not None and critic.delta.numel() == mod.model.config.hidden_size
     exp = _exp()
     with torch.no_grad():
@@ -59,9 +73,21 @@ def test_training_the_detached_token_head_alone_leaves_the_policy_unchanged(tiny
         v0, _ = critic.predict(mod, exp)
     rc = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=2))
     L.seed_everything(0)
-    L.Trainer(accelerator="cpu", max_steps=3, max_epochs=-1, logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, callbacks=[rc]).fit(
-        mod, datamodule=PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
+    L.Trainer(
+        accelerator="cpu",
+        max_steps=3,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc],
+    ).fit(
+        mod,
+        datamodule=PromptDataModule(
+            task="addition", task_args={"answer_width": 1, "max_sum": 9}, batch_size=2
+        ),
+    )
     with torch.no_grad():
         lp1 = mod.completion_logprobs(exp)
         v1, _ = critic.predict(mod, exp)

@@ -1,5 +1,6 @@
 """Prompt data the way users have it: JSONL text or TRL conversations, column maps, Hugging Face datasets;
 every bad record reported with file:line before the model loads."""
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,23 @@ def _jsonl(path: Path, rows: list) -> Path:
 
 
 def test_text_and_conversational_prompts_and_extra_fields(tmp_path):
-    f = _jsonl(tmp_path / "d.jsonl", [
-        {"prompt": "1+1=", "answer": "2", "domain": "math", "uid": 7, "source": "hand"},
-        {"prompt": CONV, "answer": "5"},
-        {"messages": CONV[1:], "answer": "5", "metadata": {"level": 1}},
-    ])
+    f = _jsonl(
+        tmp_path / "d.jsonl",
+        [
+            {"prompt": "1+1=", "answer": "2", "domain": "math", "uid": 7, "source": "hand"},
+            {"prompt": CONV, "answer": "5"},
+            {"messages": CONV[1:], "answer": "5", "metadata": {"level": 1}},
+        ],
+    )
     a, b, c = load_jsonl(f)
-    assert (a.prompt, a.messages, a.answer, a.domain, a.uid, a.metadata) == ("1+1=", None, "2", "math", "7",
-                                                                              {"source": "hand"})
+    assert (a.prompt, a.messages, a.answer, a.domain, a.uid, a.metadata) == (
+        "1+1=",
+        None,
+        "2",
+        "math",
+        "7",
+        {"source": "hand"},
+    )
     assert (b.prompt, b.messages, b.answer, b.domain, b.uid) == (None, CONV, "5", "default", "1")
     assert c.messages == CONV[1:] and c.metadata == {"level": 1}
 
@@ -45,15 +55,18 @@ def test_column_map(tmp_path):
 
 
 def test_every_bad_record_is_reported_with_its_1_based_line(tmp_path):
-    f = _jsonl(tmp_path / "bad.jsonl", [
-        {"prompt": "ok", "answer": "1"},           # line 1
-        "{not json",                               # line 2
-        "",                                        # line 3: blank, skipped but counted
-        {"question": "no prompt key"},             # line 4
-        {"prompt": [{"role": "user"}]},            # line 5: message without content
-        {"prompt": 3},                             # line 6
-        {"prompt": "fine"},                        # line 7
-    ])
+    f = _jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"prompt": "ok", "answer": "1"},  # line 1
+            "{not json",  # line 2
+            "",  # line 3: blank, skipped but counted
+            {"question": "no prompt key"},  # line 4
+            {"prompt": [{"role": "user"}]},  # line 5: message without content
+            {"prompt": 3},  # line 6
+            {"prompt": "fine"},  # line 7
+        ],
+    )
     with pytest.raises(DataError) as e:
         load_jsonl(f)
     lines = [err.split(": ", 1)[0] for err in e.value.errors]
@@ -84,6 +97,7 @@ def _expected(dm):
 def test_hf_dataset_local_sources_with_column_map(fmt, tmp_path):
     """The same column map reads local parquet / JSON / JSONL files and a save_to_disk (arrow) directory."""
     import datasets
+
     want = [("1+1=", None, "2"), (None, CONV, "5")]
     if fmt in ("json", "jsonl"):
         path = _jsonl(tmp_path / f"d.{fmt}", ROWS)
@@ -99,10 +113,13 @@ def test_hf_dataset_local_sources_with_column_map(fmt, tmp_path):
 
 def test_hf_dataset_heldout_split_and_row_errors(tmp_path):
     import datasets
-    dd = datasets.DatasetDict({
-        "train": datasets.Dataset.from_list([{"q": "a", "a": "1"}, {"q": "b", "a": "2"}]),
-        "test": datasets.Dataset.from_list([{"q": "c", "a": "3"}, {"q": "d", "a": None}]),
-    })
+
+    dd = datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"q": "a", "a": "1"}, {"q": "b", "a": "2"}]),
+            "test": datasets.Dataset.from_list([{"q": "c", "a": "3"}, {"q": "d", "a": None}]),
+        }
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     src = str(tmp_path / "dd")
     dm = PromptDataModule(dataset=src, prompt_key="q", answer_key="a", batch_size=1)
@@ -113,10 +130,20 @@ def test_hf_dataset_heldout_split_and_row_errors(tmp_path):
 
 def test_hf_hub_dataset_name_without_network_says_so(tmp_path):
     import datasets  # noqa: F401 - a core dependency: fails, never skips, when missing
-    code = ("from lit_rl.data import PromptDataModule\n"
-            "PromptDataModule(dataset='some-org/some-dataset', batch_size=1)\n")
-    proc = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=240, cwd=tmp_path,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"})
+
+    code = (
+        "from lit_rl.data import PromptDataModule\n"
+        "PromptDataModule(dataset='some-org/some-dataset', batch_size=1)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"},
+    )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     assert "dataset='some-org/some-dataset' is not a local file or directory" in last and "network" in last
@@ -129,22 +156,61 @@ def test_bad_data_fails_before_the_model_loads(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     bad = _jsonl(tmp_path / "bad.jsonl", [{"prompt": "ok"}, {"text": "x"}])
     with pytest.raises(ConfigError, match=rf"{bad}:2: missing field 'prompt'"):
-        main(["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", "runs/nope/model",
-              "--data.init_args.train_files", f"[{bad}]", "--trainer.default_root_dir", str(tmp_path / "run")])
+        main(
+            [
+                "fit",
+                "-c",
+                str(ROOT / "configs/grpo.yaml"),
+                "--model.init_args.model",
+                "runs/nope/model",
+                "--data.init_args.train_files",
+                f"[{bad}]",
+                "--trainer.default_root_dir",
+                str(tmp_path / "run"),
+            ]
+        )
 
 
 def test_own_conversational_data_trains_through_the_cli(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.chdir(tmp_path)
-    rows = [{"question": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b)}
-            for a in range(3) for b in range(3)]
+    rows = [
+        {"question": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b)}
+        for a in range(3)
+        for b in range(3)
+    ]
     train = _jsonl(tmp_path / "train.jsonl", rows)
     held = _jsonl(tmp_path / "held.jsonl", rows[:2])
-    cli = main(["fit", "-c", str(ROOT / "configs/grpo.yaml"), "-c", str(ROOT / "callbacks/eval.yaml"),
-                "--model.init_args.model", str(tiny_model_dir), "--trainer.max_steps", "1",
-                "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"),
-                "--data.init_args.train_files", f"[{train}]", "--data.init_args.heldout_files", f"[{held}]",
-                "--data.init_args.prompt_key", "question", "--data.init_args.answer_key", "solution",
-                "--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.val_check_interval", "1"])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/grpo.yaml"),
+            "-c",
+            str(ROOT / "callbacks/eval.yaml"),
+            "--model.init_args.model",
+            str(tiny_model_dir),
+            "--trainer.max_steps",
+            "1",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--data.init_args.train_files",
+            f"[{train}]",
+            "--data.init_args.heldout_files",
+            f"[{held}]",
+            "--data.init_args.prompt_key",
+            "question",
+            "--data.init_args.answer_key",
+            "solution",
+            "--data.init_args.batch_size",
+            "4",
+            "--rollout.group_size",
+            "2",
+            "--trainer.val_check_interval",
+            "1",
+        ]
+    )
     assert cli.model.iteration == 1
     assert cli.datamodule.train_prompts[0].messages == rows[0]["question"]
     assert "eval/accuracy" in cli.trainer.callback_metrics

@@ -3,6 +3,7 @@
 The 2-process training parity of ZeRO-2/3 with one process is in tests/test_distributed.py. Skipped when the
 optional ``deepspeed`` extra is not installed.
 """
+
 import os
 import socket
 import subprocess
@@ -11,7 +12,9 @@ import textwrap
 
 import pytest
 
-pytest.importorskip("deepspeed", reason="deepspeed is not installed (optional extra: pip install -e .[deepspeed])")
+pytest.importorskip(
+    "deepspeed", reason="deepspeed is not installed (optional extra: pip install -e .[deepspeed])"
+)
 
 from lit_rl.strategies import DeepSpeedZeROStrategy
 
@@ -23,7 +26,9 @@ def test_stage_must_be_2_or_3():
 
 def test_managed_gradient_accumulation_is_refused():
     with pytest.raises(ValueError, match="managed_gradient_accumulation must be false"):
-        DeepSpeedZeROStrategy(config={"zero_optimization": {"stage": 2}, "managed_gradient_accumulation": True})
+        DeepSpeedZeROStrategy(
+            config={"zero_optimization": {"stage": 2}, "managed_gradient_accumulation": True}
+        )
 
 
 def test_stage_3_turns_overlap_comm_off_and_accumulation_unmanaged():
@@ -40,8 +45,9 @@ class _Module:  # what the strategy reads of a LightningModule when it finalises
 
 
 def test_max_grad_norm_becomes_gradient_clipping():
-    s = DeepSpeedZeROStrategy(stage=2, config={"zero_optimization": {"stage": 2},
-                                               "train_micro_batch_size_per_gpu": 1})
+    s = DeepSpeedZeROStrategy(
+        stage=2, config={"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 1}
+    )
     s._lightning_module = _Module(0.25)
     s._format_batch_size_and_grad_accum_config()
     assert s.config["gradient_clipping"] == 0.25
@@ -50,7 +56,9 @@ def test_max_grad_norm_becomes_gradient_clipping():
 def test_conflicting_gradient_clipping_is_an_error():
     s = DeepSpeedZeROStrategy(stage=2, config={"zero_optimization": {"stage": 2}, "gradient_clipping": 0.5})
     s._lightning_module = _Module(1.0)
-    with pytest.raises(ValueError, match=r"gradient_clipping=0.5 disagrees with the module's max_grad_norm=1.0"):
+    with pytest.raises(
+        ValueError, match=r"gradient_clipping=0.5 disagrees with the module's max_grad_norm=1.0"
+    ):
         s._format_batch_size_and_grad_accum_config()
 
 
@@ -61,7 +69,7 @@ def test_hf_engine_keeps_a_private_copy_only_under_zero3():
     assert not _is_model_parallel(DeepSpeedZeROStrategy(stage=2))
 
 
-_CHILD = textwrap.dedent('''
+_CHILD = textwrap.dedent("""
     import sys
     import torch
     import deepspeed
@@ -106,7 +114,7 @@ _CHILD = textwrap.dedent('''
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=1e-6, msg=k)
     print("CHILD OK", len(got))
-''')
+""")
 
 
 def test_zero3_weight_sync_gathers_each_parameter_exactly(tmp_path, tiny_model_dir):
@@ -116,10 +124,22 @@ def test_zero3_weight_sync_gathers_each_parameter_exactly(tmp_path, tiny_model_d
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "RANK": "0", "LOCAL_RANK": "0",
-           "WORLD_SIZE": "1"}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+    }
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    p = subprocess.run([sys.executable, str(script), str(tiny_model_dir)], env=env, capture_output=True,
-                       text=True, timeout=300, check=False)
+    p = subprocess.run(
+        [sys.executable, str(script), str(tiny_model_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert p.returncode == 0 and "CHILD OK" in p.stdout, (p.stdout + p.stderr)[-4000:]

@@ -24,6 +24,7 @@ full-vocabulary terms. Found: the packed forward's CPU attention mask, old log-p
 OPD advantages' device log-probs. Not covered: cross-tokenizer teachers, the rollout engines, the eval
 callback.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,19 +49,30 @@ REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
 def _module(path, settings: dict) -> PolicyModule:
     head = settings.get("critic", "regression")
     own = {"share_backbone": False} if settings.get("critic_backbone") == "own" else {}  # a second model
-    critic = (CriticModule(head="token", yes_token="Y", no_token="N", **own) if head == "token"
-              else CriticModule(**own))
-    m = PolicyModule(model=str(path), critic=critic, advantage="gae", lam=0.95,
-                     ppo_epochs=settings.get("ppo_epochs", 2),
-                     optimizer=functools.partial(torch.optim.SGD, lr=0.0), micro_batch_size=4,
-                     padding_free=settings["padding_free"], share_prompt_forward=settings["share"],
-                     micro_batch_tokens=settings.get("micro_batch_tokens"))
+    critic = (
+        CriticModule(head="token", yes_token="Y", no_token="N", **own)
+        if head == "token"
+        else CriticModule(**own)
+    )
+    m = PolicyModule(
+        model=str(path),
+        critic=critic,
+        advantage="gae",
+        lam=0.95,
+        ppo_epochs=settings.get("ppo_epochs", 2),
+        optimizer=functools.partial(torch.optim.SGD, lr=0.0),
+        micro_batch_size=4,
+        padding_free=settings["padding_free"],
+        share_prompt_forward=settings["share"],
+        micro_batch_tokens=settings.get("micro_batch_tokens"),
+    )
     m.model.config._attn_implementation = settings.get("attn", "sdpa")
     m.processing = LogitProcessing(**settings.get("sampling", {}))  # truncated sampling: the π^s passes too
     if head == "regression":  # the head starts at zero (V = 0 whatever the forward): give it weights to read
         with torch.no_grad():
-            m.critic.head.weight.copy_(torch.linspace(-0.2, 0.2, m.critic.head.weight.numel()).view_as(
-                m.critic.head.weight))
+            m.critic.head.weight.copy_(
+                torch.linspace(-0.2, 0.2, m.critic.head.weight.numel()).view_as(m.critic.head.weight)
+            )
     return m
 
 
@@ -69,8 +81,9 @@ def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torc
     the Experience on the CPU until the update; the results as CPU tensors."""
     m = _module(path, settings)
     where = settings.get("kl", "loss")  # reward: a penalty from the reference's and the policy's log-probs
-    kl = ReferenceKL(kind="k1" if where == "reward" else "k3", where=where, beta=0.1,
-                     device=settings.get("ref_device"))  # "cpu": the reference stays off the accelerator
+    kl = ReferenceKL(
+        kind="k1" if where == "reward" else "k3", where=where, beta=0.1, device=settings.get("ref_device")
+    )  # "cpu": the reference stays off the accelerator
     kl.build_reference(m)  # as at ``setup``: copied before the strategy moves the policy
     router = TeacherRouter({"default": Teacher(model=copy.deepcopy(m.model))})
     m._trainer = SimpleNamespace(callbacks=[kl, router], world_size=1)  # what _micro_loss and the hooks read
@@ -83,8 +96,14 @@ def _passes(path, settings: dict, device: torch.device | None) -> dict[str, torc
     kl.on_experience(m._trainer, m, exp)  # reference log-probs
     router.on_experience(m._trainer, m, exp)  # teacher log-probs
     m.compute_advantages(exp)
-    out = {"old_logprobs": exp.old_logprobs, "old_full_logprobs": exp.old_full_logprobs, "values": exp.values, "ref_logprobs": exp.ref_logprobs,
-           "teacher_logprobs": exp.teacher_logprobs, "advantages": exp.advantages}
+    out = {
+        "old_logprobs": exp.old_logprobs,
+        "old_full_logprobs": exp.old_full_logprobs,
+        "values": exp.values,
+        "ref_logprobs": exp.ref_logprobs,
+        "teacher_logprobs": exp.teacher_logprobs,
+        "advantages": exp.advantages,
+    }
     out = {k: v for k, v in out.items() if v is not None}  # one epoch: no old log-probs
     assert all(t.device.type == "cpu" for t in out.values())  # the Experience stays where the loop keeps it
     mb = exp.to(m.device).trim()  # training_step's move, then OptimizerStep's minibatch
@@ -117,11 +136,19 @@ CASES = [
 
 
 def _case_id(s: dict) -> str:
-    return "-".join([("packed" if s["padding_free"] else "padded"), ("shared" if s["share"] else "plain"),
-                     f"mbt{s.get('micro_batch_tokens')}", s.get("critic", "regression"),
-                     s.get("attn", "sdpa"), f"kl_{s.get('kl', 'loss')}",
-                     "processed" if s.get("sampling") else "softmax",
-                     f"critic_{s.get('critic_backbone', 'shared')}", f"ref_{s.get('ref_device', 'policy')}"])
+    return "-".join(
+        [
+            ("packed" if s["padding_free"] else "padded"),
+            ("shared" if s["share"] else "plain"),
+            f"mbt{s.get('micro_batch_tokens')}",
+            s.get("critic", "regression"),
+            s.get("attn", "sdpa"),
+            f"kl_{s.get('kl', 'loss')}",
+            "processed" if s.get("sampling") else "softmax",
+            f"critic_{s.get('critic_backbone', 'shared')}",
+            f"ref_{s.get('ref_device', 'policy')}",
+        ]
+    )
 
 
 def _check_same(got: dict, want: dict, **tol) -> None:
@@ -213,8 +240,13 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
     from lit_rl.learners.distill import DistillModule
 
     losses = {"reverse_kl_sampled": 1.0, "topk_reverse_kl": 0.5, "forward_kl": 0.5}
-    m = DistillModule(model=str(path), losses=losses, topk=4, padding_free=padding_free,
-                      optimizer=functools.partial(torch.optim.SGD, lr=0.0))
+    m = DistillModule(
+        model=str(path),
+        losses=losses,
+        topk=4,
+        padding_free=padding_free,
+        optimizer=functools.partial(torch.optim.SGD, lr=0.0),
+    )
     teacher = copy.deepcopy(m.model)
     with torch.no_grad():  # a teacher that differs from the student: every term is non-zero
         teacher.get_input_embeddings().weight.mul_(1.5)
@@ -226,8 +258,11 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
         m.to(device)
     router.on_experience(m._trainer, m, exp)
     m.compute_advantages(exp)
-    out = {"teacher_logprobs": exp.teacher_logprobs, "opd_advantages": exp.extras["opd_advantages"],
-           "teacher_topk_logprobs": exp.extras["teacher_topk_logprobs"]}
+    out = {
+        "teacher_logprobs": exp.teacher_logprobs,
+        "opd_advantages": exp.extras["opd_advantages"],
+        "teacher_topk_logprobs": exp.extras["teacher_topk_logprobs"],
+    }
     mb = exp.to(m.device).trim()
     common = m._denominators(mb)
     loss = sum(sum(m._micro_loss(micro, common).values()) for micro in m.train_micro_batches(mb))
@@ -259,8 +294,12 @@ def _stand_in_contract(dev):
 
     a = torch.arange(6.0).view(2, 3).to(dev)
     assert isinstance(a, FakeDeviceTensor) and a.device == dev and not a.is_cpu
-    for bad in (lambda: a + torch.ones(2, 3), lambda: torch.cat([a, torch.ones(2, 3)]),
-                lambda: torch.ones(2, 3).masked_fill(a > 2, 0.0), lambda: torch.ones(3)[a[0].long()]):
+    for bad in (
+        lambda: a + torch.ones(2, 3),
+        lambda: torch.cat([a, torch.ones(2, 3)]),
+        lambda: torch.ones(2, 3).masked_fill(a > 2, 0.0),
+        lambda: torch.ones(3)[a[0].long()],
+    ):
         with pytest.raises(RuntimeError, match="same device|indices should be"):
             bad()
     # allowed as on CUDA: a 0-dim CPU operand, CPU indices and masks, copies, host reads

@@ -1,5 +1,6 @@
 """DistillModule loss terms against hand-computed float64 values (one per loss branch), RL mixing, and config
 errors. The teacher is a stub returning fixed logits, so each term is checked in isolation."""
+
 from __future__ import annotations
 
 import math
@@ -22,17 +23,31 @@ def _kl(a, b):
 
 
 def _micro(mask=(True, True)):
-    return Experience(input_ids=torch.tensor([[7, *TOK]]), attention_mask=torch.ones(1, 3, dtype=torch.long),
-                      loss_mask=torch.tensor([list(mask)]), prompt_len=1, group_ids=torch.zeros(1, dtype=torch.long),
-                      rewards=torch.zeros(1), valid=torch.ones(1, dtype=torch.bool),
-                      policy_version=torch.zeros(1, dtype=torch.long), domains=["d"])
+    return Experience(
+        input_ids=torch.tensor([[7, *TOK]]),
+        attention_mask=torch.ones(1, 3, dtype=torch.long),
+        loss_mask=torch.tensor([list(mask)]),
+        prompt_len=1,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        rewards=torch.zeros(1),
+        valid=torch.ones(1, dtype=torch.bool),
+        policy_version=torch.zeros(1, dtype=torch.long),
+        domains=["d"],
+    )
 
 
 def _fwd(micro):
     logits = torch.tensor([[P1, P2]], dtype=D).log().requires_grad_(True)  # (1, 2, V)
     lp = torch.log_softmax(logits, -1).gather(-1, micro.completion_ids.unsqueeze(-1)).squeeze(-1)
     m = micro.loss_mask
-    return {"logits": logits, "logprobs": lp, "mask": m, "num_tokens": int(m.sum()), "num_seqs": 1, "hidden": None}
+    return {
+        "logits": logits,
+        "logprobs": lp,
+        "mask": m,
+        "num_tokens": int(m.sum()),
+        "num_seqs": 1,
+        "hidden": None,
+    }
 
 
 class _StubRouter:
@@ -42,7 +57,7 @@ class _StubRouter:
 
 def _module(tiny_model_dir, **kw):
     m = DistillModule(model=str(tiny_model_dir), **kw)
-    m.router = lambda: _StubRouter()  # instance attribute: no trainer needed
+    m.router = _StubRouter  # instance attribute: no trainer needed
     return m
 
 
@@ -63,10 +78,12 @@ def test_reverse_kl_full_term_and_masking(tiny_model_dir):
     m = _module(tiny_model_dir, losses={"reverse_kl_full": 2.0})
     micro = _micro()
     assert STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
-        2.0 * (_kl(P1, Q1) + _kl(P2, Q2)) / 2, rel=1e-12)
+        2.0 * (_kl(P1, Q1) + _kl(P2, Q2)) / 2, rel=1e-12
+    )
     micro = _micro(mask=(True, False))  # a masked position contributes nothing
     assert STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))["reverse_kl_full"].item() == pytest.approx(
-        2.0 * _kl(P1, Q1), rel=1e-12)
+        2.0 * _kl(P1, Q1), rel=1e-12
+    )
 
 
 def test_forward_kl_term(tiny_model_dir):
@@ -111,21 +128,33 @@ def test_combined_terms_each_present(tiny_model_dir):
 
 
 def test_rl_mixing_scales_reward_advantages_and_adds_opd(tiny_model_dir):
-    m = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, rl_coef=0.5, advantage="grpo",
-                std_normalize=False)
-    exp = Experience(input_ids=torch.tensor([[7, 2], [7, 0]]), attention_mask=torch.ones(2, 2, dtype=torch.long),
-                     loss_mask=torch.ones(2, 1, dtype=torch.bool), prompt_len=1,
-                     group_ids=torch.zeros(2, dtype=torch.long), rewards=torch.tensor([1.0, 0.0]),
-                     valid=torch.ones(2, dtype=torch.bool), policy_version=torch.zeros(2, dtype=torch.long),
-                     rollout_logprobs=torch.tensor([[-1.0], [-2.0]]), teacher_logprobs=torch.tensor([[-0.5], [-3.0]]))
+    m = _module(
+        tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, rl_coef=0.5, advantage="grpo", std_normalize=False
+    )
+    exp = Experience(
+        input_ids=torch.tensor([[7, 2], [7, 0]]),
+        attention_mask=torch.ones(2, 2, dtype=torch.long),
+        loss_mask=torch.ones(2, 1, dtype=torch.bool),
+        prompt_len=1,
+        group_ids=torch.zeros(2, dtype=torch.long),
+        rewards=torch.tensor([1.0, 0.0]),
+        valid=torch.ones(2, dtype=torch.bool),
+        policy_version=torch.zeros(2, dtype=torch.long),
+        rollout_logprobs=torch.tensor([[-1.0], [-2.0]]),
+        teacher_logprobs=torch.tensor([[-0.5], [-3.0]]),
+    )
     metrics = m.compute_advantages(exp)
     torch.testing.assert_close(exp.advantages, torch.tensor([[0.25], [-0.25]]))  # 0.5 · (r − mean)
-    torch.testing.assert_close(exp.extras["opd_advantages"], torch.tensor([[0.5], [-1.0]]))  # −(log π − log π_T)
+    torch.testing.assert_close(
+        exp.extras["opd_advantages"], torch.tensor([[0.5], [-1.0]])
+    )  # −(log π − log π_T)
     assert metrics["distill/reverse_kl"] == pytest.approx((-0.5 + 1.0) / 2)
     m0 = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0})  # rl_coef 0: reward term off
     m0.compute_advantages(exp)
     assert torch.all(exp.advantages == 0)
-    mb = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, opd_baseline=True)  # leave-one-out, same group
+    mb = _module(
+        tiny_model_dir, losses={"reverse_kl_sampled": 1.0}, opd_baseline=True
+    )  # leave-one-out, same group
     mb.compute_advantages(exp)
     torch.testing.assert_close(exp.extras["opd_advantages"], torch.tensor([[0.5 - (-1.0)], [-1.0 - 0.5]]))
 

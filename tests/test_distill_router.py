@@ -1,5 +1,6 @@
 """TeacherRouter / Teacher components: routing by domain (spy teachers), lazy loading, fallback, privileged
 templates, tokenizer checks and cross-tokenizer scoring. No training here."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,9 +11,9 @@ from lit_rl.callbacks.teacher_inputs import privileged_prompt, teacher_view
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.prompts import Prompt, render_prompt
+from lit_rl.learners.policy import PolicyModule
 from lit_rl.models.loading import load_causal_lm, load_tokenizer
 from lit_rl.models.tiny import build_tiny_model
-from lit_rl.learners.policy import PolicyModule
 
 TINY = {"layers": 2, "hidden": 64, "heads": 2, "tokenizer": "char"}
 
@@ -37,8 +38,10 @@ def _exp(tok, rows):
     return _pack(tok, p_ids, c_ids, [p for p, _ in rows], torch.zeros(len(rows)))
 
 
-ADD = [Prompt(prompt="||+|=", answer="3", domain="addition", uid="a1"),
-       Prompt(prompt="|+|=", answer="2", domain="addition", uid="a2")]
+ADD = [
+    Prompt(prompt="||+|=", answer="3", domain="addition", uid="a1"),
+    Prompt(prompt="|+|=", answer="2", domain="addition", uid="a2"),
+]
 REV = [Prompt(prompt="rev abc:", answer="cba", domain="reverse", uid="r1")]
 
 
@@ -61,7 +64,9 @@ def test_spy_every_row_scored_by_its_own_domain_teacher(student, two_teachers):
     for i, (p, _) in enumerate(rows):
         row = exp.select([i])
         want = token_logprobs(student.forward_logits(row, model=spies[p.domain].inner), row.completion_ids)
-        torch.testing.assert_close(exp.teacher_logprobs[i:i + 1][row.loss_mask], want[row.loss_mask].float())
+        torch.testing.assert_close(
+            exp.teacher_logprobs[i : i + 1][row.loss_mask], want[row.loss_mask].float()
+        )
     assert router.rows_total == {"addition": 3, "reverse": 2}
 
 
@@ -69,7 +74,9 @@ def test_unknown_domain_error_and_fallback(student, two_teachers):
     tok = student.tokenizer
     exp = _exp(tok, [(Prompt(prompt="x", answer="y", domain="poetry"), "y")])
     router = TeacherRouter({"addition": str(two_teachers[0]), "reverse": str(two_teachers[1])})
-    with pytest.raises(ValueError, match=r"no teacher for domain 'poetry'; known domains: \['addition', 'reverse'\]"):
+    with pytest.raises(
+        ValueError, match=r"no teacher for domain 'poetry'; known domains: \['addition', 'reverse'\]"
+    ):
         router.on_experience(None, student, exp)
     by_name = TeacherRouter({"addition": str(two_teachers[0])}, fallback="addition")
     by_name.on_experience(None, student, exp)
@@ -96,8 +103,10 @@ def test_privileged_template_fields_and_missing_field():
     assert privileged_prompt("{prompt}(answer: {answer})", p).prompt == "||+|=(answer: 3)"
     assert privileged_prompt("[{hint}] {prompt}", p).prompt == "[count] ||+|="
     chat = Prompt(messages=[{"role": "user", "content": "2+2?"}], answer="4", uid="c1")
-    assert privileged_prompt("{prompt} The answer is {answer}.", chat).messages[-1]["content"] == \
-        "2+2? The answer is 4."
+    assert (
+        privileged_prompt("{prompt} The answer is {answer}.", chat).messages[-1]["content"]
+        == "2+2? The answer is 4."
+    )
     with pytest.raises(ValueError, match=r"field 'solution'.*uid='a1'.*prompt='\|\|\+\|='"):
         privileged_prompt("{prompt} {solution}", p)
 
@@ -107,7 +116,7 @@ def test_privileged_view_keeps_completion_tokens_aligned(student):
     exp = _exp(tok, [(ADD[0], "3"), (REV[0], "cba")])
     view = teacher_view("{prompt}(answer: {answer})", exp, tok)
     assert torch.equal(view.completion_ids, exp.completion_ids)
-    assert torch.equal(view.attention_mask[:, view.prompt_len:], exp.attention_mask[:, exp.prompt_len:])
+    assert torch.equal(view.attention_mask[:, view.prompt_len :], exp.attention_mask[:, exp.prompt_len :])
     assert tok.decode(view.input_ids[1][view.attention_mask[1].bool()]) == "rev abc:(answer: cba)cba"
     with pytest.raises(ValueError, match="field 'solution'"):
         teacher_view("{solution}", exp, tok)
@@ -196,7 +205,9 @@ def test_cross_tokenizer_multibyte_characters_split_across_byte_level_tokens(tmp
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         assert float(got.sum()) == pytest.approx(float(t_lp.double().sum()), rel=1e-5)
         # the student tokens inside a split character get nothing: their character is not complete yet
-        assert (got[torch.tensor(["\ufffd" in stok.decode(s_ids[:j + 1])[-1:] for j in range(len(s_ids))])] == 0).all()
+        assert (
+            got[torch.tensor(["\ufffd" in stok.decode(s_ids[: j + 1])[-1:] for j in range(len(s_ids))])] == 0
+        ).all()
 
 
 def test_char_ends_windows_and_the_exact_fallback(tmp_path):

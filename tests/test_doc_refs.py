@@ -1,6 +1,7 @@
 """Every ``docs/architecture.md "Section"`` reference in the package names a heading of that file (a quoted
 text that starts a heading: ``"Data flow"`` names "Data flow of one RL iteration"), so a renamed or removed
 section fails here instead of leaving docstrings that point nowhere."""
+
 from __future__ import annotations
 
 import re
@@ -33,8 +34,11 @@ def references(root: Path) -> list[tuple[str, int, str]]:
 
 
 def missing(refs: list[tuple[str, int, str]], heads: list[str]) -> list[str]:
-    return [f"{f}:{n}: docs/architecture.md has no heading {s!r}" for f, n, s in refs
-            if not any(h.startswith(s) for h in heads)]
+    return [
+        f"{f}:{n}: docs/architecture.md has no heading {s!r}"
+        for f, n, s in refs
+        if not any(h.startswith(s) for h in heads)
+    ]
 
 
 def test_the_checker_finds_a_missing_heading_and_accepts_a_prefix(tmp_path):

@@ -1,6 +1,7 @@
 """PolicyModule(gradient_checkpointing=True): the same log-probs and gradients as the plain path, in float64,
 through the chunked-head forward (the shared-prompt pass is skipped under checkpointing), the materialised
 path, and a LoRA policy; the decoder layers really are checkpointed (fewer tensors saved for backward)."""
+
 from __future__ import annotations
 
 import pytest

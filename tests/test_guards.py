@@ -1,5 +1,6 @@
 """Non-finite gradient guards on a real tiny model: NaN / Inf gradients come from a LossTerm callback
 (``resume_support.NaNGradTerm``), so the whole real update path runs, down to clip_grad_norm."""
+
 from __future__ import annotations
 
 import copy
@@ -21,20 +22,37 @@ TASK = {"answer_width": 1, "max_sum": 9, "unary": True}
 
 
 def _fit(model_dir, callbacks, max_steps, **module_kw):
-    module = PolicyModule(model=str(model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
-                          **module_kw)
-    rollout = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=1))
+    module = PolicyModule(
+        model=str(model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2), **module_kw
+    )
+    rollout = RolloutCallback(
+        rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=1)
+    )
     # no implicit ModelCheckpoint (it would write into the working directory): only the tests' own
     enable_ckpt = any(isinstance(cb, ModelCheckpoint) for cb in callbacks)
-    trainer = L.Trainer(max_steps=max_steps, max_epochs=-1, accelerator="cpu", logger=False,
-                        enable_checkpointing=enable_ckpt, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rollout, *callbacks])
-    return module, trainer, lambda: trainer.fit(module, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=enable_ckpt,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rollout, *callbacks],
+    )
+    return (
+        module,
+        trainer,
+        lambda: trainer.fit(module, datamodule=PromptDataModule(task_args=TASK, batch_size=2)),
+    )
 
 
 def _snapshot(module, trainer):
-    return {"params": {k: v.detach().clone() for k, v in module.state_dict().items()},
-            "opt": copy.deepcopy(trainer.optimizers[0].state_dict()), "global_step": trainer.global_step}
+    return {
+        "params": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "opt": copy.deepcopy(trainer.optimizers[0].state_dict()),
+        "global_step": trainer.global_step,
+    }
 
 
 def _equal(a, b) -> bool:
@@ -74,7 +92,9 @@ def test_nonfinite_gradient_skips_the_step_bitwise(tiny_model_dir, value):
     assert not _equal(snaps.after[0]["params"], snaps.before[0]["params"])
     assert not _equal(snaps.after[2]["params"], snaps.before[2]["params"])
     assert all(torch.isfinite(v).all() for v in snaps.after[3]["params"].values() if v.is_floating_point())
-    assert module.skipped_steps == 1 and module.nonfinite_in_a_row == 0  # counted; reset by the next good step
+    assert (
+        module.skipped_steps == 1 and module.nonfinite_in_a_row == 0
+    )  # counted; reset by the next good step
     assert [snaps.skipped[i] for i in range(4)] == [0.0, 1.0, 1.0, 1.0]  # logged as actor/skipped_steps
     assert trainer.global_step == 3 and module.iteration == 4
 
@@ -96,7 +116,7 @@ def test_a_skipped_step_is_never_checkpointed(tiny_model_dir, tmp_path):
 
     saves = Saves()
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_top_k=-1, save_last=True)
-    module, trainer, fit = _fit(tiny_model_dir, [NaNGradTerm([1]), saves, ckpt], max_steps=2)
+    _module, _trainer, fit = _fit(tiny_model_dir, [NaNGradTerm([1]), saves, ckpt], max_steps=2)
     fit()
     # ModelCheckpoint saved after iterations 0 and 2 (step + last files, 2 dumps each); only the forced save
     # happened after iteration 1
@@ -111,10 +131,14 @@ def test_a_skipped_step_is_never_checkpointed(tiny_model_dir, tmp_path):
 
 def test_consecutive_nonfinite_steps_stop_with_the_last_good_checkpoint(tiny_model_dir, tmp_path):
     ckpt = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=1, save_last=True)
-    module, trainer, fit = _fit(tiny_model_dir, [NaNGradTerm([1, 2, 3]), ckpt], max_steps=10,
-                                max_nonfinite_steps=3)
-    with pytest.raises(RuntimeError, match=r"3 optimizer steps in a row had a non-finite gradient norm "
-                                           r"\(max_nonfinite_steps=3\)"):
+    module, _trainer, fit = _fit(
+        tiny_model_dir, [NaNGradTerm([1, 2, 3]), ckpt], max_steps=10, max_nonfinite_steps=3
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"3 optimizer steps in a row had a non-finite gradient norm "
+        r"\(max_nonfinite_steps=3\)",
+    ):
         fit()
     last = torch.load(tmp_path / "ckpt" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 1 and last["lit_rl_policy"]["iteration"] == 1  # the good iteration 0

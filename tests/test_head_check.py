@@ -2,6 +2,7 @@
 transforms its logits after the head under a name ``projection_blocker`` does not know (here: a forward hook
 scaling the CausalLM's logits, and a config field no list names) falls back to the materialised logits, logged
 once, and its log-probs are the model's own."""
+
 from __future__ import annotations
 
 import logging
@@ -15,6 +16,7 @@ from lit_rl.learners import heads
 def _scaled(model, factor):
     """Scale the CausalLM's output logits by ``factor`` (what a width multiplier or a soft-cap under an unknown
     config name does)."""
+
     def hook(mod, args, out):
         out.logits = out.logits * factor
         return out
@@ -49,11 +51,22 @@ def test_policy_logprobs_of_a_scaled_model_are_its_own(tiny_model_dir):
     _scaled(policy.model, 3.0)
     prompt, completion = [5, 6, 7, 8], [9, 10, 11]
     ids = torch.tensor([prompt + completion])  # the fields forward_outputs reads of an Experience micro-batch
-    exp = types.SimpleNamespace(input_ids=ids, attention_mask=torch.ones_like(ids), completion_len=len(completion),
-                                completion_ids=torch.tensor([completion]), prompt_len=len(prompt))
+    exp = types.SimpleNamespace(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        completion_len=len(completion),
+        completion_ids=torch.tensor([completion]),
+        prompt_len=len(prompt),
+    )
     policy.update_settings(share_prompt_forward=False)
     with torch.no_grad():
         got = policy.completion_logprobs(exp)[0].double()
-        logits = policy.model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].double()
-    want = torch.log_softmax(logits / policy.temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+        logits = (
+            policy.model(input_ids=torch.tensor([prompt + completion]))
+            .logits[0, len(prompt) - 1 : -1]
+            .double()
+        )
+    want = torch.log_softmax(logits / policy.temperature, -1).gather(-1, torch.tensor(completion)[:, None])[
+        :, 0
+    ]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5)

@@ -8,14 +8,15 @@ hub checkpoints ship such defaults).
 - top-k from the run's own SamplingConfig (not the checkpoint's) gives the truncated log-probs
   (``tests/test_processed_sampling.py`` covers every setting).
 """
+
 import math
 
 import pytest
 import torch
 from transformers import GenerationConfig
 
-from lit_rl.models.tiny import build_tiny_model
 from lit_rl.learners import PolicyModule
+from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
 PROMPT = "abcdefghijklmnopqrstuvwxyz0123456789"  # 36 distinct tokens the repetition penalty would push down
@@ -24,10 +25,19 @@ T = 0.5
 
 @pytest.fixture(scope="module")
 def bound(tmp_path_factory):
-    d = build_tiny_model(tmp_path_factory.mktemp("gencfg") / "m", layers=2, hidden=64, heads=2, tokenizer="char",
-                         seed=0)
-    GenerationConfig(repetition_penalty=2.0, top_k=5, top_p=0.5, min_p=0.5, temperature=0.2, do_sample=True,
-                     eos_token_id=1, pad_token_id=0).save_pretrained(d)
+    d = build_tiny_model(
+        tmp_path_factory.mktemp("gencfg") / "m", layers=2, hidden=64, heads=2, tokenizer="char", seed=0
+    )
+    GenerationConfig(
+        repetition_penalty=2.0,
+        top_k=5,
+        top_p=0.5,
+        min_p=0.5,
+        temperature=0.2,
+        do_sample=True,
+        eos_token_id=1,
+        pad_token_id=0,
+    ).save_pretrained(d)
     module = PolicyModule(model=str(d))
     assert module.model.generation_config.repetition_penalty == 2.0  # the checkpoint's defaults were loaded
     assert module.model.generation_config.top_k == 5
@@ -49,19 +59,29 @@ def test_reported_logprobs_are_the_teacher_forced_ones(bound):
     assert len(comps) == 8
     for c in comps:
         logits = _next_token_logits(module, ids + c.token_ids)  # position P+t-1 predicts completion token t
-        lp = torch.log_softmax(logits / T, -1)[len(ids) - 1:-1].gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
+        lp = torch.log_softmax(logits / T, -1)[len(ids) - 1 : -1].gather(
+            -1, torch.tensor(c.token_ids)[:, None]
+        )[:, 0]
         torch.testing.assert_close(torch.tensor(c.logprobs, dtype=torch.float64), lp, rtol=0, atol=2e-5)
-    assert module.model.generation_config.repetition_penalty == 2.0  # the model's own config is left as it was
+    assert (
+        module.model.generation_config.repetition_penalty == 2.0
+    )  # the model's own config is left as it was
 
 
 def test_sampling_frequencies_follow_the_untruncated_distribution(bound):
     module, engine = bound
     ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    p = torch.softmax(_next_token_logits(module, ids)[-1] / T, -1)  # (V,) the distribution the log-probs describe
+    p = torch.softmax(
+        _next_token_logits(module, ids)[-1] / T, -1
+    )  # (V,) the distribution the log-probs describe
     torch.manual_seed(1)
     N = 4000
-    toks = torch.tensor([c.token_ids[0] for c in engine.generate([ids], N, SamplingConfig(temperature=T,
-                                                                                         max_new_tokens=1))[0]])
+    toks = torch.tensor(
+        [
+            c.token_ids[0]
+            for c in engine.generate([ids], N, SamplingConfig(temperature=T, max_new_tokens=1))[0]
+        ]
+    )
     outside_top5 = torch.ones_like(p, dtype=torch.bool)
     outside_top5[p.topk(5).indices] = False
     in_prompt = torch.zeros_like(p, dtype=torch.bool)
@@ -112,9 +132,14 @@ def test_private_copy_of_a_lora_policy_takes_merged_weights(tmp_path):
     ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
     greedy = SamplingConfig(temperature=0.0, max_new_tokens=4)
     with torch.no_grad():  # the engine's greedy tokens are the merged policy's argmax path
-        want = module.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                                     eos_token_id=None, pad_token_id=0)[0, len(ids):].tolist()
+        want = module.model.generate(
+            input_ids=torch.tensor([ids]),
+            max_new_tokens=4,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(ids) :].tolist()
     c = engine.generate([ids], 1, greedy)[0][0]
-    assert c.token_ids == want[:len(c.token_ids)] and (c.finish_reason == "stop" or len(c.token_ids) == 4)
+    assert c.token_ids == want[: len(c.token_ids)] and (c.finish_reason == "stop" or len(c.token_ids) == 4)
     with pytest.raises(ValueError, match="unknown"):
         engine.update_weights([("not.a.weight", torch.zeros(1))])

@@ -5,6 +5,7 @@ Read from the source with ``ast`` (every import statement, including those insid
 ``TYPE_CHECKING``, and every ``"lit_rl.…"`` string a lazy ``importlib`` map could load), so an arrow against the
 layering fails here even when the module that would carry it is never imported by a test. ``python
 tests/test_layering.py`` prints the upward imports and the cycles (the numbers of issue 27)."""
+
 from __future__ import annotations
 
 import ast
@@ -17,9 +18,17 @@ PKG = Path(__file__).resolve().parents[1] / "lit_rl"
 
 # The floors, lowest first: a module may import its own floor and the floors below it, never above.
 FLOORS = {
-    "errors": 0, "core": 0,
-    "data": 1, "models": 1, "runs": 1, "checkpoint": 1, "report": 1,
-    "rewards": 2, "rollout": 2, "strategies": 2, "export": 2,
+    "errors": 0,
+    "core": 0,
+    "data": 1,
+    "models": 1,
+    "runs": 1,
+    "checkpoint": 1,
+    "report": 1,
+    "rewards": 2,
+    "rollout": 2,
+    "strategies": 2,
+    "export": 2,
     "learners": 3,
     "callbacks": 4,
     "cli": 5,
@@ -27,8 +36,18 @@ FLOORS = {
 
 # layer -> lit_rl packages it must not import (the first rules, kept: core is also free of every other floor)
 FORBIDDEN = {
-    "core": ("lit_rl.callbacks", "lit_rl.learners", "lit_rl.rollout", "lit_rl.data", "lit_rl.rewards",
-             "lit_rl.models", "lit_rl.cli", "lit_rl.runs", "lit_rl.strategies", "lit_rl.report"),
+    "core": (
+        "lit_rl.callbacks",
+        "lit_rl.learners",
+        "lit_rl.rollout",
+        "lit_rl.data",
+        "lit_rl.rewards",
+        "lit_rl.models",
+        "lit_rl.cli",
+        "lit_rl.runs",
+        "lit_rl.strategies",
+        "lit_rl.report",
+    ),
     "rollout": ("lit_rl.callbacks", "lit_rl.learners", "lit_rl.cli", "lit_rl.runs"),
 }
 
@@ -49,7 +68,11 @@ def imported_names(path: Path) -> set[str]:
                 base = ".".join(parent + ([base] if base else []))
             out.add(base)
             out.update(f"{base}.{a.name}" for a in node.names)
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("lit_rl."):
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith("lit_rl.")
+        ):
             out.add(node.value)
     return out
 
@@ -103,7 +126,11 @@ def import_graph(pkg: Path | None = None) -> dict[str, set[str]]:
                     parts = here.split(".")
                     base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
                 found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("lit_rl."):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value.startswith("lit_rl.")
+            ):
                 found.add(node.value.split(":")[0])  # "lit_rl.report:main" entry points too
         graph[name] = {r for n in found if n.startswith("lit_rl") for r in [resolve(n)] if r and r != name}
     return graph
@@ -115,8 +142,12 @@ def floor(module: str) -> int | None:
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
-    return sorted(f"{a} (floor {floor(a)}) imports {b} (floor {floor(b)})" for a, bs in graph.items() for b in bs
-                  if floor(a) is not None and floor(b) is not None and floor(b) > floor(a))
+    return sorted(
+        f"{a} (floor {floor(a)}) imports {b} (floor {floor(b)})"
+        for a, bs in graph.items()
+        for b in bs
+        if floor(a) is not None and floor(b) is not None and floor(b) > floor(a)
+    )
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -156,7 +187,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_package_has_a_floor():
     tops = {name.split(".")[1] for name in modules() if name.count(".") >= 1}
-    assert tops <= set(FLOORS), f"give these a floor in FLOORS (and docs/architecture.md): {sorted(tops - set(FLOORS))}"
+    assert tops <= set(FLOORS), (
+        f"give these a floor in FLOORS (and docs/architecture.md): {sorted(tops - set(FLOORS))}"
+    )
 
 
 def test_no_import_runs_upward():
@@ -176,7 +209,8 @@ def test_the_graph_checker_sees_upward_imports_and_cycles(tmp_path):
     (pkg / "data" / "dm.py").write_text("def f():\n    from lit_rl.callbacks.ev import E\n")
     (pkg / "callbacks" / "ev.py").write_text("from lit_rl.callbacks.ro import R\nclass E: ...\n")
     (pkg / "callbacks" / "ro.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .ev import E\nclass R: ...\n")
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .ev import E\nclass R: ...\n"
+    )
     g = import_graph(pkg)
     assert upward_imports(g) == ["lit_rl.data.dm (floor 1) imports lit_rl.callbacks.ev (floor 4)"]
     assert cycles(g) == [["lit_rl.callbacks.ev", "lit_rl.callbacks.ro"]]
@@ -193,13 +227,18 @@ def test_the_checker_sees_function_level_relative_and_lazy_imports(tmp_path, mon
     """The detector itself: each way of importing the callbacks package is reported."""
     pkg = tmp_path / "lit_rl"
     (pkg / "rollout").mkdir(parents=True)
-    (pkg / "rollout" / "a.py").write_text("def f():\n    from lit_rl.callbacks.rollout import RolloutCallback\n")
+    (pkg / "rollout" / "a.py").write_text(
+        "def f():\n    from lit_rl.callbacks.rollout import RolloutCallback\n"
+    )
     (pkg / "rollout" / "b.py").write_text("from ..callbacks import rollout\n")
     (pkg / "rollout" / "c.py").write_text("_LAZY = {'X': 'lit_rl.callbacks.agent_rollout'}\n")
     (pkg / "rollout" / "d.py").write_text("from lit_rl.rollout.engine import HFEngine\n")
     monkeypatch.setitem(globals(), "PKG", pkg)  # _violations reads the module-level PKG
     assert sorted({v.split(" imports ")[0] for v in _violations("rollout")}) == [
-        "lit_rl/rollout/a.py", "lit_rl/rollout/b.py", "lit_rl/rollout/c.py"]
+        "lit_rl/rollout/a.py",
+        "lit_rl/rollout/b.py",
+        "lit_rl/rollout/c.py",
+    ]
 
 
 if __name__ == "__main__":  # the numbers: python tests/test_layering.py

@@ -1,6 +1,7 @@
 """``models.loading.lora_merged_state``: the merge the sharded (FSDP2 / ZeRO-3) LoRA paths use, from plain tensors,
 equals PEFT's own ``merge_and_unload`` in float64, name for name, on a real tiny model with every linear adapted
 (lora_B randomised: PEFT initialises it to 0, which would make any merge look right)."""
+
 import copy
 
 import pytest

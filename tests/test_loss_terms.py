@@ -2,6 +2,7 @@
 term, a callback's as the module's own: declared forward needs are honoured, ``trains_alone`` zeroes the other
 parts, two parts of one name and an undeclared term are errors. The policy part is hand-computed: advantages
 1, no old log-probs (ratio 1), ppo_clip with token_mean over the C trainable tokens gives L_policy = −1."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -44,10 +45,16 @@ def _module(tiny_model_dir, *callbacks) -> PolicyModule:
 
 def _micro() -> Experience:
     ids = torch.randint(5, 60, (1, 3 + C), generator=torch.Generator().manual_seed(1))
-    exp = Experience(input_ids=ids, attention_mask=torch.ones(1, 3 + C, dtype=torch.long),
-                     loss_mask=torch.ones(1, C, dtype=torch.bool), prompt_len=3,
-                     group_ids=torch.zeros(1, dtype=torch.long), rewards=torch.ones(1),
-                     valid=torch.ones(1, dtype=torch.bool), policy_version=torch.zeros(1, dtype=torch.long))
+    exp = Experience(
+        input_ids=ids,
+        attention_mask=torch.ones(1, 3 + C, dtype=torch.long),
+        loss_mask=torch.ones(1, C, dtype=torch.bool),
+        prompt_len=3,
+        group_ids=torch.zeros(1, dtype=torch.long),
+        rewards=torch.ones(1),
+        valid=torch.ones(1, dtype=torch.bool),
+        policy_version=torch.zeros(1, dtype=torch.long),
+    )
     exp.advantages = torch.ones(1, C)
     return exp
 

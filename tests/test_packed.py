@@ -1,5 +1,6 @@
 """Padding-free packing (models/packed.py, ``PolicyModule(padding_free=True)``): the packed layout by hand, and
 the same hidden states, log-probs and gradients as the padded forward in float64."""
+
 from __future__ import annotations
 
 import json
@@ -7,9 +8,9 @@ import json
 import pytest
 import torch
 
-from lit_rl.models.packed import pack_rows, unsupported_reason
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.heads import lm_head_projection
+from lit_rl.models.packed import pack_rows, unsupported_reason
 from tests._float64 import float64_rmsnorm
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience, embedding_inputs
 
@@ -24,8 +25,14 @@ def test_pack_rows_layout_by_hand():
     assert pk.input_ids.tolist() == [unit_a + unit_b]  # largest unit first (first-fit decreasing)
     assert pk.position_ids.tolist() == [[0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 4] + [0, 1, 2, 3, 4, 5]]
     # index: t = 0 reads the prompt's last token, t >= 1 completion token t-1; 0 past the row's last token
-    assert pk.index.tolist() == [[3, 4, 5, 0, 0], [12, 0, 0, 0, 0], [3, 6, 7, 8, 9], [0, 0, 0, 0, 0],
-                                 [3, 10, 0, 0, 0], [12, 13, 14, 15, 16]]
+    assert pk.index.tolist() == [
+        [3, 4, 5, 0, 0],
+        [12, 0, 0, 0, 0],
+        [3, 6, 7, 8, 9],
+        [0, 0, 0, 0, 0],
+        [3, 10, 0, 0, 0],
+        [12, 13, 14, 15, 16],
+    ]
     m = pk.mask[0, 0]
     assert pk.mask.shape == (1, 1, 17, 17)
     assert m[4].nonzero().flatten().tolist() == [0, 1, 2, 3, 4]  # row 0's first fed token: prompt + itself
@@ -36,13 +43,27 @@ def test_pack_rows_layout_by_hand():
     pk2 = pack_rows(exp.input_ids, exp.attention_mask, exp.prompt_len, row_tokens=11)
     assert pk2.input_ids.tolist() == [unit_a, unit_b + [0] * 5]
     assert pk2.index[5].tolist() == [11 + 1, 11 + 2, 11 + 3, 11 + 4, 11 + 5]
-    assert pk2.mask[1, 0, 8].nonzero().flatten().tolist() == [6, 7, 8]  # padding: only padding, itself included
+    assert pk2.mask[1, 0, 8].nonzero().flatten().tolist() == [
+        6,
+        7,
+        8,
+    ]  # padding: only padding, itself included
     # a group longer than the budget is split, its prompt repeated in each part: no packed row outgrows 8
     pk3 = pack_rows(exp.input_ids, exp.attention_mask, exp.prompt_len, row_tokens=8)
-    assert pk3.input_ids.tolist() == [[5, 6, 7, 8, 15, 16, 17, 18], [9, 10, 21, 22, 23, 24, 0, 0],
-                                      [5, 6, 7, 8, 11, 12, 0, 0], [5, 6, 7, 8, 19, 0, 0, 0]]
-    assert pk3.index.tolist() == [[19, 20, 21, 0, 0], [9, 0, 0, 0, 0], [3, 4, 5, 6, 7], [0, 0, 0, 0, 0],
-                                  [27, 28, 0, 0, 0], [9, 10, 11, 12, 13]]
+    assert pk3.input_ids.tolist() == [
+        [5, 6, 7, 8, 15, 16, 17, 18],
+        [9, 10, 21, 22, 23, 24, 0, 0],
+        [5, 6, 7, 8, 11, 12, 0, 0],
+        [5, 6, 7, 8, 19, 0, 0, 0],
+    ]
+    assert pk3.index.tolist() == [
+        [19, 20, 21, 0, 0],
+        [9, 0, 0, 0, 0],
+        [3, 4, 5, 6, 7],
+        [0, 0, 0, 0, 0],
+        [27, 28, 0, 0, 0],
+        [9, 10, 11, 12, 13],
+    ]
     assert pk3.position_ids[2].tolist() == [0, 1, 2, 3, 4, 5, 0, 0]
 
 
@@ -51,9 +72,12 @@ def test_pack_rows_declines_layouts_it_cannot_pack():
     holed = exp.attention_mask.clone()
     holed[0, exp.prompt_len] = 0  # a hole inside the completion
     assert pack_rows(exp.input_ids, holed, exp.prompt_len) is None
-    assert pack_rows(exp.input_ids[:, :exp.prompt_len], exp.attention_mask[:, :exp.prompt_len], exp.prompt_len) is None
+    assert (
+        pack_rows(exp.input_ids[:, : exp.prompt_len], exp.attention_mask[:, : exp.prompt_len], exp.prompt_len)
+        is None
+    )
     no_prompt = exp.attention_mask.clone()
-    no_prompt[1, :exp.prompt_len] = 0
+    no_prompt[1, : exp.prompt_len] = 0
     assert pack_rows(exp.input_ids, no_prompt, exp.prompt_len) is None
 
 
@@ -86,7 +110,7 @@ def test_packed_equals_padded_float64(tiny_model_dir, float64_norm, attn):
     # mask overflows to -inf in its float32 softmax) and 0 x NaN reaches the real tokens
     lp0, h0, g0 = _logprobs_and_grads(m, exp, False)
     m.model.config._attn_implementation = attn
-    real = exp.attention_mask[:, exp.prompt_len:].bool()
+    real = exp.attention_mask[:, exp.prompt_len :].bool()
     assert float(lp0[real].abs().min()) > 0 and set(g0) == {n for n, _ in m.model.named_parameters()}
     # eager's softmax runs in float32 inside transformers; sdpa stays in float64
     tol = {"rtol": 1e-10, "atol": 1e-12} if attn == "sdpa" else {"rtol": 1e-5, "atol": 1e-6}
@@ -121,8 +145,12 @@ def test_padding_free_settings_are_checked(tiny_model_dir, tmp_path):
 
     d = build_tiny_model(tmp_path / "sliding", arch="qwen2", layers=2, hidden=32, heads=2, tokenizer="char")
     cfg = json.loads((d / "config.json").read_text())
-    cfg.update(use_sliding_window=True, sliding_window=4, max_window_layers=0,
-               layer_types=["sliding_attention", "sliding_attention"])
+    cfg.update(
+        use_sliding_window=True,
+        sliding_window=4,
+        max_window_layers=0,
+        layer_types=["sliding_attention", "sliding_attention"],
+    )
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="padding_free cannot pack a model with sliding-window"):
         PolicyModule(model=str(d), padding_free=True)
@@ -137,7 +165,7 @@ def test_packed_materialised_logits_equal_padded_float64(tiny_model_dir, float64
     m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False)
     m.model.double()
     exp = _experience(PROMPTS, COMPLETIONS)
-    real = exp.attention_mask[:, exp.prompt_len:].bool()
+    real = exp.attention_mask[:, exp.prompt_len :].bool()
     with torch.no_grad(), embedding_inputs(m.model) as seen:
         z0, h0 = m.forward_logits(exp, return_hidden=True)
         m.update_settings(padding_free=True)

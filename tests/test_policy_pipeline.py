@@ -1,4 +1,5 @@
 """Component tests of the GRPO pipeline on a real tiny model: hook order, loss terms, validation."""
+
 import functools
 
 import lightning as L
@@ -15,8 +16,16 @@ TASK = {"answer_width": 1, "max_sum": 9}
 
 
 def _trainer(callbacks, steps=1):
-    return L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    return L.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
 
 
 def _module(path, **kw):
@@ -51,7 +60,9 @@ def test_experience_hooks_run_before_advantages_and_before_training(tiny_model_d
 
     mod = Probe(model=str(tiny_model_dir))
     # spy_before sits before the RolloutCallback: its batch_start sees no Experience yet
-    _trainer([spy_before, _rollout(), spy_after]).fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=3))
+    _trainer([spy_before, _rollout(), spy_after]).fit(
+        mod, datamodule=PromptDataModule(task_args=TASK, batch_size=3)
+    )
     assert spy_before.events[0] == ("batch_start", False)
     assert ("on_experience", True, 12) in spy_before.events  # hooks see the Experience before advantages
     assert ("on_experience", True, 12) in spy_after.events
@@ -94,7 +105,9 @@ def test_nonfinite_gradient_skips_step_then_raises(tiny_model_dir):
     mod = _module(tiny_model_dir, max_nonfinite_steps=2)
     before = [p.detach().clone() for p in mod.model.parameters()]
     with pytest.raises(RuntimeError, match="non-finite gradient norm"):
-        _trainer([_rollout(), NaNTerm()], steps=5).fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
+        _trainer([_rollout(), NaNTerm()], steps=5).fit(
+            mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2)
+        )
     assert mod.skipped_steps == 2
     assert all(torch.equal(a, b) for a, b in zip(before, mod.model.parameters()))
 
@@ -107,13 +120,15 @@ def test_minibatch_must_divide_rollout_batch(tiny_model_dir):
 
 @pytest.mark.parametrize(
     "kwargs, match",
-    [({"advantage": "grpo2"}, "advantage='grpo2'.*valid names: .*dr_grpo"),
-     ({"policy_loss": "ppo"}, "policy_loss='ppo'.*valid names: .*cispo"),
-     ({"loss_agg": "mean"}, "loss_agg='mean'.*token_mean"),
-     ({"rollout_correction": "is"}, "rollout_correction='is'.*tis"),
-     ({"clip_high": 0.0}, "clip_high"),
-     ({"minibatch_size": 8, "micro_batch_size": 3}, "micro_batch_size=3 must divide minibatch_size=8"),
-     ({"ppo_epochs": 0}, "ppo_epochs")],
+    [
+        ({"advantage": "grpo2"}, "advantage='grpo2'.*valid names: .*dr_grpo"),
+        ({"policy_loss": "ppo"}, "policy_loss='ppo'.*valid names: .*cispo"),
+        ({"loss_agg": "mean"}, "loss_agg='mean'.*token_mean"),
+        ({"rollout_correction": "is"}, "rollout_correction='is'.*tis"),
+        ({"clip_high": 0.0}, "clip_high"),
+        ({"minibatch_size": 8, "micro_batch_size": 3}, "micro_batch_size=3 must divide minibatch_size=8"),
+        ({"ppo_epochs": 0}, "ppo_epochs"),
+    ],
 )
 def test_module_config_errors_name_the_field(tiny_model_dir, kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -139,11 +154,15 @@ def test_rollout_config_errors():
 
 
 def test_datamodule_errors(tmp_path):
-    with pytest.raises(ValueError, match="task='mul' is not a built-in task; valid names: addition, chat_addition, reverse"):
+    with pytest.raises(
+        ValueError, match="task='mul' is not a built-in task; valid names: addition, chat_addition, reverse"
+    ):
         PromptDataModule(task="mul")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    with pytest.raises(ValueError, match="empty"):  # records are read and checked when the datamodule is built
+    with pytest.raises(
+        ValueError, match="empty"
+    ):  # records are read and checked when the datamodule is built
         PromptDataModule(train_files=[str(empty)])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1"}\n')
@@ -185,10 +204,18 @@ def test_micro_batch_accumulation_is_exact(tiny_model_dir, loss_agg):
     for micro in (None, 2, 1):
         L.seed_everything(0)
         # no clipping (it would rescale a wrongly-scaled gradient back) and plain SGD (no Adam normalisation)
-        mod = _module(tiny_model_dir, loss_agg=loss_agg, micro_batch_size=micro, max_grad_norm=1e9,
-                      optimizer=functools.partial(torch.optim.SGD, lr=0.05))
-        rc = RolloutCallback(rewards={"digit": RegexFormatReward(pattern=".*[0-9].*")}, group_size=4,
-                             sampling=SamplingConfig(max_new_tokens=3, seed=3))
+        mod = _module(
+            tiny_model_dir,
+            loss_agg=loss_agg,
+            micro_batch_size=micro,
+            max_grad_norm=1e9,
+            optimizer=functools.partial(torch.optim.SGD, lr=0.05),
+        )
+        rc = RolloutCallback(
+            rewards={"digit": RegexFormatReward(pattern=".*[0-9].*")},
+            group_size=4,
+            sampling=SamplingConfig(max_new_tokens=3, seed=3),
+        )
         _trainer([rc], steps=2).fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
         finals.append({k: v.detach().clone().double() for k, v in mod.model.state_dict().items()})
     base = PolicyModule(model=str(tiny_model_dir)).model.state_dict()

@@ -1,5 +1,6 @@
 """End to end: PPO with a critic on the policy's backbone (configs/ppo.yaml) learns the quickstart task, and
 its critic explains the returns of rollouts on held-out prompts (CI variant of the recipe)."""
+
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,22 @@ pytestmark = pytest.mark.slow
 def test_ppo_learns_and_critic_generalises(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.chdir(tmp_path)  # the recipe's run directory (runs/ppo) goes here
     # tiny_model_dir is the quickstart's random-init model (same sizes and seed): what the recipe points at
-    cli = main(["fit", "-c", str(ROOT / "configs/ppo.yaml"), "--trainer.max_steps", "400",
-                "--model.init_args.model", str(tiny_model_dir),
-                "--trainer.enable_progress_bar", "false", "--trainer.logger", "false", *seed_args()])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/ppo.yaml"),
+            "--trainer.max_steps",
+            "400",
+            "--model.init_args.model",
+            str(tiny_model_dir),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.logger",
+            "false",
+            *seed_args(),
+        ]
+    )
     from lit_rl.callbacks import HeldoutEval
 
     ev = next(cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval))

@@ -6,6 +6,7 @@ The expectations are computed here in float64 from a teacher-forced forward, wit
 independently of ``process_logits`` (top-p as "keep a token while the mass of the more likely ones is below
 p", not the engines' ascending cumulative sum).
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,8 @@ import math
 import pytest
 import torch
 
-from lit_rl.models.tiny import build_tiny_model
 from lit_rl.learners import PolicyModule
+from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 
 PROMPT = "the cat sat on the mat; the cat sat"
@@ -31,8 +32,9 @@ SETTINGS = {
 
 @pytest.fixture(scope="module")
 def bound(tmp_path_factory):
-    d = build_tiny_model(tmp_path_factory.mktemp("proc") / "m", layers=2, hidden=64, heads=2, tokenizer="char",
-                         seed=0)
+    d = build_tiny_model(
+        tmp_path_factory.mktemp("proc") / "m", layers=2, hidden=64, heads=2, tokenizer="char", seed=0
+    )
     module = PolicyModule(model=str(d))
     with torch.no_grad():  # a random model is nearly uniform; a sharper one makes truncation bite
         module.model.model.norm.weight.mul_(4.0)
@@ -110,7 +112,9 @@ def test_greedy_with_repetition_penalty_is_the_penalised_argmax(bound):
 
 def test_sampling_frequencies_follow_the_processed_distribution(bound):
     module, engine = bound
-    sp = SamplingConfig(max_new_tokens=1, temperature=1.0, top_p=0.8, top_k=8, min_p=0.05, repetition_penalty=1.3)
+    sp = SamplingConfig(
+        max_new_tokens=1, temperature=1.0, top_p=0.8, top_k=8, min_p=0.05, repetition_penalty=1.3
+    )
     ids = _ids(module)
     p = _reference_logprobs(_logits(module, ids)[-1], set(ids), sp).exp()  # (V,)
     torch.manual_seed(1)
@@ -133,8 +137,9 @@ def test_stop_string_ends_the_completion_at_its_token(bound):
     stop = text[3:5]  # char tokenizer: the stop string is completed by token 4 (or earlier, if it repeats)
     first = text.index(stop) + len(stop) - 1
     for seed in (None, 5):  # batched and per-prompt (seeded) generation
-        c = engine.generate([ids], 2, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[stop],
-                                                     seed=seed))[0][0]
+        c = engine.generate(
+            [ids], 2, SamplingConfig(temperature=0.0, max_new_tokens=12, stop=[stop], seed=seed)
+        )[0][0]
         assert c.finish_reason == "stop"
         assert c.token_ids == free.token_ids[: first + 1]
         assert c.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-6)
@@ -143,28 +148,38 @@ def test_stop_string_ends_the_completion_at_its_token(bound):
 
 def test_generation_kwargs_are_checked_and_passed_through(bound):
     module, engine = bound
-    for kw, words in (({"top_p": 0.9}, "use sampling.top_p"), ({"max_tokens": 3}, "sampling.max_new_tokens"),
-                      ({"logit_bias": {1: 5.0}}, "changes the sampled distribution"),
-                      ({"no_repeat_ngram_size": 2}, "changes the sampled distribution"),
-                      ({"logprobs": 5}, "set by the engine")):
+    for kw, words in (
+        ({"top_p": 0.9}, "use sampling.top_p"),
+        ({"max_tokens": 3}, "sampling.max_new_tokens"),
+        ({"logit_bias": {1: 5.0}}, "changes the sampled distribution"),
+        ({"no_repeat_ngram_size": 2}, "changes the sampled distribution"),
+        ({"logprobs": 5}, "set by the engine"),
+    ):
         with pytest.raises(ValueError, match=f"generation_kwargs.{next(iter(kw))}.*{words}"):
             SamplingConfig(generation_kwargs=kw)
     with pytest.raises(ValueError, match=r"generation_kwargs \['stop_token_ids'\]: HFEngine"):
         engine.generate([_ids(module)], 1, SamplingConfig(generation_kwargs={"stop_token_ids": [1]}))
     sp = SamplingConfig(temperature=0.0, max_new_tokens=4)
     plain = engine.generate([_ids(module)], 1, sp)[0][0]
-    via = engine.generate([_ids(module)], 1, SamplingConfig(temperature=0.0, max_new_tokens=4,
-                                                            generation_kwargs={"use_cache": False}))[0][0]
+    via = engine.generate(
+        [_ids(module)],
+        1,
+        SamplingConfig(temperature=0.0, max_new_tokens=4, generation_kwargs={"use_cache": False}),
+    )[0][0]
     assert via.token_ids == plain.token_ids
 
 
-@pytest.mark.parametrize("field, value, words", [
-    ("min_p", 1.5, r"min_p must be in \[0, 1\]"), ("min_p", -0.1, r"min_p must be in \[0, 1\]"),
-    ("repetition_penalty", 0.0, "repetition_penalty must be a finite number > 0"),
-    ("repetition_penalty", float("nan"), "repetition_penalty must be a finite number > 0"),
-    ("stop", [""], "stop must be a list of non-empty strings"),
-    ("chat_template_kwargs", ["enable_thinking"], "chat_template_kwargs must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "field, value, words",
+    [
+        ("min_p", 1.5, r"min_p must be in \[0, 1\]"),
+        ("min_p", -0.1, r"min_p must be in \[0, 1\]"),
+        ("repetition_penalty", 0.0, "repetition_penalty must be a finite number > 0"),
+        ("repetition_penalty", float("nan"), "repetition_penalty must be a finite number > 0"),
+        ("stop", [""], "stop must be a list of non-empty strings"),
+        ("chat_template_kwargs", ["enable_thinking"], "chat_template_kwargs must be a mapping"),
+    ],
+)
 def test_bad_values_name_the_field(field, value, words):
     with pytest.raises(ValueError, match=f"sampling.{words}"):
         SamplingConfig(**{field: value})
@@ -177,8 +192,10 @@ def test_chat_template_kwargs_reach_the_template(bound):
     module, _ = bound
     tok = module.tokenizer
     saved = tok.chat_template
-    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
-                         "{% if enable_thinking is defined and not enable_thinking %}#{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+        "{% if enable_thinking is defined and not enable_thinking %}#{% endif %}"
+    )
     try:
         p = Prompt(messages=[{"role": "user", "content": "hi"}], uid="u")
         _, plain = PromptRenderer(512, "truncate")(tok, [p])

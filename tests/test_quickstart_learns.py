@@ -1,4 +1,5 @@
 """End to end: the quickstart recipe, shortened, learns from scratch with RL only (CI variant)."""
+
 from pathlib import Path
 
 import pytest
@@ -7,11 +8,15 @@ from _learning import record, seed_args
 from lit_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # the whole recipe: 500 GRPO iterations of 256 rollouts, about a minute on 2 quiet cores
+pytestmark = (
+    pytest.mark.slow
+)  # the whole recipe: 500 GRPO iterations of 256 rollouts, about a minute on 2 quiet cores
 
 
 def test_quickstart_learns_from_scratch(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the recipe's run directory is runs/quickstart, relative to the working directory
+    monkeypatch.chdir(
+        tmp_path
+    )  # the recipe's run directory is runs/quickstart, relative to the working directory
     cli = main(["fit", "-c", str(ROOT / "configs/quickstart.yaml"), *seed_args()])
     from lit_rl.callbacks import HeldoutEval
 

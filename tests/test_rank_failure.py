@@ -5,6 +5,7 @@ step and the weight push are each closed by an agreement collective (``lit_rl/ca
 every rank raises — the failing rank its own exception, the others ``RankFailure`` naming the rank and carrying its
 message. The job is run in a subprocess with a timeout of ``BOUND_S``: a hang fails the test instead of blocking it.
 """
+
 import subprocess
 import time
 
@@ -21,9 +22,17 @@ def test_one_rank_failing_stops_every_rank_with_its_message(tmp_path, tiny_model
     collectives) or its 2nd weight push (the other rank goes on into the next rollout)."""
     cfg = _config(tmp_path, tiny_model_dir, steps=4)
     t0 = time.monotonic()
-    proc, _ = _run(tmp_path / "never.pt", cfg, "-c", str(ROOT / "configs/strategies/ddp.yaml"),
-                   "--trainer.devices", "2", "--data.init_args.batch_size", "8",
-                   env={"FAIL_AT": f"{rank}:{where}:2", "NAN_AT_ITERATION": ""})
+    proc, _ = _run(
+        tmp_path / "never.pt",
+        cfg,
+        "-c",
+        str(ROOT / "configs/strategies/ddp.yaml"),
+        "--trainer.devices",
+        "2",
+        "--data.init_args.batch_size",
+        "8",
+        env={"FAIL_AT": f"{rank}:{where}:2", "NAN_AT_ITERATION": ""},
+    )
     try:
         log = proc.communicate(timeout=BOUND_S)[0]  # returns once every rank has closed the shared pipe
     except subprocess.TimeoutExpired:
@@ -35,12 +44,14 @@ def test_one_rank_failing_stops_every_rank_with_its_message(tmp_path, tiny_model
     lines = log.splitlines()
     # the failing rank raises its own error; the other rank raises one naming it, with the message
     assert any(line.startswith(f"[rank{rank}]: ValueError: {msg}") for line in lines), log[-4000:]
-    assert any(line.startswith(f"[rank{1 - rank}]:") and f"rank {rank} failed during" in line and msg in line
-               for line in lines), log[-4000:]
+    assert any(
+        line.startswith(f"[rank{1 - rank}]:") and f"rank {rank} failed during" in line and msg in line
+        for line in lines
+    ), log[-4000:]
     assert not (tmp_path / "never.pt").exists()
 
 
-_SERVER_SYNC_CHILD = '''
+_SERVER_SYNC_CHILD = """
 import sys
 from datetime import timedelta
 
@@ -66,7 +77,7 @@ print(f"RANK{rank} seq={engine._sync_seq} stale={engine._stale!r} {err}", flush=
 # aborted at exit ("terminate called without an active exception", return code -6) while rank 1 still held its pair
 dist.barrier()
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_server_sync_refusing_the_names_on_rank_0_raises_on_every_rank(tmp_path):
@@ -81,8 +92,16 @@ def test_server_sync_refusing_the_names_on_rank_0_raises_on_every_rank(tmp_path)
     script = tmp_path / "child.py"
     script.write_text(_SERVER_SYNC_CHILD)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
     try:
         outs = [p.communicate(timeout=90)[0] for p in procs]
     except subprocess.TimeoutExpired:

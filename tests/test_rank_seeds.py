@@ -6,6 +6,7 @@ that had generated more (dynamic-sampling refills) replayed seeds after a resume
 tests/rank_seeds_runner.py (no server or vLLM model: the request bodies and the checkpoint are under test;
 HFEngine's unseeded stream on a tiny model).
 """
+
 import json
 import os
 import signal
@@ -32,9 +33,17 @@ def _free_port() -> str:
 def ranks(tmp_path_factory, tiny_model_dir):
     d = tmp_path_factory.mktemp("rank_seeds")
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "WORLD_SIZE": "2"}
-    procs = [subprocess.Popen([sys.executable, str(HERE / "rank_seeds_runner.py"), str(d), str(tiny_model_dir)],
-                              env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True) for r in (0, 1)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(HERE / "rank_seeds_runner.py"), str(d), str(tiny_model_dir)],
+            env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        for r in (0, 1)
+    ]
     logs = []
     for p in procs:
         try:

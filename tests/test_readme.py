@@ -1,6 +1,7 @@
 """Every command in README.md is run here (shortened: a few iterations of small batches), in README order, in
 one working directory, as a new user would type them; the few that need other machines say where they are
 covered. A README command missing from this table fails the first test."""
+
 from __future__ import annotations
 
 import json
@@ -14,36 +15,73 @@ from lit_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-SHORT = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar", "false"]
+SHORT = [
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 
 # README command -> extra flags appended when the test runs it (each README example is independent, so examples
 # that are not about one run directory get their own with --trainer.default_root_dir).
 RUN = {
     "lit-rl fit --config configs/quickstart.yaml": ["--trainer.max_steps", "2"],
-    "lit-rl fit -c configs/quickstart.yaml --ckpt_path last --trainer.max_steps 1000": ["--trainer.max_steps", "4"],
+    "lit-rl fit -c configs/quickstart.yaml --ckpt_path last --trainer.max_steps 1000": [
+        "--trainer.max_steps",
+        "4",
+    ],
     "lit-rl fit -c configs/quickstart.yaml --ckpt_path last_or_new": ["--trainer.max_steps", "5"],
     "lit-rl validate -c configs/quickstart.yaml --ckpt_path last": [],
-    "lit-rl fit -c configs/grpo.yaml --print_config > my_run.yaml && lit-rl fit -c my_run.yaml":
-        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/printed"],
+    "lit-rl fit -c configs/grpo.yaml --print_config > my_run.yaml && lit-rl fit -c my_run.yaml": [
+        "--trainer.max_steps",
+        "1",
+        "--trainer.default_root_dir",
+        "runs/printed",
+    ],
     "lit-rl fit --config configs/grpo.yaml": ["--trainer.max_steps", "1"],
-    "lit-rl fit -c configs/quickstart.yaml -c callbacks/eval.yaml":
-        ["--trainer.max_steps", "2", "--trainer.val_check_interval", "1", "--trainer.default_root_dir", "runs/qs_eval"],
-    "lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 --rollout.sampling.max_new_tokens 2":
-        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/flags", "--rollout.group_size", "4"],
-    "lit-rl fit --config configs/grpo.yaml --model.init_args.model runs/quickstart/final_model":
-        ["--trainer.max_steps", "1", "--trainer.default_root_dir", "runs/own_model"],
+    "lit-rl fit -c configs/quickstart.yaml -c callbacks/eval.yaml": [
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "1",
+        "--trainer.default_root_dir",
+        "runs/qs_eval",
+    ],
+    "lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 --rollout.sampling.max_new_tokens 2": [
+        "--trainer.max_steps",
+        "1",
+        "--trainer.default_root_dir",
+        "runs/flags",
+        "--rollout.group_size",
+        "4",
+    ],
+    "lit-rl fit --config configs/grpo.yaml --model.init_args.model runs/quickstart/final_model": [
+        "--trainer.max_steps",
+        "1",
+        "--trainer.default_root_dir",
+        "runs/own_model",
+    ],
     "lit-rl fit --model.help lit_rl.learners.PolicyModule": [],
-    ("lit-rl fit -c configs/grpo.yaml -c callbacks/eval.yaml --trainer.default_root_dir runs/mine "
-     "--data.init_args.train_files '[train.jsonl]' --data.init_args.heldout_files '[heldout.jsonl]' "
-     "--rollout.rewards.rewards '{mine: my_reward.ends_with_answer}'"): ["--trainer.max_steps", "2"],
+    (
+        "lit-rl fit -c configs/grpo.yaml -c callbacks/eval.yaml --trainer.default_root_dir runs/mine "
+        "--data.init_args.train_files '[train.jsonl]' --data.init_args.heldout_files '[heldout.jsonl]' "
+        "--rollout.rewards.rewards '{mine: my_reward.ends_with_answer}'"
+    ): ["--trainer.max_steps", "2"],
     "lit-rl fit --config configs/quickstart.yaml --ckpt_path last_or_new": ["--trainer.max_steps", "5"],
     "python -m lit_rl.models.tiny runs/distill/student --hidden 64 --heads 2 --seed 1": [],
     "lit-rl fit --config configs/distill.yaml": ["--trainer.max_steps", "1"],
     "lit-rl inspect runs/quickstart": [],
     "lit-rl inspect runs/quickstart -o report.html": [],
-    "lit-rl fit -c configs/quickstart.yaml -c callbacks/trl_defaults.yaml":
-        ["--trainer.max_steps", "2", "--rollout.sampling.max_new_tokens", "1", "--trainer.default_root_dir",
-         "runs/trl_defaults"],
+    "lit-rl fit -c configs/quickstart.yaml -c callbacks/trl_defaults.yaml": [
+        "--trainer.max_steps",
+        "2",
+        "--rollout.sampling.max_new_tokens",
+        "1",
+        "--trainer.default_root_dir",
+        "runs/trl_defaults",
+    ],
     "lit-rl explain-trl -c configs/quickstart.yaml": [],
 }
 # Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
@@ -56,36 +94,40 @@ ELSEWHERE = {
     'pip install -e ".[gpu,dev]"': "GPU install (network)",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 2": "tests/test_distributed.py",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 2": "tests/test_distributed.py",
-    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 2":
-        "tests/test_distributed.py",
-    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero3.yaml --trainer.devices 2":
-        "tests/test_distributed.py",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 2": "tests/test_distributed.py",
+    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero3.yaml --trainer.devices 2": "tests/test_distributed.py",
     "torchrun --nnodes 2 --node-rank $NODE --nproc-per-node 4 --master-addr $HEAD --master-port 29500 $(which lit-rl) "
     "fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2": "two nodes",
     "lit-rl fit --config configs/grpo_server.yaml": "tests/test_server_setup.py::test_readme_server_commands",
-    ("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model runs/grpo_server/model "
-     "--logprobs-mode processed_logprobs --port 8000"):
-        "tests/test_server_setup.py::test_readme_server_commands",
-    ("lit-rl fit -c configs/grpo_server.yaml --trainer.default_root_dir runs/grpo_nodes --model.init_args.model "
-     "runs/grpo_server/model --rollout.engine.init_args.launch null --rollout.engine.init_args.urls "
-     "'[http://rollout1:8000,http://rollout2:8000]'"): "tests/test_server_setup.py::test_readme_server_commands",
+    (
+        "VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model runs/grpo_server/model "
+        "--logprobs-mode processed_logprobs --port 8000"
+    ): "tests/test_server_setup.py::test_readme_server_commands",
+    (
+        "lit-rl fit -c configs/grpo_server.yaml --trainer.default_root_dir runs/grpo_nodes --model.init_args.model "
+        "runs/grpo_server/model --rollout.engine.init_args.launch null --rollout.engine.init_args.urls "
+        "'[http://rollout1:8000,http://rollout2:8000]'"
+    ): "tests/test_server_setup.py::test_readme_server_commands",
     "lit-rl fit -c trl_grpo.yaml": "tests/test_readme_trl.py (the README section's own files and commands, in order)",
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
-    "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2":
-        "SLURM",
+    "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2": "SLURM",
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
-    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml":
-        "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
-    ("MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml --model.init_args.lora "
-     "'{r: 16, lora_alpha: 32, target_modules: all-linear}' --rollout.engine.init_args.dtype bfloat16 "
-     "--rollout.engine.init_args.kv_cache_memory_bytes 67108864"):
-        "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
-        "read from the README, in-process and shortened; the environment variables act at process start)",
-    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 4 --group 4 "
-     "--new-tokens 16 --iterations 2 --configs lora_mb8,lora_mb8_arena2,lora_mb8_trim,lora_mb8_mmap,"
-     "lora_mb8_kv64_bf16_trim,lora_mb8_kv64_bf16_mmap"): "a benchmark script (minutes); the table in README",
-    ("python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 8 --group 4 "
-     "--new-tokens 24 --configs full_mmap,full_gc_mmap"): "a benchmark script (minutes); the table in README",
+    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml": "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
+    (
+        "MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml --model.init_args.lora "
+        "'{r: 16, lora_alpha: 32, target_modules: all-linear}' --rollout.engine.init_args.dtype bfloat16 "
+        "--rollout.engine.init_args.kv_cache_memory_bytes 67108864"
+    ): "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
+    "read from the README, in-process and shortened; the environment variables act at process start)",
+    (
+        "python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 4 --group 4 "
+        "--new-tokens 16 --iterations 2 --configs lora_mb8,lora_mb8_arena2,lora_mb8_trim,lora_mb8_mmap,"
+        "lora_mb8_kv64_bf16_trim,lora_mb8_kv64_bf16_mmap"
+    ): "a benchmark script (minutes); the table in README",
+    (
+        "python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 8 --group 4 "
+        "--new-tokens 24 --configs full_mmap,full_gc_mmap"
+    ): "a benchmark script (minutes); the table in README",
 }
 
 
@@ -93,13 +135,13 @@ def readme_commands() -> list[str]:
     """Commands of the README's bash blocks: comments dropped, continuation lines joined, `a && b` kept whole
     unless it starts with `make install` (the install step, then the command)."""
     out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.S):
+    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL):
         for line in re.sub(r"\\\n\s*", "", block).splitlines():
             line = re.sub(r"\s+#.*$", "", line).strip()
             if not line or line.startswith("#"):
                 continue
             if line.startswith("make install && "):
-                out += ["make install", line[len("make install && "):]]
+                out += ["make install", line[len("make install && ") :]]
             else:
                 out.append(re.sub(r"\s+", " ", line))
     return out
@@ -125,12 +167,17 @@ def workdir(tmp_path_factory):
     for sub in ("configs", "callbacks"):  # README commands run from a checkout: the recipes are at hand
         (d / sub).symlink_to(ROOT / sub)
     example = json.loads(re.search(r"```\n(\{\"prompt\".*?)\n```", README).group(1))
-    rows = [{"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b), "domain": "math"}
-            for a in range(4) for b in range(4)]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"What is {a}+{b}?"}], "answer": str(a + b), "domain": "math"}
+        for a in range(4)
+        for b in range(4)
+    ]
     assert set(example) == set(rows[0])
     (d / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [example, *rows]))
     (d / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
-    (d / "my_reward.py").write_text(re.search(r"```python\n(def ends_with_answer.*?)```", README, re.S).group(1))
+    (d / "my_reward.py").write_text(
+        re.search(r"```python\n(def ends_with_answer.*?)```", README, re.DOTALL).group(1)
+    )
     return d
 
 
@@ -172,19 +219,33 @@ def test_readme_commands_in_order(workdir, monkeypatch, capsys):
         else:
             results[cmd] = _main(cmd, extra)
     runs = workdir / "runs"
-    assert results["lit-rl fit -c configs/quickstart.yaml --ckpt_path last_or_new"].model.iteration == 5  # resumed
+    assert (
+        results["lit-rl fit -c configs/quickstart.yaml --ckpt_path last_or_new"].model.iteration == 5
+    )  # resumed
     validate = results["lit-rl validate -c configs/quickstart.yaml --ckpt_path last"]
     assert "eval/accuracy" in validate.trainer.callback_metrics
-    rc = next(c for c in results["lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 "
-                                 "--rollout.sampling.max_new_tokens 2"].trainer.callbacks
-              if isinstance(c, RolloutCallback))
+    rc = next(
+        c
+        for c in results[
+            "lit-rl fit -c configs/grpo.yaml --rollout.group_size 4 --rollout.sampling.max_new_tokens 2"
+        ].trainer.callbacks
+        if isinstance(c, RolloutCallback)
+    )
     assert (rc.settings.group_size, rc.settings.sampling.max_new_tokens) == (4, 2)
-    mine = next(c for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
-                if isinstance(c, RolloutCallback))
+    mine = next(
+        c
+        for c in results[next(c for c in RUN if "my_reward" in c)].trainer.callbacks
+        if isinstance(c, RolloutCallback)
+    )
     assert list(mine.rewards.rewards) == ["mine"]
     trl = results["lit-rl fit -c configs/quickstart.yaml -c callbacks/trl_defaults.yaml"]
     assert trl.model.iteration == 2 and trl.model.hparams.gradient_checkpointing
     assert (workdir / "report.html").exists() and (runs / "quickstart/report.html").exists()
-    for rel in ("quickstart/checkpoints/last.ckpt", "quickstart/final_model/config.json", "mine/logs/metrics.csv",
-                "printed/config.yaml", "distill/final_model/config.json"):
+    for rel in (
+        "quickstart/checkpoints/last.ckpt",
+        "quickstart/final_model/config.json",
+        "mine/logs/metrics.csv",
+        "printed/config.yaml",
+        "distill/final_model/config.json",
+    ):
         assert (runs / rel).exists(), rel

@@ -3,6 +3,7 @@ unchanged), its config (the yaml block: a conversational dataset through `datase
 and a `test` split, two TRL-signature rewards with weights, LoRA, gradient checkpointing), its `lit-rl fit` and
 `lit-rl export` commands (shortened to one iteration of small batches); then the adapter and the merged model
 load in PEFT / transformers."""
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,17 @@ import torch
 from lit_rl.cli import console_main, main
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = re.search(r"## Coming from TRL\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.S).group(1)
-SHORT = ["--trainer.max_steps", "1", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-         "--trainer.enable_progress_bar", "false"]
+SECTION = re.search(r"## Coming from TRL\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
+SHORT = [
+    "--trainer.max_steps",
+    "1",
+    "--data.init_args.batch_size",
+    "4",
+    "--rollout.group_size",
+    "2",
+    "--trainer.enable_progress_bar",
+    "false",
+]
 CONFIGS = """---
 configs:
 - config_name: main
@@ -34,7 +43,9 @@ configs:
 
 
 def section_commands() -> list[str]:
-    block = re.findall(r"```bash\n(.*?)```", SECTION, re.S)[0]  # the walkthrough's (later ones: test_readme)
+    block = re.findall(r"```bash\n(.*?)```", SECTION, re.DOTALL)[
+        0
+    ]  # the walkthrough's (later ones: test_readme)
     return [line.strip() for line in block.splitlines() if line.strip()]
 
 
@@ -47,14 +58,16 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
     monkeypatch.syspath_prepend(str(tmp_path))
     (tmp_path / "configs").symlink_to(ROOT / "configs")
     shutil.copytree(tiny_model_dir, tmp_path / "runs/quickstart/final_model")  # what the quickstart leaves
-    (tmp_path / "trl_rewards.py").write_text(re.search(r"```python\n(.*?)```", SECTION, re.S).group(1))
+    (tmp_path / "trl_rewards.py").write_text(re.search(r"```python\n(.*?)```", SECTION, re.DOTALL).group(1))
     for split, n in (("train", 8), ("test", 2)):
-        rows = [{"question": [{"role": "user", "content": f"{a}+1="}], "solution": str(a + 1)} for a in range(n)]
+        rows = [
+            {"question": [{"role": "user", "content": f"{a}+1="}], "solution": str(a + 1)} for a in range(n)
+        ]
         path = tmp_path / "my_dataset/main" / f"{split}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "my_dataset/README.md").write_text(CONFIGS)
-    config = re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.S).group(1)
+    config = re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.DOTALL).group(1)
     (tmp_path / "trl_grpo.yaml").write_text(config)
 
     fit, export = section_commands()

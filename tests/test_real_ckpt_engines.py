@@ -10,6 +10,7 @@ log-prob path (``PolicyModule.completion_logprobs`` on the padded Experience the
 
 Run with ``-s`` to see the measured KL per engine. One engine at a time (each started once here).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -47,8 +48,9 @@ def policy(smollm2_dir):
 def _check(engine, policy, name: str) -> float:
     tok = policy.tokenizer
     prompts = [Prompt(uid=str(i), messages=[{"role": "user", "content": t}]) for i, t in enumerate(TEXTS)]
-    render = PromptRenderer(512, "error", context_len=lambda: engine_context_len(engine),
-                            max_new_tokens=SAMPLING.max_new_tokens)
+    render = PromptRenderer(
+        512, "error", context_len=lambda: engine_context_len(engine), max_new_tokens=SAMPLING.max_new_tokens
+    )
     kept, ids = render(tok, prompts)
     assert FRENCH in tok.decode(ids[1])  # multi-byte characters survive the chat template and the tokenizer
     greedy = engine.generate(ids[:1], 1, GREEDY)[0][0]
@@ -63,18 +65,29 @@ def _check(engine, policy, name: str) -> float:
         assert isinstance(tok.decode(c.token_ids, skip_special_tokens=True), str)
     assert any(c.finish_reason == "stop" for c in rows)
     B = len(rows)
-    rb = RewardBatch(total=torch.zeros(B, dtype=torch.float64), valid=torch.ones(B, dtype=torch.bool),
-                     components={}, errors=[None] * B)
+    rb = RewardBatch(
+        total=torch.zeros(B, dtype=torch.float64),
+        valid=torch.ones(B, dtype=torch.bool),
+        components={},
+        errors=[None] * B,
+    )
     exp = ExperienceBuilder(engine, decode_with(engine), SAMPLING.max_new_tokens)(
-        Rollouts(kept, ids, groups, rb), tok.pad_token_id)
-    assert exp.loss_mask.sum(1).tolist() == [len(c.token_ids) for c in rows]  # padding (id 0) is never a token
-    assert len({len(c.token_ids) for c in rows}) > 1 or len({len(p) for p in ids}) > 1  # rows really are padded
+        Rollouts(kept, ids, groups, rb), tok.pad_token_id
+    )
+    assert exp.loss_mask.sum(1).tolist() == [
+        len(c.token_ids) for c in rows
+    ]  # padding (id 0) is never a token
+    assert (
+        len({len(c.token_ids) for c in rows}) > 1 or len({len(p) for p in ids}) > 1
+    )  # rows really are padded
     with torch.no_grad():
         lp = policy.completion_logprobs(exp)  # (B, C): the trainer's recomputation on the padded batch
     m = exp.loss_mask
     kl = k3_mismatch_kl(lp.double(), exp.rollout_logprobs.double(), m)
     worst = float((lp.double() - exp.rollout_logprobs.double())[m].abs().max())
-    print(f"\n[{name}] SmolLM2 mismatch KL (k3) = {kl:.3g}, max |dlogp| = {worst:.3g} over {int(m.sum())} tokens")
+    print(
+        f"\n[{name}] SmolLM2 mismatch KL (k3) = {kl:.3g}, max |dlogp| = {worst:.3g} over {int(m.sum())} tokens"
+    )
     assert kl < KL_BOUND, (name, kl, worst)
     return kl
 
@@ -101,8 +114,17 @@ def test_vllm_engine(policy):
 def test_vllm_server_engine(policy):
     from lit_rl.rollout.server import VLLMServerEngine
 
-    engine = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 512, "max_num_seqs": 8, "kv_cache_gb": 1,
-                                      "timeout_s": 600}, request_timeout_s=120, sync_timeout_s=300)
+    engine = VLLMServerEngine(
+        launch={
+            "num_servers": 1,
+            "max_model_len": 512,
+            "max_num_seqs": 8,
+            "kv_cache_gb": 1,
+            "timeout_s": 600,
+        },
+        request_timeout_s=120,
+        sync_timeout_s=300,
+    )
     try:
         engine.bind(policy)
         _check(engine, policy, "VLLMServerEngine")

@@ -7,6 +7,7 @@ Small on purpose (2 chat prompts x 2 samples, 8 new tokens, 2 iterations): these
 BPE / ChatML / pad != eos / tied-embedding checkpoint, not learning (the recipe test does that). Slow (model
 loads, exports of 540 MB, a vLLM server start per server fit): marked ``slow`` and ``real_ckpt``.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,12 +24,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_ckpt]
 
 ENGINES = {
     "hf": "    class_path: lit_rl.rollout.HFEngine\n",
-    "vllm": ("    class_path: lit_rl.rollout.vllm.VLLMEngine\n"
-             "    init_args: {max_model_len: 128, kv_cache_memory_bytes: 67108864, seed: 0}\n"),
-    "server": ("    class_path: lit_rl.rollout.server.VLLMServerEngine\n"
-               "    init_args:\n"
-               "      launch: {num_servers: 1, max_model_len: 128, max_num_seqs: 8, kv_cache_gb: 1, timeout_s: 600}\n"
-               "      request_timeout_s: 120\n      sync_timeout_s: 300\n"),
+    "vllm": (
+        "    class_path: lit_rl.rollout.vllm.VLLMEngine\n"
+        "    init_args: {max_model_len: 128, kv_cache_memory_bytes: 67108864, seed: 0}\n"
+    ),
+    "server": (
+        "    class_path: lit_rl.rollout.server.VLLMServerEngine\n"
+        "    init_args:\n"
+        "      launch: {num_servers: 1, max_model_len: 128, max_num_seqs: 8, kv_cache_gb: 1, timeout_s: 600}\n"
+        "      request_timeout_s: 120\n      sync_timeout_s: 300\n"
+    ),
 }
 LORA = "    lora: {r: 8, lora_alpha: 16, target_modules: all-linear}\n"
 
@@ -117,8 +122,11 @@ def test_fit_validate_and_export(smollm2_dir, tmp_path, engine, lora):
     finally:
         _close(cli)
     base = dict(AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).named_parameters())
-    out = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final_model",
-                                                    dtype=torch.float32).named_parameters())
+    out = dict(
+        AutoModelForCausalLM.from_pretrained(
+            tmp_path / "run" / "final_model", dtype=torch.float32
+        ).named_parameters()
+    )
     assert out.keys() == base.keys()
     for n, p in out.items():  # the export is the policy (merged W + BA * scale for LoRA), name for name
         torch.testing.assert_close(p, policy[n], rtol=0, atol=1e-6 if lora else 0, msg=n)
@@ -139,7 +147,11 @@ def _ckpt(path: Path) -> dict:
 def _diff(a, b, where: str) -> list[str]:
     """Where two checkpoint trees differ (tensors compared bitwise)."""
     if isinstance(a, torch.Tensor):
-        return [] if torch.equal(a, b) else [f"{where} (max |d| {float((a.double() - b.double()).abs().max()):.3g})"]
+        return (
+            []
+            if torch.equal(a, b)
+            else [f"{where} (max |d| {float((a.double() - b.double()).abs().max()):.3g})"]
+        )
     if isinstance(a, dict):
         if a.keys() != b.keys():
             return [f"{where}: keys differ"]
@@ -156,12 +168,19 @@ def test_resume_is_bitwise(smollm2_dir, tmp_path, engine):
     """4 iterations in one go vs 2, then `--ckpt_path last` to 4 in a second fit: the final parameters, Adam
     state and the engine's checkpointed state are bitwise equal (sampling seeds, data order and the rollout
     engine's seed cursor are all restored)."""
+
     # Each fit in a fresh process (as after a real preemption; three full fine-tunes of 135M parameters in one
     # process reached 6.4 GB of retained heap and the OOM killer on a shared machine).
     def fit(cfg, *extra):
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        p = subprocess.run([sys.executable, "-m", "lit_rl.cli", "fit", "-c", str(cfg), "--trainer.callbacks", "[]",
-                            *extra], env=env, capture_output=True, text=True, timeout=1800, check=False)
+        p = subprocess.run(
+            [sys.executable, "-m", "lit_rl.cli", "fit", "-c", str(cfg), "--trainer.callbacks", "[]", *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+            check=False,
+        )
         assert p.returncode == 0, p.stderr[-3000:]
 
     fit(_recipe(tmp_path / "straight", smollm2_dir, engine, lora=False, steps=4))
@@ -171,6 +190,7 @@ def test_resume_is_bitwise(smollm2_dir, tmp_path, engine):
     got = _ckpt(tmp_path / "resumed" / "run" / "checkpoints" / "last.ckpt")
     want = _ckpt(tmp_path / "straight" / "run" / "checkpoints" / "last.ckpt")
     assert got["global_step"] == want["global_step"]
-    diffs = (_diff(got["state_dict"], want["state_dict"], "state_dict")
-             + _diff(got["optimizer_states"], want["optimizer_states"], "optimizer_states"))
+    diffs = _diff(got["state_dict"], want["state_dict"], "state_dict") + _diff(
+        got["optimizer_states"], want["optimizer_states"], "optimizer_states"
+    )
     assert not diffs, diffs[:10]

@@ -6,6 +6,7 @@ shuffles seeded by the module's iteration counter, and a 12-prompt task so Light
 iterators) end both before and after the kill. The reference run goes uninterrupted in this process; the
 killed and the resumed runs are fresh processes, as after a real preemption.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,10 +83,19 @@ data:
 
 def _fit(config: Path, *extra: str, env: dict[str, str] | None = None, timeout: float = 240):
     """`lit-rl fit` in a fresh process (PYTHONPATH carries the test instruments)."""
-    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-                "TOKENIZERS_PARALLELISM": "false", **(env or {})}
-    return subprocess.run([sys.executable, "-m", "lit_rl.cli", "fit", "--config", str(config), *extra],
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
+        "TOKENIZERS_PARALLELISM": "false",
+        **(env or {}),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "lit_rl.cli", "fit", "--config", str(config), *extra],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _rows(root: Path) -> list[dict]:
@@ -148,7 +158,9 @@ def _check_resumed(reference, root: Path, resumed_from: int) -> None:
     got, want = _state(root / "ckpt" / "last.ckpt"), _state(ref_ckpt)
     _assert_same_tensors(got["state_dict"], want["state_dict"], "state_dict")
     _assert_same_tensors(got["optimizer_states"], want["optimizer_states"], "optimizer_states")
-    ours = {k: v for k, v in want["callbacks"].items() if not k.startswith("ModelCheckpoint")}  # it holds paths
+    ours = {
+        k: v for k, v in want["callbacks"].items() if not k.startswith("ModelCheckpoint")
+    }  # it holds paths
     _assert_same_tensors({k: got["callbacks"][k] for k in ours}, ours, "callbacks")
     assert got["lit_rl_policy"] == want["lit_rl_policy"]
 
@@ -164,7 +176,9 @@ def test_checkpoint_carries_resume_state(reference):
     names = " ".join(ckpt["callbacks"])
     for cb in ("Curriculum", "RolloutCallback", "ReferenceKL", "EntropyRegularization"):
         assert cb in names
-    assert ckpt["callbacks"]["RolloutCallback"]["policy_version"] == ITERATIONS  # one weight push per iteration
+    assert (
+        ckpt["callbacks"]["RolloutCallback"]["policy_version"] == ITERATIONS
+    )  # one weight push per iteration
     assert torch.load(reference[1], map_location="cpu", weights_only=True)  # no pickled objects needed
 
 
@@ -194,7 +208,9 @@ def test_sigkill_during_checkpoint_write_keeps_previous_checkpoint(reference, tm
     assert last["lit_rl_policy"]["iteration"] == 3 and last["global_step"] == 3 * STEPS_PER_ITER
     names = sorted(p.name for p in (tmp_path / "ckpt").glob("*.ckpt"))
     # ModelCheckpoint's {step} is the logged step, the RL iteration (3; global_step is 6): one numbering everywhere
-    assert names == ["epoch=0-step=3.ckpt", "last.ckpt"], f"a torn checkpoint is visible under its name: {names}"
+    assert names == ["epoch=0-step=3.ckpt", "last.ckpt"], (
+        f"a torn checkpoint is visible under its name: {names}"
+    )
     (torn,) = (tmp_path / "ckpt").glob(".*.tmp")  # the half-written bytes reached the disk, under a temp name
     with pytest.raises(Exception):
         torch.load(torn, map_location="cpu", weights_only=True)

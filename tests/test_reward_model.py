@@ -1,4 +1,5 @@
 """RLHF path: preference records, Bradley-Terry reward model on synthetic preferences, RM as a GRPO reward."""
+
 import functools
 import json
 
@@ -13,17 +14,28 @@ from lit_rl.rewards.reward_model import RewardModelReward
 
 
 def _trainer(**kw):
-    return L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                     enable_model_summary=False, **kw)
+    return L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
 def trained_rm(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("rm")
-    mod = RewardModelModule(model=str(tiny_model_dir), save_dir=str(out), seed=seed(0),
-                            optimizer=functools.partial(torch.optim.AdamW, lr=3e-3))
-    dm = PreferenceDataModule(synthetic={"n": 300, "prop": "larger", "seed": seed(0)}, batch_size=32,
-                              seed=seed(0))
+    mod = RewardModelModule(
+        model=str(tiny_model_dir),
+        save_dir=str(out),
+        seed=seed(0),
+        optimizer=functools.partial(torch.optim.AdamW, lr=3e-3),
+    )
+    dm = PreferenceDataModule(
+        synthetic={"n": 300, "prop": "larger", "seed": seed(0)}, batch_size=32, seed=seed(0)
+    )
     trainer = _trainer(max_epochs=3)
     trainer.fit(mod, datamodule=dm)
     return out, dm, {k: float(v) for k, v in trainer.callback_metrics.items()}
@@ -48,7 +60,9 @@ def test_bradley_terry_rm_reaches_90_percent_heldout_and_scores_as_a_reward(trai
     s_c = rm.score_batch([p.prompt for p in held], [p.chosen for p in held])
     s_r = rm.score_batch([p.prompt for p in held], [p.rejected for p in held])
     acc = sum(a > b for a, b in zip(s_c, s_r)) / len(held)
-    assert acc == pytest.approx(metrics["rm/val_accuracy"], abs=1e-6)  # same model after save/load (metric is fp32)
+    assert acc == pytest.approx(
+        metrics["rm/val_accuracy"], abs=1e-6
+    )  # same model after save/load (metric is fp32)
     assert rm(held[0].prompt, "9") > rm(held[0].prompt, "0")
     assert prefers("larger", "1+2=", "9") == 1.0 and prefers("correct", "1+2=", "3") == 1.0
 
@@ -70,8 +84,12 @@ def test_grpo_against_the_rm_raises_its_score(trained_rm, tiny_model_dir):
 
     @torch.no_grad()
     def greedy_rm_score():
-        texts = [pol.tokenizer.decode([int(pol.model(torch.tensor([render_prompt(p, pol.tokenizer)])).logits[0, -1]
-                                           .argmax())]) for p in prompts]
+        texts = [
+            pol.tokenizer.decode(
+                [int(pol.model(torch.tensor([render_prompt(p, pol.tokenizer)])).logits[0, -1].argmax())]
+            )
+            for p in prompts
+        ]
         return sum(rm.score_batch(prompts, texts)) / len(prompts)
 
     before = greedy_rm_score()

@@ -2,6 +2,7 @@
 ``completions``, ``completion_ids``, every column under its original name and ``trainer_state``; ``None`` is
 "not applicable"; an unknown required parameter is a one-line error at setup; a reward failing on every row stops
 the run at the first step."""
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from lit_rl.cli import ConfigError, main
 from lit_rl.rewards import RewardFailureError
 
 ROOT = Path(__file__).resolve().parents[1]
-REWARDS = '''
+REWARDS = """
 import json, os
 
 LOG = os.path.join(os.path.dirname(__file__), "calls.jsonl")
@@ -37,13 +38,16 @@ def needs_gold(completions, gold_answer, **kwargs):
 
 def broken(completions, **kwargs):
     raise KeyError("solution_text")
-'''
+"""
 
 
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
-    rows = [{"question": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b), "level": 1 + a % 2}
-            for a in range(3) for b in range(3)]
+    rows = [
+        {"question": [{"role": "user", "content": f"{a}+{b}="}], "solution": str(a + b), "level": 1 + a % 2}
+        for a in range(3)
+        for b in range(3)
+    ]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "trl_rewards.py").write_text(REWARDS)
     monkeypatch.chdir(tmp_path)
@@ -53,19 +57,50 @@ def user_dir(tmp_path, monkeypatch):
 
 
 def _args(run, model, rewards, *extra):
-    return ["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(model),
-            "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", run,
-            "--data.init_args.train_files", "[train.jsonl]", "--data.init_args.prompt_key", "question",
-            "--data.init_args.answer_key", "solution", "--data.init_args.batch_size", "4",
-            "--rollout.group_size", "2", "--rollout.rewards.rewards", rewards, *extra]
+    return [
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "--model.init_args.model",
+        str(model),
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        run,
+        "--data.init_args.train_files",
+        "[train.jsonl]",
+        "--data.init_args.prompt_key",
+        "question",
+        "--data.init_args.answer_key",
+        "solution",
+        "--data.init_args.batch_size",
+        "4",
+        "--rollout.group_size",
+        "2",
+        "--rollout.rewards.rewards",
+        rewards,
+        *extra,
+    ]
 
 
 def test_trl_rewards_get_columns_by_original_name_once_per_batch(user_dir, tiny_model_dir):
-    cli = main(_args("runs/trl", tiny_model_dir, "{acc: trl_rewards.accuracy, lvl: trl_rewards.only_level_two}",
-                     "--rollout.rewards.weights", "{acc: 1.0, lvl: 0.5}", "--trainer.max_steps", "2"))
+    cli = main(
+        _args(
+            "runs/trl",
+            tiny_model_dir,
+            "{acc: trl_rewards.accuracy, lvl: trl_rewards.only_level_two}",
+            "--rollout.rewards.weights",
+            "{acc: 1.0, lvl: 0.5}",
+            "--trainer.max_steps",
+            "2",
+        )
+    )
     assert cli.model.iteration == 2
     calls = [json.loads(line) for line in (user_dir / "calls.jsonl").read_text().splitlines()]
-    assert [c["rows"] for c in calls] == [8, 8]  # one call per step with 4 prompts x 2 completions, not 8 calls
+    assert [c["rows"] for c in calls] == [
+        8,
+        8,
+    ]  # one call per step with 4 prompts x 2 completions, not 8 calls
     assert [c["step"] for c in calls] == [0, 1]
     first = calls[0]
     assert first["solution"] == first["answer"] and all(isinstance(s, str) for s in first["solution"])
@@ -78,25 +113,37 @@ def test_trl_rewards_get_columns_by_original_name_once_per_batch(user_dir, tiny_
 
 
 def test_unknown_required_parameter_is_one_line_at_setup(user_dir, tiny_model_dir):
-    with pytest.raises(ConfigError, match=r"rollout.rewards: reward 'gold': required parameter 'gold_answer' is "
-                                          r"neither passed by the trainer nor a column of the data; available: "
-                                          r"answer, completion_ids, completions, domain, level, log_extra, "
-                                          r"log_metric, prompts, solution, trainer_state, uid$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"rollout.rewards: reward 'gold': required parameter 'gold_answer' is "
+        r"neither passed by the trainer nor a column of the data; available: "
+        r"answer, completion_ids, completions, domain, level, log_extra, "
+        r"log_metric, prompts, solution, trainer_state, uid$",
+    ):
         main(_args("runs/gold", tiny_model_dir, "{gold: trl_rewards.needs_gold}", "--trainer.max_steps", "1"))
     assert not (user_dir / "runs/gold/checkpoints").exists()
 
 
 def test_reward_failing_on_every_row_stops_at_the_first_step(user_dir, tiny_model_dir):
-    with pytest.raises(RewardFailureError, match=r"none of the 8 rows of this scoring call has a reward. Most "
-                                                 r"frequent error \(8x\): bad: KeyError: 'solution_text'"):
+    with pytest.raises(
+        RewardFailureError,
+        match=r"none of the 8 rows of this scoring call has a reward. Most "
+        r"frequent error \(8x\): bad: KeyError: 'solution_text'",
+    ):
         main(_args("runs/broken", tiny_model_dir, "{bad: trl_rewards.broken}", "--trainer.max_steps", "2"))
 
 
 def test_console_script_exit_code_for_a_broken_reward(user_dir, tiny_model_dir):
     """The issue's run: rc 0 after 2 steps with reward/invalid_frac 1.0. Now: non-zero, the error on stderr."""
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-c", "from lit_rl.cli import console_main; console_main()",
-           *_args("runs/rc", tiny_model_dir, "{bad: trl_rewards.broken}", "--trainer.max_steps", "2")]
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=user_dir)
+    cmd = [
+        sys.executable,
+        "-c",
+        "from lit_rl.cli import console_main; console_main()",
+        *_args("runs/rc", tiny_model_dir, "{bad: trl_rewards.broken}", "--trainer.max_steps", "2"),
+    ]
+    proc = subprocess.run(
+        cmd, check=False, capture_output=True, text=True, timeout=600, env=env, cwd=user_dir
+    )
     assert proc.returncode != 0
     assert "RewardFailureError: RewardPool: none of the 8 rows" in proc.stderr

@@ -1,6 +1,7 @@
 """``CosineDecay`` (lit_rl/learners/schedules.py): the closed form per branch, its input errors, and a resumed run
 with a larger ``trainer.max_steps`` spreading the rest of the decay over the new length (torch's
 ``CosineAnnealingLR`` keeps the old ``T_max`` in its state and climbs back up past it)."""
+
 from __future__ import annotations
 
 import math
@@ -39,10 +40,16 @@ def test_min_ratio_floors_the_decay():
     assert got == pytest.approx([1.0, 0.55, 0.1, 0.1], abs=1e-15)
 
 
-@pytest.mark.parametrize("kw,field", [({"total_steps": 0}, "total_steps"), ({"total_steps": -1}, "total_steps"),
-                                      ({"total_steps": 2.5}, "total_steps"),
-                                      ({"total_steps": 4, "min_ratio": 1.5}, "min_ratio"),
-                                      ({"total_steps": 4, "min_ratio": float("nan")}, "min_ratio")])
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"total_steps": 0}, "total_steps"),
+        ({"total_steps": -1}, "total_steps"),
+        ({"total_steps": 2.5}, "total_steps"),
+        ({"total_steps": 4, "min_ratio": 1.5}, "min_ratio"),
+        ({"total_steps": 4, "min_ratio": float("nan")}, "min_ratio"),
+    ],
+)
 def test_bad_settings_name_the_field(kw, field):
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=f"CosineDecay {field}="):
@@ -73,8 +80,18 @@ def test_resumed_quickstart_with_more_steps_decays_over_the_new_length(tmp_path,
     from lit_rl.runs import log_rows
 
     monkeypatch.chdir(tmp_path)
-    small = ["--data.init_args.batch_size", "4", "--rollout.group_size", "2", "--trainer.enable_progress_bar",
-             "false", "--trainer.default_root_dir", str(tmp_path / "run"), "--checkpoint.every_n_iterations", "4"]
+    small = [
+        "--data.init_args.batch_size",
+        "4",
+        "--rollout.group_size",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path / "run"),
+        "--checkpoint.every_n_iterations",
+        "4",
+    ]
     cfg = str(ROOT / "configs/quickstart.yaml")
     main(["fit", "-c", cfg, *small, "--trainer.max_steps", "4"])
     main(["fit", "-c", cfg, *small, "--trainer.max_steps", "8", "--ckpt_path", "last"])

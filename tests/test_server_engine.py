@@ -4,6 +4,7 @@ Servers are the expensive part (about a minute each on a loaded 2-core machine),
 the whole module (``pair``) and the tests run in file order; the last tests kill the pair's servers one by
 one. Setup tests that start servers of their own are in ``test_server_setup.py``.
 """
+
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def _module(path, model=None):
 def _hf_logprobs(model, prompt, completion, temperature):
     """log softmax(logits / T)[token] of each completion token, float64, one transformers forward."""
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # (C, V)
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
@@ -115,7 +116,9 @@ def test_launched_cpu_servers_prefill_a_batch_over_the_default_budget_whole(pair
         assert cfg["scheduler_config"]["enable_chunked_prefill"] is False
         assert cfg["scheduler_config"]["max_num_batched_tokens"] == 2048
     rng = random.Random(0)
-    ids = [module.tokenizer.encode("".join(rng.choice("0123456789+=") for _ in range(250))) for _ in range(48)]
+    ids = [
+        module.tokenizer.encode("".join(rng.choice("0123456789+=") for _ in range(250))) for _ in range(48)
+    ]
     assert all(len(i) == 250 for i in ids)
     errors0 = engine.pool.errors
     out = engine.generate(ids, 1, SamplingConfig(temperature=1.0, max_new_tokens=4))
@@ -144,7 +147,9 @@ def test_weight_sync_reaches_every_server_with_its_version(pair):
     engine.update_weights(merged_state_items(module.model))
     assert engine.policy_version == v0 + 1
     for s in engine.pool.servers:  # both servers report the version the engine set
-        assert requests.get(s.url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+        assert requests.get(s.url + "/weight_info", timeout=10).json()["weight_version"] == str(
+            engine._sync_seq
+        )
     ids = _ids(module)
     out = engine.generate(ids, 2, SamplingConfig(temperature=0.0, max_new_tokens=6))
     for p, group in zip(ids, out):
@@ -155,7 +160,7 @@ def test_weight_sync_reaches_every_server_with_its_version(pair):
         assert torch.allclose(torch.tensor(c.logprobs, dtype=torch.float64), ref, atol=2e-4)
         with torch.no_grad():  # and the tokens are the new model's greedy ones
             hf = module.model.generate(torch.tensor([p]), max_new_tokens=len(c.token_ids), do_sample=False)
-        assert hf[0, len(p):].tolist() == c.token_ids
+        assert hf[0, len(p) :].tolist() == c.token_ids
 
 
 def test_a_server_reporting_another_version_fails_the_check(pair):
@@ -163,9 +168,14 @@ def test_a_server_reporting_another_version_fails_the_check(pair):
     check (what every sync ends with, and what DDP ranks other than 0 run) names that server."""
     engine, module = pair
     url = engine.pool.servers[0].url
-    requests.post(url + "/update_weight_version", json={"new_version": "someone-else"}, timeout=10).raise_for_status()
-    with pytest.raises(RuntimeError, match=rf"server {url} reports weight version 'someone-else' after a sync, "
-                                           rf"expected '{engine._sync_seq}'"):
+    requests.post(
+        url + "/update_weight_version", json={"new_version": "someone-else"}, timeout=10
+    ).raise_for_status()
+    with pytest.raises(
+        RuntimeError,
+        match=rf"server {url} reports weight version 'someone-else' after a sync, "
+        rf"expected '{engine._sync_seq}'",
+    ):
         engine.pool.check_versions(str(engine._sync_seq))
     engine.update_weights(merged_state_items(module.model))  # a sync sets and checks it again
     engine.pool.check_versions(str(engine._sync_seq))
@@ -185,14 +195,18 @@ def test_server_with_another_model_is_refused_at_setup(pair, tiny_llama_dir, tmp
     from lit_rl.rollout.server import VLLMServerEngine
 
     urls = [s.url for s in pair[0].pool.servers]
-    with pytest.raises(ValueError, match=r"urls: server .* architecture \['Qwen2ForCausalLM'\].*LlamaForCausalLM"):
+    with pytest.raises(
+        ValueError, match=r"urls: server .* architecture \['Qwen2ForCausalLM'\].*LlamaForCausalLM"
+    ):
         VLLMServerEngine(urls=urls).bind(_module(tiny_llama_dir))
     other = build_tiny_model(tmp_path / "v", layers=2, hidden=64, heads=2, tokenizer="bpe")
     with pytest.raises(ValueError, match=r"urls: server .* vocab_size=\d+, the policy has vocab_size=\d+"):
         VLLMServerEngine(urls=urls).bind(_module(other))
 
 
-def test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syncs_merged(pair, tiny_model_dir):
+def test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syncs_merged(
+    pair, tiny_model_dir
+):
     """The pair runs without LoRA: lora_sync=adapter fails at setup naming the setting; auto (the default)
     syncs the LoRA policy's merged weights, which the servers then serve (tests/test_server_lora.py has the
     adapter path on a LoRA server)."""
@@ -204,8 +218,11 @@ def test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syn
         for n, p in module.model.named_parameters():
             if "lora_B" in n:
                 p.fill_(0.05)
-    with pytest.raises(ValueError, match=rf"VLLMServerEngine.lora_sync='adapter' cannot run: server {urls[0]} "
-                                         r"runs without LoRA; start it with --enable-lora"):
+    with pytest.raises(
+        ValueError,
+        match=rf"VLLMServerEngine.lora_sync='adapter' cannot run: server {urls[0]} "
+        r"runs without LoRA; start it with --enable-lora",
+    ):
         VLLMServerEngine(urls=urls, lora_sync="adapter").bind(module)
     auto = VLLMServerEngine(urls=urls, request_timeout_s=30)
     try:
@@ -228,11 +245,16 @@ def test_group_size_and_max_new_tokens_beyond_the_servers_fail_at_setup(pair, ti
     from lit_rl.rollout.server import VLLMServerEngine
 
     urls = [s.url for s in pair[0].pool.servers]
-    for group, new, msg in [(17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
-                            (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256")]:
+    for group, new, msg in [
+        (17, 4, r"rollout.group_size=17 exceeds max_num_seqs=16"),
+        (4, 256, r"rollout.sampling.max_new_tokens=256 .* max_model_len=256"),
+    ]:
         engine = VLLMServerEngine(urls=urls)
         with pytest.raises(ValueError, match=msg):  # what RolloutCallback.setup passes from its settings
-            engine.bind(_module(tiny_model_dir), RolloutSettings(group_size=group, sampling=SamplingConfig(max_new_tokens=new)))
+            engine.bind(
+                _module(tiny_model_dir),
+                RolloutSettings(group_size=group, sampling=SamplingConfig(max_new_tokens=new)),
+            )
     with pytest.raises(ValueError, match=r"group_size=17 exceeds"):  # generate checks it too
         pair[0].generate(_ids(pair[1])[:1], 17, SamplingConfig(max_new_tokens=2))
 
@@ -257,15 +279,34 @@ def test_async_rollout_callback_on_servers_keeps_the_staleness_bound(pair, tiny_
 
     L.seed_everything(0)
     engine = VLLMServerEngine(urls=[s.url for s in pair[0].pool.servers], request_timeout_s=30)
-    module = PolicyModule(model=str(tiny_model_dir), rollout_correction="tis",
-                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
-    rc = RolloutCallback(engine=engine, rewards={"exact": ExactAnswerReward()}, group_size=4,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=2), mode="async", max_staleness=1)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=4, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rc, Rec()])
-    trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9,
-                                                                                 "unary": True}, batch_size=4))
+    module = PolicyModule(
+        model=str(tiny_model_dir), rollout_correction="tis", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3)
+    )
+    rc = RolloutCallback(
+        engine=engine,
+        rewards={"exact": ExactAnswerReward()},
+        group_size=4,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=2),
+        mode="async",
+        max_staleness=1,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=4,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, Rec()],
+    )
+    trainer.fit(
+        module,
+        datamodule=PromptDataModule(
+            task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True}, batch_size=4
+        ),
+    )
     assert module.iteration == 4 and len(seen) == 4
     for stale, metrics in seen:
         assert 0 <= int(stale.max()) <= 1
@@ -318,8 +359,10 @@ class _BadServer:
                 if outer.mode == "hang":
                     outer.release.wait(60)
                     return
-                body = b'{"choices": [{"index": 0, "token_ids": [1, 2, 3], "finish_reason": "length", ' \
-                       b'"logprobs": {"token_logprobs": [-0.5]}}]}'
+                body = (
+                    b'{"choices": [{"index": 0, "token_ids": [1, 2, 3], "finish_reason": "length", '
+                    b'"logprobs": {"token_logprobs": [-0.5]}}]}'
+                )
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -345,8 +388,10 @@ def test_garbage_or_hanging_server_is_dropped_and_its_request_retried(pair, mode
     try:
         good = engine.pool.servers[1]
         pool = ServerPool([bad.url, good.url], request_timeout_s=3.0)
-        pool.servers = [Server(bad.url, model=good.model, max_model_len=256), Server(good.url, model=good.model,
-                                                                                       max_model_len=256)]
+        pool.servers = [
+            Server(bad.url, model=good.model, max_model_len=256),
+            Server(good.url, model=good.model, max_model_len=256),
+        ]
         body = engine._body(_ids(module)[0], 2, SamplingConfig(temperature=1.0, max_new_tokens=3))
         t0 = time.monotonic()
         out = pool.complete(body, 2)  # both idle: the bad server (first) gets it, then the good one
@@ -389,7 +434,9 @@ def test_killing_a_server_mid_generation_retries_on_the_other(pair):
     # a sync afterwards goes to the live server only, and succeeds
     engine.update_weights(merged_state_items(module.model))
     live = engine.pool.servers[1]
-    assert requests.get(live.url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+    assert requests.get(live.url + "/weight_info", timeout=10).json()["weight_version"] == str(
+        engine._sync_seq
+    )
 
 
 def test_sync_failure_fails_the_step_and_all_down_names_the_urls(pair):
@@ -398,8 +445,11 @@ def test_sync_failure_fails_the_step_and_all_down_names_the_urls(pair):
     time.sleep(1.0)
     urls = [s.url for s in engine.pool.servers]
     # the sync drops the last server as gone (connection refused), and with none left fails naming both
-    with pytest.raises(RuntimeError, match=rf"weight sync .* failed: VLLMServerEngine: no rollout server is "
-                                           rf"reachable \({urls[0]}: .*; {urls[1]}: ConnectionError"):
+    with pytest.raises(
+        RuntimeError,
+        match=rf"weight sync .* failed: VLLMServerEngine: no rollout server is "
+        rf"reachable \({urls[0]}: .*; {urls[1]}: ConnectionError",
+    ):
         engine.update_weights(merged_state_items(module.model))
     with pytest.raises(RuntimeError, match="refuses to generate: the last weight sync failed"):
         engine.generate(_ids(module)[:1], 2, SamplingConfig(max_new_tokens=2))
@@ -418,15 +468,28 @@ def test_nccl_transport_broadcasts_weights_into_a_gpu_server(tiny_model_dir):
     from lit_rl.rollout.server import VLLMServerEngine
 
     module = _module(tiny_model_dir)
-    engine = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 96, "extra_args": [
-        "--weight-transfer-config", '{"backend": "nccl"}', "--gpu-memory-utilization", "0.2"]},
-        weight_transport="nccl", sync_timeout_s=300)
+    engine = VLLMServerEngine(
+        launch={
+            "num_servers": 1,
+            "max_model_len": 96,
+            "extra_args": [
+                "--weight-transfer-config",
+                '{"backend": "nccl"}',
+                "--gpu-memory-utilization",
+                "0.2",
+            ],
+        },
+        weight_transport="nccl",
+        sync_timeout_s=300,
+    )
     try:
         engine.bind(module)
         _perturb(module.model, seed=3)
         engine.update_weights((n, t.cuda()) for n, t in merged_state_items(module.model))
         url = engine.pool.servers[0].url
-        assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == str(engine._sync_seq)
+        assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == str(
+            engine._sync_seq
+        )
         ids = _ids(module)
         out = engine.generate(ids, 1, SamplingConfig(temperature=0.0, max_new_tokens=6))
         for p, (c,) in zip(ids, out):

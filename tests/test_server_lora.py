@@ -5,6 +5,7 @@ One LoRA-enabled server is launched for the module (``server``: with ``lora_sync
 merged weights) are tests/test_server_engine.py's pair:
 ``test_lora_policy_on_servers_without_lora_adapter_fails_at_setup_and_auto_syncs_merged``.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,9 @@ ADAPTER_TENSORS = 2 * 7 * 2  # layers x target modules x (A, B)
 
 def _module(path, lora=LORA):
     path = str(path)
-    return types.SimpleNamespace(model=load_causal_lm(path, lora=lora), tokenizer=load_tokenizer(path),
-                                 model_path=path)
+    return types.SimpleNamespace(
+        model=load_causal_lm(path, lora=lora), tokenizer=load_tokenizer(path), model_path=path
+    )
 
 
 @torch.no_grad()
@@ -41,7 +43,7 @@ def _logprobs(model, prompt, completion, temperature):
     was_training = model.training
     model.eval()
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # (C, V)
     model.train(was_training)
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
@@ -65,9 +67,16 @@ def server(tiny_model_dir):
 
 
 # ----------------------------------------------------------------- no servers
-@pytest.mark.parametrize("kwargs, match", [
-    ({"lora_sync": "lora"}, r"lora_sync='lora'; valid values: auto, adapter, merged"),
-    ({"lora_sync": "adapter", "weight_transport": "nccl"}, r"lora_sync='adapter' needs weight_transport='file'")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"lora_sync": "lora"}, r"lora_sync='lora'; valid values: auto, adapter, merged"),
+        (
+            {"lora_sync": "adapter", "weight_transport": "nccl"},
+            r"lora_sync='adapter' needs weight_transport='file'",
+        ),
+    ],
+)
 def test_lora_sync_is_validated_at_construction(kwargs, match):
     from lit_rl.rollout.server import VLLMServerEngine
 
@@ -78,7 +87,10 @@ def test_lora_sync_is_validated_at_construction(kwargs, match):
 def test_launch_flags_follow_the_policy_and_the_setting(tiny_model_dir):
     from lit_rl.rollout._server_lora import launch_with_lora
 
-    lora_model, plain = load_causal_lm(str(tiny_model_dir), lora={"r": 12}), load_causal_lm(str(tiny_model_dir))
+    lora_model, plain = (
+        load_causal_lm(str(tiny_model_dir), lora={"r": 12}),
+        load_causal_lm(str(tiny_model_dir)),
+    )
     out = launch_with_lora({"extra_args": ["--foo"]}, lora_model, "adapter")
     # rank 12 -> 16, the smallest --max-lora-rank vLLM accepts that holds it
     assert out["extra_args"] == ["--foo", "--enable-lora", "--max-lora-rank", "16", "--max-loras", "1"]
@@ -124,8 +136,11 @@ def test_the_adapter_path_writes_only_the_adapter(server):
     assert cfg["r"] == 4 and cfg["lora_alpha"] == 8
     merged_bytes = 4 * sum(t.numel() for _, t in merged_state_items(module.model))
     assert engine.metrics()["rollout/weight_sync_adapter"] == 1.0
-    assert engine.metrics()["rollout/weight_sync_bytes"] == sum(
-        os.path.getsize(os.path.join(d, f)) for f in os.listdir(d)) < merged_bytes / 10
+    assert (
+        engine.metrics()["rollout/weight_sync_bytes"]
+        == sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d))
+        < merged_bytes / 10
+    )
 
 
 def test_merged_names_on_the_adapter_path_are_refused(server):
@@ -158,7 +173,9 @@ def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tin
             ids = [pl_module.tokenizer.encode(p) for p in PROMPTS]
             out = eng.generate(ids, 2, SamplingConfig(temperature=0.7, max_new_tokens=6))
             model = pl_module.model
-            assert any(float(p.detach().abs().max()) > 0 for n, p in model.named_parameters() if "lora_B" in n)
+            assert any(
+                float(p.detach().abs().max()) > 0 for n, p in model.named_parameters() if "lora_B" in n
+            )
             off = 0.0
             for p, group in zip(ids, out):
                 for c in group:
@@ -173,29 +190,52 @@ def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tin
 
     L.seed_everything(0)
     engine = VLLMServerEngine(urls=[server[0].pool.servers[0].url], request_timeout_s=30)
-    module = PolicyModule(model=str(tiny_model_dir), lora=LORA, optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2))
+    module = PolicyModule(
+        model=str(tiny_model_dir), lora=LORA, optimizer=lambda p: torch.optim.AdamW(p, lr=2e-2)
+    )
     # a reward that differs within groups (the untrained tiny model never answers right): non-zero advantages,
     # so every step moves the adapter
-    rc = RolloutCallback(engine=engine, rewards=lambda p, c: float(sum(map(ord, c)) % 3), group_size=4,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=2))
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=3, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rc, Check()])
-    trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9,
-                                                                                 "unary": True}, batch_size=4))
+    rc = RolloutCallback(
+        engine=engine,
+        rewards=lambda p, c: float(sum(map(ord, c)) % 3),
+        group_size=4,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=2),
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=3,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, Check()],
+    )
+    trainer.fit(
+        module,
+        datamodule=PromptDataModule(
+            task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True}, batch_size=4
+        ),
+    )
     assert [b for b, _, _ in checked] == [1, 2]
     for _, name, served in checked:  # this engine's adapter, alone beside the module engine's one
         assert name in served and len([m for m in served if m.startswith("policy-")]) == 2
     # teardown took this run's adapter off the server (given by URL, it outlives the run)
-    assert [m for m in _served(server[0].pool.servers[0].url) if m.startswith("policy-")] == [server[0]._lora.current]
+    assert [m for m in _served(server[0].pool.servers[0].url) if m.startswith("policy-")] == [
+        server[0]._lora.current
+    ]
 
 
 def test_a_rank_above_the_servers_max_fails_adapter_and_falls_back_in_auto(server, tiny_model_dir):
     from lit_rl.rollout.server import VLLMServerEngine
 
     url = server[0].pool.servers[0].url
-    with pytest.raises(ValueError, match=r"lora_sync='adapter' cannot run: server .* has --max-lora-rank 8, below "
-                                         r"the adapter's rank 16"):
+    with pytest.raises(
+        ValueError,
+        match=r"lora_sync='adapter' cannot run: server .* has --max-lora-rank 8, below "
+        r"the adapter's rank 16",
+    ):
         VLLMServerEngine(urls=[url], lora_sync="adapter").bind(_module(tiny_model_dir, {"r": 16}))
     auto = VLLMServerEngine(urls=[url])
     auto.bind(_module(tiny_model_dir, {"r": 16}))
@@ -208,9 +248,14 @@ def test_an_adapter_the_server_refuses_fails_adapter_at_setup(server, tiny_model
     from lit_rl.rollout.server import VLLMServerEngine
 
     url = server[0].pool.servers[0].url
-    with pytest.raises(ValueError, match=r"lora_sync='adapter' cannot run: server .* refused to load the "
-                                         r"policy's LoRA adapter.*DoRA"):
-        VLLMServerEngine(urls=[url], lora_sync="adapter").bind(_module(tiny_model_dir, {**LORA, "use_dora": True}))
+    with pytest.raises(
+        ValueError,
+        match=r"lora_sync='adapter' cannot run: server .* refused to load the "
+        r"policy's LoRA adapter.*DoRA",
+    ):
+        VLLMServerEngine(urls=[url], lora_sync="adapter").bind(
+            _module(tiny_model_dir, {**LORA, "use_dora": True})
+        )
     assert [m for m in _served(url) if "probe" in m] == []
 
 
@@ -222,8 +267,14 @@ def test_two_rank_ddp_trainer_syncs_the_adapter_from_rank_0(server, tiny_model_d
     url = server[0].pool.servers[0].url
     before = _served(url)
     res, ranks = run_ddp_on_servers(
-        {"urls": [url], "request_timeout_s": 60, "lora_sync": "adapter"}, tiny_model_dir, tmp_path,
-        "--model.init_args.lora", "{r: 4, lora_alpha: 8, init_lora_weights: false}", "--rollout.sampling.max_new_tokens", "4")
+        {"urls": [url], "request_timeout_s": 60, "lora_sync": "adapter"},
+        tiny_model_dir,
+        tmp_path,
+        "--model.init_args.lora",
+        "{r: 4, lora_alpha: 8, init_lora_weights: false}",
+        "--rollout.sampling.max_new_tokens",
+        "4",
+    )
     for rank in (0, 1):  # each rank's own engine took the adapter path
         rank_metrics = ranks[rank]["metrics"]
         assert rank_metrics["rollout/weight_sync_adapter"] == 1.0, (rank, rank_metrics)

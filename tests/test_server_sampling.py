@@ -6,6 +6,7 @@ defaults in its generation_config.json, and its weight sync while other requests
 - ``/reset_prefix_cache`` answers ``{"success": false}`` (status 200) while a request holds KV blocks: a sync
   must still leave no prefix block computed with the old weights, or fail loudly.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,14 +29,23 @@ PROMPT = "0123456789" * 7  # 70 tokens: two full 32-token KV blocks the prefix c
 @torch.no_grad()
 def _hf_logprobs(model, prompt, completion, temperature):
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # (C, V)
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def _worst(model, prompt, groups, temperature):
-    return max(float((torch.tensor(c.logprobs, dtype=torch.float64)
-                      - _hf_logprobs(model, prompt, c.token_ids, temperature)).abs().max())
-               for g in groups for c in g)
+    return max(
+        float(
+            (
+                torch.tensor(c.logprobs, dtype=torch.float64)
+                - _hf_logprobs(model, prompt, c.token_ids, temperature)
+            )
+            .abs()
+            .max()
+        )
+        for g in groups
+        for c in g
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,14 +55,35 @@ def served(tmp_path_factory):
     from lit_rl.models.tiny import build_tiny_model
     from lit_rl.rollout.server import VLLMServerEngine
 
-    d = build_tiny_model(tmp_path_factory.mktemp("gen_defaults") / "m", layers=2, hidden=64, heads=2,
-                         tokenizer="char", seed=0, max_position_embeddings=2048)
-    cfg = json.loads((d / "generation_config.json").read_text()) if (d / "generation_config.json").exists() else {}
+    d = build_tiny_model(
+        tmp_path_factory.mktemp("gen_defaults") / "m",
+        layers=2,
+        hidden=64,
+        heads=2,
+        tokenizer="char",
+        seed=0,
+        max_position_embeddings=2048,
+    )
+    cfg = (
+        json.loads((d / "generation_config.json").read_text())
+        if (d / "generation_config.json").exists()
+        else {}
+    )
     (d / "generation_config.json").write_text(json.dumps({**cfg, **GEN_DEFAULTS, "do_sample": True}))
-    module = types.SimpleNamespace(model=load_causal_lm(str(d)), tokenizer=load_tokenizer(str(d)), model_path=str(d))
-    engine = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 2048, "max_num_seqs": 8,
-                                      "extra_args": ["--block-size", "32"], "timeout_s": 600},
-                              request_timeout_s=60, sync_timeout_s=120)
+    module = types.SimpleNamespace(
+        model=load_causal_lm(str(d)), tokenizer=load_tokenizer(str(d)), model_path=str(d)
+    )
+    engine = VLLMServerEngine(
+        launch={
+            "num_servers": 1,
+            "max_model_len": 2048,
+            "max_num_seqs": 8,
+            "extra_args": ["--block-size", "32"],
+            "timeout_s": 600,
+        },
+        request_timeout_s=60,
+        sync_timeout_s=120,
+    )
     try:
         engine.bind(module)
         yield engine, module
@@ -76,11 +107,22 @@ def test_sync_while_a_request_holds_kv_blocks_leaves_no_stale_prefix(served):
     ids = module.tokenizer.encode(PROMPT)
     engine.generate([ids], 1, SamplingConfig(temperature=0.0, max_new_tokens=2))  # PROMPT's blocks now cached
     url, name = engine.pool.servers[0].url, engine.pool.servers[0].model
-    long_body = {"model": name, "prompt": module.tokenizer.encode("abc"), "max_tokens": 1900, "ignore_eos": True,
-                 "temperature": 0.0, "min_p": 0.0, "top_k": -1, "top_p": 1.0}
+    long_body = {
+        "model": name,
+        "prompt": module.tokenizer.encode("abc"),
+        "max_tokens": 1900,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "min_p": 0.0,
+        "top_k": -1,
+        "top_p": 1.0,
+    }
     box = {}
-    bg = threading.Thread(target=lambda: box.setdefault("r", requests.post(url + "/v1/completions", json=long_body,
-                                                                           timeout=300)))
+    bg = threading.Thread(
+        target=lambda: box.setdefault(
+            "r", requests.post(url + "/v1/completions", json=long_body, timeout=300)
+        )
+    )
     bg.start()
     time.sleep(1.0)  # the long request is running: it holds KV blocks
     new = load_causal_lm(module.model_path)
@@ -114,10 +156,14 @@ def test_a_cache_that_will_not_reset_fails_the_sync(served, monkeypatch):
     assert engine.policy_version == version
     assert engine.metrics()["rollout/prefix_cache_reset_retries"] > retries
     with pytest.raises(RuntimeError, match="refuses to generate"):
-        engine.generate([module.tokenizer.encode("1+1=")], 1, SamplingConfig(temperature=0.0, max_new_tokens=1))
+        engine.generate(
+            [module.tokenizer.encode("1+1=")], 1, SamplingConfig(temperature=0.0, max_new_tokens=1)
+        )
     monkeypatch.undo()
     engine.update_weights(merged_state_items(module.model))
-    assert engine.generate([module.tokenizer.encode("1+1=")], 1, SamplingConfig(temperature=0.0, max_new_tokens=1))
+    assert engine.generate(
+        [module.tokenizer.encode("1+1=")], 1, SamplingConfig(temperature=0.0, max_new_tokens=1)
+    )
 
 
 def test_processed_logprobs_and_stop_strings_agree_with_transformers(served):
@@ -187,8 +233,10 @@ def test_a_stop_string_of_special_token_text_stops_the_server_as_it_stops_hf_eng
                 rule = end_of_completion(c.token_ids, tok.eos_token_id, decode, sp.stops)
                 assert (len(c.token_ids), c.finish_reason) == rule, (name, c.token_ids, c.finish_reason)
                 assert c.finish_reason == "stop" or len(c.token_ids) == sp.max_new_tokens, (name, c.token_ids)
-            inside = sum(im_end in c.token_ids[:-1] or (c.token_ids[-1:] == [im_end] and c.finish_reason == "length")
-                         for c in comps)
+            inside = sum(
+                im_end in c.token_ids[:-1] or (c.token_ids[-1:] == [im_end] and c.finish_reason == "length")
+                for c in comps
+            )
             assert inside, (name, "no completion went on past a sampled <|im_end|>")
     finally:
         engine.update_weights(merged_state_items(module.model))

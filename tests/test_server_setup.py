@@ -1,6 +1,7 @@
 """VLLMServerEngine setup without the shared server pair: construction errors, bad URLs / ports, the CPU
 launch defaults, a server started in the wrong log-prob mode, no orphan servers after SIGKILL of the trainer,
 and the README's server commands. Each test that needs a server starts its own (one at a time)."""
+
 from __future__ import annotations
 
 import os
@@ -21,8 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _module(path):
-    return types.SimpleNamespace(model=load_causal_lm(str(path)), tokenizer=load_tokenizer(str(path)),
-                                 model_path=str(path))
+    return types.SimpleNamespace(
+        model=load_causal_lm(str(path)), tokenizer=load_tokenizer(str(path)), model_path=str(path)
+    )
 
 
 def _group_alive(pgid: int) -> bool:
@@ -34,12 +36,19 @@ def _group_alive(pgid: int) -> bool:
 
 
 # ----------------------------------------------------------------- no servers
-@pytest.mark.parametrize("kwargs, field", [
-    ({}, "exactly one of urls"), ({"urls": ["http://a:1"], "launch": {}}, "exactly one of urls"),
-    ({"urls": "http://a:1"}, "urls"), ({"urls": ["ftp://a"]}, "urls"),
-    ({"launch": {"num_servers": 0}}, "launch.num_servers"), ({"launch": {"gpus": 1}}, "unknown keys"),
-    ({"urls": ["http://a:1"], "request_timeout_s": 0}, "request_timeout_s"),
-    ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({}, "exactly one of urls"),
+        ({"urls": ["http://a:1"], "launch": {}}, "exactly one of urls"),
+        ({"urls": "http://a:1"}, "urls"),
+        ({"urls": ["ftp://a"]}, "urls"),
+        ({"launch": {"num_servers": 0}}, "launch.num_servers"),
+        ({"launch": {"gpus": 1}}, "unknown keys"),
+        ({"urls": ["http://a:1"], "request_timeout_s": 0}, "request_timeout_s"),
+        ({"urls": ["http://a:1"], "weight_transport": "tcp"}, "weight_transport"),
+    ],
+)
 def test_config_is_validated_at_construction(kwargs, field):
     from lit_rl.rollout.server import VLLMServerEngine
 
@@ -47,10 +56,17 @@ def test_config_is_validated_at_construction(kwargs, field):
         VLLMServerEngine(**kwargs)
 
 
-@pytest.mark.parametrize("extra, added", [
-    ([], ["--no-enable-chunked-prefill"]), (["--max-num-seqs", "8"], ["--no-enable-chunked-prefill"]),
-    (["--max-num-batched-tokens", "4096"], []), (["--max-num-batched-tokens=4096"], []),
-    (["--enable-chunked-prefill"], []), (["--no-enable-chunked-prefill"], [])])
+@pytest.mark.parametrize(
+    "extra, added",
+    [
+        ([], ["--no-enable-chunked-prefill"]),
+        (["--max-num-seqs", "8"], ["--no-enable-chunked-prefill"]),
+        (["--max-num-batched-tokens", "4096"], []),
+        (["--max-num-batched-tokens=4096"], []),
+        (["--enable-chunked-prefill"], []),
+        (["--no-enable-chunked-prefill"], []),
+    ],
+)
 def test_cpu_launch_default_keeps_prefills_whole_unless_the_user_sets_the_budget(extra, added):
     from lit_rl.rollout._server_http import _whole_prefills
 
@@ -102,8 +118,13 @@ def test_sigkill_of_the_trainer_takes_its_servers_down(tiny_model_dir, tmp_path)
     """kill -9 of a process that launched a server: the server's whole process group is gone within seconds."""
     script = tmp_path / "trainer.py"
     script.write_text(TRAINER)
-    proc = subprocess.Popen([sys.executable, str(script), str(tiny_model_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tiny_model_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     pgid = None
     try:
         line = ""
@@ -151,12 +172,26 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
     from lit_rl.rollout._server_launch import free_port
 
     launched, serve, job = _readme_commands()
-    assert launched == "lit-rl fit --config configs/grpo_server.yaml" and "api_server" in serve and "urls" in job
+    assert (
+        launched == "lit-rl fit --config configs/grpo_server.yaml" and "api_server" in serve and "urls" in job
+    )
     monkeypatch.chdir(tmp_path)
     shutil.copytree(tiny_model_dir, tmp_path / "runs/grpo_server/model")
     (tmp_path / "configs").symlink_to(ROOT / "configs")
-    short = ["--trainer.max_steps", "1", "--data.init_args.batch_size", "4", "--rollout.group_size", "2",
-             "--trainer.enable_progress_bar", "false", "--trainer.callbacks", "[]", "--trainer.logger", "false"]
+    short = [
+        "--trainer.max_steps",
+        "1",
+        "--data.init_args.batch_size",
+        "4",
+        "--rollout.group_size",
+        "2",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--trainer.callbacks",
+        "[]",
+        "--trainer.logger",
+        "false",
+    ]
     cli = main([*shlex.split(launched)[1:], *short])
     rc = next(c for c in cli.trainer.callbacks if isinstance(c, RolloutCallback))
     assert cli.model.iteration == 1 and cli.trainer.callback_metrics["rollout/servers_alive"] == 1.0
@@ -165,11 +200,29 @@ def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
     port = free_port()
     env_part, cmd = serve.split(" ", 1)
     argv = shlex.split(cmd.replace("--port 8000", f"--port {port}")) + [
-        "--max-model-len", "64", "--enforce-eager", "--max-num-seqs", "16", "--distributed-executor-backend", "uni"]
-    env = {**os.environ, env_part.split("=")[0]: env_part.split("=")[1], "VLLM_CPU_KVCACHE_SPACE": "1",
-           "OMP_NUM_THREADS": "1", **CPU_SERVER_ENV}  # the README's advice for CPU rollout nodes
+        "--max-model-len",
+        "64",
+        "--enforce-eager",
+        "--max-num-seqs",
+        "16",
+        "--distributed-executor-backend",
+        "uni",
+    ]
+    env = {
+        **os.environ,
+        env_part.split("=")[0]: env_part.split("=")[1],
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "OMP_NUM_THREADS": "1",
+        **CPU_SERVER_ENV,
+    }  # the README's advice for CPU rollout nodes
     assert argv[0] == "python"
-    node = subprocess.Popen([sys.executable, *argv[1:]], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    node = subprocess.Popen(
+        [sys.executable, *argv[1:]],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         t_end = time.monotonic() + 600
@@ -202,17 +255,32 @@ def test_wrong_logprobs_mode_is_refused_and_a_splitting_cpu_server_warned(tiny_m
     from lit_rl.rollout._server_http import launch_servers
     from lit_rl.rollout.server import VLLMServerEngine
 
-    urls, procs = launch_servers(str(tiny_model_dir), {"num_servers": 1, "max_model_len": 96, "max_num_seqs": 16,
-                                                      "extra_args": ["--logprobs-mode", "raw_logprobs",
-                                                                     "--max-num-batched-tokens", "512"]}, "float32")
+    urls, procs = launch_servers(
+        str(tiny_model_dir),
+        {
+            "num_servers": 1,
+            "max_model_len": 96,
+            "max_num_seqs": 16,
+            "extra_args": ["--logprobs-mode", "raw_logprobs", "--max-num-batched-tokens", "512"],
+        },
+        "float32",
+    )
     try:
         engine = VLLMServerEngine(urls=urls)
-        with pytest.warns(RuntimeWarning, match=rf"urls: server {urls[0]} runs on CPU with chunked prefill and "
-                                                r"max_num_batched_tokens=512 < .* = 16 x 96.*"
-                                                r"--no-enable-chunked-prefill \(or --max-num-batched-tokens 1536\)"), \
-                pytest.raises(ValueError, match=rf"VLLMServerEngine.urls: server {urls[0]} runs with "
-                                                r"logprobs_mode='raw_logprobs'; start it with --logprobs-mode "
-                                                r"processed_logprobs"):
+        with (
+            pytest.warns(
+                RuntimeWarning,
+                match=rf"urls: server {urls[0]} runs on CPU with chunked prefill and "
+                r"max_num_batched_tokens=512 < .* = 16 x 96.*"
+                r"--no-enable-chunked-prefill \(or --max-num-batched-tokens 1536\)",
+            ),
+            pytest.raises(
+                ValueError,
+                match=rf"VLLMServerEngine.urls: server {urls[0]} runs with "
+                r"logprobs_mode='raw_logprobs'; start it with --logprobs-mode "
+                r"processed_logprobs",
+            ),
+        ):
             engine.bind(_module(tiny_model_dir))
         assert engine.pool is None  # refused before any weight push
     finally:

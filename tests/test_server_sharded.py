@@ -7,6 +7,7 @@ run is the engine's own (``generate`` before any ``update_weights``); it used to
 ``_sync``, which only rank 0 iterated while rank 1 waited in the sync's broadcast: both blocked until the
 process-group timeout (here: the run's limit kills both ranks and fails the test).
 """
+
 from __future__ import annotations
 
 import time
@@ -28,9 +29,20 @@ def server(tiny_model_dir):
     from lit_rl.rollout.server import VLLMServerEngine
 
     path = str(tiny_model_dir)
-    module = types.SimpleNamespace(model=load_causal_lm(path), tokenizer=load_tokenizer(path), model_path=path)
-    engine = VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 64, "max_num_seqs": 16, "kv_cache_gb": 1,
-                                      "timeout_s": 600}, request_timeout_s=60, sync_timeout_s=120)
+    module = types.SimpleNamespace(
+        model=load_causal_lm(path), tokenizer=load_tokenizer(path), model_path=path
+    )
+    engine = VLLMServerEngine(
+        launch={
+            "num_servers": 1,
+            "max_model_len": 64,
+            "max_num_seqs": 16,
+            "kv_cache_gb": 1,
+            "timeout_s": 600,
+        },
+        request_timeout_s=60,
+        sync_timeout_s=120,
+    )
     try:
         engine.bind(module)
         yield engine
@@ -47,9 +59,18 @@ def test_sharded_ranks_sharing_a_server_by_url_finish(server, tiny_model_dir, tm
     url = server.pool.servers[0].url
     t0 = time.monotonic()
     _, ranks = run_ddp_on_servers(
-        {"urls": [url], "request_timeout_s": 60, "sync_timeout_s": 120}, tiny_model_dir, tmp_path,
-        "--trainer.max_steps", str(STEPS), "--rollout.sampling.max_new_tokens", "4",
-        "--data.init_args.batch_size", "2", strategy=strategy, timeout=420)
+        {"urls": [url], "request_timeout_s": 60, "sync_timeout_s": 120},
+        tiny_model_dir,
+        tmp_path,
+        "--trainer.max_steps",
+        str(STEPS),
+        "--rollout.sampling.max_new_tokens",
+        "4",
+        "--data.init_args.batch_size",
+        "2",
+        strategy=strategy,
+        timeout=420,
+    )
     wall = time.monotonic() - t0
     assert requests.get(url + "/weight_info", timeout=10).json()["weight_version"] == str(STEPS + 1)
     for r in (0, 1):

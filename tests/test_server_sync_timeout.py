@@ -5,6 +5,7 @@ the client ever times out (``requests``' timeout is per read) and each request o
 reset, version set, version check) takes that minute. Before the fix the ``TimeoutError`` was raised only when
 the sync's thread pool was left, which waited for the hung worker to finish all of its requests.
 """
+
 from __future__ import annotations
 
 import threading
@@ -62,8 +63,12 @@ def slow_server():
 def test_a_hung_server_fails_the_weight_sync_at_sync_timeout_s(slow_server, tmp_path):
     pool = ServerPool([slow_server], request_timeout_s=TIMEOUT)
     t0 = time.monotonic()
-    with pytest.raises(TimeoutError, match=rf"server {slow_server}: weight sync exceeded sync_timeout_s={TIMEOUT}"):
+    with pytest.raises(
+        TimeoutError, match=rf"server {slow_server}: weight sync exceeded sync_timeout_s={TIMEOUT}"
+    ):
         pool.reload_from_file(str(tmp_path), "1", TIMEOUT)
     took = time.monotonic() - t0
     print(f"TimeoutError after {took:.2f} s (sync_timeout_s={TIMEOUT})")
-    assert took < 3 * TIMEOUT, took  # a loaded 2-core machine's slack; before: > 60 s (the first request alone)
+    assert took < 3 * TIMEOUT, (
+        took
+    )  # a loaded 2-core machine's slack; before: > 60 s (the first request alone)

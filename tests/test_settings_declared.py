@@ -1,5 +1,6 @@
 """Every learner setting is declared once (``core.settings``): the signature, the docs, the CLI's ``--help``
 and the errors all come from that one declaration (issue 37)."""
+
 from __future__ import annotations
 
 import inspect
@@ -66,11 +67,20 @@ def test_the_flat_signature_and_the_config_holder_have_the_same_groups():
 
 
 def test_the_settings_reach_the_config_and_the_flat_record(tiny_model_dir):
-    m = PolicyModule(str(tiny_model_dir), loss_agg="seq_mean_token_sum_norm", loss_horizon=7, ppo_epochs=2,
-                     clip_high=0.28, seed=3)
+    m = PolicyModule(
+        str(tiny_model_dir),
+        loss_agg="seq_mean_token_sum_norm",
+        loss_horizon=7,
+        ppo_epochs=2,
+        clip_high=0.28,
+        seed=3,
+    )
     c = m.config
     assert (c.objective.loss_agg, c.objective.loss_horizon, c.objective.clip_high) == (
-        "seq_mean_token_sum_norm", 7, 0.28)
+        "seq_mean_token_sum_norm",
+        7,
+        0.28,
+    )
     assert (c.step.ppo_epochs, c.load.seed, c.precision.dtype) == (2, 3, "float32")
     assert m.hparams["loss_agg"] == "seq_mean_token_sum_norm" and m.hparams["model"] == str(tiny_model_dir)
     assert len(m.hparams) == 1 + sum(len(fields(g)) for g in POLICY_GROUPS)
@@ -82,13 +92,15 @@ def test_the_settings_reach_the_config_and_the_flat_record(tiny_model_dir):
 
 
 def test_a_misspelt_setting_is_one_line_naming_the_setting(tiny_model_dir):
-    with pytest.raises(TypeError,
-                       match=r"^PolicyModule: unknown setting 'los_agg'; did you mean 'loss_agg'\?$"):
+    with pytest.raises(
+        TypeError, match=r"^PolicyModule: unknown setting 'los_agg'; did you mean 'loss_agg'\?$"
+    ):
         PolicyModule(str(tiny_model_dir), los_agg="seq_mean_token_mean")
     with pytest.raises(TypeError, match=r"^DistillModule: unknown setting 'los'; did you mean 'losses'"):
         DistillModule(str(tiny_model_dir), los={"jsd": 1.0})
-    with pytest.raises(TypeError,
-                       match=r"^CriticModule: unknown setting 'vf_coeff'; did you mean 'vf_coef'\?$"):
+    with pytest.raises(
+        TypeError, match=r"^CriticModule: unknown setting 'vf_coeff'; did you mean 'vf_coef'\?$"
+    ):
         CriticModule(vf_coeff=0.5)
     with pytest.raises(ValueError, match=r"^head='linear'; valid values: regression, token$"):
         CriticModule(head="linear")
@@ -99,6 +111,8 @@ def test_cli_help_lists_loss_agg_once_with_its_doc(capsys):
         main(["fit", "--model.help", "lit_rl.learners.PolicyModule"])
     out = " ".join(capsys.readouterr().out.split())
     assert out.count("--model.loss_agg ") == 2  # once in the usage line, once with its doc
-    assert "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm} " \
-           "How token losses combine: token_mean (DAPO)" in out
+    assert (
+        "--model.loss_agg {token_mean,seq_mean_token_mean,seq_mean_token_sum,seq_mean_token_sum_norm} "
+        "How token losses combine: token_mean (DAPO)" in out
+    )
     assert out.count("--model.ppo_epochs PPO_EPOCHS Passes over each Experience.") == 1

@@ -12,6 +12,7 @@
 * ``micro_batch_tokens`` under every strategy: token-budget micro-batches (the ranks agree on their count) train
   like the 1-process run, within 3e-5 (measured over CPU kernels; see the test).
 """
+
 import importlib.util
 import os
 import signal
@@ -28,9 +29,15 @@ pytestmark = pytest.mark.slow
 STEPS = 3
 KILL_AT_SCORE = 3  # rank 0's 3rd reward scoring: mid-rollout of iteration 3, after iteration 2's checkpoint
 BOUND_S = 420  # one 2-process job on 2 shared cores (~30-90 s measured); a hang fails instead of blocking
-DEEPSPEED = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
-STRATEGIES = ["ddp", "fsdp", pytest.param("deepspeed_zero2", marks=DEEPSPEED),
-              pytest.param("deepspeed_zero3", marks=DEEPSPEED)]
+DEEPSPEED = pytest.mark.skipif(
+    importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed"
+)
+STRATEGIES = [
+    "ddp",
+    "fsdp",
+    pytest.param("deepspeed_zero2", marks=DEEPSPEED),
+    pytest.param("deepspeed_zero3", marks=DEEPSPEED),
+]
 # final weights after kill + resume vs uninterrupted, max |Δ|: measured 0 (bitwise) under every strategy
 RESUME_TOL = {"ddp": 0.0, "fsdp": 0.0, "deepspeed_zero2": 0.0, "deepspeed_zero3": 0.0}
 
@@ -40,22 +47,58 @@ def _config(root, model_dir):
     checkpoints every iteration and SaveHFModel; sampling from torch's RNG (restored per rank on resume)."""
     cfg = {
         "seed_everything": 0,
-        "trainer": {"accelerator": "cpu", "devices": 2, "max_steps": STEPS, "max_epochs": -1,
-                    "default_root_dir": str(root), "logger": False, "enable_progress_bar": False,
-                    "enable_model_summary": False,
-                    "callbacks": [
-                        {"class_path": "lit_rl.callbacks.RolloutCallback", "init_args": {
-                            "group_size": 4, "sampling": {"temperature": 1.0, "max_new_tokens": 3},
-                            "rewards": {"class_path": "lit_rl.rewards.RewardPool", "init_args": {"rewards": {
-                                "fmt": {"class_path": "lit_rl.rewards.RegexFormatReward",
-                                        "init_args": {"pattern": ".*[0-9].*"}}}}}}},
-                        {"class_path": "lit_rl.callbacks.SaveHFModel"}]},
+        "trainer": {
+            "accelerator": "cpu",
+            "devices": 2,
+            "max_steps": STEPS,
+            "max_epochs": -1,
+            "default_root_dir": str(root),
+            "logger": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "callbacks": [
+                {
+                    "class_path": "lit_rl.callbacks.RolloutCallback",
+                    "init_args": {
+                        "group_size": 4,
+                        "sampling": {"temperature": 1.0, "max_new_tokens": 3},
+                        "rewards": {
+                            "class_path": "lit_rl.rewards.RewardPool",
+                            "init_args": {
+                                "rewards": {
+                                    "fmt": {
+                                        "class_path": "lit_rl.rewards.RegexFormatReward",
+                                        "init_args": {"pattern": ".*[0-9].*"},
+                                    }
+                                }
+                            },
+                        },
+                    },
+                },
+                {"class_path": "lit_rl.callbacks.SaveHFModel"},
+            ],
+        },
         "checkpoint": {"every_n_iterations": 1},
-        "model": {"class_path": "lit_rl.learners.PolicyModule", "init_args": {
-            "model": str(model_dir), "advantage": "grpo", "max_grad_norm": 0.3,
-            "optimizer": {"class_path": "torch.optim.AdamW", "init_args": {"lr": 0.001, "weight_decay": 0.0}}}},
-        "data": {"class_path": "lit_rl.data.PromptDataModule", "init_args": {
-            "task": "addition", "task_args": {"answer_width": 1, "max_sum": 9, "unary": True}, "batch_size": 8}},
+        "model": {
+            "class_path": "lit_rl.learners.PolicyModule",
+            "init_args": {
+                "model": str(model_dir),
+                "advantage": "grpo",
+                "max_grad_norm": 0.3,
+                "optimizer": {
+                    "class_path": "torch.optim.AdamW",
+                    "init_args": {"lr": 0.001, "weight_decay": 0.0},
+                },
+            },
+        },
+        "data": {
+            "class_path": "lit_rl.data.PromptDataModule",
+            "init_args": {
+                "task": "addition",
+                "task_args": {"answer_width": 1, "max_sum": 9, "unary": True},
+                "batch_size": 8,
+            },
+        },
     }
     root.mkdir(parents=True, exist_ok=True)
     path = root / "recipe.yaml"  # not config.yaml: the CLI writes the parsed config there (export reads it)
@@ -66,12 +109,23 @@ def _config(root, model_dir):
 def _job(out, cfg, strategy, *extra, env=None):
     """One 2-process ``lit-rl fit`` (tests/dist_runner.py) in its own session (a kill -9 takes the whole job)."""
     micro = ["--model.init_args.micro_batch_size", "8"] if strategy.startswith("deepspeed") else []
-    cmd = [sys.executable, RUNNER, str(out), "fit", "-c", cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"),
-           *micro, *extra]
+    cmd = [
+        sys.executable,
+        RUNNER,
+        str(out),
+        "fit",
+        "-c",
+        cfg,
+        "-c",
+        str(ROOT / f"configs/strategies/{strategy}.yaml"),
+        *micro,
+        *extra,
+    ]
     e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), **(env or {})}
     e.pop("NAN_AT_ITERATION", None)
-    p = subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         log = p.communicate(timeout=BOUND_S)[0]
     except subprocess.TimeoutExpired:
@@ -147,17 +201,35 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy, packe
     measured on an Intel Xeon: DDP 3.2e-6, FSDP2 2.6e-6, ZeRO-2 2.6e-6, ZeRO-3 3.3e-6."""
     cfg, ref, _ = single
     out = tmp_path / f"{strategy}.pt"
-    cmd = [sys.executable, RUNNER, str(out), "fit", "-c", cfg, "-c", str(ROOT / f"configs/strategies/{strategy}.yaml"),
-           "--trainer.devices", "2", "--data.init_args.batch_size", "8", "--model.init_args.micro_batch_tokens", "64",
-           "--model.init_args.padding_free", str(packed).lower()]
+    cmd = [
+        sys.executable,
+        RUNNER,
+        str(out),
+        "fit",
+        "-c",
+        cfg,
+        "-c",
+        str(ROOT / f"configs/strategies/{strategy}.yaml"),
+        "--trainer.devices",
+        "2",
+        "--data.init_args.batch_size",
+        "8",
+        "--model.init_args.micro_batch_tokens",
+        "64",
+        "--model.init_args.padding_free",
+        str(packed).lower(),
+    ]
     e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(), "NAN_AT_ITERATION": "1"}
-    p = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=BOUND_S, start_new_session=True,
-                       check=False)
+    p = subprocess.run(
+        cmd, env=e, capture_output=True, text=True, timeout=BOUND_S, start_new_session=True, check=False
+    )
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     got, want = torch.load(out), torch.load(ref)
     diff = _max_diff(got["state"], want["state"])
-    print(f"\n{strategy} + micro_batch_tokens=64{' + padding_free' if packed else ''} vs 1 process: "
-          f"max |diff| = {diff:.3e}")
+    print(
+        f"\n{strategy} + micro_batch_tokens=64{' + padding_free' if packed else ''} vs 1 process: "
+        f"max |diff| = {diff:.3e}"
+    )
     # 3e-5, not 1e-5: AdamW divides each gradient element by its own scale, so reduction-order differences
     # grow with the CPU's kernels. Measured on an Intel Xeon, ATEN_CPU_CAPABILITY default / avx2: DDP 3.7e-6 /
     # 5.6e-6, FSDP2 1.7e-6 / 6.0e-6, ZeRO-2 3.2e-6 / 4.9e-6, ZeRO-3 1.8e-6 / 4.9e-6 (1e-5 left 1.7x). A wrong
@@ -167,8 +239,9 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy, packe
 
 
 @pytest.mark.parametrize("strategy", [s for s in STRATEGIES if s != "ddp"])
-def test_kill_inside_a_directory_save_keeps_the_previous_checkpoint(uninterrupted, tmp_path, tiny_model_dir,
-                                                                     strategy):
+def test_kill_inside_a_directory_save_keeps_the_previous_checkpoint(
+    uninterrupted, tmp_path, tiny_model_dir, strategy
+):
     """A job SIGKILLed half-way through writing iteration 2's checkpoint directory (tests/dist_runner.py
     ``KILL_IN_SAVE``; the 2nd save: each iteration writes ``iter=N.ckpt`` once, and ``last.ckpt`` is a symlink
     relinked after the save): ``last.ckpt`` is still iteration 1's, whole, and resuming from it ends at the
@@ -198,8 +271,12 @@ def test_one_rank_killed_stops_the_job_and_resume_matches(uninterrupted, tmp_pat
     cfg = _config(tmp_path, tiny_model_dir)
     stamp = tmp_path / "killed_at"
     t0 = time.time()
-    rc, log = _job(tmp_path / "killed.pt", cfg, "ddp",
-                   env={"KILL_RANK_AT_SCORE": f"{rank}:{KILL_AT_SCORE}", "KILL_TIME_FILE": str(stamp)})
+    rc, log = _job(
+        tmp_path / "killed.pt",
+        cfg,
+        "ddp",
+        env={"KILL_RANK_AT_SCORE": f"{rank}:{KILL_AT_SCORE}", "KILL_TIME_FILE": str(stamp)},
+    )
     done = time.time()
     assert rc != 0 and stamp.exists(), log[-4000:]
     if rank == 0:  # the job's process itself was killed: the job ends with it; the child must not outlive it

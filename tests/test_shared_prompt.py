@@ -1,5 +1,6 @@
 """Shared-prompt forward (models/shared_prompt.py): same log-probs and gradients as the plain forward, in
 float64, while each distinct prompt runs once."""
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -9,9 +10,9 @@ import torch
 
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience, pad_prompts_completions
-from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.heads import lm_head_projection
+from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
 from tests._float64 import rmsnorm_in_input_dtype as _rmsnorm_in_input_dtype
 
 
@@ -29,9 +30,16 @@ def embedding_inputs(model):
 def _experience(prompts, completions) -> Experience:
     ids, att, mask, P = pad_prompts_completions(0, prompts, completions)
     B = len(prompts)
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                      group_ids=torch.arange(B), rewards=torch.zeros(B), valid=torch.ones(B, dtype=torch.bool),
-                      policy_version=torch.zeros(B, dtype=torch.long))
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.arange(B),
+        rewards=torch.zeros(B),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+    )
 
 
 # Two prompts of different lengths (left padding differs), rows of a group not adjacent, one empty completion
@@ -59,7 +67,9 @@ def _build64(tiny_model_dir):
 
 
 def test_distinct_prompts_groups_by_tokens_and_padding():
-    exp = _experience(PROMPTS + [[7, 8]], COMPLETIONS + [[3]])  # [7, 8] = the tail of [5, 6, 7, 8], other padding
+    exp = _experience(
+        PROMPTS + [[7, 8]], COMPLETIONS + [[3]]
+    )  # [7, 8] = the tail of [5, 6, 7, 8], other padding
     first, inverse = distinct_prompts(exp.input_ids, exp.attention_mask, exp.prompt_len)
     assert sorted(first.tolist()) == [0, 1, 6]  # the first row holding each distinct prompt
     assert [first[i].item() for i in inverse] == [0, 1, 0, 1, 0, 1, 6]
@@ -92,8 +102,10 @@ def test_auto_keeps_float64_models_on_the_plain_forward(tiny_model_dir):
     m = PolicyModule(model=str(tiny_model_dir))
     lm_head_projection(m.model)  # the head's one-time numerical check (one small forward) is not counted here
     exp = _experience(PROMPTS, COMPLETIONS)
-    for dtype, expect in ((torch.float32, [(2, exp.prompt_len), (6, exp.completion_len - 1)]),
-                          (torch.float64, [(6, exp.prompt_len + exp.completion_len)])):
+    for dtype, expect in (
+        (torch.float32, [(2, exp.prompt_len), (6, exp.completion_len - 1)]),
+        (torch.float64, [(6, exp.prompt_len + exp.completion_len)]),
+    ):
         m.model.to(dtype)
         with embedding_inputs(m.model) as seen, torch.no_grad():
             m.completion_logprobs(exp)
@@ -169,7 +181,9 @@ def _engine_run(module, share: bool, sampling, prompts, n):
     eng = HFEngine(share_prefill=share)
     eng.bind(module)
     seen = []
-    hook = module.model.get_input_embeddings().register_forward_hook(lambda m, i, o: seen.append(tuple(i[0].shape)))
+    hook = module.model.get_input_embeddings().register_forward_hook(
+        lambda m, i, o: seen.append(tuple(i[0].shape))
+    )
     try:
         torch.manual_seed(11)  # the unseeded path samples from the global generator
         comps = eng.generate(prompts, n, sampling)
@@ -189,8 +203,12 @@ def test_hf_engine_shared_prefill_samples_the_same_tokens(module64, seed):
     for g0, g1 in zip(plain, shared):
         for c0, c1 in zip(g0, g1):
             assert c1.token_ids == c0.token_ids and c1.finish_reason == c0.finish_reason
-            torch.testing.assert_close(torch.tensor(c1.logprobs), torch.tensor(c0.logprobs), rtol=1e-10, atol=1e-12)
-    if seed is None:  # 6 rows, 2 distinct prompts: prefill 2 x (P-1) tokens, then the last prompt token per row
+            torch.testing.assert_close(
+                torch.tensor(c1.logprobs), torch.tensor(c0.logprobs), rtol=1e-10, atol=1e-12
+            )
+    if (
+        seed is None
+    ):  # 6 rows, 2 distinct prompts: prefill 2 x (P-1) tokens, then the last prompt token per row
         assert seen0[0] == (6, 4) and seen1[:2] == [(2, 3), (6, 1)]
     else:  # per prompt: its n rows share one prefill
         assert seen0[0] == (3, 4) and seen1[:2] == [(1, 3), (3, 1)]
@@ -206,18 +224,23 @@ def test_shared_prompt_hidden_states_match_plain_forward_float64(module64):
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     P, C = exp.prompt_len, exp.completion_len
     model = module64.model
-    w = torch.randn(C, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(
+        C, model.config.hidden_size, dtype=torch.float64, generator=torch.Generator().manual_seed(0)
+    )
     res = []
     for shared in (False, True):
         model.zero_grad(set_to_none=True)
         if shared:
             h = shared_prompt_outputs(model, exp.input_ids, att, pos, P, project=False)
         else:
-            h = model(input_ids=exp.input_ids, attention_mask=att, position_ids=pos,
-                      output_hidden_states=True).hidden_states[-1][:, P - 1:-1]
+            h = model(
+                input_ids=exp.input_ids, attention_mask=att, position_ids=pos, output_hidden_states=True
+            ).hidden_states[-1][:, P - 1 : -1]
         assert h.shape == (len(PROMPTS), C, model.config.hidden_size)
         (h * w * exp.loss_mask[..., None]).sum().backward()
-        res.append((h.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+        res.append(
+            (h.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        )
     (h0, g0), (h1, g1) = res
     m = exp.loss_mask
     torch.testing.assert_close(h1[m], h0[m], rtol=1e-10, atol=1e-12)
@@ -233,7 +256,9 @@ def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_mod
     lm_head_projection(m.model)  # the head's one-time numerical check (one small forward) is not counted here
     exp = _experience(PROMPTS, COMPLETIONS)
     seen = []
-    hook = m.model.get_input_embeddings().register_forward_hook(lambda mod, i, o: seen.append(tuple(i[0].shape)))
+    hook = m.model.get_input_embeddings().register_forward_hook(
+        lambda mod, i, o: seen.append(tuple(i[0].shape))
+    )
     before = LazyLogits.materialized
     try:
         with torch.no_grad():
@@ -241,7 +266,11 @@ def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_mod
             lp = m.completion_logprobs(exp)
     finally:
         hook.remove()
-    assert out["head"] is not None and out["head"].hidden.shape == (6, exp.completion_len, m.model.config.hidden_size)
+    assert out["head"] is not None and out["head"].hidden.shape == (
+        6,
+        exp.completion_len,
+        m.model.config.hidden_size,
+    )
     assert LazyLogits.materialized == before
     assert seen == [(2, exp.prompt_len), (6, exp.completion_len - 1)] * 2
     m.update_settings(share_prompt_forward=False)

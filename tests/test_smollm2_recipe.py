@@ -3,6 +3,7 @@ vLLM whose training reward rises, and on that same run: held-out eval scored wit
 Hugging Face export reloaded with transformers, `lit-rl inspect`, resume (`--ckpt_path last`); plus a LoRA fit.
 
 Slow (minutes of CPU): marked ``slow`` and ``real_ckpt``. One run serves several assertions."""
+
 from __future__ import annotations
 
 import shlex
@@ -38,8 +39,20 @@ def _cb(cli, name):
 def _fit(tmp, model_dir, *extra):
     frag = tmp / "eval.yaml"
     frag.write_text(EVAL)
-    cli = main(["fit", "-c", RECIPE, "-c", str(frag), "--model.init_args.model", str(model_dir),
-                "--trainer.default_root_dir", str(tmp / "run"), *extra])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            RECIPE,
+            "-c",
+            str(frag),
+            "--model.init_args.model",
+            str(model_dir),
+            "--trainer.default_root_dir",
+            str(tmp / "run"),
+            *extra,
+        ]
+    )
     # Free the in-process vLLM engine (weights, KV cache): three fits in one pytest process otherwise reach
     # 11.5 GB resident, which a shared 24 GB machine's OOM killer ended once.
     _cb(cli, "RolloutCallback").engine.close()
@@ -51,12 +64,25 @@ def run(smollm2_dir, tmp_path_factory):
     """The recipe's first STEPS iterations (its engine, batch 8 x 8, 16 tokens, lr 2e-5) at seed 1 (the README's
     run is seed 0: together they are the two seeds the margin was set on)."""
     tmp = tmp_path_factory.mktemp("smollm2_recipe")
-    cli = _fit(tmp, smollm2_dir, "--seed_everything", "1", "--rollout.engine.init_args.seed", "1",
-               "--data.init_args.seed", "1",
-               "--trainer.max_steps", str(STEPS),
-               "--trainer.val_check_interval", str(STEPS), *QUIET)
+    cli = _fit(
+        tmp,
+        smollm2_dir,
+        "--seed_everything",
+        "1",
+        "--rollout.engine.init_args.seed",
+        "1",
+        "--data.init_args.seed",
+        "1",
+        "--trainer.max_steps",
+        str(STEPS),
+        "--trainer.val_check_interval",
+        str(STEPS),
+        *QUIET,
+    )
     yield cli, tmp / "run"
-    shutil.rmtree(tmp, ignore_errors=True)  # ~2 GB of checkpoints: a module fixture's folder lives to the session end
+    shutil.rmtree(
+        tmp, ignore_errors=True
+    )  # ~2 GB of checkpoints: a module fixture's folder lives to the session end
 
 
 def test_training_reward_rose(run):
@@ -91,10 +117,14 @@ def test_exported_model_reloads_with_transformers_and_matches_the_policy(run, sm
         assert torch.equal(p, trained[n].detach().cpu()), n
         moved += not torch.equal(p, dict(base.named_parameters())[n])
     assert moved > 0  # training changed the weights that were exported
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 17 + 25? Reply with only the number."}],
-                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 17 + 25? Reply with only the number."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     gen = model.generate(**ids, max_new_tokens=12, do_sample=False)
-    assert tok.decode(gen[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+    assert tok.decode(gen[0, ids["input_ids"].shape[1] :], skip_special_tokens=True).strip()
 
 
 def test_inspect_writes_a_report_of_the_run(run, tmp_path):
@@ -110,8 +140,17 @@ def test_inspect_writes_a_report_of_the_run(run, tmp_path):
 def test_resume_continues_from_the_last_checkpoint(run, smollm2_dir):
     _, d = run
     assert (d / "checkpoints" / "last.ckpt").exists()
-    cli = _fit(d.parent, smollm2_dir, "--ckpt_path", "last", "--trainer.max_steps", str(STEPS + 1),
-               "--trainer.val_check_interval", "100", *QUIET)
+    cli = _fit(
+        d.parent,
+        smollm2_dir,
+        "--ckpt_path",
+        "last",
+        "--trainer.max_steps",
+        str(STEPS + 1),
+        "--trainer.val_check_interval",
+        "100",
+        *QUIET,
+    )
     assert cli.model.iteration == STEPS + 1
     assert [h["step"] for h in _cb(cli, "HeldoutEval").history].count(0) <= 1  # no second baseline on resume
 
@@ -121,14 +160,33 @@ def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, t
 
     # the README's low-memory LoRA command (LoRA on every linear, bfloat16 engine, 64 MiB KV cache), shortened
     readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    cmd = next(line for line in readme.splitlines() if line.startswith("MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 "
-                                                                        "lit-rl fit -c configs/smollm2_addition.yaml"))
+    cmd = next(
+        line
+        for line in readme.splitlines()
+        if line.startswith(
+            "MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml"
+        )
+    )
     flags = shlex.split(cmd)[6:]
     assert "--model.init_args.lora" in flags and "--rollout.engine.init_args.kv_cache_memory_bytes" in flags
-    cli = _fit(tmp_path, smollm2_dir, *flags, "--trainer.max_steps", "2", "--trainer.val_check_interval", "100",
-               "--model.init_args.optimizer.init_args.lr", "1e-3",
-               "--data.init_args.batch_size", "2", "--rollout.group_size", "4", "--rollout.sampling.max_new_tokens", "8",
-               *QUIET)
+    cli = _fit(
+        tmp_path,
+        smollm2_dir,
+        *flags,
+        "--trainer.max_steps",
+        "2",
+        "--trainer.val_check_interval",
+        "100",
+        "--model.init_args.optimizer.init_args.lr",
+        "1e-3",
+        "--data.init_args.batch_size",
+        "2",
+        "--rollout.group_size",
+        "4",
+        "--rollout.sampling.max_new_tokens",
+        "8",
+        *QUIET,
+    )
     m = cli.model.model
     trainable = sum(p.numel() for p in m.parameters() if p.requires_grad)
     assert 0 < trainable < 0.05 * sum(p.numel() for p in m.parameters())

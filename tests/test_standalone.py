@@ -1,5 +1,6 @@
 """The project stands alone: no code, test, recipe or doc points into the steering folder beside the clone
 (its design card is not shipped; docs/architecture.md is the project's own record)."""
+
 from __future__ import annotations
 
 from pathlib import Path

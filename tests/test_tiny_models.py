@@ -53,8 +53,14 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_special_token_ids_and_settings(kind):
     tok = build_tokenizer(kind)
-    assert tok.convert_tokens_to_ids(["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>"]) == [
-        0, 1, 2, 3, 4,
+    assert tok.convert_tokens_to_ids(
+        ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|unk|>"]
+    ) == [
+        0,
+        1,
+        2,
+        3,
+        4,
     ]
     assert (PAD_ID, EOS_ID, IM_START_ID, IM_END_ID, UNK_ID) == (0, 1, 2, 3, 4)
     assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id, tok.bos_token_id) == (0, 1, 4, None)
@@ -192,11 +198,17 @@ def test_generate_left_padding_invariant(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     batch = tok(["7*8=", "123+456="], return_tensors="pt", padding=True)
-    out = model.generate(**batch, max_new_tokens=4, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True)
+    out = model.generate(
+        **batch, max_new_tokens=4, do_sample=False, output_logits=True, return_dict_in_generate=True
+    )
     assert out.sequences.shape == (2, 8 + 4)
-    alone = model.generate(**tok(["7*8="], return_tensors="pt"), max_new_tokens=4, do_sample=False,
-                           output_logits=True, return_dict_in_generate=True)
+    alone = model.generate(
+        **tok(["7*8="], return_tensors="pt"),
+        max_new_tokens=4,
+        do_sample=False,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     # The padded row must see the same distribution as the unpadded prompt (mask + positions right).
     torch.testing.assert_close(out.logits[0][0], alone.logits[0][0], rtol=1e-5, atol=1e-5)
 
@@ -246,10 +258,15 @@ def test_build_deterministic_in_seed(tmp_path):
 
 
 def test_untied_and_gqa_options(tmp_path):
-    path = build_tiny_model(tmp_path / "m", layers=1, hidden=64, heads=4, kv_heads=2, intermediate=96,
-                            tie_word_embeddings=False)
+    path = build_tiny_model(
+        tmp_path / "m", layers=1, hidden=64, heads=4, kv_heads=2, intermediate=96, tie_word_embeddings=False
+    )
     cfg = json.loads((path / "config.json").read_text())
-    assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["tie_word_embeddings"]) == (2, 96, False)
+    assert (cfg["num_key_value_heads"], cfg["intermediate_size"], cfg["tie_word_embeddings"]) == (
+        2,
+        96,
+        False,
+    )
     assert "lm_head.weight" in _weights(path)
 
 
@@ -312,9 +329,27 @@ def test_cli_builds_and_reports(tmp_path):
     out = tmp_path / "cli"
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     res = subprocess.run(
-        [sys.executable, "-m", "lit_rl.models.tiny", str(out), "--layers", "1", "--hidden", "32", "--heads", "2",
-         "--arch", "llama", "--seed", "5"],
-        check=False, capture_output=True, text=True, env=env, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "lit_rl.models.tiny",
+            str(out),
+            "--layers",
+            "1",
+            "--hidden",
+            "32",
+            "--heads",
+            "2",
+            "--arch",
+            "llama",
+            "--seed",
+            "5",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
     assert res.returncode == 0, res.stderr
     # the last two lines are ours; DeepSpeed (installed by default) logs its accelerator choice to stdout on import

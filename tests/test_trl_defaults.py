@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lit_rl.cli import main
-from lit_rl.cli import trl_diff
+from lit_rl.cli import main, trl_diff
 
 ROOT = Path(__file__).resolve().parents[1]
 QS, PRESET = str(ROOT / "configs/quickstart.yaml"), str(ROOT / "callbacks/trl_defaults.yaml")
@@ -113,13 +112,31 @@ def test_differences_read_callbacks_and_schedules():
     ]
 
 
-@pytest.mark.parametrize("loss,extra", [("sapo", ["--model.init_args.sapo_tau_neg", "1.2"]),
-                                        ("vespo", ["--model.init_args.vespo_lambda_pos", "2.5"])])
+@pytest.mark.parametrize(
+    "loss,extra",
+    [
+        ("sapo", ["--model.init_args.sapo_tau_neg", "1.2"]),
+        ("vespo", ["--model.init_args.vespo_lambda_pos", "2.5"]),
+    ],
+)
 def test_trl_loss_types_train_through_the_cli(loss, extra, tmp_path, monkeypatch):
     """TRL's loss_type="sapo" / "vespo" as lit_rl settings: one iteration through PolicyModule with a
     configured parameter of the loss (the module hands it to the loss; another loss would refuse it)."""
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "-c", QS, *TINY, "--trainer.default_root_dir", str(tmp_path / "run"),
-                "--trainer.max_steps", "1", "--model.init_args.policy_loss", loss, *extra])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            QS,
+            *TINY,
+            "--trainer.default_root_dir",
+            str(tmp_path / "run"),
+            "--trainer.max_steps",
+            "1",
+            "--model.init_args.policy_loss",
+            loss,
+            *extra,
+        ]
+    )
     assert cli.model.iteration == 1 and cli.model.hparams.policy_loss == loss
     assert "actor/ratio_mean" in cli.trainer.callback_metrics

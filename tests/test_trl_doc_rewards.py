@@ -3,6 +3,7 @@ docs show it (Examples 1, 1.1, 2, 3, 4, 5, 6), trained for two steps on the tiny
 with what each example promises checked in the run's files (rollouts/*.jsonl, rollouts/metrics.jsonl,
 logs/metrics.csv). Plus TRL's ``reward_weights`` list, a curriculum reward reading ``trainer_state.max_steps``,
 and a step that logs no value for a metric it did not measure."""
+
 from __future__ import annotations
 
 import csv
@@ -41,7 +42,7 @@ def format_reward_func(completions, **kwargs):
     matches = [re.match(pattern, content) for content in completion_contents]
     return [1.0 if match else 0.0 for match in matches]
 ''',
-    "ex3": r'''
+    "ex3": r"""
 import re
 
 def reward_func(completions, ground_truth, **kwargs):
@@ -50,9 +51,9 @@ def reward_func(completions, ground_truth, **kwargs):
     contents = [match.group(1) if match else "" for match in matches]
     # Reward 1 if the content is the same as the ground truth, 0 otherwise
     return [1.0 if c == gt else 0.0 for c, gt in zip(contents, ground_truth)]
-''',
+""",
     # the docs leave check_math_solution / test_code_solution to the reader
-    "ex4": '''
+    "ex4": """
 def check_math_solution(prompt, completion):
     return completion.strip() == "4"
 
@@ -86,8 +87,8 @@ def coding_reward_func(prompts, completions, task, **kwargs):
             # Return None for non-coding tasks
             rewards.append(None)
     return rewards
-''',
-    "ex5": '''
+""",
+    "ex5": """
 import asyncio
 
 async def async_reward_func(prompts, completions, **kwargs):
@@ -95,8 +96,8 @@ async def async_reward_func(prompts, completions, **kwargs):
     await asyncio.sleep(0.01)
     # Simple toy reward: 1.0 if the completion is non-empty, else 0.0
     return [1.0 if completion else 0.0 for completion in completions]
-''',
-    "ex6": r'''
+""",
+    "ex6": r"""
 import re
 
 def reward_func(completions, ground_truth, log_extra=None, log_metric=None, **kwargs):
@@ -112,9 +113,9 @@ def reward_func(completions, ground_truth, log_extra=None, log_metric=None, **kw
         log_metric("accuracy", sum(rewards) / len(rewards))
 
     return rewards
-''',
+""",
     # not in the docs: the curriculum TRL users write from trainer_state (issue 36), and a step-1-only None
-    "curriculum": '''
+    "curriculum": """
 import json, os
 
 def curriculum(completions, trainer_state, **kwargs):
@@ -125,7 +126,7 @@ def curriculum(completions, trainer_state, **kwargs):
     if trainer_state.global_step == 0:
         return [None] * len(completions)
     return [trainer_state.global_step / trainer_state.max_steps for _ in completions]
-''',
+""",
 }
 
 
@@ -136,16 +137,23 @@ def trl_dir(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
     # 8 prompts: two batches of 4 per epoch (Lightning keeps step values for an epoch: the stale-metric check
     # needs two steps in one)
-    text = [{"prompt": f"What is {a}+{b}? Solution:", "ground_truth": str(a + b)}
-            for a in range(4) for b in range(2)]
+    text = [
+        {"prompt": f"What is {a}+{b}? Solution:", "ground_truth": str(a + b)}
+        for a in range(4)
+        for b in range(2)
+    ]
     (tmp_path / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in text))
-    chat = [{"prompt": [{"role": "user", "content": f"What is {a}*2?"}], "ground_truth": str(2 * a)}
-            for a in range(4)]
+    chat = [
+        {"prompt": [{"role": "user", "content": f"What is {a}*2?"}], "ground_truth": str(2 * a)}
+        for a in range(4)
+    ]
     (tmp_path / "chat.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chat))
-    tasks = [{"prompt": "What is 2+2?", "task": "math"},  # Example 4's dataset, as the docs build it
-             {"prompt": "Write a function that returns the sum of two numbers.", "task": "code"},
-             {"prompt": "What is 3*4?", "task": "math"},
-             {"prompt": "Write a function that returns the product of two numbers.", "task": "code"}]
+    tasks = [
+        {"prompt": "What is 2+2?", "task": "math"},  # Example 4's dataset, as the docs build it
+        {"prompt": "Write a function that returns the sum of two numbers.", "task": "code"},
+        {"prompt": "What is 3*4?", "task": "math"},
+        {"prompt": "Write a function that returns the product of two numbers.", "task": "code"},
+    ]
     (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in tasks))
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -154,12 +162,34 @@ def trl_dir(tmp_path, monkeypatch):
 
 def fit(model, data: str, rewards: str, *extra: str):
     """Two steps, 4 prompts x 2 completions of up to 8 tokens, every row in the rollout files."""
-    return main(["fit", "-c", str(ROOT / "configs/grpo.yaml"), "--model.init_args.model", str(model),
-                 "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", "run",
-                 "--trainer.max_steps", "2", "--data.init_args.train_files", f"[{data}]",
-                 "--data.init_args.answer_key", "ground_truth", "--data.init_args.batch_size", "4",
-                 "--rollout.group_size", "2", "--rollout.sampling.max_new_tokens", "8",
-                 "--rollout.rewards.rewards", rewards, *extra])
+    return main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/grpo.yaml"),
+            "--model.init_args.model",
+            str(model),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            "run",
+            "--trainer.max_steps",
+            "2",
+            "--data.init_args.train_files",
+            f"[{data}]",
+            "--data.init_args.answer_key",
+            "ground_truth",
+            "--data.init_args.batch_size",
+            "4",
+            "--rollout.group_size",
+            "2",
+            "--rollout.sampling.max_new_tokens",
+            "8",
+            "--rollout.rewards.rewards",
+            rewards,
+            *extra,
+        ]
+    )
 
 
 def rows(step: int) -> list[dict]:
@@ -182,24 +212,39 @@ def csv_metrics() -> dict[int, dict]:
 
 def test_examples_1_1_1_3_with_trl_weight_list(trl_dir, tiny_model_dir):
     """Example 1 (completion_ids only), 1.1 and 3 (a dataset column); reward_weights as TRL's list, in order."""
-    fit(tiny_model_dir, "text.jsonl", "{tokens: ex1.reward_func, chars: ex1_1.reward_func, acc: ex3.reward_func}",
-        "--rollout.rewards.weights", "[1.0, 0.01, 0.5]")
+    fit(
+        tiny_model_dir,
+        "text.jsonl",
+        "{tokens: ex1.reward_func, chars: ex1_1.reward_func, acc: ex3.reward_func}",
+        "--rollout.rewards.weights",
+        "[1.0, 0.01, 0.5]",
+    )
     for step in (1, 2):
         for r in rows(step):
             c = r["components"]
             assert c["tokens"] == r["length"]  # Example 1: one score per completion token
             assert c["chars"] == len(r["completion"])  # Example 1.1 on the decoded text
             assert c["acc"] == (1.0 if f"\\boxed{{{r['answer']}}}" in r["completion"] else 0.0)
-            assert r["reward"] == pytest.approx(1.0 * c["tokens"] + 0.01 * c["chars"] + 0.5 * c["acc"], abs=1e-5)
+            assert r["reward"] == pytest.approx(
+                1.0 * c["tokens"] + 0.01 * c["chars"] + 0.5 * c["acc"], abs=1e-5
+            )
     m = jsonl_metrics()
     assert sorted(m) == [1, 2] and all(m[s]["reward/invalid_frac"] == 0.0 for s in m)
 
 
 def test_wrong_weight_list_length_is_one_error_before_the_model_loads(trl_dir, tiny_model_dir):
-    with pytest.raises(ValueError, match=r"RewardPool: weights has 2 entries but there are 3 rewards "
-                                         r"\(tokens, chars, acc\); give one weight per reward in that order"):
-        fit(tiny_model_dir, "text.jsonl", "{tokens: ex1.reward_func, chars: ex1_1.reward_func, acc: ex3.reward_func}",
-            "--rollout.rewards.weights", "[1.0, 0.01]")
+    with pytest.raises(
+        ValueError,
+        match=r"RewardPool: weights has 2 entries but there are 3 rewards "
+        r"\(tokens, chars, acc\); give one weight per reward in that order",
+    ):
+        fit(
+            tiny_model_dir,
+            "text.jsonl",
+            "{tokens: ex1.reward_func, chars: ex1_1.reward_func, acc: ex3.reward_func}",
+            "--rollout.rewards.weights",
+            "[1.0, 0.01]",
+        )
     assert not Path("run/rollouts").exists()
 
 
@@ -208,7 +253,9 @@ def test_example_2_conversational_and_example_5_async(trl_dir, tiny_model_dir):
     for step in (1, 2):
         for r in rows(step):
             assert r["components"]["fmt"] == 0.0  # a random tiny model never writes <think>...</answer>
-            assert r["components"]["nonempty"] == (1.0 if r["completion"] else 0.0)  # awaited, not a coroutine
+            assert r["components"]["nonempty"] == (
+                1.0 if r["completion"] else 0.0
+            )  # awaited, not a coroutine
             assert r["error"] is None
     assert all(m["reward/nonempty/errors"] == 0.0 for m in jsonl_metrics().values())
 
@@ -220,7 +267,9 @@ def test_example_4_multi_task_none_and_unscored_rows(trl_dir, tiny_model_dir):
     assert cli.model.iteration == 2
     m = jsonl_metrics()
     for step in (1, 2):
-        code = [r for r in rows(step) if r["prompt"].rstrip().endswith("numbers.") or "function" in r["prompt"]]
+        code = [
+            r for r in rows(step) if r["prompt"].rstrip().endswith("numbers.") or "function" in r["prompt"]
+        ]
         assert len(code) == 4  # 2 code prompts x 2 completions
         for r in code:
             assert r["reward"] is None and r["advantage"] == 0.0
@@ -251,18 +300,24 @@ def test_curriculum_trainer_state_and_no_stale_metric(trl_dir, tiny_model_dir):
     must not repeat it at step 2 (Lightning used to re-send step 1's value)."""
     fit(tiny_model_dir, "text.jsonl", "{tokens: ex1.reward_func, cur: curriculum.curriculum}")
     states = [json.loads(x) for x in Path("states.jsonl").read_text().splitlines()]
-    assert states == [{"global_step": 0, "max_steps": 2, "epoch": 0.0, "num_train_epochs": 1, "history": 0},
-                      {"global_step": 1, "max_steps": 2, "epoch": 0.5, "num_train_epochs": 1, "history": 1}]
+    assert states == [
+        {"global_step": 0, "max_steps": 2, "epoch": 0.0, "num_train_epochs": 1, "history": 0},
+        {"global_step": 1, "max_steps": 2, "epoch": 0.5, "num_train_epochs": 1, "history": 1},
+    ]
     assert all(r["components"]["cur"] == 0.5 for r in rows(2))  # global_step 1 / max_steps 2
     m, logged = jsonl_metrics(), csv_metrics()
     assert m[1]["reward/cur/none_frac"] == 1.0 and "reward/cur/none_frac" not in m[2]
     assert float(logged[1]["reward/cur/none_frac"]) == 1.0
     assert "reward/cur/none_frac" not in logged[2]  # not measured at step 2: not logged at step 2
-    assert float(logged[2]["reward/cur"]) == 0.5 and "reward/cur" not in logged[1]  # NaN at step 1: not logged
+    assert (
+        float(logged[2]["reward/cur"]) == 0.5 and "reward/cur" not in logged[1]
+    )  # NaN at step 1: not logged
 
 
 def test_a_reward_returning_none_for_every_row_does_not_stop_the_run(trl_dir, tiny_model_dir):
-    (trl_dir / "never.py").write_text("def never(completions, **kwargs):\n    return [None] * len(completions)\n")
+    (trl_dir / "never.py").write_text(
+        "def never(completions, **kwargs):\n    return [None] * len(completions)\n"
+    )
     cli = fit(tiny_model_dir, "text.jsonl", "{never: never.never}")
     assert cli.model.iteration == 2
     m = jsonl_metrics()

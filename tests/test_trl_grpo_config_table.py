@@ -10,7 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = re.search(
-    r"### Every GRPOConfig argument\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.S
+    r"### Every GRPOConfig argument\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL
 ).group(1)
 
 # The fields of trl.GRPOConfig and of the _BaseConfig it derives from, in source order, read from the trl

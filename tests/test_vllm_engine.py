@@ -4,6 +4,7 @@ One engine is shared by the whole module (``engine`` fixture): starting vLLM is 
 that change its weights push the weights they need first, and tests that change a setting restore it.
 The tiny model has head dim 32 (hidden 64, 2 heads): vLLM's CPU attention has no kernel for head dim 16.
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,7 @@ def _perturb(model, seed, scale=0.3):
 def _hf_token_logprobs(model, prompt, completion, temperature):
     """log softmax(logits / T)[token] of each completion token from one transformers forward, float64."""
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].double()  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].double()  # (C, V)
     lp = torch.log_softmax(logits / temperature, dim=-1)
     return lp.gather(-1, torch.tensor(completion).unsqueeze(-1)).squeeze(-1)  # (C,)
 
@@ -56,7 +57,7 @@ def _hf_token_logprobs(model, prompt, completion, temperature):
 def _min_greedy_margin(model, prompt, completion):
     """Smallest top-1 minus top-2 logit gap along a greedy path (ties would make engines disagree legitimately)."""
     ids = torch.tensor([prompt + completion])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1]  # (C, V)
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]  # (C, V)
     top2 = logits.topk(2, dim=-1).values
     return float((top2[:, 0] - top2[:, 1]).min())
 
@@ -70,7 +71,9 @@ def _ids(tok):
 def model_dir(tmp_path_factory):
     from lit_rl.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("vllm_tiny"), layers=2, hidden=64, heads=2, tokenizer="char")
+    return build_tiny_model(
+        tmp_path_factory.mktemp("vllm_tiny"), layers=2, hidden=64, heads=2, tokenizer="char"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +82,9 @@ def bound(model_dir):
     from lit_rl.rollout.vllm import VLLMEngine
 
     module = _module(model_dir)
-    engine = VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60,
-                        llm_kwargs={"block_size": 32})
+    engine = VLLMEngine(
+        max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
+    )
     engine.bind(module)
     yield engine, module
     engine.close()
@@ -91,7 +95,9 @@ def test_missing_vllm_names_the_extras(monkeypatch):
     from lit_rl.rollout import vllm as v
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)
+    )
     with pytest.raises(ImportError, match=r"lit-rl\[cpu\].*lit-rl\[gpu\]"):
         v.VLLMEngine()
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` now raises ImportError
@@ -100,11 +106,18 @@ def test_missing_vllm_names_the_extras(monkeypatch):
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("kwargs, field", [
-    ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"), ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
-    ({"max_model_len": 1}, "max_model_len"),
-    ({"sync_transport": "nccl"}, "sync_transport"), ({"sync_timeout_s": 0}, "sync_timeout_s"),
-    ({"dtype": "int8"}, "dtype"), ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes")])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size"),
+        ({"max_model_len": 1}, "max_model_len"),
+        ({"sync_transport": "nccl"}, "sync_transport"),
+        ({"sync_timeout_s": 0}, "sync_timeout_s"),
+        ({"dtype": "int8"}, "dtype"),
+        ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
+    ],
+)
 def test_config_is_validated_at_construction(kwargs, field):
     from lit_rl.rollout.vllm import VLLMEngine
 
@@ -129,7 +142,9 @@ def test_unknown_architecture_fails_before_start_and_names_hfengine(model_dir, t
 
 # ------------------------------------------------------------------- CPU only
 @pytest.mark.vllm
-@pytest.mark.skipif(torch.cuda.is_available(), reason="head dim 16 is supported by the GPU attention backends")
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="head dim 16 is supported by the GPU attention backends"
+)
 def test_model_vllm_cannot_run_names_model_and_hfengine(tmp_path):
     """Head dim 16 (hidden 64, 4 heads) has no vLLM CPU attention kernel; it fails at the first forward.
 
@@ -166,9 +181,13 @@ def test_gpu_bf16_engine_syncs_and_matches_transformers(model_dir):
             for c in group:
                 ids = torch.tensor([p + c.token_ids], device="cuda")
                 with torch.no_grad():
-                    logits = new(input_ids=ids).logits[0, len(p) - 1:-1].float()
-                ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c.token_ids, device="cuda")[:, None])
-                worst = max(worst, float((torch.tensor(c.logprobs, device="cuda") - ref.squeeze(-1)).abs().max()))
+                    logits = new(input_ids=ids).logits[0, len(p) - 1 : -1].float()
+                ref = torch.log_softmax(logits, -1).gather(
+                    -1, torch.tensor(c.token_ids, device="cuda")[:, None]
+                )
+                worst = max(
+                    worst, float((torch.tensor(c.logprobs, device="cuda") - ref.squeeze(-1)).abs().max())
+                )
         assert worst < 0.1, worst  # bf16 kernels differ between engines; this bounds gross mismatch only
     finally:
         engine.close()
@@ -185,14 +204,25 @@ def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
     from lit_rl.rollout.vllm import VLLMEngine
 
     monkeypatch.chdir(tmp_path)  # the recipe writes runs/grpo_vllm/... relative to the working directory
-    cli = main(["fit", "-c", str(ROOT / "configs/grpo_vllm.yaml"), "--trainer.max_steps", "150",
-                "--trainer.logger", "false",
-                *seed_args(0, "--rollout.engine.init_args.seed")])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/grpo_vllm.yaml"),
+            "--trainer.max_steps",
+            "150",
+            "--trainer.logger",
+            "false",
+            *seed_args(0, "--rollout.engine.init_args.seed"),
+        ]
+    )
     rc = next(cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutCallback))
     try:
         assert isinstance(rc.engine, VLLMEngine)
-        acc = [h["eval/accuracy"] for h in next(cb for cb in cli.trainer.callbacks
-                                                if isinstance(cb, HeldoutEval)).history]
+        acc = [
+            h["eval/accuracy"]
+            for h in next(cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval)).history
+        ]
         assert acc[0] <= 0.15, acc  # a random-init model cannot do the task
         # The held-out set of this recipe is 11 prompts: one evaluation moves in steps of 0.09 and swings by
         # ±0.3 between neighbouring evaluations (measured 0.55, 0.27, 0.73 at iterations 100/125/150 in one
@@ -201,8 +231,13 @@ def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
         rows = [json.loads(line) for line in (tmp_path / "runs/grpo_vllm/rollouts/metrics.jsonl").open()]
         reward = [r["reward/mean"] for r in rows if "reward/mean" in r]
         first, last = sum(reward[:25]) / 25, sum(reward[-25:]) / 25
-        record("vllm/quickstart", reward_first25=first, reward_last25=last, acc_first=acc[0],
-               acc_best_last3=max(acc[-3:]))
+        record(
+            "vllm/quickstart",
+            reward_first25=first,
+            reward_last25=last,
+            acc_first=acc[0],
+            acc_best_last3=max(acc[-3:]),
+        )
         assert last >= first + 0.30, (first, last)  # measured 0.02 -> 0.41 and 0.02 -> 0.59
         assert max(acc[-3:]) >= acc[0] + 0.25, acc  # at least 3 of the 11 held-out prompts learned
         assert rc.engine.policy_version == 150  # one weight sync per optimizer step (sync_every=1)
@@ -226,8 +261,11 @@ def test_sampled_logprobs_match_transformers(bound):
     engine, module = bound
     engine.update_weights(merged_state_items(module.model))
     worst = 0.0
-    for sp in (SamplingConfig(temperature=0.7, max_new_tokens=8), SamplingConfig(temperature=1.0, max_new_tokens=8),
-               GREEDY):
+    for sp in (
+        SamplingConfig(temperature=0.7, max_new_tokens=8),
+        SamplingConfig(temperature=1.0, max_new_tokens=8),
+        GREEDY,
+    ):
         groups = engine.generate(_ids(module.tokenizer), 3, sp)
         assert [len(g) for g in groups] == [3] * len(PROMPTS)
         for p, group in zip(_ids(module.tokenizer), groups):
@@ -259,8 +297,9 @@ def test_sync_makes_greedy_equal_hfengine_under_new_weights(bound):
     assert [g[0].finish_reason for g in after] == [g[0].finish_reason for g in expected]
     # vLLM copied the weights: changing the source tensors afterwards does not reach the engine
     _perturb(new, seed=2)
-    assert [g[0].token_ids for g in engine.generate(_ids(module.tokenizer), 1, GREEDY)] == \
-        [g[0].token_ids for g in after]
+    assert [g[0].token_ids for g in engine.generate(_ids(module.tokenizer), 1, GREEDY)] == [
+        g[0].token_ids for g in after
+    ]
 
 
 @pytest.mark.vllm
@@ -277,7 +316,9 @@ def test_file_transport_syncs_the_same_weights(bound):
     finally:
         engine.sync_transport = "auto"
     got = engine.generate(_ids(module.tokenizer), 1, GREEDY)
-    assert [c[0].token_ids for c in got] == [c[0].token_ids for c in hf.generate(_ids(module.tokenizer), 1, GREEDY)]
+    assert [c[0].token_ids for c in got] == [
+        c[0].token_ids for c in hf.generate(_ids(module.tokenizer), 1, GREEDY)
+    ]
     for p, c in zip(_ids(module.tokenizer), got):
         ref = _hf_token_logprobs(new, p, c[0].token_ids, 1.0)
         assert float((torch.tensor(c[0].logprobs, dtype=torch.float64) - ref).abs().max()) <= 1e-4
@@ -290,7 +331,9 @@ def test_lora_module_is_merged_then_synced(bound):
     engine, module = bound
     base = copy.deepcopy(module.model)
     _perturb(base, seed=3)
-    lora = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    lora = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM")
+    )
     g = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for name, p in lora.named_parameters():
@@ -305,7 +348,9 @@ def test_lora_module_is_merged_then_synced(bound):
     without_adapter.bind(_module(module.model_path, base))
     with lora.disable_adapter():
         plain = without_adapter.generate(_ids(module.tokenizer), 1, GREEDY)
-    assert [c[0].token_ids for c in plain] != [c[0].token_ids for c in expected]  # the adapter changes outputs
+    assert [c[0].token_ids for c in plain] != [
+        c[0].token_ids for c in expected
+    ]  # the adapter changes outputs
     got = engine.generate(_ids(module.tokenizer), 1, GREEDY)
     assert [c[0].token_ids for c in got] == [c[0].token_ids for c in expected]
     for p, c in zip(_ids(module.tokenizer), got):
@@ -339,7 +384,9 @@ def test_sync_timeout_raises_then_recovers(bound):
     got = engine.generate(_ids(module.tokenizer), 1, GREEDY)
     hf = HFEngine()
     hf.bind(module)
-    assert [c[0].token_ids for c in got] == [c[0].token_ids for c in hf.generate(_ids(module.tokenizer), 1, GREEDY)]
+    assert [c[0].token_ids for c in got] == [
+        c[0].token_ids for c in hf.generate(_ids(module.tokenizer), 1, GREEDY)
+    ]
 
 
 @pytest.mark.vllm
@@ -432,7 +479,9 @@ def test_stop_string_cuts_the_completion(bound):
     assert c.logprobs == pytest.approx(free.logprobs[: first + 1], abs=1e-6)
     with pytest.raises(ValueError, match=r"generation_kwargs \['no_such_field'\]: VLLMEngine"):
         engine.generate(p, 1, SamplingConfig(generation_kwargs={"no_such_field": 1}))
-    sp = SamplingConfig(temperature=0.0, max_new_tokens=12, generation_kwargs={"stop_token_ids": [free.token_ids[2]]})
+    sp = SamplingConfig(
+        temperature=0.0, max_new_tokens=12, generation_kwargs={"stop_token_ids": [free.token_ids[2]]}
+    )
     c = engine.generate(p, 1, sp)[0][0]  # passed through to vllm.SamplingParams
     k = free.token_ids.index(free.token_ids[2])
     assert (c.token_ids, c.finish_reason) == (free.token_ids[: k + 1], "stop")
@@ -451,12 +500,22 @@ def test_policy_rollout_correction_with_vllm_logprobs(bound, model_dir, correcti
 
     engine, _ = bound
     L.seed_everything(0)
-    policy = PolicyModule(model=str(model_dir), rollout_correction=correction, correction_level=level,
-                          correction_cap=2.0)
-    rc = RolloutCallback(engine=engine, group_size=4, sampling=SamplingConfig(max_new_tokens=3),
-                         rewards=ExactAnswerReward())
-    trainer = L.Trainer(max_steps=2, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[rc])
+    policy = PolicyModule(
+        model=str(model_dir), rollout_correction=correction, correction_level=level, correction_cap=2.0
+    )
+    rc = RolloutCallback(
+        engine=engine, group_size=4, sampling=SamplingConfig(max_new_tokens=3), rewards=ExactAnswerReward()
+    )
+    trainer = L.Trainer(
+        max_steps=2,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc],
+    )
     trainer.fit(policy, datamodule=PromptDataModule(task="addition", batch_size=4))
     m = trainer.callback_metrics
     assert float(m["rollout/logprob_mismatch_kl"]) < 1e-6
@@ -481,20 +540,31 @@ def test_engine_refuses_overlong_prompts_the_renderer_owns_length(bound):
 
     text = Prompt(uid="long", prompt="1+1=" * 40)
     for mode in ("truncate", "drop", "error"):
-        r = PromptRenderer(max_prompt_len=512, overlong=mode, context_len=lambda: engine_context_len(engine),
-                           max_new_tokens=6)
+        r = PromptRenderer(
+            max_prompt_len=512,
+            overlong=mode,
+            context_len=lambda: engine_context_len(engine),
+            max_new_tokens=6,
+        )
         if mode == "error":
-            with pytest.raises(ValueError, match=r"160 tokens > 90 \(the engine's max_model_len=96 - max_new_tokens=6\)"):
+            with pytest.raises(
+                ValueError, match=r"160 tokens > 90 \(the engine's max_model_len=96 - max_new_tokens=6\)"
+            ):
                 r(module.tokenizer, [text])
             continue
         if mode == "drop":
             kept, ids = r(module.tokenizer, [text, Prompt(uid="ok", prompt="2+2=")])
-            assert [p.uid for p in kept] == ["ok"] and r.counters == {"prompts_truncated": 0, "prompts_dropped": 1}
+            assert [p.uid for p in kept] == ["ok"] and r.counters == {
+                "prompts_truncated": 0,
+                "prompts_dropped": 1,
+            }
             continue
         kept, ids = r(module.tokenizer, [text])
         assert ids == [module.tokenizer("1+1=" * 40, add_special_tokens=False)["input_ids"][-limit:]]
         assert r.counters == {"prompts_truncated": 1, "prompts_dropped": 0}
-        assert r(module.tokenizer, [text], max_new_tokens=16)[1][0] == ids[0][-(limit - 10):]  # eval's own budget
+        assert (
+            r(module.tokenizer, [text], max_new_tokens=16)[1][0] == ids[0][-(limit - 10) :]
+        )  # eval's own budget
         out = engine.generate(ids, 1, sp)[0][0]  # fits exactly: sampled from the very ids the Experience gets
         ref = _hf_token_logprobs(module.model, ids[0], out.token_ids, 1.0)
         assert float((torch.tensor(out.logprobs, dtype=torch.float64) - ref).abs().max()) <= 1e-4
@@ -527,8 +597,24 @@ def test_every_sampling_field_is_explicit(bound):
 
     engine, _ = bound
     p = engine._params(import_vllm(), 4, SamplingConfig(temperature=0.7, max_new_tokens=5))
-    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.min_tokens) == (4, 0.7, 1.0, -1, 0.0, 5, 0)
-    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.ignore_eos) == (1.0, 0.0, 0.0, False)
-    p = engine._params(import_vllm(), 4, SamplingConfig(temperature=0.7, top_p=0.9, top_k=7, min_p=0.1,
-                                                        repetition_penalty=1.2, stop=["\n"]))
+    assert (p.n, p.temperature, p.top_p, p.top_k, p.min_p, p.max_tokens, p.min_tokens) == (
+        4,
+        0.7,
+        1.0,
+        -1,
+        0.0,
+        5,
+        0,
+    )
+    assert (p.repetition_penalty, p.presence_penalty, p.frequency_penalty, p.ignore_eos) == (
+        1.0,
+        0.0,
+        0.0,
+        False,
+    )
+    p = engine._params(
+        import_vllm(),
+        4,
+        SamplingConfig(temperature=0.7, top_p=0.9, top_k=7, min_p=0.1, repetition_penalty=1.2, stop=["\n"]),
+    )
     assert (p.top_p, p.top_k, p.min_p, p.repetition_penalty, p.stop) == (0.9, 7, 0.1, 1.2, ["\n"])

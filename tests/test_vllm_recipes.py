@@ -3,6 +3,7 @@
 `lit-rl validate` binds the engine inside Lightning's evaluation loop, i.e. under ``torch.inference_mode``;
 vLLM started there used to hold inference tensors that its first weight sync could not update in place.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +14,16 @@ from lit_rl.cli import main
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["--rollout.group_size", "2", "--data.init_args.batch_size", "4", "--trainer.enable_progress_bar", "false",
-         "--trainer.logger", "false"]
+SMALL = [
+    "--rollout.group_size",
+    "2",
+    "--data.init_args.batch_size",
+    "4",
+    "--trainer.enable_progress_bar",
+    "false",
+    "--trainer.logger",
+    "false",
+]
 
 
 def _close(cli):
@@ -31,15 +40,35 @@ def test_validate_a_vllm_checkpoint(tmp_path):
     from lit_rl.callbacks import HeldoutEval
 
     root = tmp_path / "run"
-    cli = main(["fit", "-c", str(ROOT / "configs/grpo_vllm.yaml"), "--trainer.default_root_dir", str(root),
-                "--trainer.max_steps", "2", *SMALL])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            str(ROOT / "configs/grpo_vllm.yaml"),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.max_steps",
+            "2",
+            *SMALL,
+        ]
+    )
     try:
         final = next(cb for cb in cli.trainer.callbacks if isinstance(cb, HeldoutEval)).history[-1]
         assert final["step"] == 2.0
     finally:
         _close(cli)
-    cli = main(["validate", "-c", str(ROOT / "configs/grpo_vllm.yaml"), "--trainer.default_root_dir", str(root),
-                "--ckpt_path", "last", *SMALL])
+    cli = main(
+        [
+            "validate",
+            "-c",
+            str(ROOT / "configs/grpo_vllm.yaml"),
+            "--trainer.default_root_dir",
+            str(root),
+            "--ckpt_path",
+            "last",
+            *SMALL,
+        ]
+    )
     try:
         m = cli.trainer.callback_metrics
         assert float(m["eval/accuracy"]) == pytest.approx(final["eval/accuracy"], abs=1e-7)

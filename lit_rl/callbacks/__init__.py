@@ -10,8 +10,21 @@ from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.callbacks.save_hf import SaveHFModel
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 
-__all__ = ["RolloutCallback", "HeldoutEval", "RewardCurvePlot", "SaveHFModel", "ReferenceKL",
-           "EntropyRegularization", "RLHealthMonitor", "Curriculum",
-           "Teacher", "TeacherRouter", "RolloutInspector", "IterationProgressBar", "RichIterationProgressBar",
-           "ProgressLog",
-           "AgentRolloutCallback", "ObservationLoss"]
+__all__ = [
+    "AgentRolloutCallback",
+    "Curriculum",
+    "EntropyRegularization",
+    "HeldoutEval",
+    "IterationProgressBar",
+    "ObservationLoss",
+    "ProgressLog",
+    "RLHealthMonitor",
+    "ReferenceKL",
+    "RewardCurvePlot",
+    "RichIterationProgressBar",
+    "RolloutCallback",
+    "RolloutInspector",
+    "SaveHFModel",
+    "Teacher",
+    "TeacherRouter",
+]

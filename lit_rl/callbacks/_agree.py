@@ -11,6 +11,7 @@ Bound: a rank that raises reaches the agreement at once, so the others raise as 
 they are in. A rank that never arrives (a hung generation) or died is bounded by the agreement group's timeout,
 the strategy's process-group timeout (Lightning's default 30 min) — the same bound as any other collective.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable

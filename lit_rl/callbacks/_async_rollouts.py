@@ -19,6 +19,7 @@ stop it, and checkpoint its counters (docs/architecture.md "Async mode").
   the last *trained* batch), ``dropped`` / ``regenerated`` (rows). Queued or in-flight items are not saved:
   a resumed run regenerates them from those prompts.
 """
+
 from __future__ import annotations
 
 import threading
@@ -63,8 +64,9 @@ class AsyncRollouts:
         ``batch.prompts`` would never be seen), a datamodule it can draw from, a queue of at least one
         iteration, and an importance correction for rows from older weights (``_async.check_async_*``)."""
         editor = next((cb for cb in trainer.callbacks if isinstance(cb, PromptEditor)), None)
-        check_async_setup(editor, getattr(trainer, "datamodule", None), self.settings.group_size,
-                          self.sync.queue_size)
+        check_async_setup(
+            editor, getattr(trainer, "datamodule", None), self.settings.group_size, self.sync.queue_size
+        )
         correction = getattr(pl_module.hparams, "rollout_correction", None)
         check_async_correction(self.sync.max_staleness, correction)
 
@@ -73,8 +75,9 @@ class AsyncRollouts:
         iteration its item 0 is trained at; ``load(weights, version)``: loads a snapshot into the engine."""
         self.stop()
         st = self.state
-        self.stream = stream = PromptStream(dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"],
-                                            template=getattr(dm, "_sampler", None))
+        self.stream = stream = PromptStream(
+            dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"], template=getattr(dm, "_sampler", None)
+        )
         rows, sync = dm.batch_size * self.settings.group_size, self.sync
         capacity = (sync.queue_size // rows) if sync.queue_size is not None else sync.max_staleness + 1
 
@@ -83,15 +86,18 @@ class AsyncRollouts:
             exp, metrics = build(prompts, first + n)
             return exp, metrics, prompts, stream.pos, first + n
 
-        self.producer = AsyncProducer(produce, load, sync.max_staleness, capacity, self.lock,
-                                      version=st["version"])
+        self.producer = AsyncProducer(
+            produce, load, sync.max_staleness, capacity, self.lock, version=st["version"]
+        )
         self.producer.start()
 
     def take(self, build: Build) -> tuple[Experience, dict[str, float]]:
         """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
         prod, st = self.producer, self.state
 
-        def regenerate(payload):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
+        def regenerate(
+            payload,
+        ):  # payload: (Experience, metrics, prompts, stream position after them, refill key)
             return (*build(payload[2], payload[4]), *payload[2:])
 
         def rows(payload) -> int:  # an item's size: its Experience's rows
@@ -101,10 +107,17 @@ class AsyncRollouts:
         exp, metrics, _, pos, _ = slot.payload
         st["prompt_pos"] = pos  # resume draws the prompts after the last trained batch
         stale = staleness(prod.learner_version, exp.policy_version).float()  # (B,)
-        metrics.update({"async/staleness_mean": float(stale.mean()), "async/staleness_max": float(stale.max()),
-                        "async/dropped": float(st["dropped"]), "async/regenerated": float(st["regenerated"]),
-                        "async/trainer_wait_s": waited, "async/producer_wait_s": prod.take_producer_wait(),
-                        "async/policy_version": float(prod.learner_version)})
+        metrics.update(
+            {
+                "async/staleness_mean": float(stale.mean()),
+                "async/staleness_max": float(stale.max()),
+                "async/dropped": float(st["dropped"]),
+                "async/regenerated": float(st["regenerated"]),
+                "async/trainer_wait_s": waited,
+                "async/producer_wait_s": prod.take_producer_wait(),
+                "async/policy_version": float(prod.learner_version),
+            }
+        )
         return exp, metrics
 
     def push(self, weights: Iterable[tuple[str, Tensor]], collective: bool) -> None:

@@ -8,6 +8,7 @@ without an importance weight neither starts nor ends an "IS spike" episode).
 Each trigger keeps its state in ``state_dict``/``load_state_dict`` so a resumed run continues exactly
 (a warning already raised before the checkpoint is not raised again after resume).
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,9 @@ class ThresholdCheck:
         what: a short human description used in the message.
     """
 
-    def __init__(self, name: str, key: str, low: float | None = None, high: float | None = None, what: str = ""):
+    def __init__(
+        self, name: str, key: str, low: float | None = None, high: float | None = None, what: str = ""
+    ):
         if low is None and high is None:
             raise ValueError(f"ThresholdCheck {name!r}: set at least one of low, high")
         if low is not None and high is not None and low >= high:
@@ -72,11 +75,23 @@ class ThresholdCheck:
         v = _reading(metrics, self.key)
         out = []
         if self.low is not None and self.low_latch.update(None if v is None else v < self.low):
-            out.append(HealthEvent(f"{self.name}_low", step, v,
-                                   f"{self.what} {v:.4g} fell below {self.low:g} ({self.key}) at step {step}"))
+            out.append(
+                HealthEvent(
+                    f"{self.name}_low",
+                    step,
+                    v,
+                    f"{self.what} {v:.4g} fell below {self.low:g} ({self.key}) at step {step}",
+                )
+            )
         if self.high is not None and self.high_latch.update(None if v is None else v > self.high):
-            out.append(HealthEvent(f"{self.name}_high", step, v,
-                                   f"{self.what} {v:.4g} rose above {self.high:g} ({self.key}) at step {step}"))
+            out.append(
+                HealthEvent(
+                    f"{self.name}_high",
+                    step,
+                    v,
+                    f"{self.what} {v:.4g} rose above {self.high:g} ({self.key}) at step {step}",
+                )
+            )
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -94,8 +109,9 @@ class LengthBlowupCheck:
     and it is frozen during a blow-up episode so a sustained blow-up cannot become its own baseline.
     """
 
-    def __init__(self, factor: float = 2.0, warmup: int = 5, decay: float = 0.9,
-                 key: str = "rollout/response_len_mean"):
+    def __init__(
+        self, factor: float = 2.0, warmup: int = 5, decay: float = 0.9, key: str = "rollout/response_len_mean"
+    ):
         if factor <= 1.0:
             raise ValueError(f"length factor must be > 1, got {factor}")
         if warmup < 1:
@@ -115,9 +131,15 @@ class LengthBlowupCheck:
         if self.seen >= self.warmup and self.baseline is not None:
             blown = v > self.factor * self.baseline
             if self.latch.update(blown):
-                out.append(HealthEvent("length_blowup", step, v,
-                                       f"mean response length {v:.4g} exceeds {self.factor:g}x its running baseline "
-                                       f"{self.baseline:.4g} at step {step}"))
+                out.append(
+                    HealthEvent(
+                        "length_blowup",
+                        step,
+                        v,
+                        f"mean response length {v:.4g} exceeds {self.factor:g}x its running baseline "
+                        f"{self.baseline:.4g} at step {step}",
+                    )
+                )
             if blown:
                 return out  # baseline frozen for the episode
         self.baseline = v if self.baseline is None else self.decay * self.baseline + (1 - self.decay) * v
@@ -128,7 +150,11 @@ class LengthBlowupCheck:
         return {"baseline": self.baseline, "seen": self.seen, "active": self.latch.active}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.baseline, self.seen, self.latch.active = state["baseline"], int(state["seen"]), bool(state["active"])
+        self.baseline, self.seen, self.latch.active = (
+            state["baseline"],
+            int(state["seen"]),
+            bool(state["active"]),
+        )
 
 
 class RewardHackingCheck:
@@ -140,14 +166,21 @@ class RewardHackingCheck:
     until both windows are full.
     """
 
-    def __init__(self, window: int = 20, heldout_window: int = 3, min_rise: float = 0.05, min_drop: float = 0.05):
+    def __init__(
+        self, window: int = 20, heldout_window: int = 3, min_rise: float = 0.05, min_drop: float = 0.05
+    ):
         if window < 2:
             raise ValueError(f"reward-hacking window must be >= 2 steps, got {window}")
         if heldout_window < 2:
             raise ValueError(f"reward-hacking heldout_window must be >= 2 evaluations, got {heldout_window}")
         if min_rise < 0 or min_drop < 0:
             raise ValueError(f"min_rise and min_drop must be >= 0, got {min_rise}, {min_drop}")
-        self.window, self.heldout_window, self.min_rise, self.min_drop = window, heldout_window, min_rise, min_drop
+        self.window, self.heldout_window, self.min_rise, self.min_drop = (
+            window,
+            heldout_window,
+            min_rise,
+            min_drop,
+        )
         self.train: deque[float] = deque(maxlen=window)
         self.heldout: deque[float] = deque(maxlen=heldout_window)
         self.latch = Latch()
@@ -173,10 +206,16 @@ class RewardHackingCheck:
             return []
         rise, drop = tr
         if self.latch.update(rise > self.min_rise and drop > self.min_drop):
-            return [HealthEvent("reward_hacking", step, rise,
-                                f"training reward rose by {rise:.4g} over {self.window} steps while held-out reward "
-                                f"fell by {drop:.4g} over {self.heldout_window} evaluations at step {step} "
-                                "(possible reward hacking: inspect completions)")]
+            return [
+                HealthEvent(
+                    "reward_hacking",
+                    step,
+                    rise,
+                    f"training reward rose by {rise:.4g} over {self.window} steps while held-out reward "
+                    f"fell by {drop:.4g} over {self.heldout_window} evaluations at step {step} "
+                    "(possible reward hacking: inspect completions)",
+                )
+            ]
         return []
 
     def state_dict(self) -> dict[str, Any]:
@@ -204,8 +243,10 @@ class HealthChecks:
         return fired
 
     def state_dict(self) -> dict[str, Any]:
-        return {"checks": {k: c.state_dict() for k, c in self.checks.items()},
-                "events": [vars(e).copy() for e in self.events]}
+        return {
+            "checks": {k: c.state_dict() for k, c in self.checks.items()},
+            "events": [vars(e).copy() for e in self.events],
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         for k, s in state["checks"].items():

@@ -4,6 +4,7 @@ Adaptive controllers (``ReferenceKL``'s β, ``EntropyRegularization``'s α) must
 the same way, or the ranks train different objectives and the checkpoint (written by rank 0) holds only rank
 0's value. They therefore update from sums all-reduced over ranks, never from a rank's own mean.
 """
+
 from __future__ import annotations
 
 import torch

@@ -5,6 +5,7 @@ callback that edits ``batch.prompts`` (the producer draws its own batches ahead 
 checks for the *role* (an ``isinstance`` against a base class here) instead of importing the other's module:
 ``callbacks/curriculum.py`` and ``callbacks/rollout.py`` both import this module and not each other.
 """
+
 from __future__ import annotations
 
 import lightning as L

@@ -22,6 +22,7 @@ Contract of ``WeightSync`` (one per callback, used only from the trainer thread)
   whole ``state_dict`` (key ``"last_sync_step"``); the engine's ``policy_version`` is saved by the callback
   beside it, and the async learner version by ``AsyncRollouts``.
 """
+
 from __future__ import annotations
 
 import threading

@@ -4,6 +4,7 @@
 ``AgentGenerator``, ``EnvRewards``, the episode ``ExperienceBuilder``) in place of the single-turn one;
 ExperienceHooks, advantages, weight sync and checkpointed state are the base callback's.
 """
+
 from __future__ import annotations
 
 import threading

@@ -15,6 +15,7 @@ Curriculum right before the first RolloutCallback in ``trainer.callbacks`` if it
 does when composed with ``callbacks+:``) and says so. DAPO dynamic-sampling refills draw their own
 prompts and are not filtered.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,9 +48,17 @@ class PassRateTracker:
     earn retirement again against the current policy.
     """
 
-    def __init__(self, mode: str = "window", window: int = 3, ema_decay: float = 0.7, min_visits: int = 3,
-                 solved_rate: float = 1.0, unsolved_rate: float = 0.0, retired_weight: float = 0.0,
-                 retire_for: int | None = None):
+    def __init__(
+        self,
+        mode: str = "window",
+        window: int = 3,
+        ema_decay: float = 0.7,
+        min_visits: int = 3,
+        solved_rate: float = 1.0,
+        unsolved_rate: float = 0.0,
+        retired_weight: float = 0.0,
+        retire_for: int | None = None,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
         if window < 1:
@@ -59,10 +68,14 @@ class PassRateTracker:
         if min_visits < 1:
             raise ValueError(f"min_visits must be >= 1, got {min_visits}")
         if not 0.0 <= unsolved_rate < solved_rate <= 1.0:
-            raise ValueError(f"need 0 <= unsolved_rate < solved_rate <= 1, got unsolved_rate={unsolved_rate}, "
-                             f"solved_rate={solved_rate}")
+            raise ValueError(
+                f"need 0 <= unsolved_rate < solved_rate <= 1, got unsolved_rate={unsolved_rate}, "
+                f"solved_rate={solved_rate}"
+            )
         if not 0.0 <= retired_weight < 1.0:
-            raise ValueError(f"retired_weight must be in [0, 1) (0 retires, >0 down-weights), got {retired_weight}")
+            raise ValueError(
+                f"retired_weight must be in [0, 1) (0 retires, >0 down-weights), got {retired_weight}"
+            )
         if retire_for is not None and retire_for < 1:
             raise ValueError(f"retire_for must be >= 1 step or None (retire for good), got {retire_for}")
         self.mode, self.window, self.ema_decay, self.min_visits = mode, window, ema_decay, min_visits
@@ -71,7 +84,13 @@ class PassRateTracker:
         self.stats: dict[str, dict[str, Any]] = {}
 
     def _new(self) -> dict[str, Any]:
-        return {"visits": 0, "rate": None, "recent": deque(maxlen=self.window), "status": ACTIVE, "since": None}
+        return {
+            "visits": 0,
+            "rate": None,
+            "recent": deque(maxlen=self.window),
+            "status": ACTIVE,
+            "since": None,
+        }
 
     def update(self, step: int, key: str, passed: int, total: int) -> str:
         """Record one visit (``passed`` of ``total`` valid completions passed); returns the key's status."""
@@ -86,10 +105,18 @@ class PassRateTracker:
             s["recent"].append(frac)
             s["rate"] = sum(s["recent"]) / len(s["recent"])
         else:
-            s["rate"] = frac if s["rate"] is None else self.ema_decay * s["rate"] + (1 - self.ema_decay) * frac
+            s["rate"] = (
+                frac if s["rate"] is None else self.ema_decay * s["rate"] + (1 - self.ema_decay) * frac
+            )
         status = ACTIVE
         if s["visits"] >= self.min_visits:
-            status = SOLVED if s["rate"] >= self.solved_rate else UNSOLVED if s["rate"] <= self.unsolved_rate else ACTIVE
+            status = (
+                SOLVED
+                if s["rate"] >= self.solved_rate
+                else UNSOLVED
+                if s["rate"] <= self.unsolved_rate
+                else ACTIVE
+            )
         if status != s["status"]:
             s["status"], s["since"] = status, (None if status == ACTIVE else step)
         return status
@@ -98,7 +125,9 @@ class PassRateTracker:
         """Return keys whose ``retire_for`` has elapsed to ``active`` with a fresh history; lists them."""
         if self.retire_for is None:
             return []
-        back = [k for k, s in self.stats.items() if s["status"] != ACTIVE and step - s["since"] >= self.retire_for]
+        back = [
+            k for k, s in self.stats.items() if s["status"] != ACTIVE and step - s["since"] >= self.retire_for
+        ]
         for k in back:
             self.stats[k] = self._new()
         return back
@@ -153,16 +182,28 @@ class Curriculum(PromptEditor):
     (prompts re-drawn this step).
     """
 
-    def __init__(self, key: str = "uid", pass_threshold: float = 1.0, mode: str = "window", window: int = 3,
-                 ema_decay: float = 0.7, min_visits: int = 3, solved_rate: float = 1.0, unsolved_rate: float = 0.0,
-                 retired_weight: float = 0.0, retire_for: int | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        key: str = "uid",
+        pass_threshold: float = 1.0,
+        mode: str = "window",
+        window: int = 3,
+        ema_decay: float = 0.7,
+        min_visits: int = 3,
+        solved_rate: float = 1.0,
+        unsolved_rate: float = 0.0,
+        retired_weight: float = 0.0,
+        retire_for: int | None = None,
+        seed: int | None = None,
+    ):
         if key not in KEYS:
             raise ValueError(f"key={key!r}; valid values: {', '.join(KEYS)}")
         if not math.isfinite(pass_threshold):
             raise ValueError(f"pass_threshold must be a finite reward value, got {pass_threshold}")
         self.key, self.pass_threshold = key, pass_threshold
-        self.tracker = PassRateTracker(mode, window, ema_decay, min_visits, solved_rate, unsolved_rate,
-                                       retired_weight, retire_for)
+        self.tracker = PassRateTracker(
+            mode, window, ema_decay, min_visits, solved_rate, unsolved_rate, retired_weight, retire_for
+        )
         self.rng = random.Random(run_seed(seed))
         self.iteration = 0
         self.replaced = 0
@@ -173,14 +214,18 @@ class Curriculum(PromptEditor):
         cbs = list(trainer.callbacks)
         rc = next((i for i, c in enumerate(cbs) if isinstance(c, RolloutProducer)), None)
         if rc is None:
-            raise RuntimeError("Curriculum needs a RolloutCallback in trainer.callbacks (it filters its prompts)")
+            raise RuntimeError(
+                "Curriculum needs a RolloutCallback in trainer.callbacks (it filters its prompts)"
+            )
         if cbs.index(self) > rc:
             cbs.remove(self)
             cbs.insert(rc, self)
             # a new list: Lightning is iterating the old one for this very hook
             trainer.callbacks = cbs
-            rank_zero_info("Curriculum: moved before the RolloutCallback in trainer.callbacks (it must choose the "
-                           "prompts before they are generated from)")
+            rank_zero_info(
+                "Curriculum: moved before the RolloutCallback in trainer.callbacks (it must choose the "
+                "prompts before they are generated from)"
+            )
 
     # ------------------------------------------------------------- sampling
     def resample(self, prompts: list, pool: list) -> tuple[list, int]:
@@ -190,7 +235,9 @@ class Curriculum(PromptEditor):
         weights = [self.tracker.weight(prompt_key(p, self.key)) for p in pool]
         if sum(weights) <= 0.0:
             if not self._warned_empty:
-                rank_zero_warn("Curriculum: every training prompt is retired; training on the sampler's draws as-is")
+                rank_zero_warn(
+                    "Curriculum: every training prompt is retired; training on the sampler's draws as-is"
+                )
                 self._warned_empty = True
             return list(prompts), 0
         out, n = [], 0
@@ -205,12 +252,16 @@ class Curriculum(PromptEditor):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if batch.experience is not None:
-            raise RuntimeError("Curriculum ran after the RolloutCallback (the batch already has an Experience); "
-                               "it must come first in trainer.callbacks")
+            raise RuntimeError(
+                "Curriculum ran after the RolloutCallback (the batch already has an Experience); "
+                "it must come first in trainer.callbacks"
+            )
         self.tracker.tick(self.iteration)
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
         if not pool:
-            raise ValueError("Curriculum needs trainer.datamodule.train_prompts to draw replacement prompts from")
+            raise ValueError(
+                "Curriculum needs trainer.datamodule.train_prompts to draw replacement prompts from"
+            )
         batch.prompts, self.replaced = self.resample(batch.prompts, pool)
 
     # ------------------------------------------------------------- tracking

@@ -5,6 +5,7 @@ plateaus) or, with a too-strong bonus, to blow it up (gibberish). A fixed bonus 
 remedy (PPO, arXiv 1707.06347, eq. 9); the adaptive mode moves α once per RL iteration so the mean
 token entropy stays in [low, high] (``core.controllers.adaptive_entropy_update``).
 """
+
 from __future__ import annotations
 
 import math
@@ -33,8 +34,14 @@ class EntropyRegularization(L.Callback, LossTerm):
     (mean over loss-mask tokens of all micro-batches of the update) and ``entropy/coef`` (α used).
     """
 
-    def __init__(self, coef: float = 0.001, band: tuple[float, float] | None = None, step: float = 0.0005,
-                 coef_min: float = 0.0, coef_max: float = 0.01):
+    def __init__(
+        self,
+        coef: float = 0.001,
+        band: tuple[float, float] | None = None,
+        step: float = 0.0005,
+        coef_min: float = 0.0,
+        coef_max: float = 0.01,
+    ):
         if not math.isfinite(coef):
             raise ValueError(f"coef must be finite, got {coef}")
         if band is None:
@@ -46,7 +53,9 @@ class EntropyRegularization(L.Callback, LossTerm):
                 raise ValueError(f"step must be a finite number >= 0, got {step}")
             if not coef_min <= coef <= coef_max:  # also rejects NaN bounds
                 raise ValueError(f"coef={coef} must lie in [coef_min, coef_max] = [{coef_min}, {coef_max}]")
-            self.controller = AdaptiveEntropyController(coef, float(band[0]), float(band[1]), step, coef_min, coef_max)
+            self.controller = AdaptiveEntropyController(
+                coef, float(band[0]), float(band[1]), step, coef_min, coef_max
+            )
         self.adaptive = band is not None
         self._sum, self._count, self._rows = 0.0, 0, 0
 

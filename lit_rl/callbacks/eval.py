@@ -1,4 +1,5 @@
 """Held-out evaluation (``HeldoutEval``) and the reward-curve plot (``RewardCurvePlot``)."""
+
 from __future__ import annotations
 
 import math
@@ -45,9 +46,16 @@ class HeldoutEval(L.Callback):
     ``RewardCurvePlot`` and ``RLHealthMonitor``.
     """
 
-    def __init__(self, every_n_steps: int | None = None, max_prompts: int | None = None,
-                 max_new_tokens: int | None = None, scorer: Callable | None = None, critic_eval: bool = True,
-                 baseline: bool = True, correct_threshold: float = 1.0):
+    def __init__(
+        self,
+        every_n_steps: int | None = None,
+        max_prompts: int | None = None,
+        max_new_tokens: int | None = None,
+        scorer: Callable | None = None,
+        critic_eval: bool = True,
+        baseline: bool = True,
+        correct_threshold: float = 1.0,
+    ):
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1 or null, got {every_n_steps}")
         if max_prompts is not None and max_prompts < 1:
@@ -82,10 +90,14 @@ class HeldoutEval(L.Callback):
         from torchmetrics import MeanMetric, SumMetric
 
         dev = pl_module.device
-        self._metrics = {k: MeanMetric(nan_strategy="ignore").to(dev) for k in ("eval/accuracy", "eval/reward_mean")}
+        self._metrics = {
+            k: MeanMetric(nan_strategy="ignore").to(dev) for k in ("eval/accuracy", "eval/reward_mean")
+        }
         # Explained variance is not a mean of per-batch values: accumulate its sufficient statistics (n, Σr, Σr²,
         # Σe, Σe² with e = r − v over the trainable tokens) across batches and ranks, then form 1 − Var[e]/Var[r].
-        self._ev = [SumMetric().to(dev) for _ in range(5)]  # SumMetric sums a vector to a scalar: one per statistic
+        self._ev = [
+            SumMetric().to(dev) for _ in range(5)
+        ]  # SumMetric sums a vector to a scalar: one per statistic
         self._seen = 0
 
     @torch.no_grad()
@@ -107,19 +119,25 @@ class HeldoutEval(L.Callback):
         budget = self.max_new_tokens or rc.settings.sampling.max_new_tokens
         sp = SamplingConfig(temperature=0.0, max_new_tokens=budget)
         # the run's prompt-length policy (and the engine's context), not counted as training truncations
-        prompts, ids = rc.pipeline.render(pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False)
+        prompts, ids = rc.pipeline.render(
+            pl_module.tokenizer, prompts, max_new_tokens=sp.max_new_tokens, count=False
+        )
         comps = rc.eval_generate(ids, 1, sp)  # the latest pushed weights; safe beside an async producer
         texts = [pl_module.tokenizer.decode(g[0].token_ids, skip_special_tokens=True) for g in comps]
         dev = pl_module.device
         if rc.rewards is None:
-            raise RuntimeError("HeldoutEval scores with the RolloutCallback's reward pool, and this one has none (the "
-                               "agent path scores with its environment)")
+            raise RuntimeError(
+                "HeldoutEval scores with the RolloutCallback's reward pool, and this one has none (the "
+                "agent path scores with its environment)"
+            )
         rb = rc.rewards.score(prompts, texts, completion_ids=[list(g[0].token_ids) for g in comps])
         if self.scorer is None:
             correct = (rb.valid & (rb.total >= self.correct_threshold)).to(dev)  # NaN (invalid) is never >=
         else:
-            correct = torch.tensor([float(self.scorer(p, t)) >= self.correct_threshold
-                                    for p, t in zip(prompts, texts)], device=dev)
+            correct = torch.tensor(
+                [float(self.scorer(p, t)) >= self.correct_threshold for p, t in zip(prompts, texts)],
+                device=dev,
+            )
         self._metrics["eval/accuracy"].update(correct.float())
         ok = rb.total[rb.valid]
         if len(ok):
@@ -139,7 +157,9 @@ class HeldoutEval(L.Callback):
                 if not math.isnan(v):
                     out[k] = v
         if self._ev[0].update_count:
-            out["eval/critic_explained_variance"] = _ev_from_sums(torch.stack([m.compute() for m in self._ev]).double())
+            out["eval/critic_explained_variance"] = _ev_from_sums(
+                torch.stack([m.compute() for m in self._ev]).double()
+            )
         self._metrics = {}
         if out:
             self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
@@ -158,7 +178,9 @@ class HeldoutEval(L.Callback):
     @torch.no_grad()
     def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
         """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
-        rollouts = rc.pipeline.generate_and_score(prompts, ids)  # sampled as in training: returns vary in a prompt
+        rollouts = rc.pipeline.generate_and_score(
+            prompts, ids
+        )  # sampled as in training: returns vary in a prompt
         exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id, count=False)
         pl_module.critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
@@ -166,8 +188,15 @@ class HeldoutEval(L.Callback):
             return None
         m = exp.train_mask
         r, e = exp.returns.double()[m], (exp.returns.double() - exp.values.double())[m]
-        return torch.stack([torch.tensor(float(m.sum()), dtype=torch.float64), r.sum(), (r * r).sum(), e.sum(),
-                            (e * e).sum()])
+        return torch.stack(
+            [
+                torch.tensor(float(m.sum()), dtype=torch.float64),
+                r.sum(),
+                (r * r).sum(),
+                e.sum(),
+                (e * e).sum(),
+            ]
+        )
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
@@ -232,8 +261,12 @@ class RewardCurvePlot(L.Callback):
             ax.plot(*zip(*self.reward), label="train reward (mean)", alpha=0.7)
         ev = getattr(pl_module, "heldout_eval", None)  # handed over by HeldoutEval.setup
         if ev is not None and ev.history:
-            ax.plot([h["step"] for h in ev.history], [h["eval/accuracy"] for h in ev.history], "o-",
-                    label="held-out greedy accuracy")
+            ax.plot(
+                [h["step"] for h in ev.history],
+                [h["eval/accuracy"] for h in ev.history],
+                "o-",
+                label="held-out greedy accuracy",
+            )
         ax.set_xlabel("RL iteration")
         ax.set_ylim(-0.02, max(1.02, max((r for _, r in self.reward), default=1) + 0.02))
         ax.grid(alpha=0.3)

@@ -18,6 +18,7 @@ Each row records why it was chosen (``pick``: error | best | worst | random | al
 
 Rank zero writes (each rank scores different prompts; the files show rank zero's share).
 """
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,21 @@ from lit_rl.data.experience import Experience
 
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
 METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/", "async/")
-TABLE_COLUMNS = ("step", "group", "pick", "prompt", "completion", "reward", "advantage", "finish", "length",
-                 "staleness", "logprob", "error", "extra")
+TABLE_COLUMNS = (
+    "step",
+    "group",
+    "pick",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "finish",
+    "length",
+    "staleness",
+    "logprob",
+    "error",
+    "extra",
+)
 
 
 def prompt_text(prompt: Any) -> str:
@@ -72,8 +86,9 @@ def received_prompts(exp: Experience, tokenizer) -> list[str]:
     return out
 
 
-def row_records(exp: Experience, learner_version: int | None = None, max_text_chars: int = 4000,
-                tokenizer=None) -> list[dict]:
+def row_records(
+    exp: Experience, learner_version: int | None = None, max_text_chars: int = 4000, tokenizer=None
+) -> list[dict]:
     """One dict per row of ``exp`` (B rows). Shapes read: ``loss_mask`` (B, C) bool; ``advantages`` and
     ``rollout_logprobs`` (B, C) (either may be None); ``rewards``, ``valid``, ``group_ids``, ``policy_version``
     (B,). The advantage and log-prob are means over the row's generated tokens (``loss_mask``). ``prompt`` is
@@ -96,20 +111,28 @@ def row_records(exp: Experience, learner_version: int | None = None, max_text_ch
         p = exp.prompts[i] if exp.prompts else None
         version = int(exp.policy_version[i])
         answer = getattr(p, "answer", None)
-        out.append({
-            "row": i, "group": int(exp.group_ids[i]), "uid": getattr(p, "uid", None),
-            "prompt": (received[i] if received is not None
-                       else prompt_text(p) if p is not None else "")[:max_text_chars],
-            "answer": None if answer is None else str(answer)[:max_text_chars],
-            "completion": (exp.texts[i] if exp.texts else "")[:max_text_chars],
-            "reward": _f(float(exp.rewards[i])) if bool(exp.valid[i]) else None,
-            "components": {k: _f(float(v[i])) for k, v in exp.reward_components.items()},
-            "advantage": adv[i], "finish": exp.finish_reasons[i] if exp.finish_reasons else None,
-            "length": int(n_tok[i]), "policy_version": version,
-            "staleness": None if learner_version is None else learner_version - version,
-            "logprob": lp[i], "error": errors[i],
-            **({"extra": exp.reward_extras[i]} if exp.reward_extras and exp.reward_extras[i] else {}),
-        })
+        out.append(
+            {
+                "row": i,
+                "group": int(exp.group_ids[i]),
+                "uid": getattr(p, "uid", None),
+                "prompt": (received[i] if received is not None else prompt_text(p) if p is not None else "")[
+                    :max_text_chars
+                ],
+                "answer": None if answer is None else str(answer)[:max_text_chars],
+                "completion": (exp.texts[i] if exp.texts else "")[:max_text_chars],
+                "reward": _f(float(exp.rewards[i])) if bool(exp.valid[i]) else None,
+                "components": {k: _f(float(v[i])) for k, v in exp.reward_components.items()},
+                "advantage": adv[i],
+                "finish": exp.finish_reasons[i] if exp.finish_reasons else None,
+                "length": int(n_tok[i]),
+                "policy_version": version,
+                "staleness": None if learner_version is None else learner_version - version,
+                "logprob": lp[i],
+                "error": errors[i],
+                **({"extra": exp.reward_extras[i]} if exp.reward_extras and exp.reward_extras[i] else {}),
+            }
+        )
     return out
 
 
@@ -173,8 +196,16 @@ class RolloutInspector(L.Callback):
         seed: seeds the random choice of groups (with the step number); None = the run's ``seed_everything``.
     """
 
-    def __init__(self, every_n_steps: int = 1, max_rows_per_step: int | None = 64, dirpath: str | None = None,
-                 log_to_loggers: bool = True, report: bool = True, max_text_chars: int = 4000, seed: int | None = None):
+    def __init__(
+        self,
+        every_n_steps: int = 1,
+        max_rows_per_step: int | None = 64,
+        dirpath: str | None = None,
+        log_to_loggers: bool = True,
+        report: bool = True,
+        max_text_chars: int = 4000,
+        seed: int | None = None,
+    ):
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
         if max_rows_per_step is not None and max_rows_per_step < 1:
@@ -182,7 +213,12 @@ class RolloutInspector(L.Callback):
         if max_text_chars < 1:
             raise ValueError(f"max_text_chars must be >= 1, got {max_text_chars}")
         self.every_n_steps, self.max_rows_per_step, self.dirpath = every_n_steps, max_rows_per_step, dirpath
-        self.log_to_loggers, self.report, self.max_text_chars, self.seed = log_to_loggers, report, max_text_chars, run_seed(seed)
+        self.log_to_loggers, self.report, self.max_text_chars, self.seed = (
+            log_to_loggers,
+            report,
+            max_text_chars,
+            run_seed(seed),
+        )
         self.dir: Path | None = None
         self._learner_version: int | None = None
         self._heldout_seen = 0
@@ -210,8 +246,11 @@ class RolloutInspector(L.Callback):
         if not trainer.is_global_zero or self.dir is None:
             return
         step = int(getattr(pl_module, "iteration", trainer.global_step))
-        metrics = {k: _f(float(v)) for k, v in getattr(batch, "metrics", {}).items()
-                   if k.startswith(METRIC_PREFIXES) and isinstance(v, (int, float))}
+        metrics = {
+            k: _f(float(v))
+            for k, v in getattr(batch, "metrics", {}).items()
+            if k.startswith(METRIC_PREFIXES) and isinstance(v, (int, float))
+        }
         self._append_metrics({"step": step, **metrics})
         self._flush_heldout(trainer)
         exp = getattr(batch, "experience", None)
@@ -220,9 +259,11 @@ class RolloutInspector(L.Callback):
         # async: the learner's version is the producer's push count (the engine's own version lags behind it)
         learner = metrics.get("async/policy_version")
         learner = int(learner) if learner is not None else self._learner_version
-        rows = select_groups(row_records(exp, learner, self.max_text_chars, getattr(pl_module, "tokenizer", None)),
-                             self.max_rows_per_step,
-                             random.Random(f"{self.seed}:{step}"))
+        rows = select_groups(
+            row_records(exp, learner, self.max_text_chars, getattr(pl_module, "tokenizer", None)),
+            self.max_rows_per_step,
+            random.Random(f"{self.seed}:{step}"),
+        )
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
             for r in rows:
                 # default=str: log_extra values are the user's (any type); the file must still be written
@@ -250,7 +291,9 @@ class RolloutInspector(L.Callback):
         from lit_rl.report import write_report
 
         out = write_report(self.dir, self.report_path)
-        rank_zero_info(f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)")
+        rank_zero_info(
+            f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)"
+        )
 
     # --------------------------------------------------------------- outputs
     def _append_metrics(self, rec: dict) -> None:
@@ -261,7 +304,7 @@ class RolloutInspector(L.Callback):
         ev = getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)  # handed over at setup
         if ev is None:
             return
-        for h in ev.history[self._heldout_seen:]:
+        for h in ev.history[self._heldout_seen :]:
             self._append_metrics({k: (int(v) if k == "step" else _f(v)) for k, v in h.items()})
         self._heldout_seen = len(ev.history)
 
@@ -275,12 +318,16 @@ class RolloutInspector(L.Callback):
                 logger.log_table(key="rollouts", columns=list(TABLE_COLUMNS), data=table)
             elif kind == "MLFlowLogger":
                 data = {c: [row[j] for row in table] for j, c in enumerate(TABLE_COLUMNS)}
-                logger.experiment.log_table(logger.run_id, data=data, artifact_file=f"rollouts/step_{step:06d}.json")
+                logger.experiment.log_table(
+                    logger.run_id, data=data, artifact_file=f"rollouts/step_{step:06d}.json"
+                )
             elif kind not in self._noted and not isinstance(logger, L.pytorch.loggers.CSVLogger):
                 # a CSV log (the CLI's default) never holds tables: the rollout files are its counterpart
                 self._noted.add(kind)
-                rank_zero_info(f"RolloutInspector: {kind} has no table API; the rollouts are in {self.dir} "
-                               f"(and {self.report_path} at the end)")
+                rank_zero_info(
+                    f"RolloutInspector: {kind} has no table API; the rollouts are in {self.dir} "
+                    f"(and {self.report_path} at the end)"
+                )
 
     def state_dict(self) -> dict[str, Any]:
         return {"heldout_seen": self._heldout_seen}

@@ -22,6 +22,7 @@ zero, category ``RLHealthWarning``) once per episode of trouble, see ``lit_rl.ca
 ``num_tokens``), checkpointed; the CLI adds it to every run (``lit_rl/cli/loggers.py``). `IterationLRMonitor`
 is Lightning's ``LearningRateMonitor`` logging at the step of the iteration the rate trains.
 """
+
 from __future__ import annotations
 
 import math
@@ -120,31 +121,48 @@ class RLHealthMonitor(L.Callback):
         hacking_min_drop: float = 0.05,
         zero_adv_eps: float = 1e-8,
     ):
-        for name, v in (("max_truncation_rate", max_truncation_rate), ("max_zero_adv_frac", max_zero_adv_frac)):
+        for name, v in (
+            ("max_truncation_rate", max_truncation_rate),
+            ("max_zero_adv_frac", max_zero_adv_frac),
+        ):
             if v is not None and not 0.0 <= v < 1.0:
                 raise ValueError(f"{name} must be in [0, 1) or None, got {v}")
         if max_is_weight is not None and max_is_weight <= 1.0:
-            raise ValueError(f"max_is_weight must be > 1 (weights of exactly on-policy rows are 1), got {max_is_weight}")
+            raise ValueError(
+                f"max_is_weight must be > 1 (weights of exactly on-policy rows are 1), got {max_is_weight}"
+            )
         if zero_adv_eps < 0:
             raise ValueError(f"zero_adv_eps must be >= 0, got {zero_adv_eps}")
         self.entropy_max, self.zero_adv_eps = entropy_max, zero_adv_eps
         checks: dict[str, Any] = {
             # high=inf is a placeholder until setup knows the vocabulary (never fires)
-            "entropy": ThresholdCheck("entropy", "actor/entropy", low=entropy_min,
-                                      high=math.inf if entropy_max is None else entropy_max, what="policy entropy"),
+            "entropy": ThresholdCheck(
+                "entropy",
+                "actor/entropy",
+                low=entropy_min,
+                high=math.inf if entropy_max is None else entropy_max,
+                what="policy entropy",
+            ),
             "length": LengthBlowupCheck(length_factor, length_warmup, length_decay),
-            "reward_hacking": RewardHackingCheck(hacking_window, hacking_heldout_window, hacking_min_rise,
-                                                 hacking_min_drop),
+            "reward_hacking": RewardHackingCheck(
+                hacking_window, hacking_heldout_window, hacking_min_rise, hacking_min_drop
+            ),
         }
         if max_truncation_rate is not None:
-            checks["truncation"] = ThresholdCheck("truncation", "rollout/truncation_rate", high=max_truncation_rate,
-                                                  what="truncation rate (completions hitting max_new_tokens)")
+            checks["truncation"] = ThresholdCheck(
+                "truncation",
+                "rollout/truncation_rate",
+                high=max_truncation_rate,
+                what="truncation rate (completions hitting max_new_tokens)",
+            )
         if max_is_weight is not None:
-            checks["is_weight"] = ThresholdCheck("is_weight", "is/max_weight", high=max_is_weight,
-                                                 what="max importance weight")
+            checks["is_weight"] = ThresholdCheck(
+                "is_weight", "is/max_weight", high=max_is_weight, what="max importance weight"
+            )
         if max_zero_adv_frac is not None:
-            checks["zero_adv"] = ThresholdCheck("zero_adv", "health/zero_adv_frac", high=max_zero_adv_frac,
-                                                what="zero-advantage row fraction")
+            checks["zero_adv"] = ThresholdCheck(
+                "zero_adv", "health/zero_adv_frac", high=max_zero_adv_frac, what="zero-advantage row fraction"
+            )
         self.checks = HealthChecks(checks)
         self._heldout_seen = 0  # HeldoutEval.history entries already fed to the reward-hacking check
 
@@ -163,7 +181,7 @@ class RLHealthMonitor(L.Callback):
         metrics = self._gather(trainer, batch)
         ev = _heldout_eval(trainer)
         if ev is not None:
-            for h in ev.history[self._heldout_seen:]:
+            for h in ev.history[self._heldout_seen :]:
                 self.checks.checks["reward_hacking"].add_heldout(h.get("eval/reward_mean", math.nan))
             self._heldout_seen = len(ev.history)
         for e in self.checks.update(step, metrics):
@@ -177,9 +195,11 @@ class RLHealthMonitor(L.Callback):
         """This step's readings: logged module metrics, then rollout metrics, then the Experience's own."""
         out: dict[str, float] = {}
         for k, v in dict(trainer.callback_metrics).items():
-            if isinstance(v, torch.Tensor) and v.numel() == 1 or isinstance(v, (int, float)):
+            if (isinstance(v, torch.Tensor) and v.numel() == 1) or isinstance(v, (int, float)):
                 out[k] = float(v)
-        out.update({k: float(v) for k, v in getattr(batch, "metrics", {}).items() if isinstance(v, (int, float))})
+        out.update(
+            {k: float(v) for k, v in getattr(batch, "metrics", {}).items() if isinstance(v, (int, float))}
+        )
         exp = getattr(batch, "experience", None)
         if exp is not None:
             out.update(experience_health_metrics(exp, self.zero_adv_eps))
@@ -213,8 +233,13 @@ class TokensSeen(L.Callback):
             n = trainer.strategy.reduce(n.to(pl_module.device), reduce_op="sum")
         self.total += int(n.item())
         # every rank holds the same total, so no sync_dist (which would average it with itself)
-        pl_module.log("tokens_seen", torch.tensor(float(self.total), dtype=torch.float64), on_step=True,
-                      on_epoch=False, batch_size=1)
+        pl_module.log(
+            "tokens_seen",
+            torch.tensor(float(self.total), dtype=torch.float64),
+            on_step=True,
+            on_epoch=False,
+            batch_size=1,
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"total": self.total}

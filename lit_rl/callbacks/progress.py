@@ -7,6 +7,7 @@ the optimizer steps one iteration takes (``ppo_epochs`` × minibatches: ``Rollou
 ``pl_module.steps_per_iteration``, so the total is right from the first draw; without it, measured after the
 first iteration).
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,11 @@ class RichIterationProgressBar(RichProgressBar):
         if self.progress is None or self.train_progress_bar_id is None:
             return
         total = _total(trainer, pl_module)
-        self.progress.update(self.train_progress_bar_id, total=None if math.isinf(total) else total,
-                             completed=_iteration(trainer, pl_module))
+        self.progress.update(
+            self.train_progress_bar_id,
+            total=None if math.isinf(total) else total,
+            completed=_iteration(trainer, pl_module),
+        )
 
 
 class ProgressLog(Callback):

@@ -20,6 +20,7 @@ from π, the estimator differentiated through log π):
 The loss form is on-policy only for the first optimizer step of an Experience; later steps (ppo_epochs > 1,
 minibatches) sample from θ_old, which the estimator does not correct for.
 """
+
 from __future__ import annotations
 
 import copy
@@ -32,8 +33,8 @@ import torch
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
-from lit_rl.models.loading import resolve_dtype
 from lit_rl.learners.protocols import LossTerm
+from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
 
@@ -63,10 +64,20 @@ class ReferenceKL(L.Callback, LossTerm):
     iteration, the same on every rank).
     """
 
-    def __init__(self, path: str | None = None, kind: str = "k3", where: str = "loss", beta: float = 0.05,
-                 target_kl: float | None = None, horizon: float = 10000.0, kl_clip: float = 0.2,
-                 device: str | None = None, dtype: str | None = None, micro_batch_size: int | None = None,
-                 log_ratio_clamp: float | None = DEFAULT_LOG_RATIO_CLAMP):
+    def __init__(
+        self,
+        path: str | None = None,
+        kind: str = "k3",
+        where: str = "loss",
+        beta: float = 0.05,
+        target_kl: float | None = None,
+        horizon: float = 10000.0,
+        kl_clip: float = 0.2,
+        device: str | None = None,
+        dtype: str | None = None,
+        micro_batch_size: int | None = None,
+        log_ratio_clamp: float | None = DEFAULT_LOG_RATIO_CLAMP,
+    ):
         if kind not in KL_KINDS:
             raise ValueError(f"kind={kind!r}; valid values: {', '.join(KL_KINDS)}")
         if where not in KL_WHERE:
@@ -75,7 +86,8 @@ class ReferenceKL(L.Callback, LossTerm):
             raise ValueError(
                 "ReferenceKL(kind='k1', where='loss'): k1 = log π − log π_ref in the loss has zero expected "
                 "gradient (E_π[∇ log π] = 0), so it would not pull the policy toward the reference at all. "
-                "Use kind='k1' with where='reward', or kind='k2' / 'k3' with where='loss'.")
+                "Use kind='k1' with where='reward', or kind='k2' / 'k3' with where='loss'."
+            )
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {beta}")
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -93,8 +105,11 @@ class ReferenceKL(L.Callback, LossTerm):
         self.path, self.kind, self.where = path, kind, where
         self.device, self.dtype, self.micro_batch_size = device, dtype, micro_batch_size
         self.log_ratio_clamp = log_ratio_clamp
-        self.controller = (FixedController(beta) if target_kl is None
-                           else AdaptiveKLController(beta, target_kl, horizon, kl_clip))
+        self.controller = (
+            FixedController(beta)
+            if target_kl is None
+            else AdaptiveKLController(beta, target_kl, horizon, kl_clip)
+        )
         self.ref: torch.nn.Module | None = None
         self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
 
@@ -143,7 +158,9 @@ class ReferenceKL(L.Callback, LossTerm):
         size = self.micro_batch_size or module.config.step.micro_batch_size
         chunks = []
         for micro in exp.micro_batches(size):
-            lp = module.completion_logprobs(micro, model=self.ref)  # (b, C), chunked through the ref's LM head
+            lp = module.completion_logprobs(
+                micro, model=self.ref
+            )  # (b, C), chunked through the ref's LM head
             chunks.append((lp.double() if lp.dtype == torch.float64 else lp.float()).to(exp.input_ids.device))
         return torch.cat(chunks)  # (B, C)
 
@@ -181,8 +198,10 @@ class ReferenceKL(L.Callback, LossTerm):
         if self.where != "loss":
             return {}
         if micro.ref_logprobs is None:
-            raise RuntimeError("ReferenceKL.loss_terms: the micro-batch has no ref_logprobs; ReferenceKL must be "
-                               "in trainer.callbacks so its on_experience runs on every Experience")
+            raise RuntimeError(
+                "ReferenceKL.loss_terms: the micro-batch has no ref_logprobs; ReferenceKL must be "
+                "in trainer.callbacks so its on_experience runs on every Experience"
+            )
         lp, mask = fwd["logprobs"], fwd["mask"]
         kl = kl_estimate(lp, micro.ref_logprobs.to(lp), self.kind, mask, self.log_ratio_clamp)  # (b, C)
         self._accumulate(kl.detach(), mask, micro.batch_size)
@@ -211,7 +230,7 @@ class ReferenceKL(L.Callback, LossTerm):
         kl_mean = kl_sum / count
         pl_module.log("kl/mean", kl_mean, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
         pl_module.log("kl/beta", self.beta, on_step=True, on_epoch=False, batch_size=max(local_rows, 1))
-        self.controller.update(kl_mean, n_steps=int(round(rows)))
+        self.controller.update(kl_mean, n_steps=round(rows))
 
     def state_dict(self) -> dict[str, Any]:
         return {"controller": self.controller.state_dict()}

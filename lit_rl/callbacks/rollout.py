@@ -19,6 +19,7 @@ takes finished Experiences in order, checks their staleness (never more than ``m
 behind the learner) and runs steps 6-7 with the current learner, so old log-probs, reference log-probs and
 critic values are always the learner's.
 """
+
 from __future__ import annotations
 
 import threading
@@ -81,13 +82,18 @@ class RolloutCallback(RolloutProducer):
         self.settings, self.filters = rollout, filters
         check_async_args(self.sync, rollout, engine)
         # Async generation overlaps updates, so its engine needs its own copy of the weights.
-        self.engine = check_engine(engine) if engine is not None else HFEngine(
-            share_weights=self.sync.mode == "sync")
+        self.engine = (
+            check_engine(engine) if engine is not None else HFEngine(share_weights=self.sync.mode == "sync")
+        )
         if rewards is not None and not isinstance(rewards, RewardPool):
             rewards = RewardPool(rewards)
-        self.rewards = rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
+        self.rewards = (
+            rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
+        )
         self._default_eval: HeldoutEval | None = None
-        self._log_history: list[dict[str, float]] = []  # TrainerState.log_history: one dict per finished iteration
+        self._log_history: list[
+            dict[str, float]
+        ] = []  # TrainerState.log_history: one dict per finished iteration
         if pipeline is None:
             # generation, weight loads and evaluation use the engine one at a time
             self.engine_lock = threading.RLock()
@@ -136,16 +142,19 @@ class RolloutCallback(RolloutProducer):
         mb = getattr(pl_module.hparams, "minibatch_size", None)
         rows = prompts_per_step * group_size if prompts_per_step else 0  # per rank: each draws its prompts
         if rows and mb and rows % mb:
-            raise ValueError(f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
-                             f"(data.batch_size={prompts_per_step} prompts x group_size={group_size})")
+            raise ValueError(
+                f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
+                f"(data.batch_size={prompts_per_step} prompts x group_size={group_size})"
+            )
         per_iteration = getattr(pl_module, "optimizer_steps_per_iteration", None)
         if rows and per_iteration is not None:
             steps = per_iteration(rows)
             # the progress bar's total (iterations) is exact from the start: max_steps / steps (progress.py)
             pl_module.steps_per_iteration = steps
             hp = pl_module.hparams
-            why = steps and max_steps_message(trainer.max_steps, rows, hp.get("ppo_epochs", 1),
-                                              hp.get("minibatch_size"))
+            why = steps and max_steps_message(
+                trainer.max_steps, rows, hp.get("ppo_epochs", 1), hp.get("minibatch_size")
+            )
             if why:
                 raise ConfigError(why)
         if self.sync.mode == "async":
@@ -163,30 +172,40 @@ class RolloutCallback(RolloutProducer):
     # -------------------------------------------------------------- rollouts
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         if self.rewards is not None:  # what TRL-style rewards get as trainer_state (rewards/base.py)
-            self.rewards.trainer_state = TrainerState.from_trainer(trainer, batch_idx, tuple(self._log_history))
+            self.rewards.trainer_state = TrainerState.from_trainer(
+                trainer, batch_idx, tuple(self._log_history)
+            )
         # steps 1-5 end with an agreement: one rank's error raises on every rank before any rank enters the
         # collectives of steps 6-7 or the training step (callbacks/_agree.py)
         if self.sync.mode == "async":
-            exp, metrics = agree(trainer, "the rollout", lambda: self._async.take(self._builder(trainer, pl_module)))
+            exp, metrics = agree(
+                trainer, "the rollout", lambda: self._async.take(self._builder(trainer, pl_module))
+            )
         else:
-            exp, metrics = agree(trainer, "the rollout", lambda: self._build(trainer, pl_module, batch.prompts))
+            exp, metrics = agree(
+                trainer, "the rollout", lambda: self._build(trainer, pl_module, batch.prompts)
+            )
         self._annotate(trainer, pl_module, exp, metrics)
         batch.experience, batch.metrics = exp, metrics
 
-    def _build(self, trainer, pl_module, prompts: list[Prompt],
-               iteration: int | None = None) -> tuple[Experience, dict[str, float]]:
+    def _build(
+        self, trainer, pl_module, prompts: list[Prompt], iteration: int | None = None
+    ) -> tuple[Experience, dict[str, float]]:
         """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread). ``iteration``
         keys the refill stream: the module's current one (sync), or the one the producer's item is for (async:
         never read from the module in the producer thread, where it depends on how far the trainer got)."""
         pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
         if iteration is None:
             iteration = getattr(pl_module, "iteration", 0)
-        exp, metrics = self.pipeline.run(pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank,
-                                         iteration=iteration)
+        exp, metrics = self.pipeline.run(
+            pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank, iteration=iteration
+        )
         metrics.update(self.engine.metrics())  # engine-side counters, e.g. VLLMServerEngine's server errors
         return exp, metrics
 
-    def _builder(self, trainer, pl_module) -> Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]:
+    def _builder(
+        self, trainer, pl_module
+    ) -> Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]:
         """``_build`` as the async producer calls it: ``(prompts, refill iteration)``."""
         return lambda prompts, iteration: self._build(trainer, pl_module, prompts, iteration=iteration)
 
@@ -197,7 +216,9 @@ class RolloutCallback(RolloutProducer):
             hook.on_experience(trainer, pl_module, exp)
         metrics.update(pl_module.compute_advantages(exp))
 
-    def eval_generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def eval_generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig
+    ) -> list[list[Completion]]:
         """Generate with the learner's latest pushed weights, safely while an async producer runs (evaluation)."""
         with self.engine_lock:
             self._async.apply_pending()
@@ -206,8 +227,13 @@ class RolloutCallback(RolloutProducer):
     # ----------------------------------------------------------- weight sync
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         metrics = getattr(batch, "metrics", None) or {}
-        self._log_history.append({"step": trainer.global_step, "epoch": trainer.current_epoch, **{
-            k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}})
+        self._log_history.append(
+            {
+                "step": trainer.global_step,
+                "epoch": trainer.current_epoch,
+                **{k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))},
+            }
+        )
         self.weight_sync.after_iteration(trainer, pl_module, self._async if self._async.running else None)
         self._async.end_iteration()
         _log_iteration_step(trainer, pl_module, on_step=True)
@@ -220,10 +246,16 @@ class RolloutCallback(RolloutProducer):
     def on_train_start(self, trainer, pl_module) -> None:
         self._async.stop()  # a producer left from an earlier fit
         is_async = self.sync.mode == "async"
-        self.weight_sync.first_push(trainer, pl_module.model, self._async.state["version"] if is_async else None)
+        self.weight_sync.first_push(
+            trainer, pl_module.model, self._async.state["version"] if is_async else None
+        )
         if is_async:
-            self._async.start(trainer.datamodule, getattr(pl_module, "iteration", 0),
-                              self._builder(trainer, pl_module), self.weight_sync.load)
+            self._async.start(
+                trainer.datamodule,
+                getattr(pl_module, "iteration", 0),
+                self._builder(trainer, pl_module),
+                self.weight_sync.load,
+            )
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._async.stop()
@@ -237,10 +269,14 @@ class RolloutCallback(RolloutProducer):
         (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
         engine = self.engine.state_dict()
-        return {**self.weight_sync.state_dict(), **self.pipeline.state_dict(),
-                "policy_version": self.engine.policy_version,
-                "async": self._async.state_dict(),
-                "engine": engine, "engine_ranks": _every_rank(engine)}
+        return {
+            **self.weight_sync.state_dict(),
+            **self.pipeline.state_dict(),
+            "policy_version": self.engine.policy_version,
+            "async": self._async.state_dict(),
+            "engine": engine,
+            "engine_ranks": _every_rank(engine),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.weight_sync.load_state_dict(state)
@@ -283,11 +319,14 @@ def _check_pipeline_args(pipeline: RolloutPipeline, engine, settings: dict[str, 
     defaults = {**flat_values(RolloutSettings()), **flat_values(FilterSettings())}
     given = sorted(k for k, v in settings.items() if k in defaults and v != defaults[k])
     if given:
-        raise ValueError(f"RolloutCallback: pipeline= carries its own settings, so {', '.join(given)} would "
-                         "be ignored; set them on the pipeline's RolloutSettings / FilterSettings, or drop "
-                         "pipeline=")
-    gen_engine = getattr(pipeline.generate, "engine", None) or getattr(getattr(pipeline.generate, "agent", None),
-                                                                       "engine", None)
+        raise ValueError(
+            f"RolloutCallback: pipeline= carries its own settings, so {', '.join(given)} would "
+            "be ignored; set them on the pipeline's RolloutSettings / FilterSettings, or drop "
+            "pipeline="
+        )
+    gen_engine = getattr(pipeline.generate, "engine", None) or getattr(
+        getattr(pipeline.generate, "agent", None), "engine", None
+    )
     if engine is not None and gen_engine is not None and gen_engine is not engine:
         raise ValueError("RolloutCallback: engine is not the engine the pipeline generates with")
 
@@ -298,5 +337,11 @@ def _log_iteration_step(trainer, pl_module, on_step: bool) -> None:
     0-based batch count, which is one behind. ``lit_rl.runs.checkpoint_log_step`` relies on this numbering."""
     it = getattr(pl_module, "iteration", None)
     if it is not None:
-        pl_module.log("step", float(it), on_step=on_step, on_epoch=not on_step, batch_size=1,
-                      sync_dist=trainer.world_size > 1)
+        pl_module.log(
+            "step",
+            float(it),
+            on_step=on_step,
+            on_epoch=not on_step,
+            batch_size=1,
+            sync_dist=trainer.world_size > 1,
+        )

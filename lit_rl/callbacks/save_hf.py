@@ -1,5 +1,6 @@
 """``SaveHFModel``: the final policy and tokenizer in Hugging Face format when training ends (every recipe's
 ``final_model/``; the save itself is ``lit_rl.export.save_hf_model``, shared with ``lit-rl export``)."""
+
 from __future__ import annotations
 
 import lightning as L

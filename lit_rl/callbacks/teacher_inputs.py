@@ -9,6 +9,7 @@ re-tokenised (split from ``teachers.py``; `TeacherRouter` calls these with its t
 Both views are built in ``rollout/build.py`` (``reprompted``, ``ExperienceBuilder.pack``), as every
 Experience is.
 """
+
 from __future__ import annotations
 
 import string
@@ -34,22 +35,37 @@ def privileged_prompt(template: str, record: Prompt) -> Prompt:
         text = record.messages[users[-1]]["content"]
     else:
         text = record.prompt
-    fields = {**record.metadata, "prompt": text, "answer": record.answer, "domain": record.domain, "uid": record.uid}
+    fields = {
+        **record.metadata,
+        "prompt": text,
+        "answer": record.answer,
+        "domain": record.domain,
+        "uid": record.uid,
+    }
     for _, name, _, _ in string.Formatter().parse(template):
         if name is None:
             continue
         key = name.split(".")[0].split("[")[0]
         if fields.get(key) is None:
             have = sorted(k for k, v in fields.items() if v is not None)
-            raise ValueError(f"privileged template {template!r} uses field {key!r}, missing from prompt record "
-                             f"uid={record.uid!r} (prompt={text!r}); fields present: {have}")
+            raise ValueError(
+                f"privileged template {template!r} uses field {key!r}, missing from prompt record "
+                f"uid={record.uid!r} (prompt={text!r}); fields present: {have}"
+            )
     filled = template.format(**fields)
     if record.messages is None:
-        return Prompt(prompt=filled, answer=record.answer, domain=record.domain, metadata=record.metadata,
-                      uid=record.uid)
+        return Prompt(
+            prompt=filled,
+            answer=record.answer,
+            domain=record.domain,
+            metadata=record.metadata,
+            uid=record.uid,
+        )
     msgs = [dict(m) for m in record.messages]
     msgs[users[-1]]["content"] = filled
-    return Prompt(messages=msgs, answer=record.answer, domain=record.domain, metadata=record.metadata, uid=record.uid)
+    return Prompt(
+        messages=msgs, answer=record.answer, domain=record.domain, metadata=record.metadata, uid=record.uid
+    )
 
 
 def teacher_view(template: str | None, rows: Experience, tokenizer) -> Experience:
@@ -92,20 +108,21 @@ def char_ends(tok, ids: list[int], text: str) -> list[int]:
     """
     ends, base, anchor = [], 0, 0
     for j in range(len(ids)):
-        piece = tok.decode(ids[anchor:j + 1])
+        piece = tok.decode(ids[anchor : j + 1])
         k = _agree(piece, text, base)
         ends.append(max(base + k, ends[-1] if ends else 0))
         if k == len(piece):  # complete: the next window starts at a character boundary
             base, anchor = base + k, j + 1
     if ids and ends[-1] != len(text):
         ends = []
-        for prefix in tok.batch_decode([ids[:j + 1] for j in range(len(ids))]):
+        for prefix in tok.batch_decode([ids[: j + 1] for j in range(len(ids))]):
             ends.append(max(_agree(prefix, text, 0), ends[-1] if ends else 0))
     return ends
 
 
-def cross_tokenizer_view(template: str | None, rows: Experience, stok,
-                         tok) -> tuple[Experience, torch.Tensor]:
+def cross_tokenizer_view(
+    template: str | None, rows: Experience, stok, tok
+) -> tuple[Experience, torch.Tensor]:
     """Re-tokenise each row's prompt (+ ``template``) and completion *text* (decoded with the student's
     tokenizer ``stok``) with the teacher's tokenizer ``tok``.
 
@@ -121,7 +138,7 @@ def cross_tokenizer_view(template: str | None, rows: Experience, stok,
     import bisect
 
     seqs, owners, prompt_ids = [], [], []
-    cols = rows.attention_mask[:, rows.prompt_len:].bool().cpu()
+    cols = rows.attention_mask[:, rows.prompt_len :].bool().cpu()
     for i, rec in enumerate(rows.prompts):
         p = privileged_prompt(template, rec) if template else rec
         prompt_ids.append(render_prompt(p, tok))
@@ -140,11 +157,20 @@ def cross_tokenizer_view(template: str | None, rows: Experience, stok,
         owners.append(own)
     # the student's rows in the teacher's tokens: same groups, rewards, validity and versions, no rollout
     # log-probs (the teacher did not sample them); its loss mask is where ``owner`` is set
-    teacher_rows = Rows(prompt_ids=prompt_ids, completion_ids=seqs, prompts=list(rows.prompts),
-                        rewards=rows.rewards.cpu(), valid=rows.valid.cpu())
-    view = ExperienceBuilder().pack(teacher_rows, tok.pad_token_id, group_ids=rows.group_ids.cpu(),
-                                    policy_version=rows.policy_version.cpu())
+    teacher_rows = Rows(
+        prompt_ids=prompt_ids,
+        completion_ids=seqs,
+        prompts=list(rows.prompts),
+        rewards=rows.rewards.cpu(),
+        valid=rows.valid.cpu(),
+    )
+    view = ExperienceBuilder().pack(
+        teacher_rows,
+        tok.pad_token_id,
+        group_ids=rows.group_ids.cpu(),
+        policy_version=rows.policy_version.cpu(),
+    )
     owner = torch.full(view.loss_mask.shape, -1, dtype=torch.long)  # (b, Ct)
     for i, o in enumerate(owners):
-        owner[i, :len(o)] = torch.tensor(o, dtype=torch.long)
+        owner[i, : len(o)] = torch.tensor(o, dtype=torch.long)
     return view, owner

@@ -11,6 +11,7 @@ With ``template`` the teacher's prompt is rebuilt from the prompt record with pr
 ``"{prompt}(answer: {answer})"``; the student's completion tokens are appended unchanged, so teacher and
 student log-probs stay aligned token for token (Experience layout: entry t of every (B, C) field).
 """
+
 from __future__ import annotations
 
 import copy
@@ -47,8 +48,14 @@ class Teacher:
         model, tokenizer: an in-memory teacher (Python API); ``tokenizer`` defaults to the student's.
     """
 
-    def __init__(self, source: str = "self", template: str | None = None, dtype: str | None = None,
-                 model: Any = None, tokenizer: Any = None):
+    def __init__(
+        self,
+        source: str = "self",
+        template: str | None = None,
+        dtype: str | None = None,
+        model: Any = None,
+        tokenizer: Any = None,
+    ):
         if model is None and not source:
             raise ValueError("Teacher: pass source (a model path / hub id, 'self' or 'self_frozen') or model")
         if model is None and source not in SELF_SOURCES:
@@ -88,10 +95,12 @@ class Teacher:
         return self.model is not None
 
     def __repr__(self) -> str:
-        src = type(self.model).__name__ if self.model is not None and self.source not in SELF_SOURCES else self.source
+        src = (
+            type(self.model).__name__
+            if self.model is not None and self.source not in SELF_SOURCES
+            else self.source
+        )
         return f"Teacher({src!r}{', template' if self.template else ''})"
-
-
 
 
 class TeacherRouter(L.Callback):
@@ -115,9 +124,16 @@ class TeacherRouter(L.Callback):
     log π_rollout − log π_T, i.e. an unbiased per-token reverse KL) and ``distill/<domain>/rows``.
     """
 
-    def __init__(self, teachers: dict[str, str | Teacher], fallback: str | Teacher | None = None,
-                 device: str | None = None, offload: bool = False, micro_batch_size: int | None = None,
-                 teacher_samples: int = 4, success_threshold: float = 1.0):
+    def __init__(
+        self,
+        teachers: dict[str, str | Teacher],
+        fallback: str | Teacher | None = None,
+        device: str | None = None,
+        offload: bool = False,
+        micro_batch_size: int | None = None,
+        teacher_samples: int = 4,
+        success_threshold: float = 1.0,
+    ):
         if not isinstance(teachers, dict) or not teachers:
             raise ValueError("TeacherRouter.teachers must be a non-empty mapping domain -> teacher")
         if micro_batch_size is not None and micro_batch_size < 1:
@@ -142,8 +158,10 @@ class TeacherRouter(L.Callback):
             return Teacher(source=t)
         if isinstance(t, torch.nn.Module):
             return Teacher(model=t.eval().requires_grad_(False))
-        raise TypeError(f"TeacherRouter.{field}: expected a model path, 'self', 'self_frozen', a Teacher or a "
-                        f"torch.nn.Module, got {type(t).__name__}")
+        raise TypeError(
+            f"TeacherRouter.{field}: expected a model path, 'self', 'self_frozen', a Teacher or a "
+            f"torch.nn.Module, got {type(t).__name__}"
+        )
 
     @property
     def domains(self) -> list[str]:
@@ -154,14 +172,18 @@ class TeacherRouter(L.Callback):
             return domain, self.teachers[domain]
         if self.fallback is not None:
             return "fallback", self.fallback
-        raise ValueError(f"TeacherRouter: no teacher for domain {domain!r}; known domains: {self.domains}. "
-                         "Add it to `teachers` or set `fallback`.")
+        raise ValueError(
+            f"TeacherRouter: no teacher for domain {domain!r}; known domains: {self.domains}. "
+            "Add it to `teachers` or set `fallback`."
+        )
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         pl_module.teacher_router = self  # explicit wiring: DistillModule scores and samples through it
         if stage == "fit":
             for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
-                t.snapshot(pl_module)  # self_frozen: the initial student, before any checkpoint restore/update
+                t.snapshot(
+                    pl_module
+                )  # self_frozen: the initial student, before any checkpoint restore/update
 
     # ---------------------------------------------------------------- placement
     def _acquire(self, module, teacher: Teacher):
@@ -191,17 +213,20 @@ class TeacherRouter(L.Callback):
                 f"loss {loss!r} compares full next-token distributions, so teacher {teacher!r} must share the "
                 f"student's tokenizer, but their vocabularies differ ({len(tok)} vs {len(module.tokenizer)} tokens). "
                 "Use losses: {reverse_kl_sampled: 1.0} instead: it only needs the teacher's log-probs of the "
-                "student's sampled text, which is re-tokenised for the teacher.")
+                "student's sampled text, which is re-tokenised for the teacher."
+            )
 
     # ------------------------------------------------------------------ scoring
     @torch.no_grad()
-    def teacher_heads(self, module, micro: Experience, loss: str = "reverse_kl_full") -> list[tuple[list[int], Any]]:
+    def teacher_heads(
+        self, module, micro: Experience, loss: str = "reverse_kl_full"
+    ) -> list[tuple[list[int], Any]]:
         """Per teacher group: ``(row indices into micro, source)``, the source being the teacher's
         ``core.fused_logprobs.Projection`` (hidden states (b', C, H_T) at the student's completion positions + its
         LM head) so full-vocabulary losses compute the teacher's logits chunk by chunk too, or its (b', C, V)
         logits when the teacher's model needs the materialised path (``modules.heads.projection_blocker``)."""
         out = []
-        for key, (teacher, idx) in self._groups(micro).items():
+        for teacher, idx in self._groups(micro).values():
             model, tok = self._acquire(module, teacher)
             self.check_full_vocab(module, teacher, tok, loss)
             view = teacher_view(teacher.template, micro.select(idx), tok)
@@ -210,9 +235,11 @@ class TeacherRouter(L.Callback):
             self._release(teacher)
             src = fo["head"] if fo["head"] is not None else fo["logits"]
             V = src.vocab_size if fo["head"] is not None else src.shape[-1]
-            if V != _student_vocab(module):
-                raise ValueError(f"teacher {teacher!r} has {V} logits per position, the student "
-                                 f"{_student_vocab(module)}: full-vocabulary losses need identical vocabularies")
+            if _student_vocab(module) != V:
+                raise ValueError(
+                    f"teacher {teacher!r} has {V} logits per position, the student "
+                    f"{_student_vocab(module)}: full-vocabulary losses need identical vocabularies"
+                )
             out.append((idx, src))
         return out
 
@@ -221,7 +248,7 @@ class TeacherRouter(L.Callback):
         """Teacher logits over the student's completion positions, (b, C, V) on the micro-batch's device,
         each row from its own domain's teacher (full-vocabulary losses; the tokenizers must be identical)."""
         out = None
-        for key, (teacher, idx) in self._groups(micro).items():
+        for teacher, idx in self._groups(micro).values():
             model, tok = self._acquire(module, teacher)
             self.check_full_vocab(module, teacher, tok, loss)
             view = teacher_view(teacher.template, micro.select(idx), tok)
@@ -231,8 +258,10 @@ class TeacherRouter(L.Callback):
             if out is None:
                 out = lg.new_zeros((micro.batch_size, *lg.shape[1:])).to(micro.input_ids.device)
             if lg.shape[-1] != out.shape[-1]:
-                raise ValueError(f"teacher {teacher!r} has {lg.shape[-1]} logits per position, the student "
-                                 f"{out.shape[-1]}: full-vocabulary losses need identical vocabularies")
+                raise ValueError(
+                    f"teacher {teacher!r} has {lg.shape[-1]} logits per position, the student "
+                    f"{out.shape[-1]}: full-vocabulary losses need identical vocabularies"
+                )
             out[torch.as_tensor(idx, device=out.device)] = lg.to(out)
         return out
 
@@ -247,7 +276,7 @@ class TeacherRouter(L.Callback):
             tk_id = torch.zeros((B, C, k), dtype=torch.long, device=dev)
             tail = torch.zeros((B, C), dtype=torch.float32, device=dev)
         size = self.micro_batch_size or module.config.step.micro_batch_size
-        for key, (teacher, idx) in self._groups(exp).items():
+        for teacher, idx in self._groups(exp).values():
             model, tok = self._acquire(module, teacher)
             same, tpl = same_tokenizer(tok, module.tokenizer), teacher.template
             if k:
@@ -255,20 +284,32 @@ class TeacherRouter(L.Callback):
             rows = exp.select(idx)
             chunks = []
             for start in range(0, len(idx), size or len(idx)):
-                part = idx[start:start + (size or len(idx))]
+                part = idx[start : start + (size or len(idx))]
                 micro = rows.select(list(range(start, start + len(part))))
                 with _eval(model):
-                    if same and k:  # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
+                    if (
+                        same and k
+                    ):  # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
                         fo = module.forward_outputs(teacher_view(tpl, micro, tok), model=model)
                         lg = fo["head"] if fo["head"] is not None else fo["logits"]  # Projection | (b, C, V)
                         if fo["head"] is not None:
                             ids = micro.completion_ids.to(lg.hidden.device)
-                            lp = linear_logprobs(lg.hidden, lg.weight, ids, lg.bias, module.temperature,
-                                                 module.config.forward.logprob_chunk_size, entropy=False)[0]
+                            lp = linear_logprobs(
+                                lg.hidden,
+                                lg.weight,
+                                ids,
+                                lg.bias,
+                                module.temperature,
+                                module.config.forward.logprob_chunk_size,
+                                entropy=False,
+                            )[0]
                         else:
-                            lp = token_logprobs(lg, micro.completion_ids.to(lg.device),
-                                                module.config.forward.logprob_chunk_size,
-                                                module.temperature)  # (b, C)
+                            lp = token_logprobs(
+                                lg,
+                                micro.completion_ids.to(lg.device),
+                                module.config.forward.logprob_chunk_size,
+                                module.temperature,
+                            )  # (b, C)
                     elif same:  # chunked through the teacher's LM head
                         lp = module.completion_logprobs(teacher_view(tpl, micro, tok), model=model)
                     else:
@@ -297,7 +338,10 @@ class TeacherRouter(L.Callback):
     def _accumulate(self, exp: Experience) -> None:
         # a metric: the full softmax's log-probs when computed, else the old / engine ones (with processed sampling
         # those are the sampler's, a slight overstatement of the gap; no extra forward for a metric)
-        pol = next((x for x in (exp.old_full_logprobs, exp.old_logprobs, exp.rollout_logprobs) if x is not None), None)
+        pol = next(
+            (x for x in (exp.old_full_logprobs, exp.old_logprobs, exp.rollout_logprobs) if x is not None),
+            None,
+        )
         domains = exp.domains or ["default"] * exp.batch_size
         for i, d in enumerate(domains):
             acc = self._kl.setdefault(d, [0.0, 0, 0])
@@ -317,7 +361,9 @@ class TeacherRouter(L.Callback):
 
     # -------------------------------------------------------- teacher rollouts
     @torch.no_grad()
-    def teacher_rollouts(self, module, prompts: list[Prompt], sampling, rewards) -> tuple[Experience | None, dict]:
+    def teacher_rollouts(
+        self, module, prompts: list[Prompt], sampling, rewards
+    ) -> tuple[Experience | None, dict]:
         """Rejection sampling: ``teacher_samples`` rollouts per prompt from its domain's teacher (from the
         privileged prompt when the teacher has a template), scored by ``rewards`` (a RewardPool); returns the
         survivors (valid reward >= ``success_threshold``) as an Experience in the *student's* tokens over the
@@ -334,26 +380,42 @@ class TeacherRouter(L.Callback):
             model, tok = self._acquire(module, teacher)
             eng = HFEngine()
             eng.bind(SimpleNamespace(model=model, tokenizer=tok))
-            prompt_ids = [render_prompt(privileged_prompt(teacher.template, p) if teacher.template else p, tok)
-                          for p in ps]
+            prompt_ids = [
+                render_prompt(privileged_prompt(teacher.template, p) if teacher.template else p, tok)
+                for p in ps
+            ]
             for p, group in zip(ps, eng.generate(prompt_ids, n, sampling)):
                 for c in group:
                     recs.append(p)
                     texts.append(tok.decode(c.token_ids, skip_special_tokens=True))
-                    comp_ids.append(list(c.token_ids))  # the teacher's tokens (TRL-style rewards' completion_ids)
+                    comp_ids.append(
+                        list(c.token_ids)
+                    )  # the teacher's tokens (TRL-style rewards' completion_ids)
                     stops.append(c.finish_reason == "stop")
             self._release(teacher)
         rb = rewards.score(recs, texts, completion_ids=comp_ids)
-        keep = [i for i in range(len(recs)) if bool(rb.valid[i]) and float(rb.total[i]) >= self.success_threshold]
-        metrics = {"distill/teacher_success_rate": len(keep) / max(len(recs), 1),
-                   "distill/sft_rows": float(len(keep))}
+        keep = [
+            i for i in range(len(recs)) if bool(rb.valid[i]) and float(rb.total[i]) >= self.success_threshold
+        ]
+        metrics = {
+            "distill/teacher_success_rate": len(keep) / max(len(recs), 1),
+            "distill/sft_rows": float(len(keep)),
+        }
         if not keep:
             return None, metrics
         p_ids = [render_prompt(recs[i], stok) for i in keep]
-        c_ids = [stok(texts[i], add_special_tokens=False)["input_ids"] + ([stok.eos_token_id] if stops[i] else [])
-                 for i in keep]
-        return _pack(stok, p_ids, c_ids, [recs[i] for i in keep], rb.total[keep].float(),
-                     horizon=sampling.max_new_tokens), metrics
+        c_ids = [
+            stok(texts[i], add_special_tokens=False)["input_ids"] + ([stok.eos_token_id] if stops[i] else [])
+            for i in keep
+        ]
+        return _pack(
+            stok,
+            p_ids,
+            c_ids,
+            [recs[i] for i in keep],
+            rb.total[keep].float(),
+            horizon=sampling.max_new_tokens,
+        ), metrics
 
     def state_dict(self) -> dict[str, Any]:
         return {"rows_total": dict(self.rows_total)}
@@ -362,8 +424,14 @@ class TeacherRouter(L.Callback):
         self.rows_total = dict(state.get("rows_total", {}))
 
 
-def _pack(tok, p_ids: list[list[int]], c_ids: list[list[int]], recs: list[Prompt], rewards,
-          horizon: int | None = None) -> Experience:
+def _pack(
+    tok,
+    p_ids: list[list[int]],
+    c_ids: list[list[int]],
+    recs: list[Prompt],
+    rewards,
+    horizon: int | None = None,
+) -> Experience:
     """Left-padded prompts | right-padded completions as an Experience (loss mask = completion tokens; each row
     its own group; no rollout log-probs: the rows were not sampled by the policy), through the one
     ``ExperienceBuilder``; ``horizon`` is the run's (the student's token budget)."""

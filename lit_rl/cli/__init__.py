@@ -1,6 +1,7 @@
 """The ``lit-rl`` command. This package stays light: ``lit-rl inspect`` (the rollout report) must not pay for
 importing Lightning (~13 s on a small machine). The LightningCLI itself (``main``, ``LitRLCLI``, ...) lives in
 ``lit_rl.cli.app`` and is imported on first use (``from lit_rl.cli import main`` still works)."""
+
 from __future__ import annotations
 
 import importlib
@@ -31,9 +32,18 @@ LIGHTNING_COMMANDS = {
     "predict": "Lightning's predict loop on a checkpoint",
 }
 LIGHT_COMMANDS = {
-    "inspect": ("lit_rl.report:main", "the rollout report of a run directory (lit-rl inspect runs/quickstart)"),
-    "models": ("lit_rl.cli:_models_main", "get a real model as a local directory (lit-rl models smollm2 DIR)"),
-    "export": ("lit_rl.export:main", "a Hugging Face model (or --adapter) from a run or .ckpt (lit-rl export RUN -o DIR)"),
+    "inspect": (
+        "lit_rl.report:main",
+        "the rollout report of a run directory (lit-rl inspect runs/quickstart)",
+    ),
+    "models": (
+        "lit_rl.cli:_models_main",
+        "get a real model as a local directory (lit-rl models smollm2 DIR)",
+    ),
+    "export": (
+        "lit_rl.export:main",
+        "a Hugging Face model (or --adapter) from a run or .ckpt (lit-rl export RUN -o DIR)",
+    ),
     "explain-trl": ("lit_rl.cli.trl_diff:main", "what a config sets unlike TRL 1.16's defaults (-c CONFIG)"),
 }
 
@@ -47,11 +57,13 @@ def top_level_help() -> str:
     cmds = _commands()
     width = max(map(len, cmds))
     rows = "\n".join(f"  {name:<{width}}  {text}" for name, text in cmds.items())
-    return (f"usage: lit-rl [-h] {{{','.join(cmds)}}} ...\n\n"
-            "lit_rl: reinforcement-learning post-training of language models with PyTorch Lightning.\n\n"
-            f"commands:\n{rows}\n\n"
-            "Options of a command: lit-rl COMMAND --help (lit-rl fit --help lists every config field).\n"
-            "A config file goes after the command: lit-rl fit -c configs/quickstart.yaml --trainer.max_steps 100\n")
+    return (
+        f"usage: lit-rl [-h] {{{','.join(cmds)}}} ...\n\n"
+        "lit_rl: reinforcement-learning post-training of language models with PyTorch Lightning.\n\n"
+        f"commands:\n{rows}\n\n"
+        "Options of a command: lit-rl COMMAND --help (lit-rl fit --help lists every config field).\n"
+        "A config file goes after the command: lit-rl fit -c configs/quickstart.yaml --trainer.max_steps 100\n"
+    )
 
 
 MODELS = {"smollm2": "SmolLM2-135M-Instruct as a Hugging Face directory (lit-rl models smollm2 --help)"}
@@ -60,11 +72,16 @@ MODELS = {"smollm2": "SmolLM2-135M-Instruct as a Hugging Face directory (lit-rl 
 def _models_main(argv: list[str]) -> int:
     if argv and argv[0] in ("-h", "--help"):  # help, not an error
         rows = "\n".join(f"  {name}  {text}" for name, text in MODELS.items())
-        print(f"usage: lit-rl models NAME [DIR] [--force]\n\nGet a real model as a local directory (default DIR: "
-              f"the cache under ~/.cache/lit_rl).\n\nmodels:\n{rows}")
+        print(
+            f"usage: lit-rl models NAME [DIR] [--force]\n\nGet a real model as a local directory (default DIR: "
+            f"the cache under ~/.cache/lit_rl).\n\nmodels:\n{rows}"
+        )
         return 0
     if argv[:1] != ["smollm2"]:  # nothing or an unknown name: one line naming the choices
-        print("lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: " + ", ".join(MODELS), file=sys.stderr)
+        print(
+            "lit-rl: error: lit-rl models NAME [DIR]: NAME must be one of: " + ", ".join(MODELS),
+            file=sys.stderr,
+        )
         return 2
     from lit_rl.models.smollm2 import main as smollm2_main
 
@@ -89,8 +106,11 @@ def _light_dispatch(argv: list[str]) -> int | None:
 
         close = difflib.get_close_matches(cmd, list(_commands()), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else "."
-        print(f"lit-rl: error: unknown command {cmd!r}{hint} Commands: {', '.join(_commands())} "
-              "(lit-rl --help)", file=sys.stderr)
+        print(
+            f"lit-rl: error: unknown command {cmd!r}{hint} Commands: {', '.join(_commands())} "
+            "(lit-rl --help)",
+            file=sys.stderr,
+        )
         return 2
     return None
 

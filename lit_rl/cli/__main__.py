@@ -1,4 +1,5 @@
 """``python -m lit_rl.cli ...`` is the ``lit-rl`` command."""
+
 from lit_rl.cli import console_main
 
 if __name__ == "__main__":

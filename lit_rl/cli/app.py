@@ -11,6 +11,7 @@ What it adds to LightningCLI (see README "Runs"):
 - ``--ckpt_path last`` is an error when there is nothing to resume; ``last_or_new`` starts fresh then.
 - Configuration errors print one line (``lit-rl: error: ...``); ``LIT_RL_TRACEBACK=1`` shows the traceback.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -79,17 +80,26 @@ class RunConfig(SaveConfigCallback):
             if stage != "fit":  # `lit-rl validate` on a run directory keeps the run's own config.yaml
                 root = root / stage
             root.mkdir(parents=True, exist_ok=True)
-            self.parser.save(self.config, str(root / self.config_filename), skip_none=False, overwrite=True,
-                             multifile=self.multifile)
+            self.parser.save(
+                self.config,
+                str(root / self.config_filename),
+                skip_none=False,
+                overwrite=True,
+                multifile=self.multifile,
+            )
             self.already_saved = True
 
 
 CKPT_PATH_HELP = {
-    True: ("Resume a run: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none, never a silent "
-           "fresh start); 'last_or_new' = that checkpoint, or a fresh run when there is none; or the path of a "
-           ".ckpt file. Unset: a fresh run (refused when the run directory already holds one)."),
-    False: ("The checkpoint to evaluate: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none); "
-            "'last_or_new' = that checkpoint, or the config's model as it is; or the path of a .ckpt file."),
+    True: (
+        "Resume a run: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none, never a silent "
+        "fresh start); 'last_or_new' = that checkpoint, or a fresh run when there is none; or the path of a "
+        ".ckpt file. Unset: a fresh run (refused when the run directory already holds one)."
+    ),
+    False: (
+        "The checkpoint to evaluate: 'last' = <run dir>/checkpoints/last.ckpt (an error when there is none); "
+        "'last_or_new' = that checkpoint, or the config's model as it is; or the path of a .ckpt file."
+    ),
 }
 
 
@@ -137,7 +147,7 @@ def _condense_parse_error(message: str) -> str:
     found = list(re.finditer(r'Parser key "[^"]+": ', flat))
     if len(found) < 2:
         return flat
-    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end():])[0]
+    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end() :])[0]
     return f"{'.'.join(dict.fromkeys(keys))}: {body.strip()}"
 
 
@@ -147,22 +157,30 @@ class LitRLCLI(LightningCLI):
         from lit_rl.cli.loggers import RUN_LOGGERS_HELP
 
         parser.add_argument("--run_loggers", type=bool, default=True, help=RUN_LOGGERS_HELP)
-        parser.add_argument("--imports", type=list[str], default=[],
-                            help="Modules to import before the config is checked, e.g. the one registering your "
-                                 "own advantage or policy loss (@ADVANTAGES.register('mine')): --imports '[my_pkg.rl]'")
+        parser.add_argument(
+            "--imports",
+            type=list[str],
+            default=[],
+            help="Modules to import before the config is checked, e.g. the one registering your "
+            "own advantage or policy loss (@ADVANTAGES.register('mine')): --imports '[my_pkg.rl]'",
+        )
 
         # Not instantiated by jsonargparse: instantiate_trainer builds it (or drops it when a RolloutCallback
         # subclass is configured under trainer.callbacks instead).
-        parser.add_class_arguments(RolloutCallback, "rollout", fail_untyped=False, instantiate=False,
-                                   sub_configs=True)
-        parser.add_class_arguments(IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False,
-                                   sub_configs=True)
+        parser.add_class_arguments(
+            RolloutCallback, "rollout", fail_untyped=False, instantiate=False, sub_configs=True
+        )
+        parser.add_class_arguments(
+            IterationCheckpoint, "checkpoint", fail_untyped=False, instantiate=False, sub_configs=True
+        )
 
     def _prepare_subcommand_parser(self, klass, subcommand: str, **kwargs):
         parser = super()._prepare_subcommand_parser(klass, subcommand, **kwargs)
         if subcommand == "fit":  # validate / test have Lightning's own --verbose (print the results)
             parser.add_argument("--verbose", action=ActionYesNo, default=False, help=quiet.VERBOSE_HELP)
-        for action in parser._actions:  # Lightning's stock text names "hpc" / "registry", which mean nothing here
+        for (
+            action
+        ) in parser._actions:  # Lightning's stock text names "hpc" / "registry", which mean nothing here
             if action.dest == "ckpt_path":
                 action.help = CKPT_PATH_HELP[subcommand == "fit"]
         return parser
@@ -170,10 +188,16 @@ class LitRLCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         """As LightningCLI's, without its warning about ``args`` beside ``sys.argv``: ``main(args=[...])`` is the
         programmatic entry point, and the caller's own command line (pytest's, a notebook's) is unrelated."""
-        _ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)] if isinstance(args, (list, type(None))) else []
+        _ARGV[:] = (
+            [str(a) for a in (sys.argv[1:] if args is None else args)]
+            if isinstance(args, (list, type(None)))
+            else []
+        )
         from lit_rl.cli.errors import flow_mapping_message
 
-        squashed = flow_mapping_message(_ARGV)  # `{acc:1.0}` parses, as a key with no value: fail at the cause
+        squashed = flow_mapping_message(
+            _ARGV
+        )  # `{acc:1.0}` parses, as a key with no value: fail at the cause
         if squashed:
             parser.error(squashed)
         if isinstance(args, (dict, Namespace)):
@@ -195,7 +219,9 @@ class LitRLCLI(LightningCLI):
             self._check_rollout_first(cfg)
             from lit_rl.cli import run_settings
 
-            run_settings.check(cfg)  # max_steps, accumulate_grad_batches, a top-level optimizer (issues 36, 38)
+            run_settings.check(
+                cfg
+            )  # max_steps, accumulate_grad_batches, a top-level optimizer (issues 36, 38)
         _one_prompt_source(cfg)
         trainer = cfg.trainer
         root = trainer.default_root_dir or os.getcwd()
@@ -209,11 +235,16 @@ class LitRLCLI(LightningCLI):
                     self._resume_step = checkpoint_log_step(self._resolved_ckpt)  # refuses a weights-only one
             except NothingToResume as e:
                 raise ConfigError(str(e)) from None
-        if self.subcommand == "fit" and self._resolved_ckpt is None and (self._ckpt_dir / "last.ckpt").exists() \
-                and self._uses_own_checkpoint(cfg):
+        if (
+            self.subcommand == "fit"
+            and self._resolved_ckpt is None
+            and (self._ckpt_dir / "last.ckpt").exists()
+            and self._uses_own_checkpoint(cfg)
+        ):
             raise ConfigError(
                 f"run directory {root} already holds a run ({self._ckpt_dir / 'last.ckpt'}): resume it with "
-                "--ckpt_path last, or start a new run with another --trainer.default_root_dir")
+                "--ckpt_path last, or start a new run with another --trainer.default_root_dir"
+            )
 
     def _move_rollout_callback(self, cfg) -> None:
         """A ``RolloutCallback`` listed under ``trainer.callbacks`` becomes the ``rollout`` section (its values
@@ -230,7 +261,9 @@ class LitRLCLI(LightningCLI):
                 cbs.pop(i)
                 self._rollout_index = i
                 return
-            if path and path.rsplit(".", 1)[-1].endswith("RolloutCallback"):  # a subclass (AgentRolloutCallback)
+            if path and path.rsplit(".", 1)[-1].endswith(
+                "RolloutCallback"
+            ):  # a subclass (AgentRolloutCallback)
                 self._rollout_enabled = False
                 return
 
@@ -261,8 +294,12 @@ class LitRLCLI(LightningCLI):
             from lit_rl.cli.errors import union_error_message
 
             line = _one_line(e)
-            if line.startswith("Expected a <class"):  # the union's first member's complaint: find the real one
-                union = union_error_message(e, self.config)  # trainer.strategy=...: DeepSpeed is not installed
+            if line.startswith(
+                "Expected a <class"
+            ):  # the union's first member's complaint: find the real one
+                union = union_error_message(
+                    e, self.config
+                )  # trainer.strategy=...: DeepSpeed is not installed
                 hint = _strategy_hint(union) if union else None
                 line = f"{union} {hint.removeprefix('lit_rl: ')}" if hint else union or line
             raise ConfigError(line) from e
@@ -295,7 +332,11 @@ class LitRLCLI(LightningCLI):
         return trainer
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list) -> Any:
-        sub = self.config_init.get(str(self.subcommand), self.config_init) if self.subcommand else self.config_init
+        sub = (
+            self.config_init.get(str(self.subcommand), self.config_init)
+            if self.subcommand
+            else self.config_init
+        )
         cbs = list(config.get("callbacks") or [])
         if self._rollout_enabled:
             cbs.insert(min(self._rollout_index, len(cbs)), _build_rollout(sub.rollout))
@@ -310,8 +351,13 @@ class LitRLCLI(LightningCLI):
             cbs.append(IterationProgressBar())
         from lit_rl.cli.loggers import monitoring_callbacks, run_loggers
 
-        config["logger"] = run_loggers(config.get("logger"), config["default_root_dir"], str(self.subcommand),
-                                       self._resume_step, keep=sub.get("run_loggers", True) is not False)
+        config["logger"] = run_loggers(
+            config.get("logger"),
+            config["default_root_dir"],
+            str(self.subcommand),
+            self._resume_step,
+            keep=sub.get("run_loggers", True) is not False,
+        )
         config["callbacks"] = monitoring_callbacks(_later_wins(cbs), has_logger=bool(config["logger"]))
         return super()._instantiate_trainer(config, callbacks)
 
@@ -365,8 +411,10 @@ def _build_rollout(ns):
     if isinstance(kw.get("sampling"), (Namespace, dict)):
         kw["sampling"] = SamplingConfig(**_plain(kw["sampling"]))
     if kw.get("rewards") is None:
-        raise ConfigError("rollout.rewards is required: a RewardPool or reward function(s), e.g. "
-                          "--rollout.rewards lit_rl.rewards.ExactAnswerReward (see configs/quickstart.yaml)")
+        raise ConfigError(
+            "rollout.rewards is required: a RewardPool or reward function(s), e.g. "
+            "--rollout.rewards lit_rl.rewards.ExactAnswerReward (see configs/quickstart.yaml)"
+        )
     try:
         return RolloutCallback(**kw)
     except (ValueError, TypeError) as e:
@@ -380,7 +428,9 @@ def _later_wins(cbs: list) -> list:
     out: list = []
     for cb in cbs:
         key = getattr(cb, "state_key", None)
-        same = next((i for i, c in enumerate(out) if key is not None and getattr(c, "state_key", None) == key), None)
+        same = next(
+            (i for i, c in enumerate(out) if key is not None and getattr(c, "state_key", None) == key), None
+        )
         if same is None:
             out.append(cb)
         else:
@@ -409,12 +459,16 @@ def _one_line(e: BaseException) -> str:
 def _strategy_hint(message: str) -> str | None:
     low = message.lower()
     if "fsdp" in low and ("gpu" in low or "cuda" in low):
-        return ("lit_rl: on CPU use FSDP2 through ModelParallelStrategy instead: "
-                "-c configs/strategies/fsdp.yaml (or configs/strategies/ddp.yaml for plain data parallel).")
+        return (
+            "lit_rl: on CPU use FSDP2 through ModelParallelStrategy instead: "
+            "-c configs/strategies/fsdp.yaml (or configs/strategies/ddp.yaml for plain data parallel)."
+        )
     if "deepspeed" in low:
-        return ("lit_rl: DeepSpeed is the optional `deepspeed` extra (pip install -e .[deepspeed]); with it "
-                "-c configs/strategies/deepspeed_zero2.yaml / deepspeed_zero3.yaml (lit_rl.strategies."
-                "DeepSpeedZeROStrategy) run on CPU and GPU. Without it: configs/strategies/fsdp.yaml or ddp.yaml.")
+        return (
+            "lit_rl: DeepSpeed is the optional `deepspeed` extra (pip install -e .[deepspeed]); with it "
+            "-c configs/strategies/deepspeed_zero2.yaml / deepspeed_zero3.yaml (lit_rl.strategies."
+            "DeepSpeedZeROStrategy) run on CPU and GPU. Without it: configs/strategies/fsdp.yaml or ddp.yaml."
+        )
     return None
 
 
@@ -424,12 +478,20 @@ def main(args: list[str] | None = None) -> LitRLCLI:
 
     from lit_rl.cli.precheck import check
 
-    early = check(list(sys.argv[1:] if args is None else args)) if isinstance(args, (list, type(None))) else None
+    early = (
+        check(list(sys.argv[1:] if args is None else args)) if isinstance(args, (list, type(None))) else None
+    )
     if early is not None:  # the console script found it before importing Lightning; the same text here
         raise ConfigError(early)
 
     return LitRLCLI(
-        L.LightningModule, L.LightningDataModule, subclass_mode_model=True, subclass_mode_data=True,
-        parser_class=LitRLParser, parser_kwargs={"parser_mode": "omegaconf+"}, save_config_callback=RunConfig,
-        save_config_kwargs={"overwrite": True}, args=args,
+        L.LightningModule,
+        L.LightningDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        parser_class=LitRLParser,
+        parser_kwargs={"parser_mode": "omegaconf+"},
+        save_config_callback=RunConfig,
+        save_config_kwargs={"overwrite": True},
+        args=args,
     )

@@ -1,5 +1,6 @@
 """Error messages that point at the cause (issue 24): an unknown key names the file and line it came from and the
 closest valid key; a failed import path names the missing attribute and what the module has instead."""
+
 from __future__ import annotations
 
 import difflib
@@ -67,7 +68,9 @@ def unknown_key_message(message: str, parser, argv: list[str]) -> str | None:
             break
     else:
         return None
-    return unknown_key_text(key, parser_keys(parser), argv, from_flag=message.startswith("unrecognized arguments"))
+    return unknown_key_text(
+        key, parser_keys(parser), argv, from_flag=message.startswith("unrecognized arguments")
+    )
 
 
 def unknown_key_text(key: str, keys: list[str], argv: list[str], from_flag: bool) -> str:
@@ -127,8 +130,10 @@ def attribute_error_message(message: str) -> str | None:
         if missing and missing.group(1) in RENAMED_PACKAGES:
             return _renamed(missing.group(1))
         if missing:
-            return (f"no module named {missing.group(1)!r} (the working directory is importable: "
-                    f"{missing.group(1).replace('.', '/')}.py would be found there)")
+            return (
+                f"no module named {missing.group(1)!r} (the working directory is importable: "
+                f"{missing.group(1).replace('.', '/')}.py would be found there)"
+            )
         return None
     module, attr = m.groups()
     if f"{module}.{attr}" in RENAMED_PACKAGES:
@@ -161,8 +166,15 @@ def _squashed_flow_keys(text: str) -> list[tuple[int, str]]:
     def walk(node) -> None:
         if isinstance(node, yaml.MappingNode):
             for k, v in node.value:
-                if (node.flow_style and isinstance(k, yaml.ScalarNode) and k.style is None and ":" in k.value
-                        and isinstance(v, yaml.ScalarNode) and v.tag.endswith(":null") and v.value == ""):
+                if (
+                    node.flow_style
+                    and isinstance(k, yaml.ScalarNode)
+                    and k.style is None
+                    and ":" in k.value
+                    and isinstance(v, yaml.ScalarNode)
+                    and v.tag.endswith(":null")
+                    and v.value == ""
+                ):
                     found.append((k.start_mark.line + 1, k.value))
                 walk(k)
                 walk(v)
@@ -185,8 +197,10 @@ def flow_mapping_message(argv: list[str]) -> str | None:
     where it is, what YAML made of it and the fix; None when there is none."""
     for path in _config_files(argv):
         for line, key in _squashed_flow_keys(path.read_text(errors="replace")):
-            return (f"{path}:{line}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
-                    f"{{{key}}} as the key {key!r} with no value)")
+            return (
+                f"{path}:{line}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
+                f"{{{key}}} as the key {key!r} with no value)"
+            )
     flag = None
     for a in argv:
         name, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
@@ -196,8 +210,10 @@ def flow_mapping_message(argv: list[str]) -> str | None:
         if value.lstrip().startswith("{"):
             for _, key in _squashed_flow_keys(value):
                 where = name or flag or "a value"
-                return (f"{where} {value}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
-                        f"{{{key}}} as the key {key!r} with no value)")
+                return (
+                    f"{where} {value}: {{{key}}} needs a space after the colon: write {_flow_fix(key)} (YAML reads "
+                    f"{{{key}}} as the key {key!r} with no value)"
+                )
         flag = None
     return None
 
@@ -214,14 +230,20 @@ def union_error_message(e: BaseException, config=None) -> str | None:
         if "Does not validate against any of the Union subtypes" in text and "Errors:" in text:
             body = text.split("Errors:", 1)[1].split("\nGiven value", 1)[0]
             items = [" ".join(i.split()) for i in re.split(r"\n\s*- ", "\n" + body.strip()) if i.strip()]
-            reasons = [re.sub(r"^Problem with given class_path '[^']+':\s*", "", i) for i in items
-                       if not re.match(r"Expected a <class '[\w.]+'>", i)]
+            reasons = [
+                re.sub(r"^Problem with given class_path '[^']+':\s*", "", i)
+                for i in items
+                if not re.match(r"Expected a <class '[\w.]+'>", i)
+            ]
             if reasons:
                 cls = re.search(r"class_path='([\w.]+)'", text)
                 where = cls.group(1) if cls else ""
                 if cls and config is not None:  # the field that holds the class: trainer.strategy
-                    keys = [k.rsplit(".", 1)[0] for k, v in config.items() if k.endswith(".class_path")
-                            and v == cls.group(1)]
+                    keys = [
+                        k.rsplit(".", 1)[0]
+                        for k, v in config.items()
+                        if k.endswith(".class_path") and v == cls.group(1)
+                    ]
                     key = re.sub(r"^(fit|validate|test|predict)\.", "", keys[0]) if keys else None
                     where = f"{key}={where}" if key else where
                 return (f"{where}: " if where else "") + "; ".join(reasons)

@@ -10,13 +10,16 @@ monitoring callbacks every recipe gets.
   there is a logger to write to, ``TokensSeen`` (``tokens_seen``) and ``ProgressLog`` (progress lines when
   stdout is not a terminal), unless the config already has one of the same class.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-RUN_LOGGERS_HELP = ("Keep the run directory's CSV (logs/metrics.csv) and TensorBoard (tb/) loggers beside the "
-                    "loggers of --trainer.logger (default true); false: only those of --trainer.logger.")
+RUN_LOGGERS_HELP = (
+    "Keep the run directory's CSV (logs/metrics.csv) and TensorBoard (tb/) loggers beside the "
+    "loggers of --trainer.logger (default true); false: only those of --trainer.logger."
+)
 
 
 def run_loggers(logger: Any, root: str, subcommand: str, resume_step: int | None, keep: bool = True) -> Any:

@@ -16,6 +16,7 @@ It only reports what it is sure of: anything it does not understand (``--print_c
 a class it cannot find, ``key+`` appends) is left to the full parser, which checks everything again.
 ``tests/test_cli_precheck.py`` keeps its key lists equal to the real parser's; ``LIT_RL_PRECHECK=0`` skips it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -52,8 +53,11 @@ def _module_file(module: str) -> Path | None:
     spec = importlib.util.find_spec(top)  # a top-level lookup imports nothing
     if spec is None or not spec.submodule_search_locations:
         return Path(spec.origin) if spec and spec.origin and not rest else None
-    base = Path(next(iter(spec.submodule_search_locations))).joinpath(*rest.split(".")) if rest else \
-        Path(next(iter(spec.submodule_search_locations)))
+    base = (
+        Path(next(iter(spec.submodule_search_locations))).joinpath(*rest.split("."))
+        if rest
+        else Path(next(iter(spec.submodule_search_locations)))
+    )
     for cand in (base.with_suffix(".py"), base / "__init__.py"):
         if cand.is_file():
             return cand
@@ -164,8 +168,13 @@ def _group_fields(module: str, cls: ast.ClassDef) -> dict:
         found = _find(module, base.id) if isinstance(base, ast.Name) else None
         if found and isinstance(found[1], ast.ClassDef):
             out.update(_group_fields(*found))
-    out.update({n.target.id: (_default(n.value), n.annotation) for n in cls.body
-                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)})
+    out.update(
+        {
+            n.target.id: (_default(n.value), n.annotation)
+            for n in cls.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+        }
+    )
     return out
 
 
@@ -194,16 +203,23 @@ def signature(module: str, name: str) -> tuple[dict, bool] | None:
     cls = found[1]
     init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
     if init is None:
-        if any(isinstance(d, ast.Name) and d.id == "dataclass" or isinstance(d, ast.Call) and getattr(d.func, "id", "") == "dataclass"
-               for d in cls.decorator_list):
+        if any(
+            (isinstance(d, ast.Name) and d.id == "dataclass")
+            or (isinstance(d, ast.Call) and getattr(d.func, "id", "") == "dataclass")
+            for d in cls.decorator_list
+        ):
             return _group_fields(found[0], cls), False
         return None
     a = init.args
     params = a.posonlyargs + a.args
     defaults = [_NOT_A_VALUE] * (len(params) - len(a.defaults)) + [_default(d) for d in a.defaults]
     out = {p.arg: (d, p.annotation) for p, d in zip(params, defaults) if p.arg != "self"}
-    out.update({p.arg: (_default(d) if d is not None else _NOT_A_VALUE, p.annotation)
-                for p, d in zip(a.kwonlyargs, a.kw_defaults)})
+    out.update(
+        {
+            p.arg: (_default(d) if d is not None else _NOT_A_VALUE, p.annotation)
+            for p, d in zip(a.kwonlyargs, a.kw_defaults)
+        }
+    )
     settings = _flat_settings(*found)
     if settings is not None:  # **settings takes exactly the groups' fields
         return {**out, **settings}, False
@@ -244,8 +260,11 @@ def _merge(dst: dict, src: dict, origin: dict, source: str, prefix: str = "") ->
         key = f"{prefix}{k}"
         if k.endswith("+"):
             raise _Unsure  # list appends: jsonargparse's own semantics
-        if isinstance(v, dict) and isinstance(dst.get(k), dict) and \
-                (v.get("class_path") in (None, dst[k].get("class_path"))):
+        if (
+            isinstance(v, dict)
+            and isinstance(dst.get(k), dict)
+            and (v.get("class_path") in (None, dst[k].get("class_path")))
+        ):
             _merge(dst[k], v, origin, source, key + ".")
         else:
             dst[k] = v
@@ -318,9 +337,13 @@ def _check_values(section: str, values: dict, sig: dict, imports: bool) -> str |
         names = [x for x in allowed if x is not None]
         close = difflib.get_close_matches(str(v), [str(x) for x in names], n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        if is_open:  # a registry name: the registry's own text (core/registry.py), which the module would raise
-            return (f"{k}={v!r} is not a known {k}; valid names: {', '.join(sorted(map(str, names)))} (or a name "
-                    f"registered by a module given with --imports){hint}")
+        if (
+            is_open
+        ):  # a registry name: the registry's own text (core/registry.py), which the module would raise
+            return (
+                f"{k}={v!r} is not a known {k}; valid names: {', '.join(sorted(map(str, names)))} (or a name "
+                f"registered by a module given with --imports){hint}"
+            )
         return f"{section}.{k}: {v!r} is not one of: {', '.join(map(str, names))}{hint}"
     return None
 
@@ -353,15 +376,20 @@ def check(argv: list[str]) -> str | None:
     imports = bool(cfg.get("imports"))
     # A RolloutCallback still listed under trainer.callbacks fills what the rollout section leaves unset.
     rollout = dict(cfg.get("rollout") or {}) if isinstance(cfg.get("rollout") or {}, dict) else {}
-    for cb in (cfg.get("trainer") or {}).get("callbacks") or [] if isinstance(cfg.get("trainer"), dict) else []:
+    for cb in (
+        (cfg.get("trainer") or {}).get("callbacks") or [] if isinstance(cfg.get("trainer"), dict) else []
+    ):
         if isinstance(cb, dict) and str(cb.get("class_path", "")).endswith("RolloutCallback"):
             if cb["class_path"].rsplit(".", 1)[-1] != "RolloutCallback":
                 return None  # a subclass (AgentRolloutCallback) has its own arguments
             for k, v in (cb.get("init_args") or {}).items():
                 rollout.setdefault(k, v)
     for section in ("rollout", "checkpoint", "trainer", "rollout.sampling"):
-        values = rollout.get("sampling") if section == "rollout.sampling" else \
-            (rollout if section == "rollout" else cfg.get(section))
+        values = (
+            rollout.get("sampling")
+            if section == "rollout.sampling"
+            else (rollout if section == "rollout" else cfg.get(section))
+        )
         if not isinstance(values, dict):
             continue
         sig = signature(*SECTIONS[section])
@@ -385,7 +413,9 @@ def check(argv: list[str]) -> str | None:
             if not kwargs and key.rsplit(".", 1)[-1] not in params and key in origin:
                 return _unknown(key, sorted(params), origin, argv, f"{section}.init_args")
         if section == "data" and (init.get("train_files") or init.get("dataset")):
-            init = {k: v for k, v in init.items() if k != "task"}  # replaced by the files (app._one_prompt_source)
+            init = {
+                k: v for k, v in init.items() if k != "task"
+            }  # replaced by the files (app._one_prompt_source)
         msg = _check_values(f"{section}.init_args", init, params, imports)
         if msg:
             return msg

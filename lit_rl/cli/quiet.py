@@ -9,6 +9,7 @@ module) and text, so a new warning, or the same words from another place, still 
 ``tests/test_cli_output.py`` (allow-list) and ``tests/test_cli_quiet.py`` (deny-list, ``--verbose``) run
 short fits.
 """
+
 from __future__ import annotations
 
 import logging
@@ -18,9 +19,11 @@ import sys
 import warnings
 
 VERBOSE_ENV = "LIT_RL_VERBOSE"
-VERBOSE_HELP = ("Print every message of the libraries underneath (vLLM's INFO lines, Lightning's advice, "
-                "known harmless warnings), which lit-rl drops by default. LIT_RL_VERBOSE=1 does the same for "
-                "every command (validate's --verbose is Lightning's: print the results).")
+VERBOSE_HELP = (
+    "Print every message of the libraries underneath (vLLM's INFO lines, Lightning's advice, "
+    "known harmless warnings), which lit-rl drops by default. LIT_RL_VERBOSE=1 does the same for "
+    "every command (validate's --verbose is Lightning's: print the results)."
+)
 
 # Environment defaults, read by a library when it is imported (after this module: vLLM and datasets are
 # imported lazily, when an engine starts or a dataset is loaded). A value the user exported wins.
@@ -79,8 +82,11 @@ _WARNINGS = (
     # logged with sync_dist on more than one). Training metrics are logged per step, reduced by PolicyModule
     # itself (core/metrics.py, one all_gather of every rank's dict). A user's own epoch-level metric still
     # gets the advice.
-    (UserWarning, r"It is recommended to use `self\.log\('(step|eval/[^']+)', \.\.\., sync_dist=True\)`",
-     r"lightning\."),
+    (
+        UserWarning,
+        r"It is recommended to use `self\.log\('(step|eval/[^']+)', \.\.\., sync_dist=True\)`",
+        r"lightning\.",
+    ),
     # PromptDataModule.val_dataloader's deliberate "no evaluation" (data.datamodule.NoEvaluation) while
     # fitting without a HeldoutEval; an empty loader of any other type still warns.
     (UserWarning, r"Total length of `NoEvaluation` across ranks is zero", r"lightning\."),

@@ -8,6 +8,7 @@ replacement. Called from ``LitRLCLI.before_instantiate_classes`` on the parsed c
 - A top-level ``--optimizer`` / ``--lr_scheduler`` beside the module's own ``model.init_args.optimizer``:
   LightningCLI would silently replace the module's (the log then shows ``lr-SGD`` instead of the recipe's AdamW).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -30,7 +31,8 @@ def check(cfg) -> None:
             f"trainer.accumulate_grad_batches={accumulate}: lit_rl steps the optimizer itself (manual "
             "optimization), so Lightning cannot accumulate; set model.init_args.minibatch_size (rows per optimizer "
             "step, TRL's per_device_train_batch_size x gradient_accumulation_steps) and "
-            "model.init_args.micro_batch_size (rows per forward/backward, accumulated within that step) instead")
+            "model.init_args.micro_batch_size (rows per forward/backward, accumulated within that step) instead"
+        )
     module_args = _init_parameters(model)
     for key in ("optimizer", "lr_scheduler"):
         top = cfg.get(key)
@@ -39,14 +41,16 @@ def check(cfg) -> None:
             raise ConfigError(
                 f"{key}={path}: a top-level --{key} would silently replace the module's own "
                 f"model.init_args.{key} (the recipe's); set --model.init_args.{key} {path} instead (its "
-                f"arguments as --model.init_args.{key}.NAME)")
+                f"arguments as --model.init_args.{key}.NAME)"
+            )
     data = cfg.get("data")
     data_init = data.get("init_args") if isinstance(data, Namespace) else None
     batch = data_init.get("batch_size") if isinstance(data_init, Namespace) else None
     group = (cfg.get("rollout") or Namespace()).get("group_size")
     if "ppo_epochs" in module_args and isinstance(batch, int) and isinstance(group, int):
-        why = max_steps_message(trainer.get("max_steps"), batch * group, init.get("ppo_epochs") or 1,
-                                init.get("minibatch_size"))
+        why = max_steps_message(
+            trainer.get("max_steps"), batch * group, init.get("ppo_epochs") or 1, init.get("minibatch_size")
+        )
         if why and _fixed_steps(model):
             raise ConfigError(why)
 

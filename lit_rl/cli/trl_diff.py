@@ -62,7 +62,12 @@ TRL_DEFAULTS: list[tuple[str, str | Callable[[dict], Any], str, Any]] = [
     ("weight decay", f"{_OPT}.init_args.weight_decay", "weight_decay=0.0", 0.0),
     ("Adam betas", f"{_OPT}.init_args.betas", "adam_beta1=0.9, adam_beta2=0.999", [0.9, 0.999]),
     ("Adam eps", f"{_OPT}.init_args.eps", "adam_epsilon=1e-8", 1e-8),
-    ("lr schedule", f"{_SCHED}.class_path", 'lr_scheduler_type="linear"', "lit_rl.learners.WarmupLinearDecay"),
+    (
+        "lr schedule",
+        f"{_SCHED}.class_path",
+        'lr_scheduler_type="linear"',
+        "lit_rl.learners.WarmupLinearDecay",
+    ),
     ("warmup", _warmup, "warmup_steps=0, warmup_ratio=0.0", 0),
     ("gradient clipping", _M + "max_grad_norm", "max_grad_norm=1.0", 1.0),
     ("gradient checkpointing", _M + "gradient_checkpointing", "gradient_checkpointing=True", True),

@@ -26,6 +26,7 @@ Conventions shared by all estimators:
   with mask False (padding, or an environment-observation span in a multi-turn episode) is skipped,
   so "next token" means the next action token and γ discounts once per action token, not per position.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,18 +55,25 @@ class AdvantageSettings:
     """The advantage settings of a learner (``PolicyModule`` takes them flat): the one declaration of each."""
 
     advantage: AdvantageName | str = setting(
-        "grpo", "Advantage estimator (core.advantages).", choices=ADVANTAGES.names)
+        "grpo", "Advantage estimator (core.advantages).", choices=ADVANTAGES.names
+    )
     std_normalize: bool = setting(True, "grpo: divide each advantage by a reward std (see std_scope).")
     std_scope: StdScope = setting(
-        "group", "What grpo's std_normalize divides by: group (each group's reward std) or batch (the whole "
-        "batch's, all ranks; TRL's scale_rewards=batch).", choices=STD_SCOPES)
+        "group",
+        "What grpo's std_normalize divides by: group (each group's reward std) or batch (the whole "
+        "batch's, all ranks; TRL's scale_rewards=batch).",
+        choices=STD_SCOPES,
+    )
     gamma: float = setting(1.0, "Discount of reinforce / gae returns, in [0, 1].")
     lam: float = setting(1.0, "GAE's lambda, in [0, 1].")
     baseline: bool = setting(
-        False, "reinforce: subtract the batch-mean return; opd: the leave-one-out group mean per position.")
+        False, "reinforce: subtract the batch-mean return; opd: the leave-one-out group mean per position."
+    )
     whiten_advantages: bool | None = setting(
-        None, "Standardise the advantages over the batch's trainable tokens (all ranks; mean 0, variance 1); "
-        "null = on for gae (as TRL / veRL / OpenRLHF), off otherwise.")
+        None,
+        "Standardise the advantages over the batch's trainable tokens (all ranks; mean 0, variance 1); "
+        "null = on for gae (as TRL / veRL / OpenRLHF), off otherwise.",
+    )
 
     @property
     def whitens(self) -> bool:
@@ -118,10 +126,14 @@ class AdvantageInputs:
         if not r.is_floating_point():
             raise TypeError(f"rewards must be a floating tensor, got {r.dtype}")
         if not isinstance(m, Tensor) or m.dtype != torch.bool:
-            raise TypeError(f"mask must be a torch.bool tensor, got {m.dtype if isinstance(m, Tensor) else type(m)}")
+            raise TypeError(
+                f"mask must be a torch.bool tensor, got {m.dtype if isinstance(m, Tensor) else type(m)}"
+            )
         if m.dim() != 2 or m.shape[0] != r.shape[0]:
-            raise ValueError(f"mask shape {tuple(m.shape)} does not match rewards shape {tuple(r.shape)}; "
-                             "expected (B, T) with B = len(rewards)")
+            raise ValueError(
+                f"mask shape {tuple(m.shape)} does not match rewards shape {tuple(r.shape)}; "
+                "expected (B, T) with B = len(rewards)"
+            )
         for name in ("group_ids", "valid", "bootstrap"):
             x = getattr(self, name)
             if x is not None and (not isinstance(x, Tensor) or x.shape != r.shape):
@@ -153,8 +165,10 @@ class AdvantageInputs:
         ok = self.valid_rows()
         bad = ok & ~torch.isfinite(self.rewards)
         if bad.any():
-            raise ValueError(f"rewards hold NaN/Inf at valid rows {bad.nonzero().flatten().tolist()}; "
-                             "mark unavailable rewards with valid=False")
+            raise ValueError(
+                f"rewards hold NaN/Inf at valid rows {bad.nonzero().flatten().tolist()}; "
+                "mark unavailable rewards with valid=False"
+            )
         read = self.mask & ok[:, None]  # (B, T): the only token positions any estimator reads
         for name in _TOKEN_FIELDS:
             x = getattr(self, name)
@@ -232,7 +246,9 @@ def _token_field(inp: AdvantageInputs, name: str, dtype: torch.dtype) -> Tensor:
 
 def _sequence_scores(inp: AdvantageInputs, dtype: torch.dtype) -> Tensor:
     """(B,) r_i = rewards_i + Σ_t token_rewards_{i,t} over action tokens; 0 on invalid rows."""
-    r = torch.where(inp.valid_rows(), inp.rewards.to(dtype), torch.zeros((), dtype=dtype, device=inp.rewards.device))
+    r = torch.where(
+        inp.valid_rows(), inp.rewards.to(dtype), torch.zeros((), dtype=dtype, device=inp.rewards.device)
+    )
     if inp.token_rewards is not None:
         r = r + _token_field(inp, "token_rewards", dtype).sum(dim=1)
     return r
@@ -250,12 +266,15 @@ def _dense_rewards(inp: AdvantageInputs, dtype: torch.dtype) -> Tensor:
     dense = _token_field(inp, "token_rewards", dtype)
     if last is None:
         return dense
-    seq = torch.where(inp.valid_rows(), inp.rewards.to(dtype), torch.zeros((), dtype=dtype, device=mask.device))
+    seq = torch.where(
+        inp.valid_rows(), inp.rewards.to(dtype), torch.zeros((), dtype=dtype, device=mask.device)
+    )
     return dense + torch.where(pos == last, seq[:, None], _zero(dense))  # pos == -1 never matches
 
 
-def _reverse_scan(r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float,
-                  v_after: Tensor | None = None) -> Tensor:
+def _reverse_scan(
+    r: Tensor, v: Tensor, mask: Tensor, gamma: float, lam: float, v_after: Tensor | None = None
+) -> Tensor:
     """GAE over action tokens only, right to left: δ_t = r_t + γ V_next − V_t, A_t = δ_t + γλ A_next.
 
     ``next`` is the next *action* token of the row; after the last one A_next = 0 and V_next = ``v_after``
@@ -419,8 +438,9 @@ def reinforce(inp: AdvantageInputs) -> AdvantageOutputs:
     """
     dt = _dtype(inp)
     sel = _action_mask(inp)
-    ret = _reverse_scan(_dense_rewards(inp, dt), torch.zeros(sel.shape, dtype=dt, device=sel.device),
-                        sel, inp.gamma, 1.0)
+    ret = _reverse_scan(
+        _dense_rewards(inp, dt), torch.zeros(sel.shape, dtype=dt, device=sel.device), sel, inp.gamma, 1.0
+    )
     adv = ret
     if inp.baseline:
         adv = torch.where(sel, ret - masked_mean(ret, sel), _zero(ret))
@@ -451,7 +471,9 @@ def gae(inp: AdvantageInputs) -> AdvantageOutputs:
         rewards: (B,); token_rewards, values: (B, T); mask: (B, T); returns advantages and returns (B, T).
     """
     if inp.values is None:
-        raise ValueError("advantage 'gae' needs critic values: AdvantageInputs.values of shape (B, T) is None")
+        raise ValueError(
+            "advantage 'gae' needs critic values: AdvantageInputs.values of shape (B, T) is None"
+        )
     dt = _dtype(inp)
     sel = _action_mask(inp)
     v = _token_field(inp, "values", dt)
@@ -459,8 +481,12 @@ def gae(inp: AdvantageInputs) -> AdvantageOutputs:
     if inp.bootstrap is not None:
         T = sel.shape[1]
         pos = torch.arange(T, device=sel.device).expand_as(sel)  # (B, T)
-        last = torch.where(sel, pos, -1).amax(dim=1) if T else torch.full_like(inp.rewards, -1, dtype=torch.long)
-        v_last = v.gather(1, last.clamp_min(0)[:, None]).squeeze(1) if T else _zero(inp.rewards.to(dt))  # (B,)
+        last = (
+            torch.where(sel, pos, -1).amax(dim=1) if T else torch.full_like(inp.rewards, -1, dtype=torch.long)
+        )
+        v_last = (
+            v.gather(1, last.clamp_min(0)[:, None]).squeeze(1) if T else _zero(inp.rewards.to(dt))
+        )  # (B,)
         v_after = torch.where(inp.bootstrap & (last >= 0), v_last, _zero(v_last))
     adv = _reverse_scan(_dense_rewards(inp, dt), v, sel, inp.gamma, inp.lam, v_after)
     ret = torch.where(sel, adv + v, _zero(adv))
@@ -474,8 +500,11 @@ def _loo_position_mean(x: Tensor, sel: Tensor, group_ids: Tensor | None) -> Tens
     """(B, T): for each row i and position t, the mean of x[j, t] over the other rows j of i's group with
     sel[j, t] (0 where there is none, and on unselected entries). ``group_ids=None`` = one group."""
     B = x.shape[0]
-    inv = (torch.zeros(B, dtype=torch.long, device=x.device) if group_ids is None
-           else torch.unique(group_ids, return_inverse=True)[1])
+    inv = (
+        torch.zeros(B, dtype=torch.long, device=x.device)
+        if group_ids is None
+        else torch.unique(group_ids, return_inverse=True)[1]
+    )
     w = sel.to(x.dtype)
     n_groups = int(inv.max()) + 1 if B else 0
     tot = x.new_zeros((n_groups, x.shape[1])).index_add_(0, inv, x * w)  # (G, T)
@@ -508,7 +537,9 @@ def opd(inp: AdvantageInputs) -> AdvantageOutputs:
     """
     if inp.logprobs is None or inp.teacher_logprobs is None:
         missing = [n for n in ("logprobs", "teacher_logprobs") if getattr(inp, n) is None]
-        raise ValueError(f"advantage 'opd' needs logprobs and teacher_logprobs (B, T); missing: {', '.join(missing)}")
+        raise ValueError(
+            f"advantage 'opd' needs logprobs and teacher_logprobs (B, T); missing: {', '.join(missing)}"
+        )
     dt = _dtype(inp)
     sel = _action_mask(inp)
     log_ratio = _token_field(inp, "logprobs", dt) - _token_field(inp, "teacher_logprobs", dt)  # (B, T)

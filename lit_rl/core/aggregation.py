@@ -18,6 +18,7 @@ seq_mean_token_sum_norm    1/|S| Σ_{i∈S} Σ_t m l / H                      Dr
 
 where S is the set of rows with at least one unmasked token and H the horizon (default T).
 """
+
 from __future__ import annotations
 
 import numbers

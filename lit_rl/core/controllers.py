@@ -7,6 +7,7 @@ resumed run must restore (``state_dict`` / ``load_state_dict``). Pure Python/tor
 
 Shapes: every quantity here is a scalar (Python float); no B/T/V tensors are involved.
 """
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ def _finite(name: str, x: float) -> float:
     return x
 
 
-def adaptive_kl_update(beta: float, kl: float, target: float, horizon: float, n_steps: int = 1,
-                       clip: float = 0.2) -> float:
+def adaptive_kl_update(
+    beta: float, kl: float, target: float, horizon: float, n_steps: int = 1, clip: float = 0.2
+) -> float:
     """One step of the proportional KL controller of Ziegler et al. 2019 (arXiv 1909.08593, §2.2).
 
     Equation:  e = clip(KL / KL_target - 1, -clip, +clip);   β ← β · (1 + e · n_steps / horizon)
@@ -58,8 +60,15 @@ def adaptive_kl_update(beta: float, kl: float, target: float, horizon: float, n_
     return beta * (1.0 + err * n_steps / horizon)
 
 
-def adaptive_entropy_update(coef: float, entropy: float, low: float, high: float, step: float,
-                            coef_min: float = 0.0, coef_max: float = 0.1) -> float:
+def adaptive_entropy_update(
+    coef: float,
+    entropy: float,
+    low: float,
+    high: float,
+    step: float,
+    coef_min: float = 0.0,
+    coef_max: float = 0.1,
+) -> float:
     """Band controller for the entropy-bonus coefficient α (loss term −α·H).
 
     Equation:  α ← clamp(α + step·[H < low] − step·[H > high], coef_min, coef_max)
@@ -122,16 +131,26 @@ class AdaptiveKLController(FixedController):
 class AdaptiveEntropyController(FixedController):
     """Stateful wrapper of :func:`adaptive_entropy_update` (α starts at ``init_coef``)."""
 
-    def __init__(self, init_coef: float, low: float, high: float, step: float,
-                 coef_min: float = 0.0, coef_max: float = 0.1):
+    def __init__(
+        self,
+        init_coef: float,
+        low: float,
+        high: float,
+        step: float,
+        coef_min: float = 0.0,
+        coef_max: float = 0.1,
+    ):
         super().__init__(init_coef)
         adaptive_entropy_update(init_coef, low, low, high, step, coef_min, coef_max)  # validate
         if not coef_min <= init_coef <= coef_max:
-            raise ValueError(f"init_coef={init_coef} must lie in [coef_min, coef_max] = [{coef_min}, {coef_max}]")
+            raise ValueError(
+                f"init_coef={init_coef} must lie in [coef_min, coef_max] = [{coef_min}, {coef_max}]"
+            )
         self.low, self.high, self.step = float(low), float(high), float(step)
         self.coef_min, self.coef_max = float(coef_min), float(coef_max)
 
     def update(self, measured: float, n_steps: int = 1) -> float:
-        self.value = adaptive_entropy_update(self.value, measured, self.low, self.high, self.step,
-                                             self.coef_min, self.coef_max)
+        self.value = adaptive_entropy_update(
+            self.value, measured, self.low, self.high, self.step, self.coef_min, self.coef_max
+        )
         return self.value

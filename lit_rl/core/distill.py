@@ -13,27 +13,43 @@ optimised by a policy loss. This module adds what those do not cover:
 Convention as in ``core.kl``: ``p`` is the student (being trained), ``q`` the teacher.
 Shapes: B rows (completions), T tokens, V vocabulary, k kept teacher tokens.
 """
+
 from __future__ import annotations
 
 import torch
 
 from lit_rl.core.logprobs import _check_mask, _check_temperature, _compute_dtype, _raise_if_nonfinite
 
-__all__ = ["DISTILL_LOSSES", "FULL_VOCAB_LOSSES", "check_losses", "masked_cross_entropy", "teacher_topk",
-           "topk_reverse_kl", "topk_reverse_kl_linear"]
+__all__ = [
+    "DISTILL_LOSSES",
+    "FULL_VOCAB_LOSSES",
+    "check_losses",
+    "masked_cross_entropy",
+    "teacher_topk",
+    "topk_reverse_kl",
+    "topk_reverse_kl_linear",
+]
 
 # Names a DistillModule accepts in ``losses``; the full-vocabulary ones need teacher logits over the
 # *student's* vocabulary, i.e. an identical tokenizer.
-DISTILL_LOSSES: tuple[str, ...] = ("reverse_kl_sampled", "reverse_kl_full", "topk_reverse_kl", "forward_kl", "jsd",
-                                   "sft_on_success")
+DISTILL_LOSSES: tuple[str, ...] = (
+    "reverse_kl_sampled",
+    "reverse_kl_full",
+    "topk_reverse_kl",
+    "forward_kl",
+    "jsd",
+    "sft_on_success",
+)
 FULL_VOCAB_LOSSES: tuple[str, ...] = ("reverse_kl_full", "topk_reverse_kl", "forward_kl", "jsd")
 
 
 def check_losses(losses: dict[str, float]) -> dict[str, float]:
     """Validate a ``{name: coefficient}`` table: known names, finite coefficients >= 0, at least one term."""
     if not isinstance(losses, dict) or not losses:
-        raise ValueError(f"losses must be a non-empty mapping name -> coefficient; valid names: "
-                         f"{', '.join(DISTILL_LOSSES)}")
+        raise ValueError(
+            f"losses must be a non-empty mapping name -> coefficient; valid names: "
+            f"{', '.join(DISTILL_LOSSES)}"
+        )
     out = {}
     for name, coef in losses.items():
         if name not in DISTILL_LOSSES:
@@ -55,8 +71,9 @@ def _tail_logprob(logp: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def teacher_topk(
+    teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The teacher's k most likely tokens per position, their log-probs, and the tail bucket's log-prob.
 
     ``q = softmax(teacher_logits / τ)``; ``tail = log(1 − Σ_{v∈K} q_v)`` (−inf when the top-k hold all the mass).
@@ -69,13 +86,17 @@ def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
     """
     from lit_rl.core.fused_logprobs import Projection, linear_chunk_rows
 
-    if isinstance(teacher_logits, Projection):  # chunk by chunk through the teacher's LM head: never (B, T, V)
+    if isinstance(
+        teacher_logits, Projection
+    ):  # chunk by chunk through the teacher's LM head: never (B, T, V)
         proj = teacher_logits
         B, T = proj.hidden.shape[:2]
         dev = proj.hidden.device
         rows = linear_chunk_rows(proj.vocab_size)
-        parts = [teacher_topk(proj.rows(slice(s, s + rows), dev)[None], k, temperature)
-                 for s in range(0, B * T, rows)]
+        parts = [
+            teacher_topk(proj.rows(slice(s, s + rows), dev)[None], k, temperature)
+            for s in range(0, B * T, rows)
+        ]
         out = [torch.cat([p[j][0] for p in parts]).reshape(B, T, *parts[0][j].shape[2:]) for j in range(3)]
         return out[0], out[1], out[2]
     V = teacher_logits.shape[-1]
@@ -90,20 +111,30 @@ def teacher_topk(teacher_logits: torch.Tensor, k: int, temperature: float = 1.0
     return vals, ids, tail
 
 
-def _check_topk_args(topk_logprobs, topk_ids, tail_logprob, mask, temperature: float, B: int, T: int) -> float:
+def _check_topk_args(
+    topk_logprobs, topk_ids, tail_logprob, mask, temperature: float, B: int, T: int
+) -> float:
     """Shape checks shared by both top-k reverse-KL entry points; returns the checked temperature."""
     if topk_ids.shape != topk_logprobs.shape or topk_ids.shape[:2] != (B, T):
-        raise ValueError(f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
-                         f"(B, T, k) with (B, T) = {(B, T)}")
+        raise ValueError(
+            f"topk_ids {tuple(topk_ids.shape)} / topk_logprobs {tuple(topk_logprobs.shape)} must be "
+            f"(B, T, k) with (B, T) = {(B, T)}"
+        )
     if tail_logprob.shape != (B, T):
         raise ValueError(f"tail_logprob shape {tuple(tail_logprob.shape)} != (B, T) = {(B, T)}")
     _check_mask(mask, (B, T))
     return _check_temperature(temperature)
 
 
-def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor,
-                    tail_logprob: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0,
-                    chunk_size: int | None = None) -> torch.Tensor:
+def topk_reverse_kl(
+    student_logits: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    topk_ids: torch.Tensor,
+    tail_logprob: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """Reverse KL between student and teacher collapsed onto the teacher's top-k tokens + one tail bucket.
 
     With K the teacher's top-k set at a position, ``p_tail = 1 − Σ_{v∈K} p_v`` and ``q_tail`` likewise:
@@ -133,13 +164,13 @@ def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, t
     step = chunk_size or B
     out = []
     for s in range(0, B, step):
-        lp = torch.log_softmax(student_logits[s:s + step].to(cdt) / t, dim=-1)  # (r, T, V)
+        lp = torch.log_softmax(student_logits[s : s + step].to(cdt) / t, dim=-1)  # (r, T, V)
         r = lp.shape[0]
-        ids = topk_ids[s:s + step].to(lp.device).long()  # (r, T, k)
+        ids = topk_ids[s : s + step].to(lp.device).long()  # (r, T, k)
         lp_k = lp.gather(-1, ids)  # (r, T, k)
         lp_tail = _tail_logprob(lp.reshape(r * T, V), ids.reshape(r * T, k)).reshape(r, T)  # (r, T)
-        lq_k = topk_logprobs[s:s + step].to(lp)
-        lq_tail = tail_logprob[s:s + step].to(lp)
+        lq_k = topk_logprobs[s : s + step].to(lp)
+        lq_tail = tail_logprob[s : s + step].to(lp)
         zero = torch.zeros((), dtype=cdt, device=lp.device)
         # 0·log 0 = 0 for buckets without student mass (e.g. the tail when k = V: both logs are -inf).
         kl_k = (lp_k.exp() * torch.where(lp_k.exp() > 0, lp_k - lq_k, zero)).sum(-1)  # (r, T)
@@ -152,8 +183,9 @@ def topk_reverse_kl(student_logits: torch.Tensor, topk_logprobs: torch.Tensor, t
     return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))
 
 
-def _topk_kl_rows(a: torch.Tensor, lq_k: torch.Tensor, ids: torch.Tensor, lq_tail: torch.Tensor,
-                  temperature: float) -> torch.Tensor:
+def _topk_kl_rows(
+    a: torch.Tensor, lq_k: torch.Tensor, ids: torch.Tensor, lq_tail: torch.Tensor, temperature: float
+) -> torch.Tensor:
     """KL_k of :func:`topk_reverse_kl` for each row of an (r, V) block of student logits ``a``, with the teacher's
     (r, k) top-k log-probs / ids and (r,) tail log-prob. Returns (r,) in fp32 (fp64 for fp64 logits)."""
     cdt = _compute_dtype(a.dtype)
@@ -167,9 +199,15 @@ def _topk_kl_rows(a: torch.Tensor, lq_k: torch.Tensor, ids: torch.Tensor, lq_tai
     return kl_k + p_tail * torch.where(p_tail > 0, lp_tail - lq_tail.to(cdt), zero)
 
 
-def topk_reverse_kl_linear(student, topk_logprobs: torch.Tensor, topk_ids: torch.Tensor, tail_logprob: torch.Tensor,
-                           mask: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
-                           ) -> torch.Tensor:
+def topk_reverse_kl_linear(
+    student,
+    topk_logprobs: torch.Tensor,
+    topk_ids: torch.Tensor,
+    tail_logprob: torch.Tensor,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """:func:`topk_reverse_kl` with the student's logits given as a ``core.fused_logprobs.Projection`` (hidden
     (B, T, H) + LM head): computed chunk by chunk through the head, recomputed in backward, never (B, T, V).
     Same shapes, values and gradients (w.r.t. hidden, weight, bias) as the materialised function."""
@@ -177,8 +215,12 @@ def topk_reverse_kl_linear(student, topk_logprobs: torch.Tensor, topk_ids: torch
 
     B, T = student.hidden.shape[:2]
     t = _check_topk_args(topk_logprobs, topk_ids, tail_logprob, mask, temperature, B, T)
-    kl = linear_rowwise(lambda a, lq, ids, tail: _topk_kl_rows(a, lq, ids, tail, t), student,
-                        [topk_logprobs, topk_ids, tail_logprob], chunk_size)
+    kl = linear_rowwise(
+        lambda a, lq, ids, tail: _topk_kl_rows(a, lq, ids, tail, t),
+        student,
+        [topk_logprobs, topk_ids, tail_logprob],
+        chunk_size,
+    )
     m = mask.to(kl.device)
     _raise_if_nonfinite(kl.detach(), "topk_reverse_kl", m)
     return torch.where(m, kl, torch.zeros((), dtype=kl.dtype, device=kl.device))

@@ -22,6 +22,7 @@ For low-precision weights, the weight gradient is accumulated over chunks in fp3
 
 Shapes: B rows, T positions, H hidden size, V vocabulary, r rows per chunk.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -33,8 +34,14 @@ from torch.autograd.function import once_differentiable
 
 from lit_rl.core.logprobs import _check_mask, _check_temperature, _compute_dtype, _raise_if_nonfinite
 
-__all__ = ["LINEAR_CHUNK_BYTES", "Projection", "linear_chunk_rows", "linear_divergence", "linear_logprobs",
-           "linear_rowwise"]
+__all__ = [
+    "LINEAR_CHUNK_BYTES",
+    "Projection",
+    "linear_chunk_rows",
+    "linear_divergence",
+    "linear_logprobs",
+    "linear_rowwise",
+]
 
 # Bytes of one fp32 (rows, V) logits chunk. Larger than core.logprobs' CPU budget on purpose: each chunk
 # reads the whole (V, H) weight once, so small chunks make the matmul memory-bound on the weight.
@@ -68,11 +75,13 @@ class Projection:
         if self.hidden.dim() != 3:
             raise ValueError(f"Projection.hidden must be (B, T, H), got shape {tuple(self.hidden.shape)}")
         if self.weight.dim() != 2 or self.weight.shape[1] != self.hidden.shape[-1]:
-            raise ValueError(f"Projection.weight must be (V, H={self.hidden.shape[-1]}), got "
-                             f"{tuple(self.weight.shape)}")
+            raise ValueError(
+                f"Projection.weight must be (V, H={self.hidden.shape[-1]}), got {tuple(self.weight.shape)}"
+            )
         if self.bias is not None and self.bias.shape != self.weight.shape[:1]:
-            raise ValueError(f"Projection.bias must be (V,) = {tuple(self.weight.shape[:1])}, got "
-                             f"{tuple(self.bias.shape)}")
+            raise ValueError(
+                f"Projection.bias must be (V,) = {tuple(self.weight.shape[:1])}, got {tuple(self.bias.shape)}"
+            )
 
     @property
     def vocab_size(self) -> int:
@@ -111,10 +120,13 @@ def _new_grads(ctx, h, weight, bias) -> dict:
     acc = torch.float64 if weight.dtype == torch.float64 else torch.float32  # fp32 sum over chunks for bf16
     need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
     need_b = bias is not None and ctx.needs_input_grad[2]
-    return {"h": torch.empty((h.shape[0] * h.shape[1], h.shape[2]), dtype=h.dtype, device=h.device)
-            if need_h else None,  # (B·T, H)
-            "w": torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None,
-            "b": torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None}
+    return {
+        "h": torch.empty((h.shape[0] * h.shape[1], h.shape[2]), dtype=h.dtype, device=h.device)
+        if need_h
+        else None,  # (B·T, H)
+        "w": torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None,
+        "b": torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None,
+    }
 
 
 def _finish(grads, h_shape, weight, bias, zero=False):
@@ -204,14 +216,19 @@ class _LinearLogprobs(torch.autograd.Function):
         c_lp = g_lp / t  # (N,)
         if g_ent is not None and ctx.with_entropy:
             g_ent = g_ent.reshape(-1).to(cdt)
-            c_plogp, c_p = -g_ent / t, -(g_ent * ent + g_lp) / t  # gz = c_plogp·p log p + c_p·p (+ onehot term)
+            c_plogp, c_p = (
+                -g_ent / t,
+                -(g_ent * ent + g_lp) / t,
+            )  # gz = c_plogp·p log p + c_p·p (+ onehot term)
         else:
             c_plogp, c_p = None, -c_lp
         buf = torch.empty((min(ctx.rows, N), V), dtype=cdt, device=hf.device)  # (r, V), reused per chunk
         pb = torch.empty_like(buf) if c_plogp is not None else None  # (r, V) p
         for s in range(0, N, ctx.rows):
             i = slice(s, s + ctx.rows)
-            gz = _chunk_logits(hf[i], weight, bias, cdt, buf)  # (r, V) logits, turned into their gradient in place
+            gz = _chunk_logits(
+                hf[i], weight, bias, cdt, buf
+            )  # (r, V) logits, turned into their gradient in place
             if t != 1.0:
                 gz.div_(t)
             gz.sub_(lse[i].unsqueeze(-1))  # log p
@@ -227,9 +244,16 @@ class _LinearLogprobs(torch.autograd.Function):
         return (*_finish(grads, hidden.shape, weight, bias), None, None, None, None)
 
 
-def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch.Tensor,
-                    bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int | None = None,
-                    entropy: bool = True, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def linear_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    token_ids: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    entropy: bool = True,
+    mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probability of each token and the entropy at each position under softmax((h Wᵀ + b) / τ).
 
     Equal (values and gradients w.r.t. hidden, weight, bias) to ``token_logprobs`` / ``entropy_from_logits``
@@ -251,26 +275,40 @@ def linear_logprobs(hidden: torch.Tensor, weight: torch.Tensor, token_ids: torch
     """
     if mask is not None:
         if mask.shape != hidden.shape[:2]:
-            raise ValueError(f"mask shape {tuple(mask.shape)} must equal hidden.shape[:2] = {tuple(hidden.shape[:2])}")
+            raise ValueError(
+                f"mask shape {tuple(mask.shape)} must equal hidden.shape[:2] = {tuple(hidden.shape[:2])}"
+            )
         B, T, H = hidden.shape
         keep = mask.reshape(-1).to(hidden.device).nonzero().squeeze(1)  # (N,) flat positions computed
-        lp, ent = linear_logprobs(hidden.reshape(B * T, H).index_select(0, keep)[None], weight,
-                                  token_ids.reshape(-1).to(keep.device).index_select(0, keep)[None], bias,
-                                  temperature, chunk_size, entropy)
+        lp, ent = linear_logprobs(
+            hidden.reshape(B * T, H).index_select(0, keep)[None],
+            weight,
+            token_ids.reshape(-1).to(keep.device).index_select(0, keep)[None],
+            bias,
+            temperature,
+            chunk_size,
+            entropy,
+        )
         zeros = lp.new_zeros(B * T)
         return zeros.index_copy(0, keep, lp[0]).view(B, T), zeros.index_copy(0, keep, ent[0]).view(B, T)
     proj = Projection(hidden, weight, bias)  # validates shapes
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise TypeError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
     if token_ids.shape != hidden.shape[:2]:
-        raise ValueError(f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:2] = "
-                         f"{tuple(hidden.shape[:2])}")
+        raise ValueError(
+            f"token_ids shape {tuple(token_ids.shape)} must equal hidden.shape[:2] = "
+            f"{tuple(hidden.shape[:2])}"
+        )
     V = proj.vocab_size
     if token_ids.numel() and (int(token_ids.min()) < 0 or int(token_ids.max()) >= V):
-        raise ValueError(f"token_ids must lie in [0, {V}); got min {int(token_ids.min())}, max {int(token_ids.max())}")
+        raise ValueError(
+            f"token_ids must lie in [0, {V}); got min {int(token_ids.min())}, max {int(token_ids.max())}"
+        )
     t = _check_temperature(temperature)
     rows = linear_chunk_rows(V, chunk_size)
-    lp, ent = _LinearLogprobs.apply(hidden, weight, bias, token_ids.long().to(hidden.device), rows, t, entropy)
+    lp, ent = _LinearLogprobs.apply(
+        hidden, weight, bias, token_ids.long().to(hidden.device), rows, t, entropy
+    )
     _raise_if_nonfinite(lp.detach(), "linear_logprobs")
     return lp, ent
 
@@ -326,8 +364,9 @@ class _LinearRowwise(torch.autograd.Function):
         return (*_finish(grads, hidden.shape, weight, bias), None, None, None)
 
 
-def linear_rowwise(fn: Callable[..., torch.Tensor], student: Projection, others: Sequence = (),
-                   chunk_size: int | None = None) -> torch.Tensor:
+def linear_rowwise(
+    fn: Callable[..., torch.Tensor], student: Projection, others: Sequence = (), chunk_size: int | None = None
+) -> torch.Tensor:
     """Apply ``fn(student_logits_rows, *other_rows) -> (r,)`` chunk by chunk over the flattened rows, where the
     student logits are ``student``'s projection (differentiable w.r.t. its hidden, weight and bias, recomputed
     in backward) and each of ``others`` is a frozen Projection (e.g. a teacher's hidden + head: its logits are
@@ -342,16 +381,29 @@ def linear_rowwise(fn: Callable[..., torch.Tensor], student: Projection, others:
         if tuple(shape) != (B, T):
             raise ValueError(f"others[{k}] covers {tuple(shape)} positions, the student (B, T) = {(B, T)}")
         if isinstance(o, Projection) and o.vocab_size != student.vocab_size:
-            raise ValueError(f"others[{k}] has {o.vocab_size} logits per position, the student {student.vocab_size}: "
-                             "full-vocabulary divergences need identical vocabularies")
-    others = tuple(Projection(o.hidden.detach(), o.weight.detach(), None if o.bias is None else o.bias.detach())
-                   if isinstance(o, Projection) else o.detach() for o in others)
+            raise ValueError(
+                f"others[{k}] has {o.vocab_size} logits per position, the student {student.vocab_size}: "
+                "full-vocabulary divergences need identical vocabularies"
+            )
+    others = tuple(
+        Projection(o.hidden.detach(), o.weight.detach(), None if o.bias is None else o.bias.detach())
+        if isinstance(o, Projection)
+        else o.detach()
+        for o in others
+    )
     rows = linear_chunk_rows(student.vocab_size, chunk_size)
     return _LinearRowwise.apply(student.hidden, student.weight, student.bias, fn, rows, others)
 
 
-def linear_divergence(kind: str, student: Projection, teacher, mask: torch.Tensor, temperature: float = 1.0,
-                      beta: float = 0.5, chunk_size: int | None = None) -> torch.Tensor:
+def linear_divergence(
+    kind: str,
+    student: Projection,
+    teacher,
+    mask: torch.Tensor,
+    temperature: float = 1.0,
+    beta: float = 0.5,
+    chunk_size: int | None = None,
+) -> torch.Tensor:
     """Full-vocabulary divergence per position between the student's projected logits and a teacher (a frozen
     Projection or (B, T, V) logits), same values and gradients as ``core.kl`` on materialised logits.
 

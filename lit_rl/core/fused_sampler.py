@@ -19,6 +19,7 @@ Greedy (temperature 0): T = 1 and nothing is removed, only the penalty applies.
 
 Shapes: N selected positions, H hidden size, V vocabulary, r rows per chunk.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,10 +55,14 @@ def _threshold(x: Tensor, pr: LogitProcessing, ex: Tensor) -> Tensor:
     if 0 < pr.top_k < x.shape[-1]:
         tau = torch.maximum(tau, x.topk(pr.top_k, dim=-1).values[:, -1])
     if pr.top_p < 1:
-        log_mass = torch.log((ex * (x >= tau[:, None])).sum(-1, keepdim=True))  # (r, 1) of the set left so far
+        log_mass = torch.log(
+            (ex * (x >= tau[:, None])).sum(-1, keepdim=True)
+        )  # (r, 1) of the set left so far
         k0 = min(x.shape[-1], pr.top_k if pr.top_k > 0 else TOP_P_CANDIDATES)
         vals = x.topk(k0, dim=-1).values  # (r, k0) descending
-        short = torch.exp(vals - log_mass).sum(-1) < pr.top_p  # candidates hold too little: sort the whole row
+        short = (
+            torch.exp(vals - log_mass).sum(-1) < pr.top_p
+        )  # candidates hold too little: sort the whole row
         if bool(short.any()):
             vals = torch.cat([vals, vals.new_full((x.shape[0], x.shape[1] - k0), -math.inf)], -1)
             vals[short] = x[short].sort(-1, descending=True).values
@@ -69,8 +74,17 @@ def _threshold(x: Tensor, pr: LogitProcessing, ex: Tensor) -> Tensor:
     return tau
 
 
-def _shifted(h: Tensor, weight: Tensor, bias: Tensor | None, cdt: torch.dtype, buf: Tensor, t: float,
-             m: Tensor | None, clamp: bool, out_max: Tensor | None = None) -> Tensor:
+def _shifted(
+    h: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cdt: torch.dtype,
+    buf: Tensor,
+    t: float,
+    m: Tensor | None,
+    clamp: bool,
+    out_max: Tensor | None = None,
+) -> Tensor:
     """(r, V) y = z/T − max z/T of one chunk, in ``buf`` (``m`` given: subtract it, the forward's, so the backward
     recomputes the same bits; else the row max is taken and written to ``out_max``)."""
     y = _chunk_logits(h, weight, bias, cdt, buf)
@@ -107,11 +121,13 @@ class _LinearLogprobsSampler(torch.autograd.Function):
         N, V = hidden.shape[0], weight.shape[0]
         cdt = torch.float64 if weight.dtype == torch.float64 else torch.float32
         t = pr.logprob_temperature
-        lp, ent, lps, mx, log_s, tau, log_sk = (torch.zeros(N, dtype=cdt, device=hidden.device) for _ in range(7))
+        lp, ent, lps, mx, log_s, tau, log_sk = (
+            torch.zeros(N, dtype=cdt, device=hidden.device) for _ in range(7)
+        )
         buf = torch.empty((min(rows, N), V), dtype=cdt, device=hidden.device)
         clamp = bias is not None and not bool(torch.isfinite(bias).all())
         for s in range(0, N, rows):
-            j, a = slice(s, s + rows), ids[s: s + rows, None]
+            j, a = slice(s, s + rows), ids[s : s + rows, None]
             y = _shifted(hidden[j], weight, bias, cdt, buf, t, None, clamp, mx[j])  # (r, V) z/T − max
             e = torch.exp(y)
             S = e.sum(-1)
@@ -150,7 +166,7 @@ class _LinearLogprobsSampler(torch.autograd.Function):
         g_s = zero if g_s is None else g_s.to(cdt)
         buf = torch.empty((min(ctx.rows, N), V), dtype=cdt, device=hidden.device)
         for s in range(0, N, ctx.rows):
-            j, a = slice(s, s + ctx.rows), ids[s: s + ctx.rows, None]
+            j, a = slice(s, s + ctx.rows), ids[s : s + ctx.rows, None]
             y = _shifted(hidden[j], weight, bias, cdt, buf, t, mx[j, None], ctx.clamp)  # as in forward
             logp = y - log_s[j, None]
             p = torch.exp(logp)
@@ -167,7 +183,9 @@ class _LinearLogprobsSampler(torch.autograd.Function):
             if pr.truncates:
                 ps.masked_fill_(~(x >= tau[j, None]).scatter_(-1, a, True), 0.0)  # 0 off K
             gs = ps.mul_(-g_s[j, None]).scatter_add_(-1, a, g_s[j, None])  # g_s (onehot − π^s), w.r.t. x
-            if idx is not None:  # d x / d(z/T): the penalty's factor at the history entries (one value per token)
+            if (
+                idx is not None
+            ):  # d x / d(z/T): the penalty's factor at the history entries (one value per token)
                 gs.scatter_(1, idx, gs.gather(1, idx) * factor)
             gz.add_(gs)
             if t != 1.0:
@@ -177,10 +195,17 @@ class _LinearLogprobsSampler(torch.autograd.Function):
         return (None if gh is None else gh[0]), gw, gb, None, None, None, None, None, None, None
 
 
-def linear_logprobs_and_sampler(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
-                                mask: Tensor, bias: Tensor | None = None, history: History | None = None,
-                                chunk_size: int | None = None, entropy: bool = True
-                                ) -> tuple[Tensor, Tensor, Tensor]:
+def linear_logprobs_and_sampler(
+    hidden: Tensor,
+    weight: Tensor,
+    token_ids: Tensor,
+    processing: LogitProcessing,
+    mask: Tensor,
+    bias: Tensor | None = None,
+    history: History | None = None,
+    chunk_size: int | None = None,
+    entropy: bool = True,
+) -> tuple[Tensor, Tensor, Tensor]:
     """(log π(y_t), H(π)(t), log π^s(y_t)) from hidden states through the LM head in one chunked pass: the model's
     full softmax(z / T) log-probs and entropy (what ``core.fused_logprobs.linear_logprobs`` returns) and the
     sampler's (``core.processed``), all differentiable, without (B, T, V) logits. The projection runs on the
@@ -191,20 +216,40 @@ def linear_logprobs_and_sampler(hidden: Tensor, weight: Tensor, token_ids: Tenso
     float64 weights). ``entropy=False``: the second output is zeros.
     """
     if processing.repetition_penalty != 1 and history is None:
-        raise ValueError("linear_logprobs_and_sampler: repetition_penalty needs the token history (History.of)")
+        raise ValueError(
+            "linear_logprobs_and_sampler: repetition_penalty needs the token history (History.of)"
+        )
     B, T, H = hidden.shape
     keep = mask.reshape(-1).to(hidden.device).nonzero().squeeze(1)  # (N,) flat positions computed
     rows, pos = keep // T, keep % T
     h = hidden.reshape(B * T, H).index_select(0, keep)  # (N, H)
     ids = token_ids.reshape(-1).to(hidden.device).long().index_select(0, keep)  # (N,)
-    outs = _LinearLogprobsSampler.apply(h, weight, bias, ids, rows, pos, processing, history,
-                                        linear_chunk_rows(weight.shape[0], chunk_size), entropy)
+    outs = _LinearLogprobsSampler.apply(
+        h,
+        weight,
+        bias,
+        ids,
+        rows,
+        pos,
+        processing,
+        history,
+        linear_chunk_rows(weight.shape[0], chunk_size),
+        entropy,
+    )
     return tuple(o.new_zeros(B * T).index_copy(0, keep, o).view(B, T) for o in outs)
 
 
-def linear_sampler_logprobs(hidden: Tensor, weight: Tensor, token_ids: Tensor, processing: LogitProcessing,
-                            mask: Tensor, bias: Tensor | None = None, history: History | None = None,
-                            chunk_size: int | None = None) -> Tensor:
+def linear_sampler_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    token_ids: Tensor,
+    processing: LogitProcessing,
+    mask: Tensor,
+    bias: Tensor | None = None,
+    history: History | None = None,
+    chunk_size: int | None = None,
+) -> Tensor:
     """log π^s(y_t) (B, T) alone (``linear_logprobs_and_sampler``'s third output)."""
-    return linear_logprobs_and_sampler(hidden, weight, token_ids, processing, mask, bias, history, chunk_size,
-                                       entropy=False)[2]
+    return linear_logprobs_and_sampler(
+        hidden, weight, token_ids, processing, mask, bias, history, chunk_size, entropy=False
+    )[2]

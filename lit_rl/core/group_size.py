@@ -1,5 +1,6 @@
 """Which ``group_size`` values can train, for a given advantage estimator. Kept free of torch so that
 ``lit-rl fit`` can refuse a bad value before importing torch or Lightning (``lit_rl/cli/precheck.py``)."""
+
 from __future__ import annotations
 
 # Estimators whose baseline is the prompt's own group: with one completion per prompt every advantage is 0,
@@ -17,4 +18,5 @@ def check_group_size(advantage: str | None, group_size: int, rl_coef: float | No
         raise ValueError(
             f"rollout.group_size=1 with model.advantage={advantage!r}: a group-relative advantage compares the "
             "completions of one prompt, so with one each its advantage, loss and gradient are 0 at every step; "
-            "allowed: group_size >= 2, or an advantage with another baseline (reinforce, gae)")
+            "allowed: group_size >= 2, or an advantage with another baseline (reinforce, gae)"
+        )

@@ -1,4 +1,5 @@
 """Per-group reward statistics shared by the group-baseline advantage estimators (grpo, dr_grpo, rloo)."""
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,11 @@ def group_stats(scores: Tensor, valid: Tensor, group_ids: Tensor | None) -> Grou
     std = (sq / (count - 1).clamp_min(1)).sqrt()
     inf = torch.full((), math.inf, dtype=dt, device=dev)
     hi = torch.full((n_groups,), -math.inf, dtype=dt, device=dev).scatter_reduce(
-        0, inverse, torch.where(valid, scores, -inf), reduce="amax")
+        0, inverse, torch.where(valid, scores, -inf), reduce="amax"
+    )
     lo = torch.full((n_groups,), math.inf, dtype=dt, device=dev).scatter_reduce(
-        0, inverse, torch.where(valid, scores, inf), reduce="amin")
+        0, inverse, torch.where(valid, scores, inf), reduce="amin"
+    )
     singleton = count == 1
     zero_std = (count >= 2) & (hi == lo)
     n_zero = zero_std.sum().to(dt)  # float metrics in the working dtype (int / int would be float32)

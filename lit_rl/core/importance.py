@@ -11,6 +11,7 @@ exp of the largest log-ratio in float64 and is reported as ``inf`` beyond float6
 NaN. All metric fractions are over the entries that count (masked tokens, or rows with at least one masked token
 for sequence-level weights); with no such entry every metric is 0.0.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,7 +61,9 @@ def _check_log_ratio(log_ratio: Tensor, mask: Tensor | None) -> Tensor:
         got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
         raise TypeError(f"mask must be a torch.bool tensor, got {got}")
     elif mask.shape != log_ratio.shape:
-        raise ValueError(f"mask has shape {tuple(mask.shape)} but log_ratio has shape {tuple(log_ratio.shape)}")
+        raise ValueError(
+            f"mask has shape {tuple(mask.shape)} but log_ratio has shape {tuple(log_ratio.shape)}"
+        )
     # +-inf is meaningful (weight inf -> truncated/dropped, weight 0); NaN has no meaning and would spread.
     if bool(torch.isnan(log_ratio.detach()[mask]).any()):
         raise ValueError("log_ratio holds NaN on entries that count")
@@ -107,7 +110,9 @@ def sequence_log_ratio(
     return total / mask.sum(dim=-1).clamp(min=1).to(total.dtype)
 
 
-def truncated_weights(log_ratio: Tensor, cap: float, mask: Tensor | None = None) -> tuple[Tensor, dict[str, float]]:
+def truncated_weights(
+    log_ratio: Tensor, cap: float, mask: Tensor | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """Truncated importance sampling (TIS): w = min(exp(log_ratio), cap), detached.
 
     Truncation as in IMPALA's V-trace (arXiv 1802.01561) and, for the rollout/trainer mismatch, Yao et al. 2025,
@@ -185,7 +190,9 @@ def k3_mismatch_kl(logprobs: Tensor, behavior_logprobs: Tensor, mask: Tensor) ->
         lr = token_log_ratio(logprobs, behavior_logprobs, mask).double()[mask]
         if lr.numel() == 0:
             return 0.0
-        return float((torch.expm1(lr) - lr).mean())  # expm1: exact for rho close to 1, where the mismatch lives
+        return float(
+            (torch.expm1(lr) - lr).mean()
+        )  # expm1: exact for rho close to 1, where the mismatch lives
 
 
 def rollout_correction(
@@ -232,8 +239,10 @@ def rollout_correction(
     if mode == "mis":
         if low is None:
             if not cap > 1:
-                raise ValueError(f"mode='mis' with cap={cap} <= 1 has no default lower bound (1/cap >= cap); "
-                                 "use cap > 1 or pass low explicitly (0 = no lower bound)")
+                raise ValueError(
+                    f"mode='mis' with cap={cap} <= 1 has no default lower bound (1/cap >= cap); "
+                    "use cap > 1 or pass low explicitly (0 = no lower bound)"
+                )
             low = 1.0 / cap
         elif not 0 <= low < cap:
             raise ValueError(f"low must be in [0, cap={cap}) for mode='mis' (0 = no lower bound), got {low}")
@@ -242,7 +251,9 @@ def rollout_correction(
         if level == "token":
             lr, counted = tok_lr, mask
         else:
-            lr = sequence_log_ratio(logprobs, behavior_logprobs, mask, length_normalize=(level == "geometric"))
+            lr = sequence_log_ratio(
+                logprobs, behavior_logprobs, mask, length_normalize=(level == "geometric")
+            )
             counted = mask.any(dim=-1)  # (B,): rows that have tokens
         metrics = {"max_weight": 0.0, "clipped_frac": 0.0, "masked_frac": 0.0}
         if mode == "none":

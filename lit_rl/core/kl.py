@@ -11,6 +11,7 @@ Two situations call for a KL term in RL post-training:
 Convention throughout: ``p`` is the *student* (the policy being trained), ``q`` the teacher /
 reference. Shapes: B rows (completions), T tokens, V vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -202,9 +203,7 @@ def _check_pair(p_logits: torch.Tensor, q_logits: torch.Tensor, mask: torch.Tens
     _check_logits(p_logits, "p_logits")
     _check_logits(q_logits, "q_logits")
     if p_logits.shape != q_logits.shape:
-        raise ValueError(
-            f"p_logits shape {tuple(p_logits.shape)} != q_logits shape {tuple(q_logits.shape)}"
-        )
+        raise ValueError(f"p_logits shape {tuple(p_logits.shape)} != q_logits shape {tuple(q_logits.shape)}")
     _check_mask(mask, p_logits.shape[:2])
 
 

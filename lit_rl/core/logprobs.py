@@ -16,6 +16,7 @@ the rollout temperature here.
 
 Shapes: B rows (completions), T tokens, V vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -208,7 +209,11 @@ def token_logprobs(
     (NaN/+inf logits, or a token whose logit is -inf).
     """
     _check_logits(logits)
-    if not isinstance(token_ids, torch.Tensor) or token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+    if (
+        not isinstance(token_ids, torch.Tensor)
+        or token_ids.dtype.is_floating_point
+        or token_ids.dtype == torch.bool
+    ):
         got = token_ids.dtype if isinstance(token_ids, torch.Tensor) else type(token_ids).__name__
         raise TypeError(f"token_ids must be an integer tensor, got {got}")
     if token_ids.shape != logits.shape[:2]:
@@ -318,9 +323,11 @@ class _RowwiseRecompute(torch.autograd.Function):
         logits = ctx.saved_tensors
         need = ctx.needs_input_grad[2:]
         B, T, _ = logits[0].shape
-        grads = [torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(logits, need)]
+        grads = [
+            torch.empty(x.shape, dtype=x.dtype, device=x.device) if n else None for x, n in zip(logits, need)
+        ]
         flat, views = _layout(*logits, *[x for x in grads if x is not None])
-        views, it = views[: len(logits)], iter(views[len(logits):])
+        views, it = views[: len(logits)], iter(views[len(logits) :])
         gviews = [next(it) if x is not None else None for x in grads]
         g = _bt(grad_out, flat)
         for idx in _blocks(B, T, ctx.rows, flat):
@@ -359,6 +366,8 @@ def rowwise_chunked(
     for i, x in enumerate(logits):
         _check_logits(x, f"logits[{i}]")
         if x.shape != logits[0].shape:
-            raise ValueError(f"logits[{i}] shape {tuple(x.shape)} != logits[0] shape {tuple(logits[0].shape)}")
+            raise ValueError(
+                f"logits[{i}] shape {tuple(x.shape)} != logits[0] shape {tuple(logits[0].shape)}"
+            )
     rows = _check_chunk_size(chunk_size, logits[0].shape[-1], logits[0].device)
     return _RowwiseRecompute.apply(fn, rows, *logits)

@@ -16,6 +16,7 @@ declared here, next to the name, instead of guessed from the name (a reward comp
 Undeclared metrics are averaged. Declarations are exact names (``actor/ratio_max``); a producer of a new
 extreme declares it with ``METRICS.declare(Metric(name, reduce="max"))`` at import time.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,9 @@ class Metric:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Metric.name must be a non-empty string, got {self.name!r}")
         if self.reduce not in REDUCTIONS:
-            raise ValueError(f"Metric {self.name!r}: reduce={self.reduce!r}; valid values: {', '.join(REDUCTIONS)}")
+            raise ValueError(
+                f"Metric {self.name!r}: reduce={self.reduce!r}; valid values: {', '.join(REDUCTIONS)}"
+            )
 
 
 class MetricRegistry:
@@ -54,8 +57,9 @@ class MetricRegistry:
         """Add ``metric``; declaring a name again with another reduction is an error (one meaning per name)."""
         old = self._reduce.get(metric.name)
         if old is not None and old != metric.reduce:
-            raise ValueError(f"metric {metric.name!r} is already declared with reduce={old!r}, "
-                             f"not {metric.reduce!r}")
+            raise ValueError(
+                f"metric {metric.name!r} is already declared with reduce={old!r}, not {metric.reduce!r}"
+            )
         self._reduce[metric.name] = metric.reduce
         return metric
 
@@ -92,14 +96,21 @@ class MetricRegistry:
 
 
 # The extremes and counts among the metrics PolicyModule logs (everything else is a mean):
-METRICS = MetricRegistry([
-    Metric("actor/ratio_max", "max"), Metric("actor/ratio_min", "min"),  # core.policy_losses, per micro-batch
-    Metric("is/max_weight", "max"),  # core.importance.rollout_correction, per micro-batch
-    Metric("adv/max", "max"), Metric("adv/min", "min"),  # core.advantages, per rank
-    # rollout.stats (via rollout.build), per rank:
-    Metric("rollout/response_len_max", "max"), Metric("response_length/max", "max"),
-    Metric("rollout/response_len_min", "min"), Metric("response_length/min", "min"),
-    Metric("rollout/response_len_stopped_max", "max"), Metric("rollout/response_len_stopped_min", "min"),
-    Metric("async/staleness_max", "max"),  # callbacks.rollout (async), per rank
-    Metric("reward/none_rows", "sum"),  # rewards.pool: rows no reward applied to, over all ranks
-])
+METRICS = MetricRegistry(
+    [
+        Metric("actor/ratio_max", "max"),
+        Metric("actor/ratio_min", "min"),  # core.policy_losses, per micro-batch
+        Metric("is/max_weight", "max"),  # core.importance.rollout_correction, per micro-batch
+        Metric("adv/max", "max"),
+        Metric("adv/min", "min"),  # core.advantages, per rank
+        # rollout.stats (via rollout.build), per rank:
+        Metric("rollout/response_len_max", "max"),
+        Metric("response_length/max", "max"),
+        Metric("rollout/response_len_min", "min"),
+        Metric("response_length/min", "min"),
+        Metric("rollout/response_len_stopped_max", "max"),
+        Metric("rollout/response_len_stopped_min", "min"),
+        Metric("async/staleness_max", "max"),  # callbacks.rollout (async), per rank
+        Metric("reward/none_rows", "sum"),  # rewards.pool: rows no reward applied to, over all ranks
+    ]
+)

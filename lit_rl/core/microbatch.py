@@ -9,6 +9,7 @@ similar length and cutting at a token budget keeps every block near the budget.
 Pure index arithmetic: no torch, no Lightning. ``PolicyModule`` builds the micro-batches from these groups
 and pads the count across ranks (every rank must run the same number of forward/backward passes).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -21,8 +22,9 @@ def padded_tokens(prompt_lens: Sequence[int], completion_lens: Sequence[int], ro
     return len(rows) * (max(prompt_lens[i] for i in rows) + max(completion_lens[i] for i in rows))
 
 
-def token_budget_groups(prompt_lens: Sequence[int], completion_lens: Sequence[int], max_tokens: int,
-                        max_rows: int | None = None) -> list[list[int]]:
+def token_budget_groups(
+    prompt_lens: Sequence[int], completion_lens: Sequence[int], max_tokens: int, max_rows: int | None = None
+) -> list[list[int]]:
     """Partition rows into micro-batches whose padded area is at most ``max_tokens``.
 
     Rows are sorted longest first (p + c, ties by index so the plan is deterministic) and cut greedily: a
@@ -42,8 +44,9 @@ def token_budget_groups(prompt_lens: Sequence[int], completion_lens: Sequence[in
         of ``range(B)``.
     """
     if len(prompt_lens) != len(completion_lens):
-        raise ValueError(f"prompt_lens ({len(prompt_lens)}) and completion_lens ({len(completion_lens)}) differ "
-                         "in length")
+        raise ValueError(
+            f"prompt_lens ({len(prompt_lens)}) and completion_lens ({len(completion_lens)}) differ in length"
+        )
     if isinstance(max_tokens, bool) or int(max_tokens) != max_tokens or max_tokens < 1:
         raise ValueError(f"micro_batch_tokens must be a positive integer, got {max_tokens!r}")
     if max_rows is not None and max_rows < 1:

@@ -7,6 +7,7 @@ code (``@ADVANTAGES.register("mine")`` in a module loaded with ``lit-rl fit --im
 accepted; the registry checks it when the module is built. ``tests/test_cli_help.py`` keeps these lists
 equal to the registries and tuples they mirror.
 """
+
 from __future__ import annotations
 
 from typing import Literal

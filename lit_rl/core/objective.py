@@ -17,6 +17,7 @@ Metrics (no gradient, floats): ``is/*`` of the correction, ``actor/entropy`` (me
 ``rollout/logprob_mismatch_kl`` (k3 estimate of KL(μ‖π_θ)) and ``actor/*`` of the policy loss; how they
 combine over micro-batches is declared in ``core.metrics``. Pure tensor math: no model, no Lightning.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,23 +44,34 @@ class ObjectiveSettings(PolicyLossSettings):
     sapo_*, vespo_*), its aggregation and the engine-mismatch correction. One declaration each;
     ``PolicyModule`` takes them flat and validates them (``modules.config``)."""
 
-    policy_loss: PolicyLossName | str = setting("ppo_clip", "Per-token policy loss (core.policy_losses).",
-                                                choices=POLICY_LOSSES.names)
+    policy_loss: PolicyLossName | str = setting(
+        "ppo_clip", "Per-token policy loss (core.policy_losses).", choices=POLICY_LOSSES.names
+    )
     loss_agg: LossAgg = setting(
-        "token_mean", "How token losses combine: token_mean (DAPO), seq_mean_token_mean (GRPO), "
-        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO).", choices=AGG_MODES)
+        "token_mean",
+        "How token losses combine: token_mean (DAPO), seq_mean_token_mean (GRPO), "
+        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO).",
+        choices=AGG_MODES,
+    )
     loss_horizon: int | None = setting(
-        None, "The constant H seq_mean_token_sum_norm divides each row's token sum by; null = the "
-        "Experience's horizon (RolloutCallback: sampling.max_new_tokens); with neither, that mode raises.")
+        None,
+        "The constant H seq_mean_token_sum_norm divides each row's token sum by; null = the "
+        "Experience's horizon (RolloutCallback: sampling.max_new_tokens); with neither, that mode raises.",
+    )
     rollout_correction: CorrectionMode = setting(
-        "none", "Engine-vs-trainer mismatch correction (core.importance): tis truncates, mis masks the "
-        "ratio.", choices=CORRECTION_MODES)
-    correction_level: CorrectionLevel = setting("token", "Level of the mismatch ratio of rollout_correction.",
-                                                choices=CORRECTION_LEVELS)
+        "none",
+        "Engine-vs-trainer mismatch correction (core.importance): tis truncates, mis masks the ratio.",
+        choices=CORRECTION_MODES,
+    )
+    correction_level: CorrectionLevel = setting(
+        "token", "Level of the mismatch ratio of rollout_correction.", choices=CORRECTION_LEVELS
+    )
     correction_cap: float = setting(
-        2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top).")
+        2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top)."
+    )
     correction_low: float | None = setting(
-        None, "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap.")
+        None, "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap."
+    )
 
 
 @dataclass
@@ -90,7 +102,9 @@ class ObjectiveInputs:
     entropy: Tensor | None = None
 
 
-def policy_objective(inputs: ObjectiveInputs, settings: ObjectiveSettings) -> tuple[dict[str, Tensor], dict[str, float]]:
+def policy_objective(
+    inputs: ObjectiveInputs, settings: ObjectiveSettings
+) -> tuple[dict[str, Tensor], dict[str, float]]:
     """``({"policy": agg(L_t)}, metrics)`` for one micro-batch (see the module doc for the steps).
 
     Returns the loss part as a scalar tensor (differentiable through ``inputs.logprobs``) and a dict of floats.
@@ -100,15 +114,31 @@ def policy_objective(inputs: ObjectiveInputs, settings: ObjectiveSettings) -> tu
     old = x.old_logprobs if x.old_logprobs is not None else lp.detach()
     is_w, metrics = None, {}
     if s.rollout_correction != "none" and x.rollout_logprobs is not None:
-        w, keep, cm = rollout_correction(old, x.rollout_logprobs, mask, s.rollout_correction, s.correction_level,
-                                         s.correction_cap, s.correction_low)
+        w, keep, cm = rollout_correction(
+            old,
+            x.rollout_logprobs,
+            mask,
+            s.rollout_correction,
+            s.correction_level,
+            s.correction_cap,
+            s.correction_low,
+        )
         is_w = w * keep
         metrics.update({f"is/{k}": v for k, v in cm.items()})
     if x.is_weights is not None:
         is_w = x.is_weights if is_w is None else is_w * x.is_weights
-    per_token, pm = compute_policy_loss(s.policy_loss, PolicyLossInputs(
-        logprobs=lp, old_logprobs=old, advantages=x.advantages, mask=mask, rollout_logprobs=None, is_weights=is_w,
-        **loss_settings(s)))
+    per_token, pm = compute_policy_loss(
+        s.policy_loss,
+        PolicyLossInputs(
+            logprobs=lp,
+            old_logprobs=old,
+            advantages=x.advantages,
+            mask=mask,
+            rollout_logprobs=None,
+            is_weights=is_w,
+            **loss_settings(s),
+        ),
+    )
     policy = aggregate(per_token, mask, s.loss_agg, x.horizon, num_tokens=x.num_tokens, num_seqs=x.num_seqs)
     with torch.no_grad():
         if mask.any():

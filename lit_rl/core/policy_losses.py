@@ -23,6 +23,7 @@ changes; outside it the only affected case with a non-negligible effect is A < 0
 where the unclamped PPO loss is unbounded anyway. The ratio metrics use the unclamped log-ratio in float64 and can
 report ``inf``, never NaN.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,12 +45,22 @@ _LOG_RATIO_CLAMP = 20.0
 # value it takes when the setting is None, the lowest value allowed, whether the lowest value itself is
 # allowed). Every other loss refuses a field that is set.
 LOSS_PARAMS: dict[str, tuple[str, float, float, bool]] = {
-    "sapo_tau_pos": ("sapo", 1.0, 0.0, False), "sapo_tau_neg": ("sapo", 1.05, 0.0, False),
-    "vespo_k_pos": ("vespo", 2.0, 0.0, True), "vespo_lambda_pos": ("vespo", 3.0, 0.0, False),
-    "vespo_k_neg": ("vespo", 3.0, 0.0, True), "vespo_lambda_neg": ("vespo", 2.0, 0.0, False),
+    "sapo_tau_pos": ("sapo", 1.0, 0.0, False),
+    "sapo_tau_neg": ("sapo", 1.05, 0.0, False),
+    "vespo_k_pos": ("vespo", 2.0, 0.0, True),
+    "vespo_lambda_pos": ("vespo", 3.0, 0.0, False),
+    "vespo_k_neg": ("vespo", 3.0, 0.0, True),
+    "vespo_lambda_neg": ("vespo", 2.0, 0.0, False),
 }
 _METRIC_KEYS = (
-    "clipfrac_low", "clipfrac_high", "clipfrac", "dual_clipfrac", "ratio_min", "ratio_mean", "ratio_max", "approx_kl",
+    "clipfrac_low",
+    "clipfrac_high",
+    "clipfrac",
+    "dual_clipfrac",
+    "ratio_min",
+    "ratio_mean",
+    "ratio_max",
+    "approx_kl",
 )
 
 
@@ -68,20 +79,26 @@ class PolicyLossSettings:
     clip_high: float = setting(0.2, "Upper ratio clip: r <= 1 + clip_high (> clip_low = DAPO clip-higher).")
     dual_clip: float | None = setting(None, "c > 1 of dual-clip PPO (A < 0 loss capped at -c*A); null = off.")
     sapo_tau_pos: float | None = setting(
-        None, "policy_loss sapo: gate temperature for A > 0; null = the paper's 1.0 (TRL "
-        "sapo_temperature_pos).")
+        None,
+        "policy_loss sapo: gate temperature for A > 0; null = the paper's 1.0 (TRL sapo_temperature_pos).",
+    )
     sapo_tau_neg: float | None = setting(
-        None, "policy_loss sapo: gate temperature for A <= 0; null = the paper's 1.05 (TRL "
-        "sapo_temperature_neg).")
+        None,
+        "policy_loss sapo: gate temperature for A <= 0; null = the paper's 1.05 (TRL sapo_temperature_neg).",
+    )
     vespo_k_pos: float | None = setting(
-        None, "policy_loss vespo: Gamma-weight shape k of the sequence ratio for A >= 0; null = the paper's "
-        "2.")
+        None,
+        "policy_loss vespo: Gamma-weight shape k of the sequence ratio for A >= 0; null = the paper's 2.",
+    )
     vespo_lambda_pos: float | None = setting(
-        None, "policy_loss vespo: Gamma-weight rate lambda for A >= 0; null = the paper's 3.")
+        None, "policy_loss vespo: Gamma-weight rate lambda for A >= 0; null = the paper's 3."
+    )
     vespo_k_neg: float | None = setting(
-        None, "policy_loss vespo: Gamma-weight shape k for A < 0; null = the paper's 3.")
+        None, "policy_loss vespo: Gamma-weight shape k for A < 0; null = the paper's 3."
+    )
     vespo_lambda_neg: float | None = setting(
-        None, "policy_loss vespo: Gamma-weight rate lambda for A < 0; null = the paper's 2.")
+        None, "policy_loss vespo: Gamma-weight rate lambda for A < 0; null = the paper's 2."
+    )
 
 
 def loss_settings(settings: PolicyLossSettings) -> dict[str, float | None]:
@@ -188,7 +205,9 @@ def _sanitized(inputs: PolicyLossInputs) -> tuple[Tensor, Tensor, Tensor]:
 def _finish(loss: Tensor, inputs: PolicyLossInputs) -> Tensor:
     """Apply the caller's detached per-token weights and zero the padding."""
     if inputs.is_weights is not None:
-        w = torch.where(inputs.mask, inputs.is_weights.detach(), torch.zeros_like(inputs.is_weights)).to(loss.dtype)
+        w = torch.where(inputs.mask, inputs.is_weights.detach(), torch.zeros_like(inputs.is_weights)).to(
+            loss.dtype
+        )
         loss = loss * w
     return torch.where(inputs.mask, loss, torch.zeros_like(loss))
 
@@ -222,7 +241,12 @@ def _clipped_surrogate(
 
 
 def _metrics(
-    mask: Tensor, low: Tensor, high: Tensor, dual: Tensor, tok_log_ratio: Tensor, ratio_log: Tensor,
+    mask: Tensor,
+    low: Tensor,
+    high: Tensor,
+    dual: Tensor,
+    tok_log_ratio: Tensor,
+    ratio_log: Tensor,
     ratio_mask: Tensor,
 ) -> dict[str, float]:
     """Clip fractions over masked tokens; ratio stats of exp(``ratio_log``) over ``ratio_mask`` entries; k3 KL from
@@ -239,7 +263,8 @@ def _metrics(
         return {
             "clipfrac_low": low_n / n_tok,
             "clipfrac_high": high_n / n_tok,
-            "clipfrac": (low_n + high_n) / n_tok,  # the two cases are disjoint (they need opposite signs of A)
+            "clipfrac": (low_n + high_n)
+            / n_tok,  # the two cases are disjoint (they need opposite signs of A)
             "dual_clipfrac": float((dual & mask).sum()) / n_tok,
             "ratio_min": float(ratios.min()),
             "ratio_mean": float(ratios.mean()),
@@ -251,8 +276,10 @@ def _metrics(
 def _reject_dual_clip(name: str, inputs: PolicyLossInputs) -> None:
     # A configured setting that a loss would ignore is an error, never a silent no-op.
     if inputs.dual_clip is not None:
-        raise ValueError(f"dual_clip={inputs.dual_clip} is not used by policy loss {name!r}; "
-                         "only 'ppo_clip' and 'gspo' apply it")
+        raise ValueError(
+            f"dual_clip={inputs.dual_clip} is not used by policy loss {name!r}; "
+            "only 'ppo_clip' and 'gspo' apply it"
+        )
     _reject_foreign_params(name, inputs)
 
 
@@ -260,8 +287,10 @@ def _reject_foreign_params(name: str, inputs: PolicyLossInputs) -> None:
     """Refuse a set ``LOSS_PARAMS`` field that belongs to another loss (it would be silently ignored)."""
     for field, (owner, *_) in LOSS_PARAMS.items():
         if owner != name and getattr(inputs, field) is not None:
-            raise ValueError(f"{field}={getattr(inputs, field)} is not used by policy loss {name!r}; only "
-                             f"{owner!r} applies it (set it to null)")
+            raise ValueError(
+                f"{field}={getattr(inputs, field)} is not used by policy loss {name!r}; only "
+                f"{owner!r} applies it (set it to null)"
+            )
 
 
 def loss_param_error(field: str, value: float | None) -> str | None:
@@ -300,7 +329,9 @@ def ppo_clip_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
     lp, old, adv = _sanitized(inputs)
     log_ratio = lp - old  # (B, T), 0 on padding
     ratio = log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).exp()
-    loss, low, high, dual = _clipped_surrogate(ratio, adv, inputs.clip_low, inputs.clip_high, inputs.dual_clip)
+    loss, low, high, dual = _clipped_surrogate(
+        ratio, adv, inputs.clip_low, inputs.clip_high, inputs.dual_clip
+    )
     metrics = _metrics(inputs.mask, low, high, dual, log_ratio, log_ratio, inputs.mask)
     return _finish(loss, inputs), metrics
 
@@ -427,8 +458,11 @@ def vespo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         log_w = tok_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).sum(dim=-1)  # (B,)
         log_w = log_w.clamp(math.log(1e-8), _LOG_RATIO_CLAMP)[:, None]  # (B, 1)
         nonneg = adv >= 0
-        pick = lambda pos, neg: torch.where(nonneg, torch.full_like(adv, _param(inputs, pos)),  # noqa: E731
-                                            torch.full_like(adv, _param(inputs, neg)))
+        pick = lambda pos, neg: torch.where(
+            nonneg,
+            torch.full_like(adv, _param(inputs, pos)),
+            torch.full_like(adv, _param(inputs, neg)),
+        )
         k, lam = pick("vespo_k_pos", "vespo_k_neg"), pick("vespo_lambda_pos", "vespo_lambda_neg")  # (B, T)
         phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B, T), finite by the clamps
     loss = -phi * adv * lp

@@ -2,6 +2,7 @@
 
 Shapes: P = number of (chosen, rejected) pairs; every tensor here is (P,).
 """
+
 from __future__ import annotations
 
 import torch
@@ -11,8 +12,9 @@ from torch import Tensor
 __all__ = ["bradley_terry_loss"]
 
 
-def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | None = None
-                       ) -> tuple[Tensor, dict[str, float]]:
+def bradley_terry_loss(
+    r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | None = None
+) -> tuple[Tensor, dict[str, float]]:
     """Mean negative log-likelihood of the Bradley-Terry model, P(chosen ≻ rejected) = σ(r_c − r_r − m).
 
     Equation: L = mean_p −log σ(r_c,p − r_r,p − m_p) = mean_p softplus(−(r_c,p − r_r,p − m_p)), evaluated as a
@@ -29,8 +31,10 @@ def bradley_terry_loss(r_chosen: Tensor, r_rejected: Tensor, margin: Tensor | No
     Raises ValueError on shape mismatch, an empty batch, or NaN/Inf rewards.
     """
     if r_chosen.shape != r_rejected.shape or r_chosen.dim() != 1:
-        raise ValueError(f"r_chosen shape {tuple(r_chosen.shape)} and r_rejected shape {tuple(r_rejected.shape)} "
-                         "must be equal and 1-D (P,)")
+        raise ValueError(
+            f"r_chosen shape {tuple(r_chosen.shape)} and r_rejected shape {tuple(r_rejected.shape)} "
+            "must be equal and 1-D (P,)"
+        )
     if margin is not None and margin.shape != r_chosen.shape:
         raise ValueError(f"margin shape {tuple(margin.shape)} != r_chosen shape {tuple(r_chosen.shape)}")
     if r_chosen.numel() == 0:

@@ -33,6 +33,7 @@ extra runs (``LogitProcessing.active``).
 
 Shapes: B rows, T (completion) positions, V vocabulary, N selected positions, r rows per chunk.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,7 +80,9 @@ class LogitProcessing:
         if self.repetition_penalty != 1:
             if seen is None:
                 raise ValueError("LogitProcessing: repetition_penalty needs the seen-token mask")
-            x = torch.where(seen, torch.where(x > 0, x / self.repetition_penalty, x * self.repetition_penalty), x)
+            x = torch.where(
+                seen, torch.where(x > 0, x / self.repetition_penalty, x * self.repetition_penalty), x
+            )
         return x if self.greedy else x / self.temperature
 
     def removed(self, x: Tensor) -> Tensor | None:
@@ -144,7 +147,9 @@ class History:
         """(r, V) bool: the penalised tokens of the positions (rows[i], pos[i]) — one scatter of their histories."""
         ids, valid = self.ids[rows], self.time[rows] < pos[:, None]  # (r, L)
         out = torch.zeros(len(rows), vocab_size + 1, dtype=torch.bool, device=ids.device)
-        return out.scatter_(1, ids.masked_fill(~valid, vocab_size), True)[:, :vocab_size]  # column V: not seen
+        return out.scatter_(1, ids.masked_fill(~valid, vocab_size), True)[
+            :, :vocab_size
+        ]  # column V: not seen
 
     def sparse(self, rows: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         """(ids (r, L), penalised (r, L) bool) of the positions (rows[i], pos[i]): every history entry with whether
@@ -168,8 +173,14 @@ def _compute(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def sampler_logprobs(logits: Tensor, token_ids: Tensor, processing: LogitProcessing, mask: Tensor,
-                     history: History | None = None, chunk_rows: int = 256) -> Tensor:
+def sampler_logprobs(
+    logits: Tensor,
+    token_ids: Tensor,
+    processing: LogitProcessing,
+    mask: Tensor,
+    history: History | None = None,
+    chunk_rows: int = 256,
+) -> Tensor:
     """log π^s(y_t) from materialised logits (the reference path and the fallback), 0 off ``mask``.
 
     Shapes: logits (B, T, V); token_ids, mask (B, T); history (``History.of``; needed only with a

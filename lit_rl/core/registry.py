@@ -4,6 +4,7 @@ Each registry holds implementations sharing one signature (e.g. every advantage 
 ``AdvantageInputs`` and returns ``AdvantageOutputs``), so callers look a name up and call it without
 branching on the name.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

@@ -11,6 +11,7 @@ held-out prompts.
 
 Torch-free (floor 0): the early config check and the light commands may import it.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ keyword arguments back into group instances and refuses an unknown or moved name
 
 Pure Python (no torch, no Lightning): ``core`` groups and the Lightning classes both build on it.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -22,8 +23,13 @@ from typing import Any
 _DOC, _CHOICES = "lit_rl.doc", "lit_rl.choices"
 
 
-def setting(default: Any = MISSING, doc: str = "", *, choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
-            factory: Callable[[], Any] | None = None) -> Any:
+def setting(
+    default: Any = MISSING,
+    doc: str = "",
+    *,
+    choices: Iterable[str] | Callable[[], Iterable[str]] | None = None,
+    factory: Callable[[], Any] | None = None,
+) -> Any:
     """A settings field: ``default`` (or ``factory`` for a mutable default), a one-line ``doc`` and, for a
     string chosen from a fixed or registry-backed set, ``choices`` (a sequence, or a callable returning the
     names registered now, so a user's own registration is accepted)."""
@@ -60,13 +66,16 @@ def declared(groups: Iterable[type]) -> dict[str, tuple[type, Field]]:
     for g in groups:
         for f in fields(g):
             if f.name in out:
-                raise TypeError(f"setting {f.name!r} is declared in both {out[f.name][0].__name__} and {g.__name__}")
+                raise TypeError(
+                    f"setting {f.name!r} is declared in both {out[f.name][0].__name__} and {g.__name__}"
+                )
             out[f.name] = (g, f)
     return out
 
 
-def split_settings(owner: str, groups: Iterable[type], values: Mapping[str, Any],
-                   moved: Mapping[str, str] | None = None) -> list[Any]:
+def split_settings(
+    owner: str, groups: Iterable[type], values: Mapping[str, Any], moved: Mapping[str, str] | None = None
+) -> list[Any]:
     """One instance per group from the flat ``values`` (missing fields take their defaults). An unknown name
     raises ``TypeError`` in one line: the new spelling for a ``moved`` name, else the closest declared names."""
     groups = tuple(groups)
@@ -121,15 +130,23 @@ def flat_settings(groups: Iterable[type], *, before: int = 1) -> Callable[[type]
     def decorate(cls: type) -> type:
         init = cls.__init__
         own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
-        head, tail = own[:before + 1], own[before + 1:]  # +1: self
+        head, tail = own[: before + 1], own[before + 1 :]  # +1: self
         params = list(head)
         for g in groups:
             hints = typing.get_type_hints(g)
             for f in fields(g):
-                default = f.default if f.default is not MISSING else (
-                    f.default_factory() if f.default_factory is not MISSING else inspect.Parameter.empty)
-                params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default,
-                                                annotation=hints[f.name]))
+                default = (
+                    f.default
+                    if f.default is not MISSING
+                    else (
+                        f.default_factory() if f.default_factory is not MISSING else inspect.Parameter.empty
+                    )
+                )
+                params.append(
+                    inspect.Parameter(
+                        f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=hints[f.name]
+                    )
+                )
         params += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in tail]
         init.__signature__ = inspect.Signature(params)
         lines = [f"        {f.name}: {_field_doc(f)}" for g in groups for f in fields(g)]

@@ -13,6 +13,7 @@ DAPO (arXiv 2503.14476, §3.4) treats truncated samples in two ways, both availa
   added to the task reward (times ``factor``), so length pressure rises linearly over the last L_cache
   tokens instead of jumping at the cut.
 """
+
 from __future__ import annotations
 
 import torch
@@ -26,7 +27,9 @@ def overlong_penalty(lengths: Tensor, max_len: int, cache: int, factor: float = 
         lengths: (B,) int or float token counts; returns (B,) float64, values in [−factor, 0].
     """
     if not 0 < cache <= max_len:
-        raise ValueError(f"overlong buffer must satisfy 0 < cache <= max_len, got cache={cache}, max_len={max_len}")
+        raise ValueError(
+            f"overlong buffer must satisfy 0 < cache <= max_len, got cache={cache}, max_len={max_len}"
+        )
     n = lengths.to(torch.float64)
     start = float(max_len - cache)
     pen = torch.where(n <= start, torch.zeros_like(n), (start - n) / cache)

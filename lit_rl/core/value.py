@@ -3,6 +3,7 @@
 All per-token losses are (B, T) and zero wherever ``mask`` is False; the caller aggregates them with the same
 modes as the policy loss.
 """
+
 from __future__ import annotations
 
 import torch

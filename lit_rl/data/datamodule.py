@@ -1,5 +1,6 @@
 """`PromptDataModule`: batches of prompt records for RL iterations, from a built-in task, JSONL files or
 a Hugging Face ``datasets`` dataset."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -140,14 +141,20 @@ class PromptDataModule(L.LightningDataModule):
         if train_files and dataset is not None:
             raise ValueError("PromptDataModule: set one of train_files and dataset, not both")
         if heldout_files and not train_files:
-            raise ValueError("PromptDataModule: heldout_files needs train_files (with a dataset use heldout_split)")
+            raise ValueError(
+                "PromptDataModule: heldout_files needs train_files (with a dataset use heldout_split)"
+            )
         if heldout_split and dataset is None:
             raise ValueError("PromptDataModule: heldout_split is a split of `dataset`; set dataset too")
         if dataset_config and dataset is None:
-            raise ValueError("PromptDataModule: dataset_config names a configuration of `dataset`; set dataset too")
+            raise ValueError(
+                "PromptDataModule: dataset_config names a configuration of `dataset`; set dataset too"
+            )
         if heldout_split is not None and heldout_split == dataset_split:
-            raise ValueError(f"PromptDataModule: heldout_split={heldout_split!r} is the training split "
-                             "(dataset_split); evaluating on the training data is not a held-out evaluation")
+            raise ValueError(
+                f"PromptDataModule: heldout_split={heldout_split!r} is the training split "
+                "(dataset_split); evaluating on the training data is not a held-out evaluation"
+            )
         if batch_size <= 0:
             raise ValueError(f"batch_size must be a positive number of prompts, got {batch_size}")
         for name, v in (("prompt_key", prompt_key), ("answer_key", answer_key)):
@@ -181,13 +188,16 @@ class PromptDataModule(L.LightningDataModule):
         name = self.dataset if isinstance(self.dataset, str) else type(self.dataset).__name__
         for field, split in (("dataset_split", self.dataset_split), ("heldout_split", self.heldout_split)):
             if split is not None and split not in splits:
-                raise ValueError(f"PromptDataModule: {field}={split!r}: dataset={name!r} has no such split; its "
-                                 f"splits: {', '.join(map(repr, splits))}")
+                raise ValueError(
+                    f"PromptDataModule: {field}={split!r}: dataset={name!r} has no such split; its "
+                    f"splits: {', '.join(map(repr, splits))}"
+                )
         train = records_from_rows(splits[self.dataset_split], f"{name}[{self.dataset_split}]", **keys)
         held = []
         if self.heldout_split:
-            held = records_from_rows(splits[self.heldout_split], f"{name}[{self.heldout_split}]", **keys,
-                                     require_answer=True)
+            held = records_from_rows(
+                splits[self.heldout_split], f"{name}[{self.heldout_split}]", **keys, require_answer=True
+            )
         return train, held
 
     def setup(self, stage: str | None = None) -> None:
@@ -208,7 +218,8 @@ class PromptDataModule(L.LightningDataModule):
             if len(self.train_prompts) < self.batch_size * trainer.world_size:
                 raise ValueError(
                     f"PromptDataModule: {len(self.train_prompts)} training prompts cannot fill one global batch of "
-                    f"batch_size={self.batch_size} × world_size={trainer.world_size}; lower batch_size or devices")
+                    f"batch_size={self.batch_size} × world_size={trainer.world_size}; lower batch_size or devices"
+                )
         return _ResumableLoader(
             _ListDataset(self.train_prompts),
             batch_size=self.batch_size,
@@ -231,8 +242,14 @@ class PromptDataModule(L.LightningDataModule):
             return NoEvaluation()
         # Its own generator, as the training loader's: a new iterator draws a seed from it, and from the global
         # torch RNG the rollouts sample with otherwise, so every evaluation would change the next rollouts.
-        return DataLoader(_ListDataset(self.heldout_prompts), batch_size=self.batch_size, shuffle=False,
-                          collate_fn=collate_prompts, num_workers=0, generator=torch.Generator().manual_seed(self.seed))
+        return DataLoader(
+            _ListDataset(self.heldout_prompts),
+            batch_size=self.batch_size,
+            shuffle=False,
+            collate_fn=collate_prompts,
+            num_workers=0,
+            generator=torch.Generator().manual_seed(self.seed),
+        )
 
     def state_dict(self) -> dict[str, Any]:
         return {"sampler_pos": self._sampler.pos if self._sampler else 0}
@@ -254,39 +271,53 @@ def load_hf_splits(source, config: str | None = None) -> dict:
     try:
         import datasets
     except ImportError:
-        raise ImportError("PromptDataModule(dataset=...) needs the `datasets` package: pip install datasets") from None
+        raise ImportError(
+            "PromptDataModule(dataset=...) needs the `datasets` package: pip install datasets"
+        ) from None
     if isinstance(source, datasets.DatasetDict):
         return dict(source)
     if isinstance(source, datasets.Dataset):
         return {"train": source}
     if not isinstance(source, str):
-        raise TypeError(f"dataset must be a path, a hub name, a datasets.Dataset or a DatasetDict, got "
-                        f"{type(source).__name__}")
+        raise TypeError(
+            f"dataset must be a path, a hub name, a datasets.Dataset or a DatasetDict, got "
+            f"{type(source).__name__}"
+        )
     path = Path(source).expanduser()
     if path.is_file():
         fmt = _HF_FORMATS.get(path.suffix)
         if fmt is None:
-            raise ValueError(f"dataset={source!r}: unknown file type {path.suffix!r}; one of {', '.join(_HF_FORMATS)}")
+            raise ValueError(
+                f"dataset={source!r}: unknown file type {path.suffix!r}; one of {', '.join(_HF_FORMATS)}"
+            )
         if config:
-            raise ValueError(f"dataset_config={config!r}: dataset={source!r} is one data file, which has no "
-                             "configurations; drop dataset_config")
+            raise ValueError(
+                f"dataset_config={config!r}: dataset={source!r} is one data file, which has no "
+                "configurations; drop dataset_config"
+            )
         return dict(datasets.load_dataset(fmt, data_files=str(path)))
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
         if config:
-            raise ValueError(f"dataset_config={config!r}: dataset={source!r} is a save_to_disk directory, which "
-                             "has no configurations; drop dataset_config")
+            raise ValueError(
+                f"dataset_config={config!r}: dataset={source!r} is a save_to_disk directory, which "
+                "has no configurations; drop dataset_config"
+            )
         ds = datasets.load_from_disk(str(path))
         return dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
     if path.is_dir():
         return dict(_load_named(datasets, source, config))
     if source.startswith((".", "/", "~")) or source.count("/") > 1:
-        raise FileNotFoundError(f"dataset={source!r}: no such file or directory (and not a hub name org/name)")
+        raise FileNotFoundError(
+            f"dataset={source!r}: no such file or directory (and not a hub name org/name)"
+        )
     try:
         return dict(_load_named(datasets, source, config))
     except (ConnectionError, OSError) as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise OSError(f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
-                      f"Face hub, which failed (no network access, or no such dataset?): {first}") from None
+        raise OSError(
+            f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
+            f"Face hub, which failed (no network access, or no such dataset?): {first}"
+        ) from None
 
 
 def _load_named(datasets, source: str, config: str | None):
@@ -300,10 +331,14 @@ def _load_named(datasets, source: str, config: str | None):
         except Exception:  # noqa: BLE001, S110 - only for the message
             pass
         if names and config not in names:
-            raise ValueError(f"dataset_config={config!r}: dataset={source!r} has no such configuration; its "
-                             f"configurations: {', '.join(map(repr, names))}") from None
+            raise ValueError(
+                f"dataset_config={config!r}: dataset={source!r} has no such configuration; its "
+                f"configurations: {', '.join(map(repr, names))}"
+            ) from None
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         if names is None and not Path(source).expanduser().exists():
-            raise OSError(f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
-                          f"Face hub, which failed (no network access, or no such dataset?): {first}") from None
+            raise OSError(
+                f"dataset={source!r} is not a local file or directory, so it was looked up on the Hugging "
+                f"Face hub, which failed (no network access, or no such dataset?): {first}"
+            ) from None
         raise ValueError(f"dataset={source!r}: {first}") from None

@@ -13,6 +13,7 @@ Every other per-token field is (B, C) and aligned with ``input_ids[:, P:]``: ent
 token at sequence position ``P + t`` (its log-probability is read from the logits at position
 ``P + t - 1``). Per-row fields are (B,).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -76,7 +77,9 @@ class Experience:
     domains: list[str] = field(default_factory=list)  # task domain per row (teacher routing)
     prompts: list[Any] = field(default_factory=list)  # the Prompt record behind each row
     texts: list[str] = field(default_factory=list)  # decoded completions
-    reward_errors: list[str | None] = field(default_factory=list)  # per row: why it has no reward (None: scored)
+    reward_errors: list[str | None] = field(
+        default_factory=list
+    )  # per row: why it has no reward (None: scored)
     # per row: what rewards logged for it (TRL's log_extra columns, "<reward>/error" of a component that failed
     # on a row other rewards scored); [] = nothing logged. Shown by the rollout inspector.
     reward_extras: list[dict[str, Any]] = field(default_factory=list)
@@ -99,15 +102,18 @@ class Experience:
         for name in OPTIONAL_ROW_FIELDS:
             t = getattr(self, name)
             if t is not None and (t.shape != (B,) or t.dtype != torch.bool):
-                raise ValueError(f"{name} must be a (B,) = {(B,)} bool tensor, got {tuple(t.shape)} {t.dtype}")
+                raise ValueError(
+                    f"{name} must be a (B,) = {(B,)} bool tensor, got {tuple(t.shape)} {t.dtype}"
+                )
         if self.valid.dtype != torch.bool:
             raise TypeError(f"valid must be torch.bool, got {self.valid.dtype}")
         for name in TOKEN_FIELDS:
             t = getattr(self, name)
             if t is not None and t.shape != (B, C):
                 raise ValueError(f"{name} shape {tuple(t.shape)} != (B, C) = {(B, C)}")
-        if self.horizon is not None and (isinstance(self.horizon, bool) or not int(self.horizon) == self.horizon
-                                         or self.horizon < 1):
+        if self.horizon is not None and (
+            isinstance(self.horizon, bool) or not int(self.horizon) == self.horizon or self.horizon < 1
+        ):
             raise ValueError(f"horizon must be a positive integer or None, got {self.horizon!r}")
 
     # ------------------------------------------------------------------ sizes
@@ -214,9 +220,17 @@ class Experience:
         att = self.attention_mask.bool()
         P, C = self.prompt_len, self.completion_len
         cols_p = torch.arange(P, device=att.device)
-        first = torch.where(att[:, :P], cols_p, P).min(-1).values if P else torch.zeros(len(att), dtype=torch.long)
+        first = (
+            torch.where(att[:, :P], cols_p, P).min(-1).values
+            if P
+            else torch.zeros(len(att), dtype=torch.long)
+        )
         cols_c = torch.arange(1, C + 1, device=att.device)
-        last = torch.where(att[:, P:], cols_c, 0).max(-1).values if C else torch.zeros(len(att), dtype=torch.long)
+        last = (
+            torch.where(att[:, P:], cols_c, 0).max(-1).values
+            if C
+            else torch.zeros(len(att), dtype=torch.long)
+        )
         return (P - first).tolist(), last.tolist()
 
     def trim(self, prompt: bool = False) -> Experience:
@@ -248,8 +262,9 @@ class Experience:
         return Experience(**kw)
 
 
-def pad_prompts_completions(pad_id: int, prompts: list[list[int]], completions: list[list[int]]
-                            ) -> tuple[Tensor, Tensor, Tensor, int]:
+def pad_prompts_completions(
+    pad_id: int, prompts: list[list[int]], completions: list[list[int]]
+) -> tuple[Tensor, Tensor, Tensor, int]:
     """The Experience layout from token lists: prompts left-padded to P, completions right-padded to C.
 
     Returns ``input_ids`` (B, P+C), ``attention_mask`` (B, P+C), ``loss_mask`` (B, C) (True on completion
@@ -260,9 +275,9 @@ def pad_prompts_completions(pad_id: int, prompts: list[list[int]], completions: 
     att = torch.zeros((B, P + C), dtype=torch.long)
     mask = torch.zeros((B, C), dtype=torch.bool)
     for i, (p, c) in enumerate(zip(prompts, completions)):
-        input_ids[i, P - len(p):P] = torch.tensor(p, dtype=torch.long)
-        att[i, P - len(p):P + len(c)] = 1
+        input_ids[i, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        att[i, P - len(p) : P + len(c)] = 1
         if c:
-            input_ids[i, P:P + len(c)] = torch.tensor(c, dtype=torch.long)
-            mask[i, :len(c)] = True
+            input_ids[i, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+            mask[i, : len(c)] = True
     return input_ids, att, mask, P

@@ -7,6 +7,7 @@ model → use it as the reward for GRPO/PPO → its score rises) runs offline an
   rejected one (the ideal reward is monotone in the digit, the optimal policy answers "9").
 * ``correct``: the chosen completion is the correct sum, the rejected one a wrong digit.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,12 +35,16 @@ def parse_preferences(records: list[dict[str, Any]]) -> list[PreferencePair]:
     out = []
     for i, r in enumerate(records):
         if not isinstance(r, dict):
-            raise TypeError(f"preference record {i}: expected an object with fields {FIELDS}, got {type(r).__name__}")
+            raise TypeError(
+                f"preference record {i}: expected an object with fields {FIELDS}, got {type(r).__name__}"
+            )
         for f in FIELDS:
             if f not in r:
                 raise ValueError(f"preference record {i}: missing field {f!r}; fields present: {sorted(r)}")
             if not isinstance(r[f], str):
-                raise TypeError(f"preference record {i}: field {f!r} must be a string, got {type(r[f]).__name__}")
+                raise TypeError(
+                    f"preference record {i}: field {f!r} must be a string, got {type(r[f]).__name__}"
+                )
         out.append(PreferencePair(r["prompt"], r["chosen"], r["rejected"]))
     return out
 
@@ -97,8 +102,14 @@ class PreferenceDataModule(L.LightningDataModule):
         heldout_frac: fraction of the pairs kept out of training (validation = held-out accuracy).
     """
 
-    def __init__(self, train_files: list[str] | None = None, synthetic: dict[str, Any] | None = None,
-                 batch_size: int = 32, heldout_frac: float = 0.2, seed: int = 0):
+    def __init__(
+        self,
+        train_files: list[str] | None = None,
+        synthetic: dict[str, Any] | None = None,
+        batch_size: int = 32,
+        heldout_frac: float = 0.2,
+        seed: int = 0,
+    ):
         super().__init__()
         if not 0 <= heldout_frac < 1:
             raise ValueError(f"heldout_frac must be in [0, 1), got {heldout_frac}")

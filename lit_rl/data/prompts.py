@@ -1,4 +1,5 @@
 """Prompt records, the batch object the RolloutCallback fills, and loading of prompt sets."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,15 @@ class Prompt:
             raise ValueError("Prompt needs exactly one of 'prompt' (text) or 'messages' (chat turns)")
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], index: int | None = None, prompt_key: str = "prompt",
-                  answer_key: str = "answer", where: str | None = None, require_answer: bool = False) -> Prompt:
+    def from_dict(
+        cls,
+        d: dict[str, Any],
+        index: int | None = None,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        where: str | None = None,
+        require_answer: bool = False,
+    ) -> Prompt:
         """Build a record from one row, checking it. ``prompt_key`` holds the prompt: text, or a TRL-style
         conversation (a list of ``{role, content}``), which becomes ``messages``; a ``messages`` column is
         read as a conversation too. ``answer_key`` holds the answer (kept in ``metadata`` under that name too,
@@ -40,29 +48,43 @@ class Prompt:
             raise ValueError(f"{where}: expected a JSON object (one record per line), got {type(d).__name__}")
         key = prompt_key if prompt_key in d else "messages" if "messages" in d else None
         if key is None:
-            raise ValueError(f"{where}: missing field {prompt_key!r} (the prompt: text or a list of "
-                             f"{{role, content}} messages); fields present: {sorted(d)}")
+            raise ValueError(
+                f"{where}: missing field {prompt_key!r} (the prompt: text or a list of "
+                f"{{role, content}} messages); fields present: {sorted(d)}"
+            )
         value, text, messages = d[key], None, None
         if isinstance(value, str):
             text = value
         elif isinstance(value, list):
             messages = _check_messages(value, f"{where}: field {key!r}")
         else:
-            raise ValueError(f"{where}: field {key!r} must be a string or a list of {{role, content}} messages, "
-                             f"got {type(value).__name__}")
+            raise ValueError(
+                f"{where}: field {key!r} must be a string or a list of {{role, content}} messages, "
+                f"got {type(value).__name__}"
+            )
         answer = d.get(answer_key)
         if require_answer and answer is None:
-            raise ValueError(f"{where}: missing field {answer_key!r}: held-out records need an answer to be scored")
+            raise ValueError(
+                f"{where}: missing field {answer_key!r}: held-out records need an answer to be scored"
+            )
         known = {key, answer_key, "domain", "metadata", "uid"}
         extra = {k: v for k, v in d.items() if k not in known}
-        if answer_key != "answer" and answer_key in d:  # TRL-style rewards get the column under its own name too
+        if (
+            answer_key != "answer" and answer_key in d
+        ):  # TRL-style rewards get the column under its own name too
             extra[answer_key] = d[answer_key]
         meta = d.get("metadata") or {}
         if not isinstance(meta, dict):
             raise ValueError(f"{where}: field 'metadata' must be an object, got {type(meta).__name__}")
         uid = d.get("uid", None if index is None else str(index))
-        return cls(prompt=text, messages=messages, answer=answer, domain=str(d.get("domain") or "default"),
-                   metadata=dict(meta, **extra), uid=None if uid is None else str(uid))
+        return cls(
+            prompt=text,
+            messages=messages,
+            answer=answer,
+            domain=str(d.get("domain") or "default"),
+            metadata=dict(meta, **extra),
+            uid=None if uid is None else str(uid),
+        )
 
 
 def _check_messages(value: list, where: str) -> list[dict[str, str]]:
@@ -70,7 +92,7 @@ def _check_messages(value: list, where: str) -> list[dict[str, str]]:
         raise ValueError(f"{where}: the conversation is empty")
     for j, m in enumerate(value):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise ValueError(f"{where}: message {j} must be {{\"role\": str, \"content\": str}}, got {m!r}")
+            raise ValueError(f'{where}: message {j} must be {{"role": str, "content": str}}, got {m!r}')
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
@@ -105,12 +127,17 @@ class DataError(ValueError):
 
     def __init__(self, errors: list[str]):
         self.errors = errors
-        more = f"\n... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
-        super().__init__(f"{len(errors)} bad prompt record(s):\n" + "\n".join(errors[:MAX_REPORTED_ERRORS]) + more)
+        more = (
+            f"\n... and {len(errors) - MAX_REPORTED_ERRORS} more" if len(errors) > MAX_REPORTED_ERRORS else ""
+        )
+        super().__init__(
+            f"{len(errors)} bad prompt record(s):\n" + "\n".join(errors[:MAX_REPORTED_ERRORS]) + more
+        )
 
 
-def load_jsonl(path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer",
-               require_answer: bool = False) -> list[Prompt]:
+def load_jsonl(
+    path: str | Path, prompt_key: str = "prompt", answer_key: str = "answer", require_answer: bool = False
+) -> list[Prompt]:
     """Read prompt records, one JSON object per line (see README "Your data"). Every bad line is reported
     (``path:line: why``, lines counted from 1) in one ``DataError``; blank lines are skipped."""
     path = Path(path)
@@ -129,8 +156,16 @@ def load_jsonl(path: str | Path, prompt_key: str = "prompt", answer_key: str = "
                 errors.append(f"{where}: not valid JSON ({e})")
                 continue
             try:
-                out.append(Prompt.from_dict(d, index=i, prompt_key=prompt_key, answer_key=answer_key, where=where,
-                                            require_answer=require_answer))
+                out.append(
+                    Prompt.from_dict(
+                        d,
+                        index=i,
+                        prompt_key=prompt_key,
+                        answer_key=answer_key,
+                        where=where,
+                        require_answer=require_answer,
+                    )
+                )
             except ValueError as e:
                 errors.append(str(e))
     if errors:
@@ -138,15 +173,24 @@ def load_jsonl(path: str | Path, prompt_key: str = "prompt", answer_key: str = "
     return out
 
 
-def records_from_rows(rows, source: str, prompt_key: str = "prompt", answer_key: str = "answer",
-                      require_answer: bool = False) -> list[Prompt]:
+def records_from_rows(
+    rows, source: str, prompt_key: str = "prompt", answer_key: str = "answer", require_answer: bool = False
+) -> list[Prompt]:
     """Prompt records from an iterable of dict rows (a Hugging Face dataset split); errors name
     ``source:row`` (rows counted from 1)."""
     out, errors = [], []
     for i, row in enumerate(rows):
         try:
-            out.append(Prompt.from_dict(dict(row), index=i, prompt_key=prompt_key, answer_key=answer_key,
-                                        where=f"{source}:row {i + 1}", require_answer=require_answer))
+            out.append(
+                Prompt.from_dict(
+                    dict(row),
+                    index=i,
+                    prompt_key=prompt_key,
+                    answer_key=answer_key,
+                    where=f"{source}:row {i + 1}",
+                    require_answer=require_answer,
+                )
+            )
         except ValueError as e:
             errors.append(str(e))
     if errors:
@@ -158,8 +202,9 @@ def render_prompt(prompt: Prompt, tokenizer, chat_template_kwargs: dict | None =
     """Token ids of a prompt: raw text as-is, chat messages through the tokenizer's chat template
     (``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``, are the template's extra variables)."""
     if prompt.messages is not None:
-        ids = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True,
-                                            **(chat_template_kwargs or {}))
+        ids = tokenizer.apply_chat_template(
+            prompt.messages, add_generation_prompt=True, tokenize=True, **(chat_template_kwargs or {})
+        )
         if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding (a mapping, not a dict)
             ids = ids["input_ids"]
         return list(ids)

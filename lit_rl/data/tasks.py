@@ -3,6 +3,7 @@
 Each task yields ``Prompt`` records whose ``answer`` is the exact expected completion text (before eos).
 Splits are fixed by a seed so the held-out prompts are never trained on.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,9 +32,17 @@ def _split(items: list, heldout_frac: float, seed: int) -> tuple[list, list]:
 
 
 @_task("addition")
-def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, answer_width: int | None = None,
-             max_sum: int | None = None, unary: bool = False, num_operands: int = 2, balance: bool = False,
-             **_) -> tuple[list, list]:
+def addition(
+    max_operand: int = 9,
+    heldout_frac: float = 0.2,
+    seed: int = 1234,
+    answer_width: int | None = None,
+    max_sum: int | None = None,
+    unary: bool = False,
+    num_operands: int = 2,
+    balance: bool = False,
+    **_,
+) -> tuple[list, list]:
     """``"a+b="`` → ``"<a+b>"`` for all operand pairs 0..max_operand; held-out pairs are never trained on.
 
     ``answer_width`` zero-pads answers to a fixed number of digits (``"3+5="`` → ``"08"``), so a policy can
@@ -48,8 +57,11 @@ def addition(max_operand: int = 9, heldout_frac: float = 0.2, seed: int = 1234, 
     """
     if num_operands < 2:
         raise ValueError(f"num_operands={num_operands!r} must be >= 2")
-    pairs = [t for t in itertools.product(range(max_operand + 1), repeat=num_operands)
-             if max_sum is None or sum(t) <= max_sum]
+    pairs = [
+        t
+        for t in itertools.product(range(max_operand + 1), repeat=num_operands)
+        if max_sum is None or sum(t) <= max_sum
+    ]
     train, held = _split(pairs, heldout_frac, seed)
 
     def rec(*ops):
@@ -84,8 +96,9 @@ def _balance_by_answer(recs: list[Prompt]) -> list[Prompt]:
 
 
 @_task("reverse")
-def reverse(length: int = 3, alphabet: str = "abcde", heldout_frac: float = 0.2, seed: int = 1234,
-            num: int = 125, **_) -> tuple[list, list]:
+def reverse(
+    length: int = 3, alphabet: str = "abcde", heldout_frac: float = 0.2, seed: int = 1234, num: int = 125, **_
+) -> tuple[list, list]:
     """``"rev abc:"`` → ``"cba"``: string reversal over a small alphabet (a second domain for routing)."""
     rng = random.Random(seed)
     words: set[str] = set()
@@ -101,9 +114,15 @@ def reverse(length: int = 3, alphabet: str = "abcde", heldout_frac: float = 0.2,
 
 
 @_task("chat_addition")
-def chat_addition(low: int = 10, high: int = 99, heldout: int = 200, seed: int = 1234,
-                  template: str = "What is {a} + {b}? Reply with only the number.", system: str | None = None,
-                  **_) -> tuple[list, list]:
+def chat_addition(
+    low: int = 10,
+    high: int = 99,
+    heldout: int = 200,
+    seed: int = 1234,
+    template: str = "What is {a} + {b}? Reply with only the number.",
+    system: str | None = None,
+    **_,
+) -> tuple[list, list]:
     """Chat prompts ``"What is A + B? Reply with only the number."`` (a user turn, rendered with the
     tokenizer's chat template) for every ordered pair A, B in ``low..high``; the answer is ``str(A + B)``.
 
@@ -121,7 +140,8 @@ def chat_addition(low: int = 10, high: int = 99, heldout: int = 200, seed: int =
 
     def rec(a, b):
         msgs = ([{"role": "system", "content": system}] if system else []) + [
-            {"role": "user", "content": template.format(a=a, b=b)}]
+            {"role": "user", "content": template.format(a=a, b=b)}
+        ]
         return Prompt(messages=msgs, answer=str(a + b), domain="addition", uid=f"chatadd-{a}-{b}")
 
     return [rec(*p) for p in train], [rec(*p) for p in held]

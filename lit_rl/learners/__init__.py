@@ -5,5 +5,13 @@ from lit_rl.learners.protocols import ExperienceHook, LossTerm
 from lit_rl.learners.reward_model import RewardModelModule
 from lit_rl.learners.schedules import CosineDecay, WarmupLinearDecay
 
-__all__ = ["PolicyModule", "CriticModule", "RewardModelModule", "ExperienceHook", "LossTerm", "DistillModule",
-           "CosineDecay", "WarmupLinearDecay"]
+__all__ = [
+    "CosineDecay",
+    "CriticModule",
+    "DistillModule",
+    "ExperienceHook",
+    "LossTerm",
+    "PolicyModule",
+    "RewardModelModule",
+    "WarmupLinearDecay",
+]

@@ -4,6 +4,7 @@ the constant horizon of ``seq_mean_token_sum_norm``. ``PolicyAssembly`` is a mix
 ``self.config``, ``self.active_loss_terms()`` and ``self._trainer``); ``DistillModule`` inherits it through
 ``PolicyModule``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,13 +38,29 @@ class PolicyAssembly:
         # A float64 policy (precision "64-true", the exact checks) computes its advantages in float64 also
         # from the float32 rewards ExperienceBuilder stores: float32 group statistics cost ~1e-6 of the gradient.
         rewards = exp.rewards.double() if self._float64_policy() else exp.rewards
-        out = compute_advantages(a.advantage, AdvantageInputs(
-            rewards=rewards, mask=exp.loss_mask, group_ids=exp.group_ids, token_rewards=exp.token_rewards,
-            values=exp.values, valid=exp.valid, teacher_logprobs=exp.teacher_logprobs,
-            # a teacher's advantage compares two models: the policy's full softmax, not the sampler's (processed)
-            logprobs=self.kl_policy_logprobs(exp) if exp.teacher_logprobs is not None else exp.rollout_logprobs,
-            gamma=a.gamma, lam=a.lam, std_normalize=a.std_normalize, std_scope=a.std_scope,
-            baseline=a.baseline, bootstrap=self._bootstrap_rows(exp), reduce=self._all_reduce_sum))
+        out = compute_advantages(
+            a.advantage,
+            AdvantageInputs(
+                rewards=rewards,
+                mask=exp.loss_mask,
+                group_ids=exp.group_ids,
+                token_rewards=exp.token_rewards,
+                values=exp.values,
+                valid=exp.valid,
+                teacher_logprobs=exp.teacher_logprobs,
+                # a teacher's advantage compares two models: the policy's full softmax, not the sampler's (processed)
+                logprobs=self.kl_policy_logprobs(exp)
+                if exp.teacher_logprobs is not None
+                else exp.rollout_logprobs,
+                gamma=a.gamma,
+                lam=a.lam,
+                std_normalize=a.std_normalize,
+                std_scope=a.std_scope,
+                baseline=a.baseline,
+                bootstrap=self._bootstrap_rows(exp),
+                reduce=self._all_reduce_sum,
+            ),
+        )
         train = exp.train_mask
         adv = torch.where(train, out.advantages, torch.zeros((), dtype=out.advantages.dtype))
         metrics = dict(out.metrics)
@@ -80,7 +97,7 @@ class PolicyAssembly:
         if n == 0:
             return adv, {}
         mean = stats[0] / n
-        var = (stats[1] / n - mean ** 2).clamp_min(0.0)
+        var = (stats[1] / n - mean**2).clamp_min(0.0)
         out = torch.where(mask, (a - mean) * torch.rsqrt(var + 1e-8), torch.zeros((), dtype=a.dtype))
         return out.to(adv.dtype), {"adv/raw_mean": float(mean), "adv/raw_std": float(var.sqrt())}
 
@@ -102,11 +119,18 @@ class PolicyAssembly:
             raise ValueError(
                 "loss_agg='seq_mean_token_sum_norm' divides by a constant horizon, but neither "
                 "PolicyModule.loss_horizon nor the Experience's horizon is set (RolloutCallback sets it to "
-                "sampling.max_new_tokens; an Experience built by hand needs horizon=...)")
+                "sampling.max_new_tokens; an Experience built by hand needs horizon=...)"
+            )
         return int(H)
 
     def aggregate(self, values: Tensor, mask: Tensor, forward_out: dict[str, Any]) -> Tensor:
         """Aggregate a per-token term with the module's ``loss_agg`` and the *minibatch* denominators
         (``num_tokens`` / ``num_seqs`` of the trainable tokens of all ranks) and the run's constant horizon."""
-        return aggregate(values, mask, self.config.objective.loss_agg, forward_out.get("horizon"),
-                         num_tokens=forward_out["num_tokens"], num_seqs=forward_out["num_seqs"])
+        return aggregate(
+            values,
+            mask,
+            self.config.objective.loss_agg,
+            forward_out.get("horizon"),
+            num_tokens=forward_out["num_tokens"],
+            num_seqs=forward_out["num_seqs"],
+        )

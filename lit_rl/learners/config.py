@@ -12,6 +12,7 @@ once, validates them before any model is loaded and keeps the result as ``module
 ``module.config.<group>.<name>``; ``hparams`` only records the flat values (checkpoints,
 ``load_from_checkpoint``). Objects (``optimizer``, ``lr_scheduler``, ``critic``) are not settings.
 """
+
 from __future__ import annotations
 
 import typing
@@ -31,11 +32,15 @@ class ModelSettings:
     """Where a learner's initial weights come from and its RNG (the policy's and a reward model's)."""
 
     tiny_if_missing: dict[str, Any] | None = setting(
-        None, "If set and model is a missing local directory, build a tiny random model there with "
-        "lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing) (quickstart, tests).")
+        None,
+        "If set and model is a missing local directory, build a tiny random model there with "
+        "lit_rl.models.tiny.build_tiny_model(model, **tiny_if_missing) (quickstart, tests).",
+    )
     seed: int | None = setting(
-        None, "The sampling RNG (reseeded when the model is built), minibatch shuffles and a tiny_if_missing "
-        "model's weights; null = the run's seed_everything (lit_rl.core.seeds).")
+        None,
+        "The sampling RNG (reseeded when the model is built), minibatch shuffles and a tiny_if_missing "
+        "model's weights; null = the run's seed_everything (lit_rl.core.seeds).",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,8 +48,10 @@ class PrecisionSettings:
     """The dtype of a loaded model's parameters (the policy's, a reward model's, a critic's own backbone)."""
 
     dtype: str = setting(
-        "float32", "Parameter dtype of the loaded model (a critic: of its separate backbone).",
-        choices=tuple(DTYPES))
+        "float32",
+        "Parameter dtype of the loaded model (a critic: of its separate backbone).",
+        choices=tuple(DTYPES),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,25 +59,35 @@ class ForwardSettings:
     """How the trained model is set up (adapters, dropout) and how its forwards run."""
 
     lora: dict[str, Any] | None = setting(
-        None, "peft LoraConfig keyword arguments (e.g. {r: 8, lora_alpha: 16}); null = full fine-tune.")
+        None, "peft LoraConfig keyword arguments (e.g. {r: 8, lora_alpha: 16}); null = full fine-tune."
+    )
     adapter: str | None = setting(
-        None, "A PEFT adapter directory to continue training (its own LoRA settings; model is its base).")
+        None, "A PEFT adapter directory to continue training (its own LoRA settings; model is its base)."
+    )
     disable_dropout: bool = setting(
-        True, "Zero every dropout probability of the policy (and a separate critic backbone) so the rollout, "
-        "old-log-prob, reference, value and training passes evaluate the same function (as TRL).")
+        True,
+        "Zero every dropout probability of the policy (and a separate critic backbone) so the rollout, "
+        "old-log-prob, reference, value and training passes evaluate the same function (as TRL).",
+    )
     gradient_checkpointing: bool = setting(
-        False, "Recompute decoder layers in backward (non-reentrant; no shared-prompt pass).")
+        False, "Recompute decoder layers in backward (non-reentrant; no shared-prompt pass)."
+    )
     padding_free: bool = setting(
-        False, "Run the policy, reference and old-log-prob forwards on real tokens only: each prompt once, "
+        False,
+        "Run the policy, reference and old-log-prob forwards on real tokens only: each prompt once, "
         "then its rows' completions, packed into rows of pack_row_tokens with a 4-D mask (models/packed.py); "
-        "needs sdpa or eager attention and no sliding-window layer.")
+        "needs sdpa or eager attention and no sliding-window layer.",
+    )
     pack_row_tokens: int | None = setting(None, "Tokens per packed row of padding_free; null = 256.")
     share_prompt_forward: bool | None = setting(
-        None, "Run each distinct prompt of a micro-batch once and let its group's completions reuse its "
+        None,
+        "Run each distinct prompt of a micro-batch once and let its group's completions reuse its "
         "key/value cache (models/shared_prompt.py; ~3/8 fewer FLOPs at G=4); null = on except for a float64 "
-        "model (the exact invariance checks: RMSNorm's float32 inside differs by ~1e-7).")
+        "model (the exact invariance checks: RMSNorm's float32 inside differs by ~1e-7).",
+    )
     logprob_chunk_size: int | None = setting(
-        None, "Rows per chunk of the log-softmax (bounds memory for large vocabularies); null = all at once.")
+        None, "Rows per chunk of the log-softmax (bounds memory for large vocabularies); null = all at once."
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,21 +97,31 @@ class StepSettings:
     ppo_epochs: int = setting(1, "Passes over each Experience.")
     minibatch_size: int | None = setting(None, "Rows per optimizer step; null = the whole Experience.")
     micro_batch_size: int | None = setting(
-        None, "Rows per forward/backward (gradient accumulation; also the no-grad passes over the "
+        None,
+        "Rows per forward/backward (gradient accumulation; also the no-grad passes over the "
         "Experience); null = the minibatch. With micro_batch_tokens it caps a token-budget micro-batch's "
-        "rows.")
+        "rows.",
+    )
     micro_batch_tokens: int | None = setting(
-        None, "Token budget per training forward/backward instead of a row count: rows sorted by length and "
+        None,
+        "Token budget per training forward/backward instead of a row count: rows sorted by length and "
         "cut so rows x trimmed width <= budget (core.microbatch); same minibatch loss, same count on every "
-        "rank.")
+        "rank.",
+    )
     max_grad_norm: float = setting(1.0, "Gradient clipping; a non-finite norm skips the step.")
     max_nonfinite_steps: int = setting(5, "This many skipped (non-finite) steps in a row raise.")
 
 
 # PolicyModule's groups in the order of its flat signature: PolicyConfig's fields, named here for
 # ``flat_settings`` and for the CLI's early check (cli/precheck.py reads this tuple from the source)
-POLICY_GROUPS = (ModelSettings, PrecisionSettings, ForwardSettings, AdvantageSettings, ObjectiveSettings,
-                 StepSettings)
+POLICY_GROUPS = (
+    ModelSettings,
+    PrecisionSettings,
+    ForwardSettings,
+    AdvantageSettings,
+    ObjectiveSettings,
+    StepSettings,
+)
 
 
 @dataclass(frozen=True)
@@ -145,8 +172,10 @@ class PolicyConfig:
         for f in fields(self)[1:]:
             check_choices(getattr(self, f.name))
         if a.std_scope == "batch" and not a.std_normalize:
-            raise ValueError("std_scope='batch' divides by the batch's reward std, but std_normalize is "
-                             "false (no division at all); set std_normalize: true, or leave std_scope: group")
+            raise ValueError(
+                "std_scope='batch' divides by the batch's reward std, but std_normalize is "
+                "false (no division at all); set std_normalize: true, or leave std_scope: group"
+            )
         for name, v in (("ppo_epochs", s.ppo_epochs), ("max_nonfinite_steps", s.max_nonfinite_steps)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
@@ -155,8 +184,9 @@ class PolicyConfig:
                 raise ValueError(f"{name} must be >= 1 or null, got {v}")
         _positive_int_or_null("micro_batch_tokens", s.micro_batch_tokens, "padded tokens per micro-batch")
         if s.minibatch_size and s.micro_batch_size and s.minibatch_size % s.micro_batch_size:
-            raise ValueError(f"micro_batch_size={s.micro_batch_size} must divide "
-                             f"minibatch_size={s.minibatch_size}")
+            raise ValueError(
+                f"micro_batch_size={s.micro_batch_size} must divide minibatch_size={s.minibatch_size}"
+            )
         if not s.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {s.max_grad_norm}")
         _validate_objective(o)
@@ -186,6 +216,7 @@ def record_settings(module: Any, values: dict[str, Any]) -> None:
 
 def _frame_without_callers() -> FrameType:
     """A suspended generator's frame: it has no caller, so the walk stops there."""
+
     def suspended():
         yield
 
@@ -210,16 +241,22 @@ def _validate_objective(o: ObjectiveSettings) -> None:
     for name, (owner, *_) in LOSS_PARAMS.items():  # the settings of one loss only (core.policy_losses)
         v = getattr(o, name)
         if v is not None and owner != o.policy_loss:
-            raise ValueError(f"{name}={v!r} is read only by policy_loss: {owner} (policy_loss="
-                             f"{o.policy_loss!r}); set it to null")
+            raise ValueError(
+                f"{name}={v!r} is read only by policy_loss: {owner} (policy_loss="
+                f"{o.policy_loss!r}); set it to null"
+            )
         if (why := loss_param_error(name, v)) is not None:
             raise ValueError(why.replace("None", "null"))
     if not o.correction_cap > 0:
         raise ValueError(f"correction_cap must be > 0, got {o.correction_cap}")
     low, mode, cap = o.correction_low, o.rollout_correction, o.correction_cap
     if low is not None and not (mode == "mis" and 0 < low < 1):
-        raise ValueError(f"correction_low={low} needs rollout_correction='mis' and 0 < correction_low "
-                         f"< 1 (null = 1/correction_cap); got rollout_correction={mode!r}")
+        raise ValueError(
+            f"correction_low={low} needs rollout_correction='mis' and 0 < correction_low "
+            f"< 1 (null = 1/correction_cap); got rollout_correction={mode!r}"
+        )
     if mode == "mis" and not cap > 1:
-        raise ValueError(f"correction_cap={cap} with rollout_correction='mis' must be > 1 (the kept "
-                         "band [correction_low, correction_cap] must contain ratio 1)")
+        raise ValueError(
+            f"correction_cap={cap} with rollout_correction='mis' must be > 1 (the kept "
+            "band [correction_low, correction_cap] must contain ratio 1)"
+        )

@@ -14,6 +14,7 @@ reads, ``on_experience`` fills ``Experience.values`` before advantages, ``loss_t
 value loss to every micro-batch, ``trains_alone`` is the value-only warmup, ``advantage_metrics`` reports the
 explained variance of the rollout values against the returns, ``bootstrap_rows`` feeds GAE.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,36 +37,52 @@ class CriticSettings:
     """``CriticModule``'s settings: the one declaration of each (``flat_settings`` makes its signature)."""
 
     head: str = setting(
-        "regression", "regression: Linear(hidden, 1) on the last hidden state, (clipped) squared error; "
+        "regression",
+        "regression: Linear(hidden, 1) on the last hidden state, (clipped) squared error; "
         "token: V = lo + (hi - lo) * sigmoid(z_yes - z_no) of the LM's answer to question after each prefix, "
         "binary cross-entropy, read from the forward's cache (no new parameters; see the module doc).",
-        choices=HEADS)
+        choices=HEADS,
+    )
     share_backbone: bool = setting(
-        True, "The policy's backbone (one forward for logits and values); false = a separate causal LM "
-        "loaded from model (or the policy's path), trained alongside it.")
+        True,
+        "The policy's backbone (one forward for logits and values); false = a separate causal LM "
+        "loaded from model (or the policy's path), trained alongside it.",
+    )
     model: str | None = setting(
-        None, "The separate critic's weights; with share_backbone it may only name a model of the policy's "
-        "architecture (so one interpolated path serves both), its weights unused.")
+        None,
+        "The separate critic's weights; with share_backbone it may only name a model of the policy's "
+        "architecture (so one interpolated path serves both), its weights unused.",
+    )
     vf_coef: float = setting(0.5, "Weight of the value loss in the joint loss.")
     value_clip: float | None = setting(
-        0.2, "PPO2 value clipping epsilon around the rollout values (regression only); null = off.")
+        0.2, "PPO2 value clipping epsilon around the rollout values (regression only); null = off."
+    )
     detach_backbone: bool = setting(
-        False, "Stop the value loss's gradient at the backbone (only the head learns; a token head then "
-        "learns a zero-initialised vector delta: z = h_q . (w_yes - w_no + delta), its yes/no rows frozen).")
+        False,
+        "Stop the value loss's gradient at the backbone (only the head learns; a token head then "
+        "learns a zero-initialised vector delta: z = h_q . (w_yes - w_no + delta), its yes/no rows frozen).",
+    )
     yes_token: str = setting(" yes", "The token head's single 'yes' token.")
     no_token: str = setting(" no", "The token head's single 'no' token.")
     value_range: tuple[float, float] = setting(
-        (0.0, 1.0), "[lo, hi] the token head maps onto; returns outside it raise ValueError.")
+        (0.0, 1.0), "[lo, hi] the token head maps onto; returns outside it raise ValueError."
+    )
     warmup_steps: int = setting(
-        0, "The first this many RL iterations train the value loss only (every other loss term times 0), so "
-        "the policy's first advantages come from a fitted critic.")
+        0,
+        "The first this many RL iterations train the value loss only (every other loss term times 0), so "
+        "the policy's first advantages come from a fitted critic.",
+    )
     init_from: str | None = setting(
-        None, "A directory written by CriticPretrainModule.save: the head starts from its critic.pt.")
+        None, "A directory written by CriticPretrainModule.save: the head starts from its critic.pt."
+    )
     bootstrap_truncated: bool = setting(
-        False, "GAE on a completion cut by the generation budget (finish reason length) continues from its "
-        "last state's value instead of ending the episode there (V = 0).")
+        False,
+        "GAE on a completion cut by the generation budget (finish reason length) continues from its "
+        "last state's value instead of ending the episode there (V = 0).",
+    )
     question: str = setting(
-        "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix.")
+        "\nIs this trajectory good? Answer:", "The text the token head appends after each prefix."
+    )
 
 
 @flat_settings((CriticSettings, PrecisionSettings), before=0)
@@ -90,7 +107,9 @@ class CriticModule(nn.Module, LossTerm):
         if not lo < hi:
             raise ValueError(f"value_range must be [lo, hi] with lo < hi, got {list(s.value_range)}")
         if s.head == "token" and not s.question:
-            raise ValueError("question must be a non-empty text for head='token' (it is asked after every prefix)")
+            raise ValueError(
+                "question must be a non-empty text for head='token' (it is asked after every prefix)"
+            )
         # the names the value code reads (value_range as floats)
         self.head_type, self.share_backbone, self.model_path = s.head, s.share_backbone, s.model
         self.warmup_steps, self.init_from = s.warmup_steps, s.init_from
@@ -143,19 +162,25 @@ class CriticModule(nn.Module, LossTerm):
 
             f = Path(self.init_from) / "critic.pt"
             if not f.exists():
-                raise FileNotFoundError(f"init_from={self.init_from!r}: no {f.name} there (write it with "
-                                        "CriticPretrainModule.save)")
+                raise FileNotFoundError(
+                    f"init_from={self.init_from!r}: no {f.name} there (write it with "
+                    "CriticPretrainModule.save)"
+                )
             missing, unexpected = self.load_state_dict(torch.load(f, map_location="cpu"), strict=False)
             if unexpected or any(not k.startswith("backbone.") for k in missing):
-                raise ValueError(f"init_from={self.init_from!r}: {f.name} does not fit this critic "
-                                 f"(missing {missing}, unexpected {unexpected}); same head type?")
+                raise ValueError(
+                    f"init_from={self.init_from!r}: {f.name} does not fit this critic "
+                    f"(missing {missing}, unexpected {unexpected}); same head type?"
+                )
 
     def needs(self) -> ForwardNeeds:
         """On a shared backbone, the policy's forward returns what the head reads: the hidden states
         (regression) or its key/value cache (the token head asks its question from it). An own backbone runs
         its own forward."""
-        return ForwardNeeds(hidden=self.share_backbone and self.head_type == "regression",
-                            cache=self.share_backbone and self.head_type == "token")
+        return ForwardNeeds(
+            hidden=self.share_backbone and self.head_type == "regression",
+            cache=self.share_backbone and self.head_type == "token",
+        )
 
     # ---------------------------------------------------------------- values
     def _model(self, module):
@@ -205,16 +230,26 @@ class CriticModule(nn.Module, LossTerm):
         att = micro.attention_mask.to(dev).bool()
         pos = (att.long().cumsum(-1) - 1).clamp(min=0)  # (b, L), as the main forward
         last = torch.arange(C, device=dev) + P - 1  # (C,) last position of s_t
-        see_prefix = (torch.arange(L, device=dev)[None, :] <= last[:, None])[None] & att[:, None, :]  # (b, C, L)
+        see_prefix = (torch.arange(L, device=dev)[None, :] <= last[:, None])[None] & att[
+            :, None, :
+        ]  # (b, C, L)
         copy = torch.arange(C * k, device=dev) // k
         j = torch.arange(C * k, device=dev) % k
         see_own = (copy[:, None] == copy[None, :]) & (j[None, :] <= j[:, None])  # (Ck, Ck) causal per copy
         allowed = torch.cat([see_prefix.repeat_interleave(k, dim=1), see_own.expand(b, -1, -1)], dim=-1)
         dtype = next(model.parameters()).dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(~allowed, torch.finfo(dtype).min)
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=dev).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
         qpos = pos[:, last].repeat_interleave(k, dim=1) + 1 + j[None, :]  # (b, Ck)
-        kw = dict(input_ids=q.repeat(C).expand(b, -1), attention_mask=mask[:, None], position_ids=qpos,
-                  past_key_values=cache, use_cache=True, logits_to_keep=torch.arange(k - 1, C * k, k, device=dev))
+        kw = {
+            "input_ids": q.repeat(C).expand(b, -1),
+            "attention_mask": mask[:, None],
+            "position_ids": qpos,
+            "past_key_values": cache,
+            "use_cache": True,
+            "logits_to_keep": torch.arange(k - 1, C * k, k, device=dev),
+        }
         yes, no = self.token_ids
         if self.delta is None:
             logits = model(**kw).logits  # (b, C, V): the last question token of each copy
@@ -264,8 +299,10 @@ class CriticModule(nn.Module, LossTerm):
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, Tensor]:
         """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, docs/architecture.md "Contracts")."""
         if micro.returns is None or micro.values is None:
-            raise RuntimeError("CriticModule needs Experience.values and .returns: use a return-producing advantage "
-                               "estimator (advantage='gae' or 'reinforce') with PolicyModule(critic=...)")
+            raise RuntimeError(
+                "CriticModule needs Experience.values and .returns: use a return-producing advantage "
+                "estimator (advantage='gae' or 'reinforce') with PolicyModule(critic=...)"
+            )
         mask = fwd["mask"]
         v, raw = self.predict(module, micro, fwd)
         returns = micro.returns.to(v.device)
@@ -284,8 +321,11 @@ class CriticModule(nn.Module, LossTerm):
         # padding pass, run so ranks' collectives stay in step, is no value-loss sample) and PolicyModule logs
         # them. ``value_loss`` is this micro-batch's share (minibatch denominators), so it is summed over the
         # step like ``loss/value``: the minibatch's value loss, whatever the micro-batching.
-        return LossParts({"value": self.vf_coef * value_loss}, metrics,
-                         shares={"critic/value_loss": float(value_loss.detach())})
+        return LossParts(
+            {"value": self.vf_coef * value_loss},
+            metrics,
+            shares={"critic/value_loss": float(value_loss.detach())},
+        )
 
     def advantage_metrics(self, exp) -> dict[str, float]:
         """Explained variance of the rollout values against the returns, over the trainable tokens (invalid rows
@@ -293,8 +333,10 @@ class CriticModule(nn.Module, LossTerm):
         if exp.values is None or exp.returns is None:
             return {}
         m = exp.train_mask
-        return {"critic/explained_variance": explained_variance(exp.values, exp.returns, m),
-                "critic/values_mean": float(exp.values[m].mean()) if m.any() else 0.0}
+        return {
+            "critic/explained_variance": explained_variance(exp.values, exp.returns, m),
+            "critic/values_mean": float(exp.values[m].mean()) if m.any() else 0.0,
+        }
 
 
 def _single_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
@@ -305,8 +347,10 @@ def _single_token_ids(tokenizer, yes: str, no: str) -> tuple[int, int]:
             bad.append(f"{tok!r} -> {len(enc)} tokens {enc}")
         ids.append(enc[0] if enc else -1)
     if bad:
-        raise ValueError("token value head needs yes_token and no_token to be single tokens of the tokenizer; "
-                         f"not single tokens: {'; '.join(bad)}")
+        raise ValueError(
+            "token value head needs yes_token and no_token to be single tokens of the tokenizer; "
+            f"not single tokens: {'; '.join(bad)}"
+        )
     if ids[0] == ids[1]:
         raise ValueError(f"yes_token {yes!r} and no_token {no!r} map to the same token id {ids[0]}")
     return ids[0], ids[1]
@@ -320,5 +364,7 @@ def _check_same_architecture(path: str, policy_config) -> None:
     mine = {k: getattr(cfg, k, None) for k in keys}
     theirs = {k: getattr(policy_config, k, None) for k in keys}
     if mine != theirs:
-        raise ValueError(f"share_backbone=True but critic model {path!r} has architecture {mine}, the policy has "
-                         f"{theirs}; use share_backbone=False for a critic of another architecture")
+        raise ValueError(
+            f"share_backbone=True but critic model {path!r} has architecture {mine}, the policy has "
+            f"{theirs}; use share_backbone=False for a critic of another architecture"
+        )

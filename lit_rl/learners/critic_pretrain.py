@@ -8,6 +8,7 @@ with γ = 1, or a step's label with a one-token ``completion``; the loss is the 
 error for ``regression``, BCE for ``token``). ``save(dir)`` writes the backbone (HF format, it may have been
 trained too) and ``critic.pt``; ``PolicyModule(model=dir, critic=CriticModule(init_from=dir))`` resumes from it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -39,9 +40,12 @@ def parse_value_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experience:
     """Left-padded prefixes | right-padded completions (the one ``ExperienceBuilder``; each record its own
     group, ``prompts`` = the records), ``returns`` = each record's target on its completion tokens."""
-    rows = Rows(prompt_ids=[tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records],
-                completion_ids=[tokenizer.encode(r["completion"], add_special_tokens=False) for r in records],
-                prompts=list(records), rewards=torch.tensor([float(r["target"]) for r in records]))
+    rows = Rows(
+        prompt_ids=[tokenizer.encode(r["prefix"], add_special_tokens=False) for r in records],
+        completion_ids=[tokenizer.encode(r["completion"], add_special_tokens=False) for r in records],
+        prompts=list(records),
+        rewards=torch.tensor([float(r["target"]) for r in records]),
+    )
     exp = ExperienceBuilder().pack(rows, tokenizer.pad_token_id, group_ids=torch.arange(len(records)))
     exp.returns = torch.where(exp.loss_mask, exp.rewards[:, None], 0.0)  # (B, C)
     return exp
@@ -60,13 +64,21 @@ class CriticPretrainModule(L.LightningModule):
         tiny_if_missing: as in ``PolicyModule``.
     """
 
-    def __init__(self, model: str, critic: CriticModule | None = None, tiny_if_missing: dict[str, Any] | None = None,
-                 optimizer: Callable = _default_optimizer):
+    def __init__(
+        self,
+        model: str,
+        critic: CriticModule | None = None,
+        tiny_if_missing: dict[str, Any] | None = None,
+        optimizer: Callable = _default_optimizer,
+    ):
         super().__init__()
         from lit_rl.learners.policy import PolicyModule
 
-        self.policy = PolicyModule(model=model, tiny_if_missing=tiny_if_missing,
-                                   critic=critic if critic is not None else CriticModule())
+        self.policy = PolicyModule(
+            model=model,
+            tiny_if_missing=tiny_if_missing,
+            critic=critic if critic is not None else CriticModule(),
+        )
         self.critic = self.policy.critic
         self.optimizer_factory = optimizer
 
@@ -77,11 +89,22 @@ class CriticPretrainModule(L.LightningModule):
         exp = records_to_experience(self.policy.tokenizer, parse_value_records(records)).to(self.device)
         logits, hidden = self.policy.forward_logits(exp, model=self.critic.backbone, return_hidden=True)
         n = int(exp.loss_mask.sum())
-        fwd = {"logits": logits, "hidden": hidden, "mask": exp.loss_mask, "num_tokens": n,
-               "num_seqs": int(exp.loss_mask.any(-1).sum())}
+        fwd = {
+            "logits": logits,
+            "hidden": hidden,
+            "mask": exp.loss_mask,
+            "num_tokens": n,
+            "num_seqs": int(exp.loss_mask.any(-1).sum()),
+        }
         v, _ = self.critic.predict(self.policy, exp, fwd)
-        exp.values = v.detach().float()  # old values = current: the PPO2 clip is inactive (no old policy here)
-        return self.critic.loss_terms(self.policy, exp, fwd)["value"] / max(self.critic.vf_coef, 1e-12), v, exp
+        exp.values = (
+            v.detach().float()
+        )  # old values = current: the PPO2 clip is inactive (no old policy here)
+        return (
+            self.critic.loss_terms(self.policy, exp, fwd)["value"] / max(self.critic.vf_coef, 1e-12),
+            v,
+            exp,
+        )
 
     def training_step(self, batch: list[dict[str, Any]], batch_idx: int) -> torch.Tensor:
         loss, _, _ = self.value_loss(batch)
@@ -93,5 +116,7 @@ class CriticPretrainModule(L.LightningModule):
         Path(path).mkdir(parents=True, exist_ok=True)
         (self.critic.backbone or self.policy.model).save_pretrained(path)
         self.policy.tokenizer.save_pretrained(path)
-        torch.save({k: v for k, v in self.critic.state_dict().items() if not k.startswith("backbone.")},
-                   Path(path) / CRITIC_FILE)
+        torch.save(
+            {k: v for k, v in self.critic.state_dict().items() if not k.startswith("backbone.")},
+            Path(path) / CRITIC_FILE,
+        )

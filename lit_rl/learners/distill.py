@@ -25,6 +25,7 @@ is pure distillation (the rewards are then only monitored).
 ``kd_on`` picks which rollouts the full-distribution terms (forward_kl, jsd) read: ``student`` (on-policy,
 GKD λ=1), ``teacher`` (the teacher's own samples, i.e. supervised KD; done in the teacher-data step), or both.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -57,14 +58,18 @@ class DistillSettings:
 
     losses: dict[str, float] = setting(
         doc="{name: coefficient} over reverse_kl_sampled, reverse_kl_full, topk_reverse_kl, forward_kl, jsd, "
-        "sft_on_success (e.g. {reverse_kl_sampled: 1.0}).", factory=lambda: {"reverse_kl_sampled": 1.0})
+        "sft_on_success (e.g. {reverse_kl_sampled: 1.0}).",
+        factory=lambda: {"reverse_kl_sampled": 1.0},
+    )
     rl_coef: float = setting(0.0, "Weight of the reward policy-gradient term (0 = distillation only).")
     jsd_beta: float = setting(0.5, "Beta of jsd in (0, 1) (the teacher's weight in the mixture).")
     topk: int = setting(16, "k of topk_reverse_kl.")
     kd_on: str = setting("student", "The rollouts the forward_kl / jsd terms read.", choices=KD_ON)
     opd_baseline: bool = setting(
-        False, "reverse_kl_sampled subtracts the leave-one-out group mean of the per-token advantage at each "
-        "position (core.advantages opd with baseline; unbiased, lower variance).")
+        False,
+        "reverse_kl_sampled subtracts the leave-one-out group mean of the per-token advantage at each "
+        "position (core.advantages opd with baseline; unbiased, lower variance).",
+    )
 
 
 @dataclass(frozen=True)
@@ -84,13 +89,15 @@ class DistillConfig(PolicyConfig):
         if d.topk < 1:
             raise ValueError(f"topk must be >= 1, got {d.topk}")
         if d.kd_on != "student" and not {"forward_kl", "jsd"} & set(losses):
-            raise ValueError(f"kd_on={d.kd_on!r} only affects forward_kl / jsd, which are not in losses "
-                             f"{sorted(losses)}")
+            raise ValueError(
+                f"kd_on={d.kd_on!r} only affects forward_kl / jsd, which are not in losses {sorted(losses)}"
+            )
         if not isinstance(d.opd_baseline, bool):
             raise TypeError(f"opd_baseline must be true or false, got {d.opd_baseline!r}")
         if d.opd_baseline and "reverse_kl_sampled" not in losses:
-            raise ValueError(f"opd_baseline only affects reverse_kl_sampled, which is not in losses "
-                             f"{sorted(losses)}")
+            raise ValueError(
+                f"opd_baseline only affects reverse_kl_sampled, which is not in losses {sorted(losses)}"
+            )
         super().validate(source)
         return self
 
@@ -114,9 +121,15 @@ class DistillModule(PolicyModule):
 
     config_type = DistillConfig
 
-    def __init__(self, model: str, *, optimizer: OptimizerFactory = _default_optimizer,
-                 lr_scheduler: SchedulerFactory | None = None, critic: CriticModule | None = None,
-                 **settings: Any):
+    def __init__(
+        self,
+        model: str,
+        *,
+        optimizer: OptimizerFactory = _default_optimizer,
+        lr_scheduler: SchedulerFactory | None = None,
+        critic: CriticModule | None = None,
+        **settings: Any,
+    ):
         # its own __init__ only so that flat_settings gives this class its own signature (not PolicyModule's)
         super().__init__(model, optimizer=optimizer, lr_scheduler=lr_scheduler, critic=critic, **settings)
 
@@ -130,13 +143,17 @@ class DistillModule(PolicyModule):
         """Asked by the TeacherRouter: store the teacher's top-k (only when topk_reverse_kl is used)."""
         return self.config.distill.topk if "topk_reverse_kl" in self.losses else None
 
-    teacher_router = None  # handed over by TeacherRouter.setup (explicit wiring, no search of trainer.callbacks)
+    teacher_router = (
+        None  # handed over by TeacherRouter.setup (explicit wiring, no search of trainer.callbacks)
+    )
 
     def router(self):
         if self.teacher_router is not None:
             return self.teacher_router
-        raise RuntimeError("DistillModule needs a TeacherRouter in trainer.callbacks (it scores the student's "
-                           "rollouts with the teachers); e.g. -c callbacks/teachers.yaml")
+        raise RuntimeError(
+            "DistillModule needs a TeacherRouter in trainer.callbacks (it scores the student's "
+            "rollouts with the teachers); e.g. -c callbacks/teachers.yaml"
+        )
 
     def setup(self, stage: str) -> None:
         if stage == "fit":
@@ -148,15 +165,27 @@ class DistillModule(PolicyModule):
         exp.advantages = exp.advantages * self.config.distill.rl_coef  # scales the reward PG term (0 = off)
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
-                raise RuntimeError("reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter")
+                raise RuntimeError(
+                    "reverse_kl_sampled: the Experience has no teacher_logprobs; add a TeacherRouter"
+                )
             # the model's full softmax (with processed sampling too), on the Experience's device like the teacher's
             pol = self.kl_policy_logprobs(exp)
-            out = compute_advantages("opd", AdvantageInputs(
-                rewards=torch.zeros_like(exp.rewards), mask=exp.loss_mask, logprobs=pol,
-                teacher_logprobs=exp.teacher_logprobs, valid=torch.ones_like(exp.valid),
-                group_ids=exp.group_ids, baseline=self.config.distill.opd_baseline))
+            out = compute_advantages(
+                "opd",
+                AdvantageInputs(
+                    rewards=torch.zeros_like(exp.rewards),
+                    mask=exp.loss_mask,
+                    logprobs=pol,
+                    teacher_logprobs=exp.teacher_logprobs,
+                    valid=torch.ones_like(exp.valid),
+                    group_ids=exp.group_ids,
+                    baseline=self.config.distill.opd_baseline,
+                ),
+            )
             exp.extras["opd_advantages"] = out.advantages.float()  # (B, C)
-            metrics.update({f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")})
+            metrics.update(
+                {f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")}
+            )
         return metrics
 
     # ---------------------------------------------------------------- loss
@@ -180,19 +209,39 @@ class DistillModule(PolicyModule):
                 if n == "jsd":
                     d = generalized_jsd(logits, t_logits, beta, mask, chunk, self.temperature)
                 else:
-                    d = kl_from_logits(logits, t_logits, mask, "reverse" if n == "reverse_kl_full" else "forward",
-                                       chunk, self.temperature)
+                    d = kl_from_logits(
+                        logits,
+                        t_logits,
+                        mask,
+                        "reverse" if n == "reverse_kl_full" else "forward",
+                        chunk,
+                        self.temperature,
+                    )
                 out[n] = c[n] * self.aggregate(d, mask, fwd)
             return out
-        groups = self.router().teacher_heads(self, micro, names[0])  # [(rows, Projection | (b', C, V) logits)]
+        groups = self.router().teacher_heads(
+            self, micro, names[0]
+        )  # [(rows, Projection | (b', C, V) logits)]
         kinds = {"reverse_kl_full": "reverse", "forward_kl": "forward", "jsd": "jsd"}
         for n in names:
             parts = []
             for idx, teacher in groups:
                 rows = torch.as_tensor(idx, device=head.hidden.device)
                 student = head if len(groups) == 1 else Projection(head.hidden[rows], head.weight, head.bias)
-                parts.append((rows, linear_divergence(kinds[n], student, teacher, mask[rows.to(mask.device)],
-                                                      self.temperature, beta, chunk)))
+                parts.append(
+                    (
+                        rows,
+                        linear_divergence(
+                            kinds[n],
+                            student,
+                            teacher,
+                            mask[rows.to(mask.device)],
+                            self.temperature,
+                            beta,
+                            chunk,
+                        ),
+                    )
+                )
             if len(parts) == 1:
                 d = parts[0][1]
             else:  # rows of several teachers: put each group's (b', C) back in place (differentiable)
@@ -205,7 +254,8 @@ class DistillModule(PolicyModule):
     # ------------------------------------------------------ teacher-data step
     def training_step(self, batch, batch_idx: int):
         student_terms = self.config.distill.rl_coef > 0 or set(self.losses) - {"sft_on_success"} - (
-            {"forward_kl", "jsd"} if self.config.distill.kd_on == "teacher" else set())
+            {"forward_kl", "jsd"} if self.config.distill.kd_on == "teacher" else set()
+        )
         if student_terms:
             super().training_step(batch, batch_idx)
         else:  # nothing reads the student's rollouts: skip a zero-gradient optimizer step, still log them
@@ -242,8 +292,12 @@ class DistillModule(PolicyModule):
         rows = int(self._all_reduce_sum(torch.tensor([float(local)]), op="max")[0])
         if rows > 0:
             texp = _pad_rows(texp if texp is not None else exp, rows, keep=local)
-            stats = self._optimizer_step(self.optimizers(), self.lr_schedulers(), texp.to(self.device),
-                                         micro_loss=self._teacher_micro_loss)
+            stats = self._optimizer_step(
+                self.optimizers(),
+                self.lr_schedulers(),
+                texp.to(self.device),
+                micro_loss=self._teacher_micro_loss,
+            )
             metrics.update({k: v for k, v in stats.items() if k.startswith("loss/")})
             metrics["distill/teacher_step_grad_norm"] = stats["actor/grad_norm"]
         for k, v in metrics.items():
@@ -257,8 +311,15 @@ class DistillModule(PolicyModule):
         fwd = LazyLogits(fwd, head=out["head"])
         if out["head"] is not None:
             hd = out["head"]
-            lp = linear_logprobs(hd.hidden, hd.weight, micro.completion_ids.to(hd.hidden.device), hd.bias,
-                                 self.temperature, chunk, entropy=False)[0]
+            lp = linear_logprobs(
+                hd.hidden,
+                hd.weight,
+                micro.completion_ids.to(hd.hidden.device),
+                hd.bias,
+                self.temperature,
+                chunk,
+                entropy=False,
+            )[0]
         else:
             fwd["logits"] = out["logits"]
             lp = token_logprobs(out["logits"], micro.completion_ids, chunk, self.temperature)
@@ -266,11 +327,13 @@ class DistillModule(PolicyModule):
         if "sft_on_success" in c:  # CE on the teacher's tokens: token_mean over the survivors' tokens
             ce = masked_cross_entropy(lp, mask)
             parts["sft_on_success"] = c["sft_on_success"] * aggregate(
-                ce, mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
+                ce, mask, "token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"]
+            )
         kd = [n for n in ("forward_kl", "jsd") if n in c and self.config.distill.kd_on != "student"]
         if kd:
-            parts.update({f"{k}_teacher_rollouts": v for k, v in
-                          self.full_vocab_terms(kd, micro, mask, fwd).items()})
+            parts.update(
+                {f"{k}_teacher_rollouts": v for k, v in self.full_vocab_terms(kd, micro, mask, fwd).items()}
+            )
         return parts
 
 
@@ -291,23 +354,39 @@ class StudentDistillation(LossTerm):
         out: dict[str, Tensor] = {}
         if "reverse_kl_sampled" in c:
             old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
-            per_tok, _ = compute_policy_loss(o.policy_loss, PolicyLossInputs(
-                logprobs=lp, old_logprobs=old, advantages=micro.extras["opd_advantages"], mask=mask,
-                rollout_logprobs=None, is_weights=None, **loss_settings(o)))
+            per_tok, _ = compute_policy_loss(
+                o.policy_loss,
+                PolicyLossInputs(
+                    logprobs=lp,
+                    old_logprobs=old,
+                    advantages=micro.extras["opd_advantages"],
+                    mask=mask,
+                    rollout_logprobs=None,
+                    is_weights=None,
+                    **loss_settings(o),
+                ),
+            )
             out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * module.aggregate(per_tok, mask, fwd)
         if "topk_reverse_kl" in c:
             C = mask.shape[1]
             ex = micro.extras
-            teacher = (ex["teacher_topk_logprobs"][:, :C], ex["teacher_topk_ids"][:, :C],
-                       ex["teacher_tail_logprob"][:, :C])
+            teacher = (
+                ex["teacher_topk_logprobs"][:, :C],
+                ex["teacher_topk_ids"][:, :C],
+                ex["teacher_tail_logprob"][:, :C],
+            )
             if head is not None:
                 kl = topk_reverse_kl_linear(head, *teacher, mask, module.temperature, chunk)
             else:
-                kl = topk_reverse_kl(fwd["logits"], *teacher, mask, module.temperature,
-                                     module.config.step.micro_batch_size)
+                kl = topk_reverse_kl(
+                    fwd["logits"], *teacher, mask, module.temperature, module.config.step.micro_batch_size
+                )
             out["topk_reverse_kl"] = c["topk_reverse_kl"] * module.aggregate(kl, mask, fwd)
-        full = [n for n in ("reverse_kl_full", "forward_kl", "jsd") if n in c
-                and (n == "reverse_kl_full" or module.config.distill.kd_on != "teacher")]
+        full = [
+            n
+            for n in ("reverse_kl_full", "forward_kl", "jsd")
+            if n in c and (n == "reverse_kl_full" or module.config.distill.kd_on != "teacher")
+        ]
         if full:
             out.update(module.full_vocab_terms(full, micro, mask, fwd))
         return out

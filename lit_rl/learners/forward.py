@@ -6,6 +6,7 @@ three shapes: the chunked head path (the default: no (b, C, V) logits), the shar
 prompt once) and the materialised path (the test reference, and the fallback for heads the chunked path
 cannot read).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -19,16 +20,18 @@ from lit_rl.core.fused_sampler import linear_logprobs_and_sampler
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.processed import History, LogitProcessing, sampler_logprobs
 from lit_rl.data.experience import Experience
+from lit_rl.learners.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
-from lit_rl.learners.heads import LazyLogits, head_weight_after_forward, lm_head_projection
 
 
 def _checkpoint_layers(model) -> list[torch.nn.Module]:
     """The modules transformers checkpoints (its ``GradientCheckpointingLayer`` decoder layers) when enabled."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    return [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    return [
+        m for m in model.modules() if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing
+    ]
 
 
 def enable_gradient_checkpointing(model, enabled: bool = True) -> None:
@@ -43,11 +46,15 @@ def enable_gradient_checkpointing(model, enabled: bool = True) -> None:
     if not enabled:
         return
     if not getattr(model, "supports_gradient_checkpointing", True):
-        raise ValueError(f"gradient_checkpointing: {type(model).__name__} does not support it (transformers' "
-                         "supports_gradient_checkpointing is False)")
+        raise ValueError(
+            f"gradient_checkpointing: {type(model).__name__} does not support it (transformers' "
+            "supports_gradient_checkpointing is False)"
+        )
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not _checkpoint_layers(model):
-        raise ValueError(f"gradient_checkpointing: {type(model).__name__} has no checkpointable decoder layer")
+        raise ValueError(
+            f"gradient_checkpointing: {type(model).__name__} has no checkpointable decoder layer"
+        )
 
 
 @contextmanager
@@ -66,7 +73,7 @@ def checkpointing_off(model):
 def real_completion_tokens(micro: Experience) -> Tensor:
     """(b, C) bool: the completion positions that hold a token (the attention mask's completion part). The LM
     head runs on these only: a padded block can be mostly padding, and the head is the widest matmul."""
-    return micro.attention_mask[:, micro.prompt_len:].bool()
+    return micro.attention_mask[:, micro.prompt_len :].bool()
 
 
 class PolicyForward:
@@ -87,8 +94,14 @@ class PolicyForward:
         out = self.forward_outputs(micro, model, hidden=return_hidden, materialize=True)
         return (out["logits"], out["hidden"]) if return_hidden else out["logits"]
 
-    def forward_outputs(self, micro: Experience, model=None, hidden: bool = False, cache: bool = False,
-                        materialize: bool = False) -> dict[str, Any]:
+    def forward_outputs(
+        self,
+        micro: Experience,
+        model=None,
+        hidden: bool = False,
+        cache: bool = False,
+        materialize: bool = False,
+    ) -> dict[str, Any]:
         """One forward over the micro-batch, without the vocabulary logits when the model allows it.
 
         Returns a dict with ``head`` — a ``core.fused_logprobs.Projection`` (hidden (b, C, H) at the positions
@@ -108,25 +121,40 @@ class PolicyForward:
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
         C = micro.completion_len
         materialize = materialize or self.materialize_logits
-        kw = {"input_ids": micro.input_ids.to(dev), "attention_mask": att, "position_ids": pos, "use_cache": cache}
+        kw = {
+            "input_ids": micro.input_ids.to(dev),
+            "attention_mask": att,
+            "position_ids": pos,
+            "use_cache": cache,
+        }
         proj = None if materialize else lm_head_projection(model, sharded_ok=True)
         packed = self._packed(micro, model) if not cache else None
         run_kw = kw  # what the projection path feeds the model: the padded rows, or the packed ones
         if packed is not None:  # padding-free: real tokens only, each prompt once (models/packed.py)
-            run_kw = {**packed.model_kwargs(model.config._attn_implementation, next(model.parameters()).dtype),
-                      "use_cache": False}
+            run_kw = {
+                **packed.model_kwargs(model.config._attn_implementation, next(model.parameters()).dtype),
+                "use_cache": False,
+            }
         elif not (hidden or cache) and self._shares_prompt(model):
             # a group's rows share their prompt: compute it once (models/shared_prompt.py), same outputs
-            shared = shared_prompt_outputs(model, kw["input_ids"], att, pos, micro.prompt_len, project=proj is None)
+            shared = shared_prompt_outputs(
+                model, kw["input_ids"], att, pos, micro.prompt_len, project=proj is None
+            )
             if shared is not None and proj is None:
                 return {"logits": shared, "hidden": None, "cache": None, "head": None}  # (b, C, V)
             if shared is not None:
                 weight, bias = proj
-                return LazyLogits(hidden=shared, head=Projection(shared, weight, bias), cache=None)  # (b, C, H)
+                return LazyLogits(
+                    hidden=shared, head=Projection(shared, weight, bias), cache=None
+                )  # (b, C, H)
         if proj is None and packed is not None:  # e.g. ZeRO-3's head: the packed rows' logits, gathered back
             out = model(**run_kw, output_hidden_states=hidden)
-            return {"logits": packed.gather(out.logits), "cache": None, "head": None,  # (b, C, V)
-                    "hidden": packed.gather(out.hidden_states[-1]) if hidden else None}  # (b, C, H)
+            return {
+                "logits": packed.gather(out.logits),
+                "cache": None,
+                "head": None,  # (b, C, V)
+                "hidden": packed.gather(out.hidden_states[-1]) if hidden else None,
+            }  # (b, C, H)
         if proj is None:
             return self._materialised_outputs(model, kw, C, hidden, cache)
         seen: dict[str, Tensor] = {}
@@ -134,17 +162,24 @@ class PolicyForward:
         # CausalLM itself runs (hooks of FSDP / PEFT wrappers included) but projects no position (an empty
         # ``logits_to_keep`` index), so no (b, L, V) tensor is created.
         hook = model.get_decoder().register_forward_hook(
-            lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+            lambda m, a, o: seen.__setitem__(
+                "h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]
+            )
+        )
         try:
             out = model(**run_kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=dev))
         finally:
             hook.remove()
-        proj = head_weight_after_forward(model)  # FSDP2: the unsharded weight the root unit holds until backward
+        proj = head_weight_after_forward(
+            model
+        )  # FSDP2: the unsharded weight the root unit holds until backward
         if proj is None:
             return self._materialised_outputs(model, kw, C, hidden, cache)
         weight, bias = proj
-        h = packed.gather(seen["h"]) if packed is not None else seen["h"][:, -(C + 1):-1]  # (b, C, H)
-        return LazyLogits(hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None)
+        h = packed.gather(seen["h"]) if packed is not None else seen["h"][:, -(C + 1) : -1]  # (b, C, H)
+        return LazyLogits(
+            hidden=h, head=Projection(h, weight, bias), cache=out.past_key_values if cache else None
+        )
 
     def _packed(self, micro: Experience, model):
         """The micro-batch packed padding-free (``models/packed.py``) when ``padding_free`` is on and the model
@@ -154,9 +189,13 @@ class PolicyForward:
         if not fw.padding_free or unsupported_reason(model) is not None:
             return None
         # the Experience may still be on the CPU (the no-grad passes run before ``training_step`` moves it)
-        return pack_rows(micro.input_ids, micro.attention_mask, micro.prompt_len,
-                         fw.pack_row_tokens or DEFAULT_ROW_TOKENS,
-                         device=next(model.parameters()).device)
+        return pack_rows(
+            micro.input_ids,
+            micro.attention_mask,
+            micro.prompt_len,
+            fw.pack_row_tokens or DEFAULT_ROW_TOKENS,
+            device=next(model.parameters()).device,
+        )
 
     def _shares_prompt(self, model) -> bool:
         """``share_prompt_forward`` resolved for this model: None = on, except for a float64 model (see the
@@ -180,9 +219,12 @@ class PolicyForward:
     def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:
         """The old path: the CausalLM's own (b, C, V) logits (the reference, and the fallback)."""
         out = model(**kw, logits_to_keep=C + 1, output_hidden_states=hidden)
-        return {"logits": out.logits[:, :-1],  # (b, C, V)
-                "hidden": out.hidden_states[-1][:, -(C + 1):-1] if hidden else None,  # (b, C, H)
-                "cache": out.past_key_values if cache else None, "head": None}
+        return {
+            "logits": out.logits[:, :-1],  # (b, C, V)
+            "hidden": out.hidden_states[-1][:, -(C + 1) : -1] if hidden else None,  # (b, C, H)
+            "cache": out.past_key_values if cache else None,
+            "head": None,
+        }
 
     def completion_logprobs(self, micro: Experience, logits: Tensor | None = None, model=None) -> Tensor:
         """log π(y_t) of every completion token at the module's temperature, (b, C), 0 at padding positions;
@@ -191,16 +233,21 @@ class PolicyForward:
         if logits is None:
             out = self.forward_outputs(micro, model)
             return self._full_logprobs(micro, out)
-        lp = token_logprobs(logits, micro.completion_ids.to(logits.device),
-                            self.config.forward.logprob_chunk_size, self.temperature)
+        lp = token_logprobs(
+            logits,
+            micro.completion_ids.to(logits.device),
+            self.config.forward.logprob_chunk_size,
+            self.temperature,
+        )
         return lp.masked_fill(~real_completion_tokens(micro).to(lp.device), 0.0)  # 0 at padding, as chunked
 
     def _full_logprobs(self, micro: Experience, out: dict[str, Any]) -> Tensor:
         """``completion_logprobs`` of an existing forward ``out``."""
         return self.logprobs_of(micro, out, sampler=False)[0]
 
-    def logprobs_of(self, micro: Experience, out: dict[str, Any], entropy: bool = False, sampler: bool = True
-                    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    def logprobs_of(
+        self, micro: Experience, out: dict[str, Any], entropy: bool = False, sampler: bool = True
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """(log π(y_t), H(π)(t) or None, log π^s(y_t) or None) of forward ``out``, each (b, C), 0 at padding,
         differentiable: the model's full softmax(z / T) log-probs (what KL terms read), its entropy (None on the
         materialised path or without ``entropy``), and the rollout sampler's (``core.processed``: the trainer's
@@ -215,12 +262,29 @@ class PolicyForward:
         if proc.active and proc.repetition_penalty != 1:
             hist = History.of(micro.input_ids.to(dev), micro.attention_mask.to(dev), micro.prompt_len)
         if head is not None and proc.active:
-            lp, ent, lps = linear_logprobs_and_sampler(head.hidden, head.weight, ids, proc, mask, head.bias, hist,
-                                                       h.logprob_chunk_size, entropy=entropy)
+            lp, ent, lps = linear_logprobs_and_sampler(
+                head.hidden,
+                head.weight,
+                ids,
+                proc,
+                mask,
+                head.bias,
+                hist,
+                h.logprob_chunk_size,
+                entropy=entropy,
+            )
             return lp, (ent if entropy else None), lps
         if head is not None:
-            lp, ent = linear_logprobs(head.hidden, head.weight, ids, head.bias, self.temperature,
-                                      h.logprob_chunk_size, entropy=entropy, mask=mask)
+            lp, ent = linear_logprobs(
+                head.hidden,
+                head.weight,
+                ids,
+                head.bias,
+                self.temperature,
+                h.logprob_chunk_size,
+                entropy=entropy,
+                mask=mask,
+            )
             return lp, (ent if entropy else None), None
         logits = out["logits"]
         lp = token_logprobs(logits, ids, h.logprob_chunk_size, self.temperature).masked_fill(~mask, 0.0)

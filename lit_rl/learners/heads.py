@@ -6,6 +6,7 @@ hidden states plus the LM head's (weight, bias) (``core.fused_logprobs.Projectio
 the CausalLM's logits are literally ``lm_head(hidden)``; ``lm_head_projection`` says when, and otherwise the
 module keeps the materialised path (stated once in the log, with the reason).
 """
+
 from __future__ import annotations
 
 import logging
@@ -48,7 +49,9 @@ def projection_blocker(model, sharded_ok: bool = False) -> str | None:
         DTensor = ()
     if not sharded_ok and isinstance(head.weight, DTensor):
         return "the output projection's weight is a DTensor (FSDP2-sharded)"
-    if hasattr(head.weight, "ds_id"):  # ZeRO-3 gathers it only inside lm_head's own forward and frees it after
+    if hasattr(
+        head.weight, "ds_id"
+    ):  # ZeRO-3 gathers it only inside lm_head's own forward and frees it after
         return "the output projection's weight is a DeepSpeed ZeRO-3 partition"
     cfg = getattr(model, "config", None)
     for name in _LOGIT_TRANSFORMS:
@@ -82,10 +85,15 @@ def logits_mismatch(model) -> str | None:
     """
     dev = next(model.parameters()).device
     V = model.get_output_embeddings().weight.shape[0]
-    ids = (torch.arange(CHECK_POSITIONS, device=dev) * 7919 % V).unsqueeze(0)  # (1, L) spread over the vocabulary
+    ids = (torch.arange(CHECK_POSITIONS, device=dev) * 7919 % V).unsqueeze(
+        0
+    )  # (1, L) spread over the vocabulary
     seen: dict[str, Tensor] = {}
     hook = model.get_decoder().register_forward_hook(
-        lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+        lambda m, a, o: seen.__setitem__(
+            "h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]
+        )
+    )
     try:
         out = model(input_ids=ids, use_cache=False)
     finally:
@@ -100,8 +108,10 @@ def logits_mismatch(model) -> str | None:
         return f"lm_head(hidden) has shape {tuple(got.shape)}, the model's logits {tuple(ref.shape)}"
     err = float((got - ref).abs().max())
     if err > 1e-3 * max(1.0, float(ref.abs().max())):
-        return (f"lm_head(hidden) differs from the model's own logits by up to {err:.3g} (a logit transform "
-                "after the head, e.g. soft-capping or scaling)")
+        return (
+            f"lm_head(hidden) differs from the model's own logits by up to {err:.3g} (a logit transform "
+            "after the head, e.g. soft-capping or scaling)"
+        )
     return None
 
 
@@ -138,8 +148,11 @@ def head_weight_after_forward(model) -> tuple[Tensor, Tensor | None] | None:
     except ImportError:  # pragma: no cover
         return head.weight, head.bias
     if isinstance(head.weight, DTensor):
-        _warn_once(model, "the output projection's weight is still a DTensor after the forward (FSDP2 root "
-                          "resharded after forward)")
+        _warn_once(
+            model,
+            "the output projection's weight is still a DTensor after the forward (FSDP2 root "
+            "resharded after forward)",
+        )
         return None
     return head.weight, head.bias
 

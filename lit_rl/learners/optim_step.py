@@ -19,6 +19,7 @@ minibatch quantity), the micro-batches' metrics reduced as declared in ``core.me
 zero-weight passes add nothing to any of them. The counters live
 on the object and are checkpointed by ``PolicyModule`` (``_RESUME_ATTRS``).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,8 +39,12 @@ class LossParts(dict):
     denominators like the parts, so summed over the step's micro-batches, e.g. ``critic/value_loss``) attached:
     a plain dict to everything that reads the parts."""
 
-    def __init__(self, parts: dict[str, Tensor], metrics: dict[str, float] | None = None,
-                 shares: dict[str, float] | None = None):
+    def __init__(
+        self,
+        parts: dict[str, Tensor],
+        metrics: dict[str, float] | None = None,
+        shares: dict[str, float] | None = None,
+    ):
         super().__init__(parts)
         self.metrics = dict(metrics or {})
         self.shares = dict(shares or {})
@@ -55,14 +60,26 @@ class OptimizerStep:
     """
 
     def __init__(self, max_grad_norm: float, max_nonfinite_steps: int, metrics: MetricRegistry = METRICS):
-        self.max_grad_norm, self.max_nonfinite_steps, self.metrics = max_grad_norm, max_nonfinite_steps, metrics
+        self.max_grad_norm, self.max_nonfinite_steps, self.metrics = (
+            max_grad_norm,
+            max_nonfinite_steps,
+            metrics,
+        )
         self.skipped_steps = 0
         self.nonfinite_in_a_row = 0
 
-    def run(self, opt, sched, micros: Iterable[Any | None], loss_fn: Callable[[Any], dict[str, Tensor]],
-            zero_weight_fn: Callable[[], dict[str, Tensor]], backward: Callable[[Tensor], None],
-            params: Callable[[], Iterable[torch.nn.Parameter]], ds=None, uncount: Callable[[], None] = lambda: None,
-            ) -> dict[str, float]:
+    def run(
+        self,
+        opt,
+        sched,
+        micros: Iterable[Any | None],
+        loss_fn: Callable[[Any], dict[str, Tensor]],
+        zero_weight_fn: Callable[[], dict[str, Tensor]],
+        backward: Callable[[Tensor], None],
+        params: Callable[[], Iterable[torch.nn.Parameter]],
+        ds=None,
+        uncount: Callable[[], None] = lambda: None,
+    ) -> dict[str, float]:
         """One optimizer step.
 
         ``loss_fn(micro)`` returns the loss parts ``{name: scalar}``; a mapping with a ``metrics`` attribute
@@ -74,7 +91,9 @@ class OptimizerStep:
         stats: dict[str, float] = {}
         per_micro: dict[str, list[float]] = {}
         for micro in micros:
-            if ds is not None:  # what DeepSpeed's engine.forward does first (the model is called directly here):
+            if (
+                ds is not None
+            ):  # what DeepSpeed's engine.forward does first (the model is called directly here):
                 ds.optimizer.clear_backward_seen_flag()  # a new micro step; ZeRO-3 would overwrite, not add, grads
             if micro is None:  # zero-weight pass: same collectives, no contribution
                 parts = zero_weight_fn()
@@ -99,7 +118,8 @@ class OptimizerStep:
                 raise RuntimeError(
                     f"{self.nonfinite_in_a_row} optimizer steps in a row had a non-finite gradient norm "
                     f"(max_nonfinite_steps={self.max_nonfinite_steps}); training diverged. Lower the learning "
-                    "rate, use float32, or check rewards/advantages for extreme values.")
+                    "rate, use float32, or check rewards/advantages for extreme values."
+                )
             return stats
         self.nonfinite_in_a_row = 0
         if ds is None:

@@ -3,6 +3,7 @@
 One Lightning training step = one RL iteration over the Experience RolloutCallback attached to the batch
 (docs/architecture.md "Data flow"). Manual optimisation: ``ppo_epochs`` × minibatches steps, each accumulated.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,9 +26,6 @@ from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import flat_settings
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
-from lit_rl.models.dropout import disable_dropout
-from lit_rl.models.loading import load_causal_lm, load_tokenizer
-from lit_rl.models.packed import unsupported_reason
 from lit_rl.learners.assembly import PolicyAssembly, store_dtype
 from lit_rl.learners.config import (
     POLICY_GROUPS,
@@ -43,6 +41,9 @@ from lit_rl.learners.optim_step import LossParts, OptimizerStep
 from lit_rl.learners.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
 from lit_rl.learners.step_metrics import StepMetricsOnly
 from lit_rl.learners.validation import HeldoutValidation
+from lit_rl.models.dropout import disable_dropout
+from lit_rl.models.loading import load_causal_lm, load_tokenizer
+from lit_rl.models.packed import unsupported_reason
 from lit_rl.strategies import deepspeed_engine as _deepspeed_engine
 from lit_rl.strategies import uncount_optimizer_step as _uncount_optimizer_step
 
@@ -80,9 +81,15 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
 
     config_type = PolicyConfig  # a subclass with its own settings group extends it (DistillModule)
 
-    def __init__(self, model: str, *, optimizer: OptimizerFactory = _default_optimizer,
-                 lr_scheduler: SchedulerFactory | None = None, critic: CriticModule | None = None,
-                 **settings: Any):
+    def __init__(
+        self,
+        model: str,
+        *,
+        optimizer: OptimizerFactory = _default_optimizer,
+        lr_scheduler: SchedulerFactory | None = None,
+        critic: CriticModule | None = None,
+        **settings: Any,
+    ):
         super().__init__()
         # seed None = the run's seed_everything (lit_rl.core.seeds), resolved once: config and record agree
         settings["seed"] = run_seed(settings.get("seed"))
@@ -92,7 +99,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
-        self.critic = critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
+        self.critic = (
+            critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
+        )
         step = self.config.step
         self._stepper = OptimizerStep(step.max_grad_norm, step.max_nonfinite_steps)  # the non-finite counters
         self.iteration = 0
@@ -109,8 +118,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         built = {"lora", "adapter", "disable_dropout", "gradient_checkpointing"}
         reload = {f.name for g in (ModelSettings, PrecisionSettings) for f in fields(g)} | built
         if bad := sorted(reload & set(settings)):
-            raise ValueError(f"update_settings: {', '.join(bad)} take effect only when the model is built; "
-                             "construct a new module instead")
+            raise ValueError(
+                f"update_settings: {', '.join(bad)} take effect only when the model is built; "
+                "construct a new module instead"
+            )
         self.config = self.config.replace(**settings)
         self.hparams.update(settings)
 
@@ -131,8 +142,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             # the tiny model's initial weights follow the run's seed unless tiny_if_missing names its own
             ensure_tiny_model(self.model_path, **{"seed": self.seed, **load.tiny_if_missing})
         torch.manual_seed(self.seed)
-        self.model = load_causal_lm(self.model_path, self.config.precision.dtype, fw.lora,
-                                    adapter=fw.adapter).train()
+        self.model = load_causal_lm(
+            self.model_path, self.config.precision.dtype, fw.lora, adapter=fw.adapter
+        ).train()
         if fw.disable_dropout:
             disable_dropout(self.model)
         enable_gradient_checkpointing(self.model, fw.gradient_checkpointing)
@@ -168,7 +180,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         opt = self.optimizer_factory(params)
         if self.scheduler_factory is None:
             return opt
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"},
+        }
 
     def optimizer_steps_per_iteration(self, rows: int) -> int | None:
         """Optimizer steps (``global_step``, what ``trainer.max_steps`` counts) one iteration of ``rows`` rollout
@@ -193,7 +208,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             # a field left on the model's device breaks the next select (index_select with a CPU index)
             dev = exp.input_ids.device
             pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.config.step.micro_batch_size)]
-            exp.old_logprobs = store_dtype(torch.cat([p[0].to(dev) for p in pairs]))  # the sampler's (core.processed)
+            exp.old_logprobs = store_dtype(
+                torch.cat([p[0].to(dev) for p in pairs])
+            )  # the sampler's (core.processed)
             if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
                 exp.old_full_logprobs = store_dtype(torch.cat([p[1].to(dev) for p in pairs]))
             self._old_logprob_s = time.perf_counter() - t0
@@ -215,17 +232,22 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         return self.own_loss_terms + (loss_term_providers(trainer) if trainer is not None else [])
 
     # The non-finite counters are the optimizer step's (checkpointed through _RESUME_ATTRS).
-    skipped_steps = property(lambda self: self._stepper.skipped_steps,
-                             lambda self, v: setattr(self._stepper, "skipped_steps", v))
-    nonfinite_in_a_row = property(lambda self: self._stepper.nonfinite_in_a_row,
-                                  lambda self, v: setattr(self._stepper, "nonfinite_in_a_row", v))
+    skipped_steps = property(
+        lambda self: self._stepper.skipped_steps, lambda self, v: setattr(self._stepper, "skipped_steps", v)
+    )
+    nonfinite_in_a_row = property(
+        lambda self: self._stepper.nonfinite_in_a_row,
+        lambda self, v: setattr(self._stepper, "nonfinite_in_a_row", v),
+    )
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):
         exp: Experience | None = getattr(batch, "experience", None)
         if exp is None:
-            raise RuntimeError("PolicyModule got a batch without an Experience: add a RolloutCallback to "
-                               "trainer.callbacks (it generates the rollouts each step)")
+            raise RuntimeError(
+                "PolicyModule got a batch without an Experience: add a RolloutCallback to "
+                "trainer.callbacks (it generates the rollouts each step)"
+            )
         exp = exp.to(self.device)
         h, t0 = self.config.step, time.perf_counter()
         opt = self.optimizers()
@@ -243,8 +265,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         metrics["perf/old_logprob_s"] = self._old_logprob_s
         metrics.update(batch.metrics)
         tokens = float(exp.attention_mask.sum())
-        step_s = sum(metrics.get(k, 0.0) for k in ("perf/generate_s", "perf/reward_s", "perf/old_logprob_s",
-                                                    "perf/update_s"))
+        step_s = sum(
+            metrics.get(k, 0.0)
+            for k in ("perf/generate_s", "perf/reward_s", "perf/old_logprob_s", "perf/update_s")
+        )
         metrics["perf/tokens_per_s"] = tokens / max(step_s, 1e-9)
         self.iteration += 1
         bar = {"reward/mean", "eval/accuracy"}
@@ -258,8 +282,15 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         for k, v in metrics.items():
             if isinstance(v, float) and math.isnan(v):
                 continue
-            self.log(k, float(v), on_step=True, on_epoch=False, prog_bar=k in bar, batch_size=exp.batch_size,
-                     reduce_fx=METRICS.reduce_fx(k))
+            self.log(
+                k,
+                float(v),
+                on_step=True,
+                on_epoch=False,
+                prog_bar=k in bar,
+                batch_size=exp.batch_size,
+                reduce_fx=METRICS.reduce_fx(k),
+            )
 
     def _optimizer_step(self, opt, sched, mb: Experience, micro_loss=None) -> dict[str, float]:
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
@@ -273,10 +304,17 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self._last_metrics = {}
         stepper = self._stepper
         stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
-        return stepper.run(opt, sched, self.train_micro_batches(mb), lambda micro: micro_loss(micro, common),
-                           lambda: micro_loss(self._zero_weight_micro(mb), common), self.manual_backward,
-                           self.parameters, ds=_deepspeed_engine(self),
-                           uncount=lambda: _uncount_optimizer_step(self.trainer))
+        return stepper.run(
+            opt,
+            sched,
+            self.train_micro_batches(mb),
+            lambda micro: micro_loss(micro, common),
+            lambda: micro_loss(self._zero_weight_micro(mb), common),
+            self.manual_backward,
+            self.parameters,
+            ds=_deepspeed_engine(self),
+            uncount=lambda: _uncount_optimizer_step(self.trainer),
+        )
 
     def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
@@ -316,8 +354,11 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         world = trainer.world_size if trainer is not None else 1
         counts = self._all_reduce_sum(counts) / world
         floor = 1.0 / world  # all ranks empty: Σ 0 / anything = 0; keeps the positive-count contract
-        return {"num_tokens": max(float(counts[0]), floor), "num_seqs": max(float(counts[1]), floor),
-                "horizon": self.horizon_for(mb)}
+        return {
+            "num_tokens": max(float(counts[0]), floor),
+            "num_seqs": max(float(counts[1]), floor),
+            "horizon": self.horizon_for(mb),
+        }
 
     def _micro_loss(self, micro: Experience, common: dict[str, Any]) -> LossParts:
         """L = L_policy + Σ_terms L_term on one micro-batch: its loss parts (``{"policy": ..., <part>: ...}``)
@@ -336,8 +377,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self._last_metrics = loss.metrics
         return loss
 
-    def _training_forward(self, micro: Experience, common: dict[str, Any], needs: ForwardNeeds
-                          ) -> tuple[LazyLogits, Tensor | None]:
+    def _training_forward(
+        self, micro: Experience, common: dict[str, Any], needs: ForwardNeeds
+    ) -> tuple[LazyLogits, Tensor | None]:
         """The micro-batch's one forward as every part of the loss reads it (``fwd``, ``protocols.py``): the
         model's full-softmax log-probs (KL terms read them) and entropy, the train mask, what the terms
         need (hidden states for a shared value head, or its key/value cache), the minibatch denominators.
@@ -346,8 +388,15 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         logprobs, entropy, sampled = self.logprobs_of(micro, out, entropy=True)
         mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
         # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits)
-        fwd = LazyLogits(common, logprobs=logprobs, entropy=entropy, mask=mask, hidden=out["hidden"],
-                         head=out["head"], cache=out["cache"])
+        fwd = LazyLogits(
+            common,
+            logprobs=logprobs,
+            entropy=entropy,
+            mask=mask,
+            hidden=out["hidden"],
+            head=out["head"],
+            cache=out["cache"],
+        )
         if out["head"] is None:
             fwd["logits"] = out["logits"]
         return fwd, sampled
@@ -360,13 +409,24 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         entropy, mask = fwd["entropy"], fwd["mask"]
         if entropy is None and mask.any():
             with torch.no_grad():
-                entropy = entropy_from_logits(fwd["logits"].detach(), self.config.forward.logprob_chunk_size,
-                                              self.temperature)
-        parts, metrics = policy_objective(ObjectiveInputs(
-            logprobs=fwd["logprobs"] if sampled is None else sampled, mask=mask, advantages=micro.advantages,
-            num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"], horizon=fwd.get("horizon"),
-            old_logprobs=micro.old_logprobs, rollout_logprobs=micro.rollout_logprobs,
-            is_weights=micro.is_weights, entropy=entropy), self.config.objective)
+                entropy = entropy_from_logits(
+                    fwd["logits"].detach(), self.config.forward.logprob_chunk_size, self.temperature
+                )
+        parts, metrics = policy_objective(
+            ObjectiveInputs(
+                logprobs=fwd["logprobs"] if sampled is None else sampled,
+                mask=mask,
+                advantages=micro.advantages,
+                num_tokens=fwd["num_tokens"],
+                num_seqs=fwd["num_seqs"],
+                horizon=fwd.get("horizon"),
+                old_logprobs=micro.old_logprobs,
+                rollout_logprobs=micro.rollout_logprobs,
+                is_weights=micro.is_weights,
+                entropy=entropy,
+            ),
+            self.config.objective,
+        )
         return LossParts(parts, metrics)
 
     # ------------------------------------------------------------ checkpoint
@@ -381,7 +441,9 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         for k, v in checkpoint.get("lit_rl_policy", {}).items():
             setattr(self, k, v)
-        if self._trainer is not None:  # resuming fit (not load_from_checkpoint): RNG applied at the next batch
+        if (
+            self._trainer is not None
+        ):  # resuming fit (not load_from_checkpoint): RNG applied at the next batch
             self._pending_rng = PendingRNG()
             self._pending_rng.load(checkpoint, self._trainer.global_rank, self._trainer.world_size)
 
@@ -408,8 +470,10 @@ def _add_parts(loss: LossParts, parts: LossParts, term: LossTerm) -> None:
     """Add one term's parts (and their metrics, shares) to the micro-batch's loss. Two parts of one name would
     silently replace each other in the sum: an error instead."""
     if clash := sorted(loss.keys() & parts.keys()):
-        raise ValueError(f"{type(term).__name__} adds the loss part {clash[0]!r}, which another term (or the "
-                         "policy objective) already added; give one of the two terms another part name")
+        raise ValueError(
+            f"{type(term).__name__} adds the loss part {clash[0]!r}, which another term (or the "
+            "policy objective) already added; give one of the two terms another part name"
+        )
     loss.update(parts)
     loss.metrics.update(parts.metrics)
     loss.shares.update(parts.shares)

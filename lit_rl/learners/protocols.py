@@ -33,6 +33,7 @@ And one protocol for the module's side of the rollout wiring:
 
 - ``RolloutSource``: the wiring the rollout callback hands the module (``module.rollout_source``) at setup.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -118,6 +119,8 @@ def loss_term_providers(trainer) -> list[LossTerm]:
         if isinstance(cb, LossTerm):
             terms.append(cb)
         elif callable(getattr(cb, "loss_terms", None)):
-            raise TypeError(f"{type(cb).__name__} defines loss_terms but is not a LossTerm: subclass "
-                            "lit_rl.learners.LossTerm (class X(L.Callback, LossTerm)) for its terms to count")
+            raise TypeError(
+                f"{type(cb).__name__} defines loss_terms but is not a LossTerm: subclass "
+                "lit_rl.learners.LossTerm (class X(L.Callback, LossTerm)) for its terms to count"
+            )
     return terms

@@ -4,6 +4,7 @@ A causal-LM backbone with a scalar head read at the last real token of ``prompt 
 ``transformers`` ``AutoModelForSequenceClassification`` (``num_labels=1``) of the same architecture, so
 the trained model saves and loads in plain Hugging Face format and ``RewardModelReward`` can score with it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -19,8 +20,8 @@ from lit_rl.core.preference import bradley_terry_loss
 from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import check_choices, flat_settings, flat_values, setting, split_settings
 from lit_rl.data.preferences import PreferencePair
-from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
 from lit_rl.learners.config import ModelSettings, PrecisionSettings, record_settings
+from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
@@ -43,11 +44,14 @@ class RewardModelSettings:
     ``PrecisionSettings``, as the policy's)."""
 
     margin: float = setting(
-        0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry).")
+        0.0, "Constant margin m in -log sigmoid(r_c - r_r - m) (0 = plain Bradley-Terry)."
+    )
     max_length: int | None = setting(
-        None, "Truncate prompt + completion to this many tokens; null = no truncation.")
+        None, "Truncate prompt + completion to this many tokens; null = no truncation."
+    )
     save_dir: str | None = setting(
-        None, "If set, the model and tokenizer are saved there (HF format) when training ends.")
+        None, "If set, the model and tokenizer are saved there (HF format) when training ends."
+    )
 
 
 @flat_settings((ModelSettings, PrecisionSettings, RewardModelSettings))
@@ -80,8 +84,12 @@ class RewardModelModule(L.LightningModule):
         return self.optimizer_factory([p for p in self.parameters() if p.requires_grad])
 
     def rewards(self, prompts: list[str], completions: list[str]) -> Tensor:
-        return score_texts(self.model, self.tokenizer, [p + c for p, c in zip(prompts, completions)],
-                           self.config.rm.max_length)
+        return score_texts(
+            self.model,
+            self.tokenizer,
+            [p + c for p, c in zip(prompts, completions)],
+            self.config.rm.max_length,
+        )
 
     def _pair_loss(self, batch: list[PreferencePair]) -> tuple[Tensor, dict[str, float]]:
         prompts = [p.prompt for p in batch]

@@ -6,6 +6,7 @@ climbs back up (at ``2·T_max`` the learning rate is the initial one again). ``C
 count in its state and takes ``total_steps`` from the config of the run that is running, so extending a run
 spreads the rest of one decay over the new length, as transformers' schedules do when a run is resumed.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,13 +24,18 @@ class CosineDecay(torch.optim.lr_scheduler.LRScheduler):
         min_ratio: m, the final learning rate as a fraction of the initial one, in [0, 1].
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, min_ratio: float = 0.0,
-                 last_epoch: int = -1):
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, total_steps: int, min_ratio: float = 0.0, last_epoch: int = -1
+    ):
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"CosineDecay total_steps={total_steps!r}: must be an integer >= 1 (the step at which "
-                             "the decay ends; with trainer.max_steps: -1 set total_steps explicitly)")
+            raise ValueError(
+                f"CosineDecay total_steps={total_steps!r}: must be an integer >= 1 (the step at which "
+                "the decay ends; with trainer.max_steps: -1 set total_steps explicitly)"
+            )
         if not 0.0 <= min_ratio <= 1.0:
-            raise ValueError(f"CosineDecay min_ratio={min_ratio!r}: must be in [0, 1] (the final lr / initial lr)")
+            raise ValueError(
+                f"CosineDecay min_ratio={min_ratio!r}: must be in [0, 1] (the final lr / initial lr)"
+            )
         self.total_steps, self.min_ratio = total_steps, float(min_ratio)
         super().__init__(optimizer, last_epoch)
 
@@ -71,22 +77,35 @@ class WarmupLinearDecay(CosineDecay):
         min_ratio: m, the final learning rate as a fraction of the initial one, in [0, 1] (transformers: 0).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, total_steps: int, warmup_ratio: float = 0.0,
-                 warmup_steps: int = 0, min_ratio: float = 0.0, last_epoch: int = -1):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        total_steps: int,
+        warmup_ratio: float = 0.0,
+        warmup_steps: int = 0,
+        min_ratio: float = 0.0,
+        last_epoch: int = -1,
+    ):
         name = "WarmupLinearDecay"
         if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
-            raise ValueError(f"{name} total_steps={total_steps!r}: must be an integer >= 1 (the step at "
-                             "which the decay ends; with trainer.max_steps: -1 set total_steps explicitly)")
+            raise ValueError(
+                f"{name} total_steps={total_steps!r}: must be an integer >= 1 (the step at "
+                "which the decay ends; with trainer.max_steps: -1 set total_steps explicitly)"
+            )
         if not 0.0 <= warmup_ratio < 1.0:  # `not` also rejects NaN
-            raise ValueError(f"{name} warmup_ratio={warmup_ratio!r}: must be in [0, 1) (a fraction of "
-                             "total_steps)")
+            raise ValueError(
+                f"{name} warmup_ratio={warmup_ratio!r}: must be in [0, 1) (a fraction of total_steps)"
+            )
         steps_ok = isinstance(warmup_steps, int) and not isinstance(warmup_steps, bool)
         if not steps_ok or not 0 <= warmup_steps < total_steps:
-            raise ValueError(f"{name} warmup_steps={warmup_steps!r}: must be an integer in [0, total_steps="
-                             f"{total_steps})")
+            raise ValueError(
+                f"{name} warmup_steps={warmup_steps!r}: must be an integer in [0, total_steps={total_steps})"
+            )
         if warmup_ratio and warmup_steps:
-            raise ValueError(f"{name} warmup_ratio={warmup_ratio} and warmup_steps={warmup_steps}: set one "
-                             "of them (the other stays 0)")
+            raise ValueError(
+                f"{name} warmup_ratio={warmup_ratio} and warmup_steps={warmup_steps}: set one "
+                "of them (the other stays 0)"
+            )
         self.warmup = warmup_steps or math.ceil(warmup_ratio * total_steps)
         if not 0.0 <= min_ratio <= 1.0:
             raise ValueError(f"{name} min_ratio={min_ratio!r}: must be in [0, 1] (the final lr / initial lr)")

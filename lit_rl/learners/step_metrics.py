@@ -9,6 +9,7 @@ repeats: in ``on_train_batch_end`` -- the last hook before Lightning hands the b
 logged during this batch (every ``self.log`` stores a fresh clone), so it is hidden from this step's logs.
 Epoch-level accumulation and ``trainer.callback_metrics`` (checkpoint monitors) are untouched.
 """
+
 from __future__ import annotations
 
 from typing import Any

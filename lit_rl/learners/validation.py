@@ -7,6 +7,7 @@ RolloutCallback's engine, scorers, torchmetrics accumulation). Both are handed t
 one, so ``lit-rl validate`` works on any recipe. Batches come from
 ``PromptDataModule.val_dataloader`` (the held-out prompts).
 """
+
 from __future__ import annotations
 
 import math
@@ -22,12 +23,16 @@ class HeldoutValidation:
 
     def _heldout_eval(self):
         if self.heldout_eval is None:
-            raise RuntimeError("held-out validation needs a RolloutCallback (it hands the module its engine and an "
-                               "evaluator at setup); add lit_rl.callbacks.RolloutCallback (the `rollout:` section)")
+            raise RuntimeError(
+                "held-out validation needs a RolloutCallback (it hands the module its engine and an "
+                "evaluator at setup); add lit_rl.callbacks.RolloutCallback (the `rollout:` section)"
+            )
         return self.heldout_eval
 
     def on_validation_start(self) -> None:
-        if self.trainer.state.fn != "fit":  # validate/test: RolloutCallback.setup binds its engine for fit only
+        if (
+            self.trainer.state.fn != "fit"
+        ):  # validate/test: RolloutCallback.setup binds its engine for fit only
             import torch
 
             # Lightning runs this hook under inference mode; an engine's own weights (a private copy, vLLM's)
@@ -42,7 +47,9 @@ class HeldoutValidation:
 
     def on_validation_epoch_end(self) -> None:
         metrics = self._heldout_eval().finish(self.trainer, self)
-        if self.trainer.sanity_checking:  # Lightning drops what is logged now: the step-0 baseline goes directly
+        if (
+            self.trainer.sanity_checking
+        ):  # Lightning drops what is logged now: the step-0 baseline goes directly
             if getattr(self, "iteration", 0) == 0:
                 for lg in self.trainer.loggers:
                     lg.log_metrics(metrics, step=0)

@@ -8,13 +8,24 @@ reads: ``nn.Dropout`` modules and the float attributes attention implementations
 dropout (``attention_dropout`` / ``dropout`` / ``attn_pdrop`` ...), plus the config fields, so a model
 rebuilt from the saved config has none either.
 """
+
 from __future__ import annotations
 
 import torch
 
-_CONFIG_KEYS = ("attention_dropout", "hidden_dropout", "dropout", "activation_dropout", "attn_pdrop",
-                "resid_pdrop", "embd_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob",
-                "classifier_dropout", "summary_first_dropout")
+_CONFIG_KEYS = (
+    "attention_dropout",
+    "hidden_dropout",
+    "dropout",
+    "activation_dropout",
+    "attn_pdrop",
+    "resid_pdrop",
+    "embd_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+    "classifier_dropout",
+    "summary_first_dropout",
+)
 _MODULE_ATTRS = ("attention_dropout", "dropout", "dropout_p", "attn_dropout_p")
 
 

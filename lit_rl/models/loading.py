@@ -1,4 +1,5 @@
 """Loading causal LMs and tokenizers (local path or hub id), optional LoRA through ``peft``."""
+
 from __future__ import annotations
 
 import os
@@ -8,8 +9,14 @@ from typing import Any
 
 import torch
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -43,12 +50,15 @@ def check_model_source(path: str, field: str = "model") -> None:
         _check_hub_reachable(path, field)
         return
     if (p / "adapter_config.json").exists():  # a PEFT adapter directory: its base model must be loadable
-        check_model_source(adapter_base(path), f"{field} (the base_model_name_or_path of the adapter {path!r})")
+        check_model_source(
+            adapter_base(path), f"{field} (the base_model_name_or_path of the adapter {path!r})"
+        )
         return
     what = "holds no Hugging Face model (missing config.json)" if p.exists() else "does not exist"
     raise FileNotFoundError(
         f"{field}={path!r}: the local path {what}, and it is not a hub id (org/name). Pass a saved model "
-        "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR")
+        "directory or a hub id, or build a tiny local one: python -m lit_rl.models.tiny DIR"
+    )
 
 
 _HUB_UP: dict[str, bool] = {}  # endpoint -> reachable, probed once per process
@@ -68,8 +78,9 @@ def _hub_reachable(timeout: float = 3.0) -> bool:
     key = f"{url.hostname}:{url.port}"
     if key not in _HUB_UP:
         try:
-            socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)),
-                                     timeout=timeout).close()
+            socket.create_connection(
+                (url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout=timeout
+            ).close()
             _HUB_UP[key] = True
         except OSError:
             _HUB_UP[key] = False
@@ -91,7 +102,8 @@ def _check_hub_reachable(repo_id: str, field: str) -> None:
     raise OSError(
         f"{field}={repo_id!r} is not a local directory, so it is a Hugging Face hub id, but the hub "
         f"({constants.ENDPOINT}) is unreachable from here (no network access) and the model is not in the local "
-        "hub cache. Download it where there is network access and pass its local directory instead.")
+        "hub cache. Download it where there is network access and pass its local directory instead."
+    )
 
 
 def _from_pretrained(loader, path: str, field: str = "model", **kw):
@@ -106,7 +118,8 @@ def _from_pretrained(loader, path: str, field: str = "model", **kw):
         raise OSError(
             f"{field}={path!r} is not a local directory, so it was loaded as a Hugging Face hub id, which failed "
             f"(no network access, or no such repository?): {first} Download the model where there is network "
-            "access and pass its local directory instead.") from None  # the cause's text is in the message
+            "access and pass its local directory instead."
+        ) from None  # the cause's text is in the message
 
 
 def adapter_base(path: str) -> str:
@@ -116,8 +129,10 @@ def adapter_base(path: str) -> str:
     cfg = json.loads((Path(path).expanduser() / "adapter_config.json").read_text())
     base = cfg.get("base_model_name_or_path")
     if not base:
-        raise ValueError(f"{path}/adapter_config.json has no base_model_name_or_path: which model does the adapter "
-                         "belong to?")
+        raise ValueError(
+            f"{path}/adapter_config.json has no base_model_name_or_path: which model does the adapter "
+            "belong to?"
+        )
     return base
 
 
@@ -137,24 +152,37 @@ def load_tokenizer(path: str):
     return tok
 
 
-def check_adapter(adapter: str | None, model: str, lora: dict[str, Any] | None, field: str = "adapter") -> None:
+def check_adapter(
+    adapter: str | None, model: str, lora: dict[str, Any] | None, field: str = "adapter"
+) -> None:
     """``adapter`` (a PEFT adapter directory to start from) beside ``model`` (its base) and ``lora``: one source
     of LoRA settings, one adapter, and a directory that holds one. Checked before any weights load."""
     if adapter is None:
         return
     if not (Path(adapter).expanduser() / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{field}={adapter!r}: not a PEFT adapter directory (no adapter_config.json); pass "
-                                "the directory `lit-rl export --adapter` or PeftModel.save_pretrained wrote")
+        raise FileNotFoundError(
+            f"{field}={adapter!r}: not a PEFT adapter directory (no adapter_config.json); pass "
+            "the directory `lit-rl export --adapter` or PeftModel.save_pretrained wrote"
+        )
     if is_adapter_dir(model):
-        raise ValueError(f"model={model!r} is itself a PEFT adapter directory and {field}={adapter!r} is another: "
-                         f"pass the base model as model (or drop {field})")
+        raise ValueError(
+            f"model={model!r} is itself a PEFT adapter directory and {field}={adapter!r} is another: "
+            f"pass the base model as model (or drop {field})"
+        )
     if lora:
-        raise ValueError(f"{field}={adapter!r}: its adapter_config.json sets the LoRA settings; drop lora (or drop "
-                         f"{field} for a new adapter)")
+        raise ValueError(
+            f"{field}={adapter!r}: its adapter_config.json sets the LoRA settings; drop lora (or drop "
+            f"{field} for a new adapter)"
+        )
 
 
-def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | None = None,
-                   attn_implementation: str | None = "sdpa", adapter: str | None = None):
+def load_causal_lm(
+    path: str,
+    dtype: str = "float32",
+    lora: dict[str, Any] | None = None,
+    attn_implementation: str | None = "sdpa",
+    adapter: str | None = None,
+):
     """Load a causal LM; with ``lora`` (peft LoraConfig kwargs, e.g. ``{r: 8, lora_alpha: 16}``) wrap it. With
     ``adapter`` (a PEFT adapter directory) the model at ``path`` is its base and the adapter goes on it,
     trainable: training continues from the adapter, whose own config applies (``lora`` must be unset). A PEFT
@@ -169,8 +197,10 @@ def load_causal_lm(path: str, dtype: str = "float32", lora: dict[str, Any] | Non
         kw["attn_implementation"] = attn_implementation
     if is_adapter_dir(path):
         if lora:
-            raise ValueError(f"model={path!r} is a PEFT adapter directory, whose adapter_config.json sets the LoRA "
-                             "settings; drop lora (or pass the base model with lora for a new adapter)")
+            raise ValueError(
+                f"model={path!r} is a PEFT adapter directory, whose adapter_config.json sets the LoRA "
+                "settings; drop lora (or pass the base model with lora for a new adapter)"
+            )
         path, adapter = adapter_base(path), path
     if adapter is not None:
         from peft import PeftModel
@@ -253,7 +283,10 @@ def lora_merged_state(model, full: dict) -> dict:
             (adapter,) = m.active_adapters
             if getattr(m, "use_dora", {}).get(adapter, False):
                 raise NotImplementedError(f"merging a DoRA layer ({layer_name}) from gathered weights")
-            a, b = full[f"{layer_name}.lora_A.{adapter}.weight"], full[f"{layer_name}.lora_B.{adapter}.weight"]
+            a, b = (
+                full[f"{layer_name}.lora_A.{adapter}.weight"],
+                full[f"{layer_name}.lora_B.{adapter}.weight"],
+            )
             ct = torch.promote_types(t.dtype, torch.float32)  # bf16 weights merge in float32, float64 stays
             delta = (b.to(ct) @ a.to(ct)) * m.scaling[adapter]  # (out, r) @ (r, in) = (out, in)
             if getattr(m, "fan_in_fan_out", False):

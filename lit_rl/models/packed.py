@@ -25,6 +25,7 @@ sliding-window layer (a custom mask replaces the window). ``unsupported_reason``
 Cost: attention is dense over each packed row, so rows are kept to ``row_tokens`` (the quadratic term stays
 small next to the matmuls); only a single row longer than that makes a longer packed row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,13 +45,18 @@ def unsupported_reason(model) -> str | None:
     cfg = getattr(model, "config", None)
     impl = getattr(cfg, "_attn_implementation", None)
     if impl not in MASKED_ATTENTION:
-        return (f"padding_free needs attn_implementation in {list(MASKED_ATTENTION)} (a custom 4-D attention "
-                f"mask), got {impl!r}")
+        return (
+            f"padding_free needs attn_implementation in {list(MASKED_ATTENTION)} (a custom 4-D attention "
+            f"mask), got {impl!r}"
+        )
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types) or (
-            getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)):
-        return ("padding_free cannot pack a model with sliding-window attention layers (the packed mask replaces "
-                "the window)")
+        getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)
+    ):
+        return (
+            "padding_free cannot pack a model with sliding-window attention layers (the packed mask replaces "
+            "the window)"
+        )
     return None
 
 
@@ -77,7 +83,9 @@ class PackedRows:
         """Keyword arguments of the CausalLM call: the mask as the attention implementation reads it."""
         mask = self.mask
         if attn_implementation == "eager":  # additive: 0 where visible, the dtype's minimum elsewhere
-            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+            mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+                ~mask, torch.finfo(dtype).min
+            )
         return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": mask}
 
     def gather(self, hidden: Tensor) -> Tensor:
@@ -103,8 +111,13 @@ def _first_fit_decreasing(sizes: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
-              row_tokens: int = DEFAULT_ROW_TOKENS, device: torch.device | None = None) -> PackedRows | None:
+def pack_rows(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    prompt_len: int,
+    row_tokens: int = DEFAULT_ROW_TOKENS,
+    device: torch.device | None = None,
+) -> PackedRows | None:
     """Pack a micro-batch's real tokens (see the module doc); None when the layout does not allow it (no
     completion column, a row without a prompt token, or real tokens that are not one contiguous run on each
     side of ``prompt_len``), in which case the caller runs its padded forward.
@@ -129,7 +142,9 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
     if not bool(contiguous) or int(plen.min()) < 1:
         return None
     sel = distinct_prompts(input_ids, attention_mask, P)
-    first, inverse = (sel[0].tolist(), sel[1].tolist()) if sel is not None else (list(range(B)), list(range(B)))
+    first, inverse = (
+        (sel[0].tolist(), sel[1].tolist()) if sel is not None else (list(range(B)), list(range(B)))
+    )
     plen_l, clen_l, ids = plen.tolist(), clen.tolist(), input_ids
     members: list[list[int]] = [[] for _ in first]
     for b, u in enumerate(inverse):
@@ -162,20 +177,22 @@ def pack_rows(input_ids: Tensor, attention_mask: Tensor, prompt_len: int,
         for u in row_units:
             f, mem = units[u]
             p = plen_l[f]
-            toks, owner, pos = ids[f, P - p:P].tolist(), [-1] * p, list(range(p))
+            toks, owner, pos = ids[f, P - p : P].tolist(), [-1] * p, list(range(p))
             for m in mem:
                 start = at + len(toks)  # flat position of row m's first fed completion token
-                if clen_l[m] > 0:  # t = 0 is predicted by the prompt's last token, t >= 1 by completion token t-1
+                if (
+                    clen_l[m] > 0
+                ):  # t = 0 is predicted by the prompt's last token, t >= 1 by completion token t-1
                     index[m, 0] = at + p - 1
-                    index[m, 1:clen_l[m]] = torch.arange(start, start + fed[m])
-                toks += ids[m, P:P + fed[m]].tolist()
+                    index[m, 1 : clen_l[m]] = torch.arange(start, start + fed[m])
+                toks += ids[m, P : P + fed[m]].tolist()
                 owner += [m] * fed[m]
                 pos += range(p, p + fed[m])
             n, col = len(toks), at - r * T
-            p_ids[r, col:col + n] = torch.tensor(toks, dtype=torch.long)
-            p_pos[r, col:col + n] = torch.tensor(pos, dtype=torch.long)
-            owner_of[r, col:col + n] = torch.tensor(owner, dtype=torch.long)
-            unit_of[r, col:col + n] = u
+            p_ids[r, col : col + n] = torch.tensor(toks, dtype=torch.long)
+            p_pos[r, col : col + n] = torch.tensor(pos, dtype=torch.long)
+            owner_of[r, col : col + n] = torch.tensor(owner, dtype=torch.long)
+            unit_of[r, col : col + n] = u
             at += n
     q_unit, k_unit = unit_of[:, :, None], unit_of[:, None, :]
     q_own, k_own = owner_of[:, :, None], owner_of[:, None, :]

@@ -12,6 +12,7 @@ tests/test_shared_prompt.py). Used only when it applies: rows that share a promp
 cache is a plain per-layer key/value cache (``transformers`` ``DynamicCache`` of ``DynamicLayer``); otherwise
 the caller runs its plain forward.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,7 +21,9 @@ import torch
 from torch import Tensor
 
 
-def distinct_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_len: int) -> tuple[Tensor, Tensor] | None:
+def distinct_prompts(
+    input_ids: Tensor, attention_mask: Tensor, prompt_len: int
+) -> tuple[Tensor, Tensor] | None:
     """Rows with distinct prompts and, for each row, which of them it repeats; None if no prompt repeats.
 
     Two rows share a prompt when their first ``prompt_len`` tokens and attention-mask entries are equal
@@ -33,14 +36,17 @@ def distinct_prompts(input_ids: Tensor, attention_mask: Tensor, prompt_len: int)
     B = input_ids.shape[0]
     if B < 2 or prompt_len < 1:
         return None
-    key = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len].to(input_ids.dtype)], 1)  # (B, 2P)
+    key = torch.cat(
+        [input_ids[:, :prompt_len], attention_mask[:, :prompt_len].to(input_ids.dtype)], 1
+    )  # (B, 2P)
     uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
     U = uniq.shape[0]
     if U == B:
         return None
     rows = torch.arange(B, device=input_ids.device)
     first = torch.full((U,), B, dtype=torch.long, device=input_ids.device).scatter_reduce(
-        0, inverse, rows, reduce="amin")  # (U,) smallest row index holding each prompt
+        0, inverse, rows, reduce="amin"
+    )  # (U,) smallest row index holding each prompt
     return first, inverse
 
 
@@ -63,7 +69,10 @@ def _pass(model, project: bool, **kw) -> tuple[Any, Tensor]:
         return out, out.logits
     seen: dict[str, Tensor] = {}
     hook = model.get_decoder().register_forward_hook(
-        lambda m, a, o: seen.__setitem__("h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]))
+        lambda m, a, o: seen.__setitem__(
+            "h", o.last_hidden_state if hasattr(o, "last_hidden_state") else o[0]
+        )
+    )
     try:
         out = model(**kw, logits_to_keep=torch.zeros(0, dtype=torch.long, device=kw["input_ids"].device))
     finally:
@@ -71,8 +80,14 @@ def _pass(model, project: bool, **kw) -> tuple[Any, Tensor]:
     return out, seen["h"]
 
 
-def shared_prompt_outputs(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                          prompt_len: int, project: bool = True) -> Tensor | None:
+def shared_prompt_outputs(
+    model,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    position_ids: Tensor,
+    prompt_len: int,
+    project: bool = True,
+) -> Tensor | None:
     """What predicts every completion token, computing each distinct prompt once; None = not applicable.
 
     ``project=True``: the logits (B, C, V). ``project=False``: the LM head's input (B, C, H) (the decoder's
@@ -92,8 +107,15 @@ def shared_prompt_outputs(model, input_ids: Tensor, attention_mask: Tensor, posi
         return None
     first, inverse = sel
     kw = {"logits_to_keep": 1} if project else {}
-    head, head_out = _pass(model, project, input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
-                           position_ids=position_ids[first, :P], use_cache=True, **kw)
+    head, head_out = _pass(
+        model,
+        project,
+        input_ids=input_ids[first, :P],
+        attention_mask=attention_mask[first, :P],
+        position_ids=position_ids[first, :P],
+        use_cache=True,
+        **kw,
+    )
     cache = head.past_key_values
     if not gatherable(cache):
         return None
@@ -101,12 +123,20 @@ def shared_prompt_outputs(model, input_ids: Tensor, attention_mask: Tensor, posi
     if C == 1:
         return first_out
     cache.reorder_cache(inverse)  # (U, ...) -> (B, ...): differentiable gather, gradients sum into the prompt
-    _, tail = _pass(model, project, input_ids=input_ids[:, P:-1], attention_mask=attention_mask[:, :-1],
-                    position_ids=position_ids[:, P:-1], past_key_values=cache, use_cache=True)
+    _, tail = _pass(
+        model,
+        project,
+        input_ids=input_ids[:, P:-1],
+        attention_mask=attention_mask[:, :-1],
+        position_ids=position_ids[:, P:-1],
+        past_key_values=cache,
+        use_cache=True,
+    )
     return torch.cat([first_out, tail], 1)  # (B, C, V|H)
 
 
-def shared_prompt_logits(model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
-                         prompt_len: int) -> Tensor | None:
+def shared_prompt_logits(
+    model, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, prompt_len: int
+) -> Tensor | None:
     """``shared_prompt_outputs(..., project=True)``: the logits (B, C, V); None = not applicable."""
     return shared_prompt_outputs(model, input_ids, attention_mask, position_ids, prompt_len, project=True)

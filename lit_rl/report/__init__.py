@@ -6,6 +6,7 @@ also be the rollouts folder itself) and writes one static file: the data as comp
 network or CDN. Rows are stored as arrays with prompts interned (a prompt seen at many steps is stored
 once), so 800 steps x 64 rows stay a few MB; the page renders one page of groups at a time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,23 @@ from pathlib import Path
 from lit_rl.report._template import TEMPLATE
 
 # Per-row array layout in the embedded JSON (the page's JavaScript reads the same order).
-ROW_FIELDS = ("row", "group", "prompt", "completion", "reward", "advantage", "finish", "length", "policy_version",
-              "staleness", "logprob", "error", "pick", "components", "extra")
+ROW_FIELDS = (
+    "row",
+    "group",
+    "prompt",
+    "completion",
+    "reward",
+    "advantage",
+    "finish",
+    "length",
+    "policy_version",
+    "staleness",
+    "logprob",
+    "error",
+    "pick",
+    "components",
+    "extra",
+)
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
 
@@ -31,8 +47,10 @@ def find_rollouts(run_dir: str | Path) -> Path:
     for d in (run_dir / "rollouts", run_dir):
         if d.is_dir() and (any(d.glob("step_*.jsonl")) or (d / "metrics.jsonl").exists()):
             return d
-    raise FileNotFoundError(f"{run_dir}: no rollouts found (expected {run_dir / 'rollouts'}/step_*.jsonl, written by "
-                            "the RolloutInspector callback: add `-c callbacks/inspect.yaml` to the run)")
+    raise FileNotFoundError(
+        f"{run_dir}: no rollouts found (expected {run_dir / 'rollouts'}/step_*.jsonl, written by "
+        "the RolloutInspector callback: add `-c callbacks/inspect.yaml` to the run)"
+    )
 
 
 def _num(x, digits: int = 4):
@@ -47,7 +65,9 @@ def load_run(rollouts: Path) -> dict:
     index: dict[tuple, int] = {}
     comp_names: list[str] = []
     rows: dict[str, list] = {}
-    files = sorted((int(m.group(1)), p) for p in rollouts.glob("step_*.jsonl") if (m := _STEP_FILE.search(p.name)))
+    files = sorted(
+        (int(m.group(1)), p) for p in rollouts.glob("step_*.jsonl") if (m := _STEP_FILE.search(p.name))
+    )
     for step, path in files:
         out = []
         for line in path.read_text().splitlines():
@@ -63,8 +83,12 @@ def load_run(rollouts: Path) -> dict:
                 if k not in comp_names:
                     comp_names.append(k)
             rec = {**r, "prompt": index[key], "components": [_num(comps.get(k)) for k in comp_names]}
-            out.append([_num(rec.get(f)) if f in ("reward", "advantage", "logprob") else rec.get(f)
-                        for f in ROW_FIELDS])
+            out.append(
+                [
+                    _num(rec.get(f)) if f in ("reward", "advantage", "logprob") else rec.get(f)
+                    for f in ROW_FIELDS
+                ]
+            )
         rows[str(step)] = out
     curves: dict[str, dict[int, float]] = {}
     mpath = rollouts / "metrics.jsonl"
@@ -77,16 +101,24 @@ def load_run(rollouts: Path) -> dict:
             for k, v in rec.items():
                 if step is not None and _num(v) is not None:
                     curves.setdefault(k, {})[int(step)] = _num(v)  # a resumed run's rewrite wins
-    return {"steps": [s for s, _ in files], "prompts": prompts, "components": comp_names, "fields": list(ROW_FIELDS),
-            "rows": rows, "curves": {k: sorted(v.items()) for k, v in sorted(curves.items())}}
+    return {
+        "steps": [s for s, _ in files],
+        "prompts": prompts,
+        "components": comp_names,
+        "fields": list(ROW_FIELDS),
+        "rows": rows,
+        "curves": {k: sorted(v.items()) for k, v in sorted(curves.items())},
+    }
 
 
 def render(data: dict, title: str) -> str:
     blob = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     blob = blob.replace("</", "<\\/").replace("<!--", "<\\!--")  # cannot close the <script> element early
-    return (TEMPLATE.replace("%%TITLE%%", html.escape(title))
-            .replace("%%GENERATED%%", time.strftime("%Y-%m-%d %H:%M:%S"))
-            .replace("%%DATA%%", blob))
+    return (
+        TEMPLATE.replace("%%TITLE%%", html.escape(title))
+        .replace("%%GENERATED%%", time.strftime("%Y-%m-%d %H:%M:%S"))
+        .replace("%%DATA%%", blob)
+    )
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -102,10 +134,15 @@ def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """``lit-rl inspect RUN_DIR [-o report.html]``; returns the exit code."""
-    ap = argparse.ArgumentParser(prog="lit-rl inspect", description="Write a self-contained HTML report of a run's "
-                                 "rollouts (the files RolloutInspector writes under RUN_DIR/rollouts).")
+    ap = argparse.ArgumentParser(
+        prog="lit-rl inspect",
+        description="Write a self-contained HTML report of a run's "
+        "rollouts (the files RolloutInspector writes under RUN_DIR/rollouts).",
+    )
     ap.add_argument("run_dir", help="the run's directory (trainer.default_root_dir) or its rollouts/ folder")
-    ap.add_argument("-o", "--output", default=None, help="where to write the HTML (default: RUN_DIR/report.html)")
+    ap.add_argument(
+        "-o", "--output", default=None, help="where to write the HTML (default: RUN_DIR/report.html)"
+    )
     args = ap.parse_args(argv)
     try:
         out = write_report(args.run_dir, args.output)

@@ -5,11 +5,11 @@ from lit_rl.rewards.pool import RewardBatch, RewardErrorWarning, RewardFailureEr
 from lit_rl.rewards.reward_model import RewardModelReward
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError
 from lit_rl.rewards.verifiers import (
-           ExactAnswerReward,
-           LastIntReward,
-           MathAnswerReward,
-           PrefixMatchReward,
-           RegexFormatReward,
+    ExactAnswerReward,
+    LastIntReward,
+    MathAnswerReward,
+    PrefixMatchReward,
+    RegexFormatReward,
 )
 
 __all__ = [

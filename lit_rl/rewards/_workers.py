@@ -3,6 +3,7 @@
 A hung thread cannot be killed in Python, so ``_ThreadWorkers.abandon`` replaces it (daemon threads never block
 interpreter exit); a hung process is killed and replaced (``_ProcessWorkers.run_all``). See ``pool.py``.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp

@@ -21,6 +21,7 @@ Anything else (a function of one argument, three required arguments, ...) is ref
 with both expected signatures in the message; a TRL-style function with a required parameter the data does not
 have is refused at setup (``check_columns``) -- before any generation, never a run of 100 % infra errors.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,8 +33,10 @@ from typing import Any
 
 from lit_rl.rewards.base import TrainerState
 
-EXPECTED = ("a reward is fn(prompt, completion) -> float | RewardResult (one call per completion), or TRL-style "
-            "fn(prompts, completions, **kwargs) -> list[float] (one call per batch)")
+EXPECTED = (
+    "a reward is fn(prompt, completion) -> float | RewardResult (one call per completion), or TRL-style "
+    "fn(prompts, completions, **kwargs) -> list[float] (one call per batch)"
+)
 # What every TRL-style call can receive besides the dataset's columns (TRL passes all of them by keyword).
 ALWAYS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
 
@@ -79,11 +82,15 @@ def adapt_reward(name: str, fn: Callable) -> Callable:
         try:
             sig.bind(object(), "")
         except TypeError as e:
-            raise TypeError(f"RewardPool: reward {name!r} has signature {sig} and cannot be called as "
-                            f"fn(prompt, completion) ({e}); {EXPECTED}") from None
+            raise TypeError(
+                f"RewardPool: reward {name!r} has signature {sig} and cannot be called as "
+                f"fn(prompt, completion) ({e}); {EXPECTED}"
+            ) from None
     if is_async(fn):
-        raise TypeError(f"RewardPool: reward {name!r} is an async per-row function; async rewards are TRL-style: "
-                        "async def fn(prompts, completions, **kwargs) -> list[float] (one call per batch)")
+        raise TypeError(
+            f"RewardPool: reward {name!r} is an async per-row function; async rewards are TRL-style: "
+            "async def fn(prompts, completions, **kwargs) -> list[float] (one call per batch)"
+        )
     return fn
 
 
@@ -122,8 +129,10 @@ class RewardLog:
             raise TypeError(f"log_extra: column must be a non-empty str, got {column!r}")
         values = list(values)
         if len(values) != self.rows:
-            raise ValueError(f"log_extra({column!r}): {len(values)} values for {self.rows} completions; "
-                             "give one value per completion")
+            raise ValueError(
+                f"log_extra({column!r}): {len(values)} values for {self.rows} completions; "
+                "give one value per completion"
+            )
         self.extra[column] = values
 
     def log_metric(self, name: str, value: float) -> None:
@@ -146,15 +155,24 @@ class TRLRewardAdapter:
         self.fn, self.name = fn, name or getattr(fn, "__name__", type(fn).__name__)
         sig = _signature(fn)
         params = list(sig.parameters.values()) if sig is not None else []
-        positional = [p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_ONLY
-                      and p.default is inspect.Parameter.empty]
+        positional = [
+            p.name
+            for p in params
+            if p.kind is inspect.Parameter.POSITIONAL_ONLY and p.default is inspect.Parameter.empty
+        ]
         if positional:  # TRL passes everything by keyword
-            raise TypeError(f"RewardPool: reward {self.name!r} has positional-only parameters {positional}; a "
-                            "TRL-style reward is called with keyword arguments only")
+            raise TypeError(
+                f"RewardPool: reward {self.name!r} has positional-only parameters {positional}; a "
+                "TRL-style reward is called with keyword arguments only"
+            )
         self._takes_any = sig is None or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
         self._names = {p.name for p in params}
-        self.required = [p.name for p in params if p.default is inspect.Parameter.empty
-                         and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+        self.required = [
+            p.name
+            for p in params
+            if p.default is inspect.Parameter.empty
+            and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        ]
         self.is_async = is_async(fn)
         # class attributes of the wrapped function (e.g. executor = "process") carry over
         self.executor = getattr(fn, "executor", None)
@@ -164,11 +182,19 @@ class TRLRewardAdapter:
         available = set(ALWAYS) | set(columns)
         missing = [n for n in self.required if n not in available]
         if missing:
-            raise ValueError(f"reward {self.name!r}: required parameter {missing[0]!r} is neither passed by the "
-                             f"trainer nor a column of the data; available: {', '.join(sorted(available))}")
+            raise ValueError(
+                f"reward {self.name!r}: required parameter {missing[0]!r} is neither passed by the "
+                f"trainer nor a column of the data; available: {', '.join(sorted(available))}"
+            )
 
-    def _kwargs(self, prompts: list, completions: list[str], completion_ids: list | None,
-                trainer_state: TrainerState | None, log: RewardLog) -> dict[str, Any]:
+    def _kwargs(
+        self,
+        prompts: list,
+        completions: list[str],
+        completion_ids: list | None,
+        trainer_state: TrainerState | None,
+        log: RewardLog,
+    ) -> dict[str, Any]:
         ps: list[Any] = []  # prompt texts, or message lists
         cs: list[Any] = []  # completion texts, or assistant message lists
         for prompt, completion in zip(prompts, completions):
@@ -180,10 +206,18 @@ class TRLRewardAdapter:
                 ps.append(getattr(prompt, "prompt", prompt))
                 cs.append(completion)
         rows = [record_columns(p) for p in prompts]
-        names = list(dict.fromkeys(k for r in rows for k in r))  # a row without a column gets None (as datasets)
+        names = list(
+            dict.fromkeys(k for r in rows for k in r)
+        )  # a row without a column gets None (as datasets)
         kw: dict[str, Any] = {k: [r.get(k) for r in rows] for k in names}
-        kw.update(prompts=ps, completions=cs, completion_ids=completion_ids, trainer_state=trainer_state,
-                  log_extra=log.log_extra, log_metric=log.log_metric)
+        kw.update(
+            prompts=ps,
+            completions=cs,
+            completion_ids=completion_ids,
+            trainer_state=trainer_state,
+            log_extra=log.log_extra,
+            log_metric=log.log_metric,
+        )
         if kw["completion_ids"] is None:
             kw.pop("completion_ids")
         if not self._takes_any:  # pass only what the function names; TRL functions usually take **kwargs
@@ -192,22 +226,34 @@ class TRLRewardAdapter:
 
     def _result(self, out: Any, rows: int, log: RewardLog) -> BatchScores:
         if isinstance(out, (str, bytes)) or not (hasattr(out, "__len__") and hasattr(out, "__getitem__")):
-            raise TypeError(f"TRL-style reward returned {type(out).__name__}; expected a list with one score (or "
-                            "None) per completion")
+            raise TypeError(
+                f"TRL-style reward returned {type(out).__name__}; expected a list with one score (or "
+                "None) per completion"
+            )
         if len(out) != rows:
             raise TypeError(f"TRL-style reward returned {len(out)} scores for {rows} completions")
         return BatchScores(list(out), log.extra, log.metrics)
 
-    def __call__(self, prompts: list, completions: list[str], completion_ids: list | None = None,
-                 trainer_state: TrainerState | None = None) -> BatchScores:
+    def __call__(
+        self,
+        prompts: list,
+        completions: list[str],
+        completion_ids: list | None = None,
+        trainer_state: TrainerState | None = None,
+    ) -> BatchScores:
         log = RewardLog(len(completions))
         out = self.fn(**self._kwargs(prompts, completions, completion_ids, trainer_state, log))
         if inspect.isawaitable(out):  # a sync wrapper around a coroutine: this worker thread has no loop
             out = asyncio.run(_await(out))
         return self._result(out, len(completions), log)
 
-    async def acall(self, prompts: list, completions: list[str], completion_ids: list | None = None,
-                    trainer_state: TrainerState | None = None) -> BatchScores:
+    async def acall(
+        self,
+        prompts: list,
+        completions: list[str],
+        completion_ids: list | None = None,
+        trainer_state: TrainerState | None = None,
+    ) -> BatchScores:
         log = RewardLog(len(completions))
         out = await self.fn(**self._kwargs(prompts, completions, completion_ids, trainer_state, log))
         return self._result(out, len(completions), log)

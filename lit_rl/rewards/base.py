@@ -13,6 +13,7 @@ A ``None`` return means "this reward does not apply to this row" (TRL's conventi
 sum. TRL-style batched functions ``fn(prompts, completions, **kwargs) -> list[float | None]`` are recognised by
 ``RewardPool`` and called once per batch (``lit_rl.rewards.adapters``).
 """
+
 from __future__ import annotations
 
 import math
@@ -89,12 +90,15 @@ def as_result(value: Any) -> RewardResult:
     elif isinstance(value, (int, float)) or (hasattr(value, "item") and getattr(value, "ndim", 1) == 0):
         res = RewardResult(float(value))
     elif isinstance(value, (list, tuple)):
-        raise TypeError(f"reward function returned a {type(value).__name__} of {len(value)} values for one completion; "
-                        "a per-row reward fn(prompt, completion) returns one float or RewardResult (a TRL-style "
-                        "batched function must name its parameters (prompts, completions, **columns))")
+        raise TypeError(
+            f"reward function returned a {type(value).__name__} of {len(value)} values for one completion; "
+            "a per-row reward fn(prompt, completion) returns one float or RewardResult (a TRL-style "
+            "batched function must name its parameters (prompts, completions, **columns))"
+        )
     else:
-        raise TypeError(f"reward function returned {type(value).__name__} {value!r:.80}; expected a float or "
-                        "RewardResult")
+        raise TypeError(
+            f"reward function returned {type(value).__name__} {value!r:.80}; expected a float or RewardResult"
+        )
     if res.ok and not math.isfinite(res.score):
         raise TypeError(f"reward function returned a non-finite score {res.score!r}")
     return res

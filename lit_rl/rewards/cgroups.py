@@ -11,6 +11,7 @@ Per run, ``create()`` makes ``lit_rl_sbx_<pid>_<n>`` groups with the limits set 
 starts the program, so every process of the program is inside. ``remove()`` deletes the groups once the run's
 PID namespace is gone. Groups left by a caller that died (its PID no longer alive) are swept at detection.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -41,8 +42,11 @@ class CgroupCaps:
         if cls._detected is None:
             caps = cls._probe()
             if not caps.available:
-                log.warning("lit_rl sandbox: no per-run cgroup (%s); memory is capped per process by RLIMIT_AS "
-                            "and processes by RLIMIT_NPROC only", caps.reason)
+                log.warning(
+                    "lit_rl sandbox: no per-run cgroup (%s); memory is capped per process by RLIMIT_AS "
+                    "and processes by RLIMIT_NPROC only",
+                    caps.reason,
+                )
             cls._detected = caps
         return cls._detected
 
@@ -56,7 +60,9 @@ class CgroupCaps:
         if "" in own and os.path.exists(f"{_ROOT}/cgroup.controllers"):  # pure v2 at /sys/fs/cgroup
             candidates.append(("v2", {"": _ROOT + own[""]}))
         if "memory" in own and "pids" in own:  # v1 (or hybrid) hierarchies
-            candidates.append(("v1", {"memory": f"{_ROOT}/memory{own['memory']}", "pids": f"{_ROOT}/pids{own['pids']}"}))
+            candidates.append(
+                ("v1", {"memory": f"{_ROOT}/memory{own['memory']}", "pids": f"{_ROOT}/pids{own['pids']}"})
+            )
         reasons = []
         for version, bases in candidates:
             caps = cls(version, {k: v.rstrip("/") or "/" for k, v in bases.items()})
@@ -71,7 +77,9 @@ class CgroupCaps:
                 return caps
             except OSError as e:
                 reasons.append(f"{version}: {e}")
-        return cls(None, {}, "; ".join(reasons) or "no cgroup v2 or v1 memory+pids hierarchy for this process")
+        return cls(
+            None, {}, "; ".join(reasons) or "no cgroup v2 or v1 memory+pids hierarchy for this process"
+        )
 
     def create(self, memory_bytes: int, pids: int) -> tuple[list[str], list[int]]:
         """Make this run's groups; returns (paths, open cgroup.procs fds). Raises OSError on failure."""
@@ -139,7 +147,9 @@ def _enable_v2_controllers(base: str) -> None:
     with open(os.path.join(base, "cgroup.subtree_control")) as f:
         on = f.read().split()
     if not {"memory", "pids"} <= set(on):
-        _write_text(os.path.join(base, "cgroup.subtree_control"), "+memory +pids")  # EBUSY if base holds tasks
+        _write_text(
+            os.path.join(base, "cgroup.subtree_control"), "+memory +pids"
+        )  # EBUSY if base holds tasks
 
 
 def _write_text(path: str, text: str) -> None:

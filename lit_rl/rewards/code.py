@@ -42,6 +42,7 @@ failure proven independent of the program is ``infra_error``). Any infra error m
 ``RewardResult(0.0, ok=False)`` (masked and counted by ``RewardPool``), never a 0 scored as a wrong answer.
 The score is ``binary`` (1 iff every test passed) or ``partial`` (passed / total); components go to ``info``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -61,6 +62,8 @@ MODES = ("binary", "partial")
 BUDGETS = ("program", "per_test")
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "code_runner.py")) as _f:
     _RUNNER = _f.read()  # copied into each sandbox as /work/_harness/runner.py
+
+
 def json_equal(got: Any, expected: Any, tol: float = 1e-6) -> bool:
     """Type-strict equality of two JSON-decoded values (bool is not int); floats match within
     ``tol * max(1, |expected|)``. Both sides are builtins, so no user ``__eq__`` is ever called."""
@@ -71,11 +74,17 @@ def json_equal(got: Any, expected: Any, tol: float = 1e-6) -> bool:
             return got == expected
         return math.isfinite(got) and abs(got - expected) <= tol * max(1.0, abs(expected))
     if isinstance(expected, list):
-        return (isinstance(got, list) and len(got) == len(expected)
-                and all(json_equal(g, e, tol) for g, e in zip(got, expected)))
+        return (
+            isinstance(got, list)
+            and len(got) == len(expected)
+            and all(json_equal(g, e, tol) for g, e in zip(got, expected))
+        )
     if isinstance(expected, dict):
-        return (isinstance(got, dict) and got.keys() == expected.keys()
-                and all(json_equal(got[k], expected[k], tol) for k in expected))
+        return (
+            isinstance(got, dict)
+            and got.keys() == expected.keys()
+            and all(json_equal(got[k], expected[k], tol) for k in expected)
+        )
     return type(got) is type(expected) and got == expected  # str / None
 
 
@@ -96,7 +105,9 @@ class TestReport:
     wall_s: float = 0.0
     skipped: int = 0
     sandbox_errors: list[str] = field(default_factory=list)
-    program_s: float = 0.0  # program run time summed over tests, as the sandbox measured it (the budget's clock)
+    program_s: float = (
+        0.0  # program run time summed over tests, as the sandbox measured it (the budget's clock)
+    )
     budget_exhausted: int = 0  # tests failed unrun because the program's wall budget was spent
 
     @property
@@ -137,10 +148,21 @@ class CodeTestsReward:
 
     name = "code_tests"
 
-    def __init__(self, mode: str = "binary", timeout_s: float = 5.0, limits: SandboxLimits | None = None,
-                 sandbox: Sandbox | None = None, tests_key: str = "tests", entry_file: str = "solution.py",
-                 require_code_block: bool = False, fail_fast: bool = False, float_tol: float = 1e-6,
-                 test_timeout_s: float | None = None, budget: str = "program", start_allowance_s: float = 0.25):
+    def __init__(
+        self,
+        mode: str = "binary",
+        timeout_s: float = 5.0,
+        limits: SandboxLimits | None = None,
+        sandbox: Sandbox | None = None,
+        tests_key: str = "tests",
+        entry_file: str = "solution.py",
+        require_code_block: bool = False,
+        fail_fast: bool = False,
+        float_tol: float = 1e-6,
+        test_timeout_s: float | None = None,
+        budget: str = "program",
+        start_allowance_s: float = 0.25,
+    ):
         if mode not in MODES:
             raise ValueError(f"mode={mode!r}; valid values: {', '.join(MODES)}")
         if budget not in BUDGETS:
@@ -160,8 +182,9 @@ class CodeTestsReward:
         self.start_allowance_s = float(start_allowance_s)
         self.entry_file, self.require_code_block = entry_file, require_code_block
         self.fail_fast, self.float_tol = fail_fast, float_tol
-        self.sandbox = sandbox or Sandbox(limits or SandboxLimits(cpu_s=max(1, math.ceil(timeout_s))),
-                                          timeout_s=timeout_s)
+        self.sandbox = sandbox or Sandbox(
+            limits or SandboxLimits(cpu_s=max(1, math.ceil(timeout_s))), timeout_s=timeout_s
+        )
 
     # ------------------------------------------------------------------ RewardFn
     def __call__(self, prompt: Any, completion: str) -> RewardResult:
@@ -176,13 +199,24 @@ class CodeTestsReward:
     def score_report(self, rep: TestReport) -> RewardResult:
         """Map a report to the reward: infra error -> ok=False; else binary or partial score."""
         n = rep.total
-        info = {"passed": float(rep.passed), "total": float(n), "pass_rate": rep.passed / n,
-                "failed": float(rep.outcomes.count("fail")), "timeouts": float(rep.timeouts),
-                "infra_errors": float(rep.infra_errors), "skipped": float(rep.skipped), "wall_s": rep.wall_s,
-                "program_s": rep.program_s, "budget_exhausted": float(rep.budget_exhausted), "no_code": 0.0,
-                "cgroup": float(self.sandbox.cgroups.available)}
+        info = {
+            "passed": float(rep.passed),
+            "total": float(n),
+            "pass_rate": rep.passed / n,
+            "failed": float(rep.outcomes.count("fail")),
+            "timeouts": float(rep.timeouts),
+            "infra_errors": float(rep.infra_errors),
+            "skipped": float(rep.skipped),
+            "wall_s": rep.wall_s,
+            "program_s": rep.program_s,
+            "budget_exhausted": float(rep.budget_exhausted),
+            "no_code": 0.0,
+            "cgroup": float(self.sandbox.cgroups.available),
+        }
         if rep.infra_errors:  # the pool masks the row and shows this text
-            return RewardResult(0.0, False, info, error=f"code sandbox could not run the tests: {rep.sandbox_errors[0]}")
+            return RewardResult(
+                0.0, False, info, error=f"code sandbox could not run the tests: {rep.sandbox_errors[0]}"
+            )
         score = float(rep.passed == n) if self.mode == "binary" else rep.passed / n
         return RewardResult(score, True, info)
 
@@ -192,8 +226,10 @@ class CodeTestsReward:
         if tests is None and isinstance(prompt, dict):
             tests = (prompt.get("metadata") or {}).get(self.tests_key)
         if not tests:
-            raise ValueError(f"CodeTestsReward: prompt {getattr(prompt, 'uid', '')!r} has no tests under "
-                             f"metadata[{self.tests_key!r}]; a code reward cannot be judged without tests")
+            raise ValueError(
+                f"CodeTestsReward: prompt {getattr(prompt, 'uid', '')!r} has no tests under "
+                f"metadata[{self.tests_key!r}]; a code reward cannot be judged without tests"
+            )
         return list(tests)
 
     # ------------------------------------------------------------------ running tests
@@ -232,10 +268,14 @@ class CodeTestsReward:
             raise RuntimeError(f"internal error: {len(rep.outcomes)} verdicts for {len(tests)} tests")
         return rep
 
-    def _run_one(self, files: dict[str, str | bytes], test: dict, timeout: float) -> tuple[str, str, SandboxResult]:
+    def _run_one(
+        self, files: dict[str, str | bytes], test: dict, timeout: float
+    ) -> tuple[str, str, SandboxResult]:
         py = [self.sandbox.python, *self.sandbox.python_flags]
         if test["kind"] == "stdio":
-            res = self.sandbox.run([*py, f"/work/{test['file']}"], files=files, stdin=test["stdin"], timeout_s=timeout)
+            res = self.sandbox.run(
+                [*py, f"/work/{test['file']}"], files=files, stdin=test["stdin"], timeout_s=timeout
+            )
             if res.outcome == "infra_error":
                 return "infra_error", f"sandbox: {res.error}", res
             if res.status != "exited" or res.exit_code != 0:
@@ -246,12 +286,16 @@ class CodeTestsReward:
         nonce = secrets.token_hex(16)
         spec = {"nonce": nonce, **{k: v for k, v in test.items() if k not in ("expected", "n_asserts")}}
         harness = {"_harness/runner.py": _RUNNER, "_harness/spec.json": json.dumps(spec)}  # never "expected"
-        res = self.sandbox.run([*py, "/work/_harness/runner.py"], files={**files, **harness}, timeout_s=timeout)
+        res = self.sandbox.run(
+            [*py, "/work/_harness/runner.py"], files={**files, **harness}, timeout_s=timeout
+        )
         if res.outcome == "infra_error":
             return "infra_error", f"sandbox: {res.error}", res
         if res.status not in ("exited", "signaled"):
             return "fail", res.status, res
-        framed = [ln[len(nonce):] for ln in res.stdout.decode(errors="replace").split("\n") if ln.startswith(nonce)]
+        framed = [
+            ln[len(nonce) :] for ln in res.stdout.decode(errors="replace").split("\n") if ln.startswith(nonce)
+        ]
         if len(framed) != 1:  # none: it never returned; several: it tried to print many guesses
             return "fail", f"{len(framed)} result lines (need exactly 1)", res
         try:
@@ -279,7 +323,9 @@ class CodeTestsReward:
             return "pass", "ok", res
         if msg.get("ran") != test["n_asserts"] or type(msg.get("ran")) is not int:
             return "fail", f"{msg.get('ran')!r} of {test['n_asserts']} asserts ran", res
-        if res.status != "exited" or res.exit_code != 0:  # all asserts ran, then it crashed or exited non-zero
+        if (
+            res.status != "exited" or res.exit_code != 0
+        ):  # all asserts ran, then it crashed or exited non-zero
             return "fail", f"{res.status} (exit {res.exit_code}) after the asserts", res
         return "pass", "ok", res
 
@@ -298,13 +344,23 @@ def _check_test(test: Any, i: int, entry_file: str) -> dict:
             kwargs = json.loads(json.dumps(dict(test.get("kwargs", {}))))
         except (TypeError, ValueError) as e:
             raise ValueError(f"test {i}: args/kwargs/expected must be JSON-serialisable ({e})") from e
-        return {"kind": "call", "call": str(test["call"]), "args": args, "kwargs": kwargs, "expected": expected,
-                "module": module}
+        return {
+            "kind": "call",
+            "call": str(test["call"]),
+            "args": args,
+            "kwargs": kwargs,
+            "expected": expected,
+            "module": module,
+        }
     if "stdin" in test or "stdout" in test:
         if "stdout" not in test:
             raise ValueError(f"test {i}: a stdio test needs 'stdout'; keys present: {sorted(test)}")
-        return {"kind": "stdio", "stdin": str(test.get("stdin", "")), "stdout": str(test["stdout"]),
-                "file": str(test.get("file", entry_file))}
+        return {
+            "kind": "stdio",
+            "stdin": str(test.get("stdin", "")),
+            "stdout": str(test["stdout"]),
+            "file": str(test.get("file", entry_file)),
+        }
     if "asserts" in test:
         asserts = test["asserts"]
         if isinstance(asserts, str) or not asserts or not all(isinstance(a, str) for a in asserts):
@@ -315,29 +371,59 @@ def _check_test(test: Any, i: int, entry_file: str) -> dict:
         _parses(setup, f"test {i}: setup")
         pairs = _literal_asserts(asserts)
         if pairs is not None:  # judged in the parent: the literals never enter the sandbox
-            return {"kind": "exprs", "exprs": [e for e, _ in pairs], "expected": [v for _, v in pairs], "setup": setup,
-                    "module": module, "entry_point": ""}
-        return {"kind": "asserts", "asserts": list(asserts), "setup": setup, "module": module,
-                "n_asserts": len(asserts)}
+            return {
+                "kind": "exprs",
+                "exprs": [e for e, _ in pairs],
+                "expected": [v for _, v in pairs],
+                "setup": setup,
+                "module": module,
+                "entry_point": "",
+            }
+        return {
+            "kind": "asserts",
+            "asserts": list(asserts),
+            "setup": setup,
+            "module": module,
+            "n_asserts": len(asserts),
+        }
     if "check" in test:
         if not isinstance(test.get("entry_point"), str) or not test["entry_point"].isidentifier():
-            raise ValueError(f"test {i}: a check test needs 'entry_point' (the function name passed to check)")
+            raise ValueError(
+                f"test {i}: a check test needs 'entry_point' (the function name passed to check)"
+            )
         _parses(str(test["check"]), f"test {i}: check")
         split = _literal_check(str(test["check"]))
         if split is not None:
             setup, pairs = split
-            return {"kind": "exprs", "exprs": [e for e, _ in pairs], "expected": [v for _, v in pairs], "setup": setup,
-                    "module": module, "entry_point": test["entry_point"]}
-        return {"kind": "check", "check": str(test["check"]), "entry_point": test["entry_point"], "module": module,
-                "n_asserts": 1}
-    raise ValueError(f"test {i}: need 'call'+'expected', 'stdin'+'stdout', 'asserts' or 'check'+'entry_point'; "
-                     f"keys present: {sorted(test)}")
+            return {
+                "kind": "exprs",
+                "exprs": [e for e, _ in pairs],
+                "expected": [v for _, v in pairs],
+                "setup": setup,
+                "module": module,
+                "entry_point": test["entry_point"],
+            }
+        return {
+            "kind": "check",
+            "check": str(test["check"]),
+            "entry_point": test["entry_point"],
+            "module": module,
+            "n_asserts": 1,
+        }
+    raise ValueError(
+        f"test {i}: need 'call'+'expected', 'stdin'+'stdout', 'asserts' or 'check'+'entry_point'; "
+        f"keys present: {sorted(test)}"
+    )
 
 
 def _literal_pair(node: ast.stmt) -> tuple[str, Any] | None:
     """``assert <expr> == <literal>`` (either side) -> (expr source, literal value), else None."""
-    if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1
-            and isinstance(node.test.ops[0], ast.Eq)):
+    if not (
+        isinstance(node, ast.Assert)
+        and isinstance(node.test, ast.Compare)
+        and len(node.test.ops) == 1
+        and isinstance(node.test.ops[0], ast.Eq)
+    ):
         return None
     left, right = node.test.left, node.test.comparators[0]
     for expr, lit in ((left, right), (right, left)):

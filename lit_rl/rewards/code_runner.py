@@ -30,6 +30,7 @@ locals; ``test_known_gap_...`` pins it) can pass or forge assert tests. Call and
 in the parent against values that never enter the sandbox, do not have that weakness: prefer them for
 adversarial training.
 """
+
 import ast
 import json
 import operator
@@ -37,9 +38,18 @@ import os
 import sys
 
 _PLAIN = (int, float, complex, str, bytes, bool, type(None))
-_OPS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
-        ast.Is: operator.is_, ast.IsNot: operator.is_not}
+_OPS = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
 _BY_NAME = {k.__name__: f for k, f in _OPS.items()}
 
 
@@ -58,7 +68,9 @@ def _plain(v, depth=0) -> bool:
 
 def _lit_rl_cmp(left, op, right):
     if not (_plain(left) and _plain(right)):
-        raise AssertionError(f"comparison of a non-builtin value ({type(left).__name__} vs {type(right).__name__})")
+        raise AssertionError(
+            f"comparison of a non-builtin value ({type(left).__name__} vs {type(right).__name__})"
+        )
     return _BY_NAME[op](left, right)
 
 
@@ -75,8 +87,11 @@ class _Rewrite(ast.NodeTransformer):
         self.generic_visit(node)
         parts, left = [], node.left
         for op, right in zip(node.ops, node.comparators):  # (a chained middle operand is evaluated twice)
-            parts.append(ast.Call(ast.Name("_lit_rl_cmp", ast.Load()),
-                                  [left, ast.Constant(type(op).__name__), right], []))
+            parts.append(
+                ast.Call(
+                    ast.Name("_lit_rl_cmp", ast.Load()), [left, ast.Constant(type(op).__name__), right], []
+                )
+            )
             left = right
         return parts[0] if len(parts) == 1 else ast.BoolOp(ast.And(), parts)
 
@@ -124,6 +139,7 @@ def main():
     sys.path.insert(0, "/work")
     try:
         import importlib
+
         if spec["kind"] == "call":
             fn = getattr(importlib.import_module(spec["module"]), spec["call"])
             payload = dumps({"value": fn(*spec["args"], **spec["kwargs"])}, allow_nan=False)
@@ -133,15 +149,15 @@ def main():
             if spec.get("entry_point"):
                 ns["candidate"] = getattr(importlib.import_module(spec["module"]), spec["entry_point"])
             exec(compile(spec["setup"], "<setup>", "exec"), ns)  # noqa: S102
-            values = [_enc(eval(compile(e, f"<expr {i}>", "eval"), ns))
-                      for i, e in enumerate(spec["exprs"])]
+            values = [_enc(eval(compile(e, f"<expr {i}>", "eval"), ns)) for i, e in enumerate(spec["exprs"])]
             payload = dumps({"values": values}, allow_nan=False)
         else:
             ns = {"__name__": "__lit_rl_test__", "_lit_rl_truth": _lit_rl_truth, "_lit_rl_cmp": _lit_rl_cmp}
             ran = 0
             if spec["kind"] == "asserts":
-                codes = [_compile(spec["setup"], "<setup>")] + [_compile(a, f"<assert {i}>")
-                                                                 for i, a in enumerate(spec["asserts"])]
+                codes = [_compile(spec["setup"], "<setup>")] + [
+                    _compile(a, f"<assert {i}>") for i, a in enumerate(spec["asserts"])
+                ]
                 exec(compile(f"from {spec['module']} import *", "<import>", "exec"), ns)  # noqa: S102
                 exec(codes[0], ns)  # noqa: S102 - running the tests is the point
                 for code in codes[1:]:
@@ -151,7 +167,7 @@ def main():
                 exec(_compile(spec["check"], "<check>"), ns)  # noqa: S102
                 ns["check"](getattr(importlib.import_module(spec["module"]), spec["entry_point"]))
                 ran = 1
-            payload = '{"ran": ' + str(int(ran)) + '}'
+            payload = '{"ran": ' + str(int(ran)) + "}"
     except BaseException as e:  # noqa: BLE001 - SystemExit from the solution is a failure like any other
         try:
             payload = dumps({"error": (type(e).__name__ + ": " + str(e))[:300]})

@@ -15,6 +15,7 @@ shape. A bad record raises ``ValueError`` naming the file, line and field before
 
 ``SAMPLES`` is a small bundled set (two tasks per shape, written for this project) with reference solutions.
 """
+
 from __future__ import annotations
 
 import json
@@ -62,8 +63,10 @@ def record_to_prompt(rec: dict[str, Any], where: str = "record") -> Prompt:
             raise ValueError(f"{where}: 'inputs' and 'outputs' must be non-empty lists of equal length")
         tests = [{"stdin": str(i), "stdout": str(o)} for i, o in zip(ins, outs)]
     else:
-        raise ValueError(f"{where}: unknown record shape, keys {sorted(rec)}; expected one of {', '.join(FORMATS)} "
-                         "('tests' | 'test'+'entry_point' | 'test_list' | 'inputs'+'outputs' / 'input_output')")
+        raise ValueError(
+            f"{where}: unknown record shape, keys {sorted(rec)}; expected one of {', '.join(FORMATS)} "
+            "('tests' | 'test'+'entry_point' | 'test_list' | 'inputs'+'outputs' / 'input_output')"
+        )
     meta: dict[str, Any] = {"tests": tests, "format": fmt}
     if isinstance(rec.get("solution"), str):
         meta["solution"] = rec["solution"]

@@ -16,6 +16,7 @@ spaces of indent; the opening line's first word is the block's language tag):
 Every ``fail`` is scored 0 (not masked: the completion's own form caused it) and counted in the reward's
 ``info`` (``no_code`` and ``extract_<reason>``).
 """
+
 from __future__ import annotations
 
 import re
@@ -38,8 +39,9 @@ class Extraction:
         return self.code is not None
 
 
-def extract_program(completion: str, require_block: bool = False,
-                    languages: tuple[str, ...] = PYTHON_TAGS) -> Extraction:
+def extract_program(
+    completion: str, require_block: bool = False, languages: tuple[str, ...] = PYTHON_TAGS
+) -> Extraction:
     """Apply the rule above to ``completion``."""
     tags = {t.lower() for t in languages}
     lines = completion.split("\n")
@@ -53,7 +55,7 @@ def extract_program(completion: str, require_block: bool = False,
         if open_at is None:
             open_at, open_tag, fence_len = i, m.group(2).lower(), len(m.group(1))
         elif not m.group(2) and len(m.group(1)) >= fence_len:  # a closing fence carries no tag
-            blocks.append((open_tag, "\n".join(lines[open_at + 1:i]) + "\n"))
+            blocks.append((open_tag, "\n".join(lines[open_at + 1 : i]) + "\n"))
             open_at = None
     if not saw_fence:
         return Extraction(None, "no_block") if require_block else Extraction(completion, "whole_text")

@@ -34,6 +34,7 @@ baseline, advantage 0), counted in ``reward/none_rows``, never a failure. A rewa
 ``max_invalid_frac`` of the window's rows (or on every row of one call) stops the run too, although the other
 rewards kept those rows valid: a broken component never trains silently on the rest.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -123,18 +124,25 @@ class RewardPool:
                 raise TypeError(f"RewardPool: reward {name!r} is not callable ({type(fn).__name__})")
         if isinstance(weights, (list, tuple)):
             if len(weights) != len(rewards):
-                raise ValueError(f"RewardPool: weights has {len(weights)} entries but there are {len(rewards)} "
-                                 f"rewards ({', '.join(rewards)}); give one weight per reward in that order, or a "
-                                 "dict name -> weight")
+                raise ValueError(
+                    f"RewardPool: weights has {len(weights)} entries but there are {len(rewards)} "
+                    f"rewards ({', '.join(rewards)}); give one weight per reward in that order, or a "
+                    "dict name -> weight"
+                )
             weights = dict(zip(rewards, weights))
         weights = dict(weights or {})
-        bad = {n: w for n, w in weights.items() if isinstance(w, bool) or not isinstance(w, (int, float))
-               or not math.isfinite(w)}
+        bad = {
+            n: w
+            for n, w in weights.items()
+            if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)
+        }
         if bad:
             raise ValueError(f"RewardPool: weights must be finite numbers, got {bad}")
         unknown = set(weights) - set(rewards)
         if unknown:
-            raise ValueError(f"RewardPool: weights name unknown rewards {sorted(unknown)}; rewards are {sorted(rewards)}")
+            raise ValueError(
+                f"RewardPool: weights name unknown rewards {sorted(unknown)}; rewards are {sorted(rewards)}"
+            )
         if not timeout_s > 0:  # `not >` also rejects NaN, which would disable the timeout
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         if num_workers < 1:
@@ -142,7 +150,9 @@ class RewardPool:
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r}; valid values: {', '.join(EXECUTORS)}")
         if max_invalid_frac is not None and not 0.0 <= max_invalid_frac < 1.0:
-            raise ValueError(f"max_invalid_frac must be in [0, 1) or None (never stop), got {max_invalid_frac}")
+            raise ValueError(
+                f"max_invalid_frac must be in [0, 1) or None (never stop), got {max_invalid_frac}"
+            )
         if window < 1:
             raise ValueError(f"window must be >= 1 (scoring calls), got {window}")
         if max_error_chars < 20:
@@ -160,13 +170,18 @@ class RewardPool:
         # per call: (failed rows, rows, error texts, {reward: rows it failed on})
         self._recent: deque[tuple[int, int, Counter, Counter]] = deque(maxlen=window)
         self._workers = None
-        self.trainer_state = TrainerState()  # what TRL-style rewards get as trainer_state (RolloutCallback updates it)
+        self.trainer_state = (
+            TrainerState()
+        )  # what TRL-style rewards get as trainer_state (RolloutCallback updates it)
 
     def _pool(self):
         if self._workers is None:
             fns = list(self.rewards.values())
-            self._workers = _ThreadWorkers(self.num_workers) if self.executor == "thread" else _ProcessWorkers(
-                self.num_workers, fns)
+            self._workers = (
+                _ThreadWorkers(self.num_workers)
+                if self.executor == "thread"
+                else _ProcessWorkers(self.num_workers, fns)
+            )
         return self._workers
 
     def close(self) -> None:
@@ -185,15 +200,22 @@ class RewardPool:
             if isinstance(fn, TRLRewardAdapter):
                 fn.check_columns(columns)
 
-    def score(self, prompts: list[Any], completions: list[str], completion_ids: list[list[int]] | None = None,
-              trainer_state: TrainerState | None = None) -> RewardBatch:
+    def score(
+        self,
+        prompts: list[Any],
+        completions: list[str],
+        completion_ids: list[list[int]] | None = None,
+        trainer_state: TrainerState | None = None,
+    ) -> RewardBatch:
         """Score B rows. Per-row rewards are called once per row, TRL-style ones once with the whole batch
         (with ``completion_ids`` and ``trainer_state``; default: the pool's ``trainer_state``, which the
         RolloutCallback keeps current). Per-component rule: module doc."""
         if len(prompts) != len(completions):
             raise ValueError(f"score: {len(prompts)} prompts but {len(completions)} completions")
         if completion_ids is not None and len(completion_ids) != len(completions):
-            raise ValueError(f"score: {len(completion_ids)} completion_ids but {len(completions)} completions")
+            raise ValueError(
+                f"score: {len(completion_ids)} completion_ids but {len(completions)} completions"
+            )
         state = trainer_state if trainer_state is not None else self.trainer_state
         names = list(self.rewards)
         B = len(prompts)
@@ -283,9 +305,13 @@ class RewardPool:
         n_errors = sum(f is not None for n in names for f in failed[n])
         n_timeouts = sum(f is not None and "timed out" in f for n in names for f in failed[n])
         unscored = sum(e is not None and e.startswith("no reward applies") for e in errors)
-        metrics = {"reward/infra_errors": float(n_errors), "reward/timeouts": float(n_timeouts),
-                   "reward/invalid_frac": n_invalid / max(B, 1), "perf/reward_s": wall,
-                   "reward/none_rows": float(unscored)}
+        metrics = {
+            "reward/infra_errors": float(n_errors),
+            "reward/timeouts": float(n_timeouts),
+            "reward/invalid_frac": n_invalid / max(B, 1),
+            "perf/reward_s": wall,
+            "reward/none_rows": float(unscored),
+        }
         for n in names:
             ok_mask = ~comps[n].isnan()
             metrics[f"reward/{n}"] = float(comps[n][ok_mask].mean()) if ok_mask.any() else math.nan
@@ -293,27 +319,43 @@ class RewardPool:
             metrics[f"perf/reward_{n}_call_s"] = latency[n] / max(n_calls[n], 1)
             if none_rows[n]:
                 metrics[f"reward/{n}/none_frac"] = none_rows[n] / max(B, 1)
-        metrics.update({k: sum(v) / len(v) for k, v in logged.items()})  # log_metric: mean over the step's calls
+        metrics.update(
+            {k: sum(v) / len(v) for k, v in logged.items()}
+        )  # log_metric: mean over the step's calls
         self._report(errors, failed_rows, {n: sum(f is not None for f in failed[n]) for n in names}, failed)
         return RewardBatch(total, valid, comps, errors, metrics, extras if any(extras) else [])
 
-    def _report(self, errors: list[str | None], failed_rows: int, comp_fails: dict[str, int],
-                failed: dict[str, list[str | None]]) -> None:
+    def _report(
+        self,
+        errors: list[str | None],
+        failed_rows: int,
+        comp_fails: dict[str, int],
+        failed: dict[str, list[str | None]],
+    ) -> None:
         """Warn once per call with rows lacking a reward or failed components; raise when a reward failed on
         every row of the call, or the window's failed fraction (rows, or one reward's rows) is over the limit."""
         B = len(errors)
         bad = [(i, e) for i, e in enumerate(errors) if e is not None]
-        partial = [(i, f"{n}: {failed[n][i]}") for n in failed for i in range(B)
-                   if failed[n][i] is not None and errors[i] is None]
+        partial = [
+            (i, f"{n}: {failed[n][i]}")
+            for n in failed
+            for i in range(B)
+            if failed[n][i] is not None and errors[i] is None
+        ]
         if (bad or partial) and self.warn_rows:
             first = (bad + partial)[: self.warn_rows]
             shown = "; ".join(f"row {i}: {_cut(e, self.max_error_chars)}" for i, e in first)
             head = f"{len(bad)}/{B} rows have no reward (masked out of training)" if bad else ""
             if partial:
-                head += ("; " if head else "") + (f"{len(partial)} reward calls failed on rows that other rewards "
-                                                  "scored (left out of their weighted sum)")
-            warnings.warn(f"RewardPool: {head}; first {min(len(bad) + len(partial), self.warn_rows)}: {shown}",
-                          RewardErrorWarning, stacklevel=3)
+                head += ("; " if head else "") + (
+                    f"{len(partial)} reward calls failed on rows that other rewards "
+                    "scored (left out of their weighted sum)"
+                )
+            warnings.warn(
+                f"RewardPool: {head}; first {min(len(bad) + len(partial), self.warn_rows)}: {shown}",
+                RewardErrorWarning,
+                stacklevel=3,
+            )
         texts = Counter(e for i, e in bad if e and not _unscored(e))
         texts.update(_cut(t, self.max_error_chars) for _, t in partial)
         self._recent.append((failed_rows, B, texts, Counter(comp_fails)))
@@ -325,7 +367,8 @@ class RewardPool:
             raise RewardFailureError(
                 f"RewardPool: none of the {B} rows of this scoring call has a reward. Most frequent error ({times}x): "
                 f"{err}. Fix the reward function (or the data it reads); set max_invalid_frac to null to train on "
-                "whatever rows do get a reward.")
+                "whatever rows do get a reward."
+            )
         if every:  # a reward that failed on every row of a call is broken, whatever the others scored
             n = every[0]
             err, times = Counter(_cut(f"{n}: {f}", self.max_error_chars) for f in failed[n]).most_common(1)[0]
@@ -334,7 +377,8 @@ class RewardPool:
             raise RewardFailureError(
                 f"RewardPool: {rows} {B} rows of this scoring call{has}. Most frequent error ({times}x): {err}. "
                 "Fix the reward function (or the data it reads); set max_invalid_frac to null to train on "
-                "whatever rows do get a reward.")
+                "whatever rows do get a reward."
+            )
         if len(self._recent) < self.window:
             return
         n_rows = sum(n for _, n, _, _ in self._recent)
@@ -344,13 +388,17 @@ class RewardPool:
         if n_rows and max(n_bad, n_worst) / n_rows > self.max_invalid_frac:
             counts = sum((c for _, _, c, _ in self._recent), Counter())
             err, times = counts.most_common(1)[0]
-            what = (f"{n_bad}/{n_rows} rows ({n_bad / n_rows:.0%})" if n_bad >= n_worst else
-                    f"reward {worst!r} failed on {n_worst}/{n_rows} rows ({n_worst / n_rows:.0%})")
+            what = (
+                f"{n_bad}/{n_rows} rows ({n_bad / n_rows:.0%})"
+                if n_bad >= n_worst
+                else f"reward {worst!r} failed on {n_worst}/{n_rows} rows ({n_worst / n_rows:.0%})"
+            )
             raise RewardFailureError(
                 f"RewardPool: {what} of the last {len(self._recent)} scoring calls had no reward "
                 f"(max_invalid_frac={self.max_invalid_frac}). Most frequent error ({times}x): "
                 f"{err}. Fix the reward function (or the data it reads), or raise max_invalid_frac / set it to "
-                "null to train on the valid rows only.")
+                "null to train on the valid rows only."
+            )
 
     def _start_async(self, fns: list[TRLRewardAdapter], args: tuple) -> tuple:
         """Run the async rewards' ``acall`` in one event loop in its own thread (a loop may already run in the
@@ -360,7 +408,11 @@ class RewardPool:
         async def one(i: int, fn: TRLRewardAdapter) -> None:
             t0 = time.monotonic()
             try:
-                out[i] = (True, await asyncio.wait_for(fn.acall(*args), self.timeout_s), time.monotonic() - t0)
+                out[i] = (
+                    True,
+                    await asyncio.wait_for(fn.acall(*args), self.timeout_s),
+                    time.monotonic() - t0,
+                )
             except TimeoutError:  # asyncio's is the builtin since 3.11
                 out[i] = (False, f"timed out after {self.timeout_s}s", time.monotonic() - t0)
             except BaseException as e:  # noqa: BLE001 - any failure of user code is an infra error
@@ -369,7 +421,9 @@ class RewardPool:
         async def gather() -> None:
             await asyncio.gather(*(one(i, f) for i, f in enumerate(fns)))
 
-        thread = threading.Thread(target=asyncio.run, args=(gather(),), daemon=True, name="lit_rl-reward-async")
+        thread = threading.Thread(
+            target=asyncio.run, args=(gather(),), daemon=True, name="lit_rl-reward-async"
+        )
         thread.start()
         return thread, out, time.monotonic()
 

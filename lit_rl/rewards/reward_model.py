@@ -1,4 +1,5 @@
 """`RewardModelReward`: score completions with a trained Bradley-Terry reward model inside a RewardPool."""
+
 from __future__ import annotations
 
 import threading
@@ -29,8 +30,15 @@ class RewardModelReward:
     the forward passes; ``score_batch`` scores many completions in one forward).
     """
 
-    def __init__(self, path: str, device: str = "cpu", dtype: str = "float32", scale: float = 1.0,
-                 shift: float = 0.0, max_length: int | None = None):
+    def __init__(
+        self,
+        path: str,
+        device: str = "cpu",
+        dtype: str = "float32",
+        scale: float = 1.0,
+        shift: float = 0.0,
+        max_length: int | None = None,
+    ):
         from lit_rl.models.loading import check_model_source
 
         check_model_source(path, "path")
@@ -53,7 +61,9 @@ class RewardModelReward:
 
         with self._lock:
             model, tok = self._load()
-            r = score_texts(model, tok, [_prompt_text(p) + c for p, c in zip(prompts, completions)], self.max_length)
+            r = score_texts(
+                model, tok, [_prompt_text(p) + c for p, c in zip(prompts, completions)], self.max_length
+            )
         return [self.scale * float(x) + self.shift for x in r]
 
     def __call__(self, prompt: Any, completion: str) -> float:

@@ -38,6 +38,7 @@ RLIMIT_NPROC only through the cgroup (root mode and non-root callers enforce it 
 A machine that cannot build the sandbox makes the constructor raise ``SandboxUnavailableError`` naming what
 is missing and how to fix it; there is no unsandboxed fallback.
 """
+
 from __future__ import annotations
 
 import marshal
@@ -79,14 +80,26 @@ class SandboxLimits:
     processes: int = 32  # RLIMIT_NPROC for the sandbox uid (tasks, threads included)
     work_mb: int = 64  # size of the private /work tmpfs (not an rlimit: caps disk use as a whole)
     output_bytes: int = 1 << 20  # per stream (stdout, stderr); the parent kills the run past it
-    total_memory_mb: int | None = None  # whole-run cgroup memory cap (default: memory_mb); pids.max = processes
+    total_memory_mb: int | None = (
+        None  # whole-run cgroup memory cap (default: memory_mb); pids.max = processes
+    )
 
     def __post_init__(self):
-        for name in ("cpu_s", "memory_mb", "file_size_mb", "open_files", "processes", "work_mb", "output_bytes"):
+        for name in (
+            "cpu_s",
+            "memory_mb",
+            "file_size_mb",
+            "open_files",
+            "processes",
+            "work_mb",
+            "output_bytes",
+        ):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"SandboxLimits.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.total_memory_mb is not None and int(self.total_memory_mb) < 16:
-            raise ValueError(f"SandboxLimits.total_memory_mb must be >= 16 or None, got {self.total_memory_mb!r}")
+            raise ValueError(
+                f"SandboxLimits.total_memory_mb must be >= 16 or None, got {self.total_memory_mb!r}"
+            )
 
 
 @dataclass
@@ -130,10 +143,19 @@ class Sandbox:
             when the host allows it (``self.cgroups.available``; otherwise rlimits only, logged once).
     """
 
-    def __init__(self, limits: SandboxLimits | None = None, timeout_s: float = 10.0, python: str | None = None,
-                 python_flags: tuple[str, ...] = ("-E", "-s", "-S"), ro_paths: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, mode: str = "auto", unshare: str | None = None,
-                 setup_timeout_s: float = 20.0, use_cgroups: bool = True):
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        timeout_s: float = 10.0,
+        python: str | None = None,
+        python_flags: tuple[str, ...] = ("-E", "-s", "-S"),
+        ro_paths: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        mode: str = "auto",
+        unshare: str | None = None,
+        setup_timeout_s: float = 20.0,
+        use_cgroups: bool = True,
+    ):
         if sys.platform != "linux":
             raise SandboxUnavailableError(f"the sandbox needs Linux namespaces; this is {sys.platform}")
         if timeout_s <= 0 or setup_timeout_s <= 0:
@@ -150,11 +172,14 @@ class Sandbox:
             raise SandboxUnavailableError(
                 f"the sandbox needs the `unshare` tool from util-linux >= 2.32, and {unshare or 'unshare'!r} was "
                 "not found. Install it (Debian/Ubuntu: apt-get install util-linux; Fedora/RHEL: dnf install "
-                "util-linux) -- refusing to run untrusted code unsandboxed.")
+                "util-linux) -- refusing to run untrusted code unsandboxed."
+            )
         self.unshare: str = found
         if os.uname().machine not in _PIVOT_ROOT_NR:
-            raise SandboxUnavailableError(f"pivot_root syscall number unknown for {os.uname().machine!r}; "
-                                          f"supported: {sorted(_PIVOT_ROOT_NR)}")
+            raise SandboxUnavailableError(
+                f"pivot_root syscall number unknown for {os.uname().machine!r}; "
+                f"supported: {sorted(_PIVOT_ROOT_NR)}"
+            )
         self.python = os.path.realpath(python or sys.executable)
         if not os.access(self.python, os.X_OK):
             raise SandboxUnavailableError(f"python interpreter {self.python!r} is not executable")
@@ -169,11 +194,22 @@ class Sandbox:
         self.ro_paths = tuple(p for p in ro if os.path.lexists(p))
         for name in env or {}:
             if _SECRETISH.search(name):
-                raise ValueError(f"env name {name!r} looks like a credential; the sandbox never receives secrets")
-        self.env = {"PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/work", "TMPDIR": "/work",
-                    "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
+                raise ValueError(
+                    f"env name {name!r} looks like a credential; the sandbox never receives secrets"
+                )
+        self.env = {
+            "PATH": f"{prefix}/bin:/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/work",
+            "TMPDIR": "/work",
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **(env or {}),
+        }
         # whole-run memory / process caps where the host allows it (logged once when it does not)
-        self.cgroups = CgroupCaps.detect() if use_cgroups else CgroupCaps(None, {}, "disabled (use_cgroups=False)")
+        self.cgroups = (
+            CgroupCaps.detect() if use_cgroups else CgroupCaps(None, {}, "disabled (use_cgroups=False)")
+        )
         key = (self.unshare, self.python, self.python_flags, self.root_mode, self.ro_paths)
         if key not in _PROBES:
             _PROBES[key] = self._probe()
@@ -189,24 +225,47 @@ class Sandbox:
         detail = res.error or f"status={res.status} exit={res.exit_code} stderr={res.stderr[-400:]!r}"
         hints = ["util-linux >= 2.32 provides `unshare --kill-child` (apt-get install util-linux)"]
         if self.root_mode:
-            hints.append("inside a container, namespaces need CAP_SYS_ADMIN (docker run --privileged, or "
-                         "--cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined)")
+            hints.append(
+                "inside a container, namespaces need CAP_SYS_ADMIN (docker run --privileged, or "
+                "--cap-add SYS_ADMIN --security-opt seccomp=unconfined --security-opt apparmor=unconfined)"
+            )
         else:
-            hints.append("unprivileged user namespaces must be enabled (sysctl -w kernel.unprivileged_userns_clone=1;"
-                         " sysctl -w user.max_user_namespaces=15000; Ubuntu >= 23.10: sysctl -w "
-                         "kernel.apparmor_restrict_unprivileged_userns=0), or run as root")
-        return "could not create the code sandbox (refusing to run untrusted code unsandboxed): " + detail + \
-            "\nTo fix: " + "; ".join(hints)
+            hints.append(
+                "unprivileged user namespaces must be enabled (sysctl -w kernel.unprivileged_userns_clone=1;"
+                " sysctl -w user.max_user_namespaces=15000; Ubuntu >= 23.10: sysctl -w "
+                "kernel.apparmor_restrict_unprivileged_userns=0), or run as root"
+            )
+        return (
+            "could not create the code sandbox (refusing to run untrusted code unsandboxed): "
+            + detail
+            + "\nTo fix: "
+            + "; ".join(hints)
+        )
 
     # ------------------------------------------------------------------ running
-    def run_python(self, code: str, files: dict[str, str | bytes] | None = None, stdin: bytes | str = b"",
-                   timeout_s: float | None = None, args: tuple[str, ...] = ()) -> SandboxResult:
+    def run_python(
+        self,
+        code: str,
+        files: dict[str, str | bytes] | None = None,
+        stdin: bytes | str = b"",
+        timeout_s: float | None = None,
+        args: tuple[str, ...] = (),
+    ) -> SandboxResult:
         """Run ``code`` as ``/work/main.py`` with the sandbox interpreter (``files`` are copied beside it)."""
-        return self.run([self.python, *self.python_flags, "/work/main.py", *args],
-                        files={**(files or {}), "main.py": code}, stdin=stdin, timeout_s=timeout_s)
+        return self.run(
+            [self.python, *self.python_flags, "/work/main.py", *args],
+            files={**(files or {}), "main.py": code},
+            stdin=stdin,
+            timeout_s=timeout_s,
+        )
 
-    def run(self, argv: list[str], files: dict[str, str | bytes] | None = None, stdin: bytes | str = b"",
-            timeout_s: float | None = None) -> SandboxResult:
+    def run(
+        self,
+        argv: list[str],
+        files: dict[str, str | bytes] | None = None,
+        stdin: bytes | str = b"",
+        timeout_s: float | None = None,
+    ) -> SandboxResult:
         """Run ``argv`` (paths as seen inside the sandbox) in a fresh sandbox; ``files`` (relative path ->
         content) are copied into ``/work``, the working directory; ``stdin`` is fed on standard input."""
         if not argv:
@@ -224,33 +283,65 @@ class Sandbox:
         group_fds: list[int] = []  # their open cgroup.procs files
         if self.cgroups.available:
             try:
-                groups, group_fds = self.cgroups.create((lim.total_memory_mb or lim.memory_mb) << 20, lim.processes)
+                groups, group_fds = self.cgroups.create(
+                    (lim.total_memory_mb or lim.memory_mb) << 20, lim.processes
+                )
             except OSError as e:  # before any program code: the harness's own failure
-                return SandboxResult("infra_error", None, b"", b"", 0.0, uid, f"could not create the run's cgroup: {e}")
+                return SandboxResult(
+                    "infra_error", None, b"", b"", 0.0, uid, f"could not create the run's cgroup: {e}"
+                )
         r = w = cfg_fd = -1
         try:
             r, w = os.pipe()
-            cfg = {"status_fd": w, "files": staged, "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
-                   "ro_paths": list(self.ro_paths), "argv": list(argv), "env": self.env, "root_mode": self.root_mode,
-                   "uid": uid if self.root_mode else 0, "work_mb": lim.work_mb, "cgroup_fds": group_fds,
-                   "watchdog_s": timeout + self.setup_timeout_s + 5,
-                   "rlimits": [["RLIMIT_CPU", lim.cpu_s, lim.cpu_s + 1],
-                               ["RLIMIT_AS", lim.memory_mb << 20, lim.memory_mb << 20],
-                               ["RLIMIT_FSIZE", lim.file_size_mb << 20, lim.file_size_mb << 20],
-                               ["RLIMIT_NOFILE", lim.open_files, lim.open_files],
-                               ["RLIMIT_NPROC", lim.processes, lim.processes], ["RLIMIT_CORE", 0, 0]]}
+            cfg = {
+                "status_fd": w,
+                "files": staged,
+                "stdin": stdin.encode() if isinstance(stdin, str) else bytes(stdin),
+                "ro_paths": list(self.ro_paths),
+                "argv": list(argv),
+                "env": self.env,
+                "root_mode": self.root_mode,
+                "uid": uid if self.root_mode else 0,
+                "work_mb": lim.work_mb,
+                "cgroup_fds": group_fds,
+                "watchdog_s": timeout + self.setup_timeout_s + 5,
+                "rlimits": [
+                    ["RLIMIT_CPU", lim.cpu_s, lim.cpu_s + 1],
+                    ["RLIMIT_AS", lim.memory_mb << 20, lim.memory_mb << 20],
+                    ["RLIMIT_FSIZE", lim.file_size_mb << 20, lim.file_size_mb << 20],
+                    ["RLIMIT_NOFILE", lim.open_files, lim.open_files],
+                    ["RLIMIT_NPROC", lim.processes, lim.processes],
+                    ["RLIMIT_CORE", 0, 0],
+                ],
+            }
             # the config travels in a memfd (marshal, not json: the launcher starts faster without json's
             # imports), so nothing is left on the host disk however this process ends
             cfg_fd = os.memfd_create("lit_rl_sbx_cfg", 0)
             os.write(cfg_fd, marshal.dumps(cfg))
             os.lseek(cfg_fd, 0, os.SEEK_SET)
-            cmd = [self.unshare, "--net", "--pid", "--mount", "--ipc", "--uts", "--fork", "--kill-child=SIGKILL"]
+            cmd = [
+                self.unshare,
+                "--net",
+                "--pid",
+                "--mount",
+                "--ipc",
+                "--uts",
+                "--fork",
+                "--kill-child=SIGKILL",
+            ]
             if not self.root_mode:
                 cmd += ["--user", "--map-root-user"]
             cmd += ["--", sys.executable, "-I", "-S", _LAUNCHER, str(cfg_fd)]
             try:  # own session: nothing inside can signal the caller's process group or session
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        pass_fds=(w, cfg_fd, *group_fds), env=_LAUNCH_ENV, start_new_session=True)
+                proc = subprocess.Popen(
+                    cmd,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(w, cfg_fd, *group_fds),
+                    env=_LAUNCH_ENV,
+                    start_new_session=True,
+                )
             except OSError as e:
                 return SandboxResult("infra_error", None, b"", b"", 0.0, uid, f"could not start unshare: {e}")
             for fd in (w, cfg_fd, *group_fds):
@@ -320,7 +411,9 @@ class Sandbox:
             os.close(pidfd)
         stdout, stderr = bytes(out[fo]), bytes(out[fe])
         if reason is not None and stderr.endswith(b"\n") and b"\nunshare: " in b"\n" + stderr:
-            head, _, last = stderr[:-1].rpartition(b"\n")  # unshare's note about its killed child, not the program's
+            head, _, last = stderr[:-1].rpartition(
+                b"\n"
+            )  # unshare's note about its killed child, not the program's
             if last.startswith(b"unshare: "):
                 stderr = head + b"\n" if head else b""
         proc.stdout.close()
@@ -347,9 +440,11 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes, wall: float, uid: int,
-              rc: int | None) -> SandboxResult:
+def _classify(
+    lines: list[str], reason: str | None, stdout: bytes, stderr: bytes, wall: float, uid: int, rc: int | None
+) -> SandboxResult:
     """Turn the launcher's status lines and the kill reason into a ``SandboxResult``."""
+
     def infra(msg: str) -> SandboxResult:
         return SandboxResult("infra_error", None, stdout, stderr, wall, uid, msg)
 
@@ -359,8 +454,10 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
         return infra(f"sandbox setup failed: {errors[0]}")
     if "READY" not in lines:
         why = "timed out" if reason == "setup_timeout" else f"exited (rc={rc})"
-        return infra(f"sandbox launcher {why} before starting the program; stderr: "
-                     f"{stderr[-300:].decode(errors='replace')!r}")
+        return infra(
+            f"sandbox launcher {why} before starting the program; stderr: "
+            f"{stderr[-300:].decode(errors='replace')!r}"
+        )
     # from here on the program has run: whatever happened, it may have caused it -> never infra_error
     if reason in ("timeout", "output_limit"):
         return SandboxResult(reason, None, stdout, stderr, wall, uid)
@@ -372,11 +469,25 @@ def _classify(lines: list[str], reason: str | None, stdout: bytes, stderr: bytes
         return SandboxResult("timeout", None, stdout, stderr, wall, uid)
     died = [ln for ln in lines if ln.startswith("INITDIED ")]
     if died:
-        return SandboxResult("init_died", None, stdout, stderr, wall, uid,
-                             f"the program's namespace init died (wait status {died[-1][9:]}): the program can reach it")
-    return SandboxResult("lost", None, stdout, stderr, wall, uid,
-                         f"the launcher vanished after the program started (unshare rc={rc}); scored as a fail "
-                         "because the program cannot be ruled out as the cause")
+        return SandboxResult(
+            "init_died",
+            None,
+            stdout,
+            stderr,
+            wall,
+            uid,
+            f"the program's namespace init died (wait status {died[-1][9:]}): the program can reach it",
+        )
+    return SandboxResult(
+        "lost",
+        None,
+        stdout,
+        stderr,
+        wall,
+        uid,
+        f"the launcher vanished after the program started (unshare rc={rc}); scored as a fail "
+        "because the program cannot be ruled out as the cause",
+    )
 
 
 def _unplaceable(staged: dict[str, bytes], work_mb: int) -> str | None:

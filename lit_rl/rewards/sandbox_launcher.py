@@ -24,6 +24,7 @@ Process layout (the trust boundary is the line between the launcher and the inne
 * If the parent dies (its end of the status pipe closes) the launcher exits at once, and with it every
   process of both namespaces.
 """
+
 import ctypes
 import marshal
 import os
@@ -35,7 +36,13 @@ import time
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT, _MS_BIND = 1, 2, 4, 8, 32, 4096
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME, _MNT_DETACH = 1024, 2048, 1 << 21, 2
 PIVOT_ROOT_NR = {"x86_64": 155, "aarch64": 41}
-_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = 1, 4, 24, 28, 38
+_PR_SET_PDEATHSIG, _PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _PR_SET_SECUREBITS, _PR_SET_NO_NEW_PRIVS = (
+    1,
+    4,
+    24,
+    28,
+    38,
+)
 _CLONE_NEWPID = 0x20000000
 # where the new root's tmpfs is mounted inside the launcher's private mount namespace (host unaffected)
 _SCRATCH = ("/tmp", "/mnt", "/run", "/var/tmp", "/opt", "/srv")
@@ -52,8 +59,9 @@ def _enc(s: str | None) -> bytes | None:
 
 
 def _mount(libc, src, dst: str, fstype, flags: int, data=None) -> None:
-    _libc_call(libc.mount, _enc(src), _enc(dst), _enc(fstype), ctypes.c_ulong(flags), _enc(data),
-               what=f"mount {dst}")
+    _libc_call(
+        libc.mount, _enc(src), _enc(dst), _enc(fstype), ctypes.c_ulong(flags), _enc(data), what=f"mount {dst}"
+    )
 
 
 def _bind_ro(libc, src: str, dst: str, extra: int = _MS_NODEV) -> None:
@@ -68,7 +76,11 @@ def _bind_ro(libc, src: str, dst: str, extra: int = _MS_NODEV) -> None:
 
 def _scratch(ro_paths) -> str:
     for d in _SCRATCH:  # a directory no bound path lives under (mounting over it hides what is below)
-        if os.path.isdir(d) and not os.path.islink(d) and not any(p == d or p.startswith(d + "/") for p in ro_paths):
+        if (
+            os.path.isdir(d)
+            and not os.path.islink(d)
+            and not any(p == d or p.startswith(d + "/") for p in ro_paths)
+        ):
             return d
     raise OSError(f"no scratch mount point among {_SCRATCH} outside the read-only paths")
 
@@ -89,8 +101,14 @@ def _build_root(libc, cfg: dict) -> None:
         _bind_ro(libc, p, dst)
     work = root + "/work"
     os.mkdir(work)
-    _mount(libc, "tmpfs", work, "tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-           f"size={cfg['work_mb']}m,nr_inodes=8192,mode=0700,uid={uid},gid={uid}")
+    _mount(
+        libc,
+        "tmpfs",
+        work,
+        "tmpfs",
+        _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+        f"size={cfg['work_mb']}m,nr_inodes=8192,mode=0700,uid={uid},gid={uid}",
+    )
     for rel, content in sorted(cfg["files"].items()):  # the caller's files, owned by the program's uid
         path = os.path.join(work, rel)
         parent = os.path.dirname(path)
@@ -112,18 +130,27 @@ def _build_root(libc, cfg: dict) -> None:
     for dev in ("null", "zero", "full", "random", "urandom"):
         open(f"{root}/dev/{dev}", "wb").close()
         _mount(libc, f"/dev/{dev}", f"{root}/dev/{dev}", None, _MS_BIND)
-    for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                         ("stderr", "/proc/self/fd/2")):
+    for name, target in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
         os.symlink(target, f"{root}/dev/{name}")
     # read-only: in user-namespace mode the program is uid 0 of the namespace and would own a writable /dev
     _mount(libc, None, root + "/dev", None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NOEXEC)
     os.makedirs(root + "/etc", exist_ok=True)
-    for name, text in (("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::/work:/bin/sh\n"),
-                       ("group", f"root:x:0:\nsandbox:x:{uid}:\n"), ("hosts", "127.0.0.1 localhost\n")):
+    for name, text in (
+        ("passwd", f"root:x:0:0::/:/usr/sbin/nologin\nsandbox:x:{uid}:{uid}::/work:/bin/sh\n"),
+        ("group", f"root:x:0:\nsandbox:x:{uid}:\n"),
+        ("hosts", "127.0.0.1 localhost\n"),
+    ):
         with open(f"{root}/etc/{name}", "w") as f:
             f.write(text)
     _mount(libc, None, root, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_NOSUID | _MS_NODEV)
-    os.chdir(root)  # pivot_root(".", ".") stacks the old root on the new one; detaching it drops the host tree
+    os.chdir(
+        root
+    )  # pivot_root(".", ".") stacks the old root on the new one; detaching it drops the host tree
     _libc_call(libc.syscall, ctypes.c_long(PIVOT_ROOT_NR[os.uname().machine]), b".", b".", what="pivot_root")
     _libc_call(libc.umount2, b".", _MNT_DETACH, what="detach the host root")
     os.chdir("/")
@@ -131,6 +158,7 @@ def _build_root(libc, cfg: dict) -> None:
 
 def _drop_privileges(libc, cfg: dict) -> None:
     import resource
+
     for name, soft, hard in cfg["rlimits"]:
         resource.setrlimit(getattr(resource, name), (soft, hard))
     if cfg["root_mode"]:
@@ -139,7 +167,9 @@ def _drop_privileges(libc, cfg: dict) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
     else:  # user namespace: stay uid 0 there but with no capabilities, and none regained by exec
-        _libc_call(libc.prctl, _PR_SET_SECUREBITS, 0x2F, 0, 0, 0, what="securebits")  # NOROOT|NO_SETUID_FIXUP (+locks)
+        _libc_call(
+            libc.prctl, _PR_SET_SECUREBITS, 0x2F, 0, 0, 0, what="securebits"
+        )  # NOROOT|NO_SETUID_FIXUP (+locks)
         for cap in range(64):
             libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EINVAL past the last capability: ignored
         header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
@@ -187,7 +217,9 @@ def _inner_init(libc, cfg: dict, stdin_fd: int, report_fd: int) -> None:
             f.write("1000")
         pid = os.fork()
     except BaseException as e:  # noqa: BLE001
-        os.write(report_fd, f"EXECFAIL inner init: {type(e).__name__}: {e}\n".replace("\n", " ").encode() + b"\n")
+        os.write(
+            report_fd, f"EXECFAIL inner init: {type(e).__name__}: {e}\n".replace("\n", " ").encode() + b"\n"
+        )
         os._exit(126)
     if pid == 0:
         _program(libc, cfg, stdin_fd, report_fd)

@@ -1,4 +1,5 @@
 """Verifiable rewards: exact answers, math answers (``math-verify``), format shaping."""
+
 from __future__ import annotations
 
 import math
@@ -120,8 +121,12 @@ class MathAnswerReward:
         delimited = any(d in gold_text for d in ("$", "\\boxed", "\\[", "\\("))
         gold = self._parse(gold_text if delimited else f"${gold_text}$", **parse_kw)
         if not gold:
-            return RewardResult(0.0, ok=False, info={"gold_parse_error": 1.0},
-                                error=f"gold answer {gold_text[:80]!r} did not parse with math-verify")
+            return RewardResult(
+                0.0,
+                ok=False,
+                info={"gold_parse_error": 1.0},
+                error=f"gold answer {gold_text[:80]!r} did not parse with math-verify",
+            )
         pred = self._parse(completion, **parse_kw)
         if not pred:
             return RewardResult(0.0)

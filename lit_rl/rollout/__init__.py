@@ -14,10 +14,14 @@ __all__ = [
     "VLLMServerEngine",
 ]
 
-_LAZY = {"VLLMEngine": "lit_rl.rollout.vllm", "VLLMServerEngine": "lit_rl.rollout.server",
-         "AgentLoop": "lit_rl.rollout.agent_loop",
-         "Environment": "lit_rl.rollout.env", "RetryRepoEnv": "lit_rl.rollout.env",
-         "RolloutPipeline": "lit_rl.rollout.pipeline"}
+_LAZY = {
+    "VLLMEngine": "lit_rl.rollout.vllm",
+    "VLLMServerEngine": "lit_rl.rollout.server",
+    "AgentLoop": "lit_rl.rollout.agent_loop",
+    "Environment": "lit_rl.rollout.env",
+    "RetryRepoEnv": "lit_rl.rollout.env",
+    "RolloutPipeline": "lit_rl.rollout.pipeline",
+}
 
 
 def __getattr__(name: str):

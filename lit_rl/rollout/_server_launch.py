@@ -14,6 +14,7 @@ OOM kill) the launcher is re-parented, notices within ``_POLL_S`` and SIGKILLs i
 under a trainer that binds from a helper thread; polling the parent pid has no such false positive. A normal
 stop (``ServerProcess.stop``, also registered with ``atexit``) SIGTERMs the group and SIGKILLs it after a grace.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -53,8 +54,12 @@ class ServerProcess:
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "lit_rl.rollout._server_launch", str(os.getpid()), "--", *cmd],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True)  # own session and process group: killpg reaches every vLLM process
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # own session and process group: killpg reaches every vLLM process
         atexit.register(self.stop)
 
     @property
@@ -98,7 +103,7 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _main(argv: list[str]) -> int:
     """The launcher: start the command in this process group, kill the group when the trainer is gone."""
-    parent, cmd = int(argv[0]), argv[argv.index("--") + 1:]
+    parent, cmd = int(argv[0]), argv[argv.index("--") + 1 :]
     group = os.getpgid(0)
 
     def kill_group(*_):

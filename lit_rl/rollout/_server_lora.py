@@ -20,6 +20,7 @@ the policy is a PEFT LoRA model and every server accepts the adapter, else the m
 "Accepts" is checked for real: the current adapter is loaded once under a probe name and unloaded, so the
 server's own validation (rank, target modules, DoRA, ``modules_to_save`` ...) decides, not a guess here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -141,8 +142,13 @@ class AdapterSync:
     def reload(self, pool, s, version: str, sync_dir: str, timeout: float) -> None:
         """Load the current adapter again on server ``s`` alone (restarted since the last sync: it lost it)."""
         name = self.name(version)
-        _post(pool, s.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": os.path.join(sync_dir, name)},
-              timeout)
+        _post(
+            pool,
+            s.url,
+            "/v1/load_lora_adapter",
+            {"lora_name": name, "lora_path": os.path.join(sync_dir, name)},
+            timeout,
+        )
         pool._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
         _check_listed(pool, s, name)
         pool._check_version(s, version)
@@ -192,11 +198,14 @@ def _post(pool, url: str, path: str, body: dict, timeout: float) -> str:
 def _check_listed(pool, s, name: str) -> None:
     ids = [m.get("id") for m in pool._get(s.url, "/v1/models", 30).get("data") or []]
     if name not in ids:
-        raise RuntimeError(f"server {s.url} does not list LoRA adapter {name!r} after loading it (serves {ids})")
+        raise RuntimeError(
+            f"server {s.url} does not list LoRA adapter {name!r} after loading it (serves {ids})"
+        )
 
 
-def choose(lora_sync: str, model, pool, sync_dir, transport: str, tag: str,
-           items: list | None = None) -> tuple[bool, str]:
+def choose(
+    lora_sync: str, model, pool, sync_dir, transport: str, tag: str, items: list | None = None
+) -> tuple[bool, str]:
     """Pick the sync path at setup: (True, why) for the adapter path, (False, why) for merged weights.
 
     ``sync_dir()`` gives the directory for the probe's adapter files; ``items``: the adapter's tensors
@@ -211,8 +220,10 @@ def choose(lora_sync: str, model, pool, sync_dir, transport: str, tag: str,
         why = _probe(pool, adapter_state_items(model) if items is None else items, cfg, sync_dir(), tag)
     if why is not None:
         if lora_sync == "adapter":
-            raise ValueError(f"VLLMServerEngine.lora_sync='adapter' cannot run: {why}. Use lora_sync: auto "
-                             "(merged weights when the adapter path cannot run) or merged")
+            raise ValueError(
+                f"VLLMServerEngine.lora_sync='adapter' cannot run: {why}. Use lora_sync: auto "
+                "(merged weights when the adapter path cannot run) or merged"
+            )
         return False, why
     return True, f"LoRA rank {lora_rank(cfg)} adapter accepted by every server"
 
@@ -229,16 +240,22 @@ def _why_not(cfg, pool, transport: str) -> str | None:
     if cfg is None:
         return "the policy has no LoRA adapter (policy lora: null)"
     if transport != "file":
-        return (f"weight_transport={transport!r}: the adapter is loaded from a file path, so it needs "
-                "weight_transport=file")
+        return (
+            f"weight_transport={transport!r}: the adapter is loaded from a file path, so it needs "
+            "weight_transport=file"
+        )
     r = lora_rank(cfg)
     for s in pool.servers:
         if not s.lora:
-            return (f"server {s.url} runs without LoRA; start it with --enable-lora --max-lora-rank "
-                    f"{next((v for v in VLLM_MAX_RANKS if v >= r), r)} and {RUNTIME_ENV}=True")
+            return (
+                f"server {s.url} runs without LoRA; start it with --enable-lora --max-lora-rank "
+                f"{next((v for v in VLLM_MAX_RANKS if v >= r), r)} and {RUNTIME_ENV}=True"
+            )
         if s.lora_rank < r:
-            return (f"server {s.url} has --max-lora-rank {s.lora_rank}, below the adapter's rank {r}; start it "
-                    f"with --max-lora-rank >= {r}")
+            return (
+                f"server {s.url} has --max-lora-rank {s.lora_rank}, below the adapter's rank {r}; start it "
+                f"with --max-lora-rank >= {r}"
+            )
     return None
 
 
@@ -252,10 +269,11 @@ def _probe(pool, items, cfg, sync_dir: str, tag: str) -> str | None:
             try:
                 _post(pool, s.url, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, 60)
             except Exception as exc:  # noqa: BLE001 - the reason goes into the setup error / log
-                hint = (f" (is {RUNTIME_ENV}=True set for it?)" if "404" in str(exc) or "405" in str(exc) else "")
+                hint = (
+                    f" (is {RUNTIME_ENV}=True set for it?)" if "404" in str(exc) or "405" in str(exc) else ""
+                )
                 return f"server {s.url} refused to load the policy's LoRA adapter{hint}: {exc}"
             _post(pool, s.url, "/v1/unload_lora_adapter", {"lora_name": name}, 60)
     finally:
         shutil.rmtree(path, ignore_errors=True)
     return None
-

@@ -5,6 +5,7 @@ server reloads it, resets its prefix cache and must report the new version; tran
 weight-transfer engine per server. With DDP ranks sharing servers by URL the push is a collective on the
 engine's own gloo group: barrier, rank 0 pushes, broadcast of the outcome, the other ranks check the version.
 """
+
 from __future__ import annotations
 
 import collections
@@ -49,7 +50,9 @@ class WeightPush:
                 try:
                     check_weight_names(items, self._expected_names)
                 except ValueError as exc:
-                    raise ValueError(f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))")
+                    raise ValueError(
+                        f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))"
+                    )
                 if self._lora is not None:
                     self._lora.push(self.pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
                     self.last_sync_bytes = self._lora.bytes_written
@@ -59,20 +62,28 @@ class WeightPush:
                     self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
                 else:
                     self._sync_nccl(items, version)
-            except ValueError as exc:  # told to the other ranks too: raising here would leave them in the broadcast
+            except (
+                ValueError
+            ) as exc:  # told to the other ranks too: raising here would leave them in the broadcast
                 err, bad_names = exc, True
             except BaseException as exc:  # noqa: BLE001 - reported below (and to the other ranks)
                 err = exc
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
-            box = [None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                   [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None,
-                   self._sync_dir if rank0 else None]
+            box = [
+                None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
+                [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None,
+                self._sync_dir if rank0 else None,
+            ]
             dist.broadcast_object_list(box, src=0, group=self._group)
-            self._push_dir = box[2]  # where this sync's files are (the servers read them): ``_resync_restarted``
+            self._push_dir = box[
+                2
+            ]  # where this sync's files are (the servers read them): ``_resync_restarted``
             if box[0] is not None and err is None:
                 bad_names = box[0][0]
-                err = (ValueError if bad_names else RuntimeError)(f"rank 0 failed the weight sync: {box[0][1]}")
+                err = (ValueError if bad_names else RuntimeError)(
+                    f"rank 0 failed the weight sync: {box[0][1]}"
+                )
             if err is None and not rank0:
                 try:
                     if box[1] is not None:
@@ -110,9 +121,11 @@ class WeightPush:
         for s in self.pool.unsynced(version):
             try:
                 if self.weight_transport != "file" or self._push_dir is None:
-                    raise ServerError(f"reports weight version {s.why_unsynced}, not {version!r} (restarted or "
-                                      f"synced by another client) and transport {self.weight_transport} cannot "
-                                      "push the last weights again")
+                    raise ServerError(
+                        f"reports weight version {s.why_unsynced}, not {version!r} (restarted or "
+                        f"synced by another client) and transport {self.weight_transport} cannot "
+                        "push the last weights again"
+                    )
                 if self._lora is not None:
                     self._lora.reload(self.pool, s, version, self._push_dir, self.sync_timeout_s)
                 else:
@@ -123,8 +136,13 @@ class WeightPush:
                 continue
             with self.pool._lock:
                 self.pool.resyncs += 1
-            _log.warning("VLLMServerEngine: server %s reported weight version %s, not %r (restarted?): pushed "
-                         "the last sync's weights to it again", s.url, s.why_unsynced, version)
+            _log.warning(
+                "VLLMServerEngine: server %s reported weight version %s, not %r (restarted?): pushed "
+                "the last sync's weights to it again",
+                s.url,
+                s.why_unsynced,
+                version,
+            )
 
     def _sync_nccl(self, items, version: str) -> None:
         """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own

@@ -1,6 +1,7 @@
 """Pieces shared by the in-process `VLLMEngine` (``rollout/vllm.py``) and the server engine
 (``rollout/server.py``): the prompt-length check, the request's sampling fields,
 weight-name checks, safetensors weight files and model-config reads. No vLLM import here."""
+
 from __future__ import annotations
 
 import json
@@ -44,11 +45,23 @@ def sampling_fields(sp: SamplingConfig, n: int, seed: int) -> dict:
     ``temperature``, ``repetition_penalty`` there), and the sampled tokens and reported log-probs would then
     describe another distribution than the trainer's. Greedy asks for one sample (vLLM takes ``n=1`` only).
     ``generation_kwargs`` (checked by ``SamplingConfig``) are added last."""
-    return {"n": n if sp.temperature > 0 else 1, "temperature": sp.temperature, "top_p": sp.top_p,
-            "top_k": sp.top_k if sp.top_k > 0 else -1, "min_p": sp.min_p, "max_tokens": sp.max_new_tokens,
-            "min_tokens": 0, "repetition_penalty": sp.repetition_penalty, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "ignore_eos": False, "logprobs": 0, "seed": seed, "stop": sp.stops,
-            **(sp.generation_kwargs or {})}
+    return {
+        "n": n if sp.temperature > 0 else 1,
+        "temperature": sp.temperature,
+        "top_p": sp.top_p,
+        "top_k": sp.top_k if sp.top_k > 0 else -1,
+        "min_p": sp.min_p,
+        "max_tokens": sp.max_new_tokens,
+        "min_tokens": 0,
+        "repetition_penalty": sp.repetition_penalty,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "ignore_eos": False,
+        "logprobs": 0,
+        "seed": seed,
+        "stop": sp.stops,
+        **(sp.generation_kwargs or {}),
+    }
 
 
 def check_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, engine: str) -> list[list[int]]:
@@ -57,18 +70,22 @@ def check_prompts(prompt_ids, max_new_tokens: int, max_model_len: int, engine: s
     so the Experience is built from exactly the ids that were sampled from."""
     limit = max_model_len - max_new_tokens
     if limit < 1:
-        raise ValueError(f"sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt within "
-                         f"max_model_len={max_model_len}")
+        raise ValueError(
+            f"sampling.max_new_tokens={max_new_tokens} leaves no room for a prompt within "
+            f"max_model_len={max_model_len}"
+        )
     out = []
     for i, ids in enumerate(prompt_ids):
         ids = [int(t) for t in ids]
         if not ids:
             raise ValueError(f"prompt {i} is empty; vLLM needs at least one prompt token")
         if len(ids) > limit:
-            raise ValueError(f"{engine}: prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} at "
-                             f"most {limit} fit max_model_len={max_model_len}. Prompt length is decided when "
-                             "prompts are rendered (RolloutCallback max_prompt_len / overlong_prompts, which "
-                             "read this engine's max_model_len); engines do not truncate")
+            raise ValueError(
+                f"{engine}: prompt {i} has {len(ids)} tokens; with max_new_tokens={max_new_tokens} at "
+                f"most {limit} fit max_model_len={max_model_len}. Prompt length is decided when "
+                "prompts are rendered (RolloutCallback max_prompt_len / overlong_prompts, which "
+                "read this engine's max_model_len); engines do not truncate"
+            )
         out.append(ids)
     return out
 
@@ -83,9 +100,11 @@ def check_weight_names(items, expected: set[str] | None) -> None:
     missing = sorted(expected - set(names))
     unknown = sorted(set(names) - expected)
     if missing or unknown:
-        raise ValueError(f"update_weights needs exactly the bound model's weights: missing {missing[:5]}"
-                         f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
-                         f"{' ...' if len(unknown) > 5 else ''}")
+        raise ValueError(
+            f"update_weights needs exactly the bound model's weights: missing {missing[:5]}"
+            f"{' ...' if len(missing) > 5 else ''}, unknown {unknown[:5]}"
+            f"{' ...' if len(unknown) > 5 else ''}"
+        )
 
 
 def make_sync_dir(root: str | None = None) -> str:
@@ -114,4 +133,3 @@ def write_weights_file(items, sync_dir: str) -> str:
     path = os.path.join(sync_dir, "model.safetensors")
     os.replace(tmp, path)
     return path
-

@@ -8,6 +8,7 @@ room for ``DEFAULT_SEQS`` sequences of the full context (``max_model_len``), at 
 requests that do not fit (slower, never wrong). An explicit ``kv_cache_memory_bytes`` or
 ``VLLM_CPU_KVCACHE_SPACE`` always wins.
 """
+
 from __future__ import annotations
 
 import json

@@ -20,6 +20,7 @@ instead of completions), ``EnvRewards`` (the environment's returns instead of a 
 ``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``);
 ``callbacks.agent_rollout.AgentRolloutCallback`` wires them to Lightning.
 """
+
 from __future__ import annotations
 
 import threading
@@ -79,15 +80,29 @@ class AgentLoop:
         max_context_tokens: an episode stops once its context (prompt + turns) reaches this length.
     """
 
-    def __init__(self, env_factory: Callable[[], Environment], engine: EngineBase | None = None,
-                 max_turns: int = 4, max_obs_tokens: int = 256, max_context_tokens: int = 2048):
+    def __init__(
+        self,
+        env_factory: Callable[[], Environment],
+        engine: EngineBase | None = None,
+        max_turns: int = 4,
+        max_obs_tokens: int = 256,
+        max_context_tokens: int = 2048,
+    ):
         if max_turns < 1 or max_obs_tokens < 1 or max_context_tokens < 2:
-            raise ValueError(f"max_turns, max_obs_tokens must be >= 1 and max_context_tokens >= 2; got "
-                             f"{max_turns}, {max_obs_tokens}, {max_context_tokens}")
+            raise ValueError(
+                f"max_turns, max_obs_tokens must be >= 1 and max_context_tokens >= 2; got "
+                f"{max_turns}, {max_obs_tokens}, {max_context_tokens}"
+            )
         if not callable(env_factory):
-            raise TypeError(f"env_factory must be callable (returning an Environment), got {type(env_factory).__name__}")
+            raise TypeError(
+                f"env_factory must be callable (returning an Environment), got {type(env_factory).__name__}"
+            )
         self.env_factory, self.engine = env_factory, engine if engine is not None else HFEngine()
-        self.max_turns, self.max_obs_tokens, self.max_context_tokens = max_turns, max_obs_tokens, max_context_tokens
+        self.max_turns, self.max_obs_tokens, self.max_context_tokens = (
+            max_turns,
+            max_obs_tokens,
+            max_context_tokens,
+        )
 
     # ------------------------------------------------------------------ text <-> tokens
     def _chat(self, tok) -> bool:
@@ -96,9 +111,12 @@ class AgentLoop:
     def prompt_ids(self, tok, observation: str) -> list[int]:
         """The first observation as a user turn (chat template) or raw text followed by ``Action:``."""
         if self._chat(tok):
-            ids = tok.apply_chat_template([{"role": "user", "content": observation}], add_generation_prompt=True,
-                                          tokenize=True)
-            return list(ids if isinstance(ids, list) else ids["input_ids"])  # BatchEncoding in recent transformers
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": observation}], add_generation_prompt=True, tokenize=True
+            )
+            return list(
+                ids if isinstance(ids, list) else ids["input_ids"]
+            )  # BatchEncoding in recent transformers
         return tok(observation + "\nAction: ", add_special_tokens=False)["input_ids"]
 
     def observation_ids(self, tok, observation: str) -> list[int]:
@@ -134,17 +152,32 @@ class AgentLoop:
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
                 obs, reward, done, info = envs[i].step(text)
                 obs_ids = self.observation_ids(tok, obs)
-                eps[i].turns.append(Turn(list(c.token_ids), list(c.logprobs), text, obs_ids, obs, float(reward),
-                                         dict(info or {})))
+                eps[i].turns.append(
+                    Turn(
+                        list(c.token_ids),
+                        list(c.logprobs),
+                        text,
+                        obs_ids,
+                        obs,
+                        float(reward),
+                        dict(info or {}),
+                    )
+                )
                 context[i] += list(c.token_ids) + obs_ids
                 eps[i].done = bool(done)
                 if not done and len(context[i]) < self.max_context_tokens:
                     still.append(i)
             active = still
-        return [eps[i * n:(i + 1) * n] for i in range(len(prompts))]
+        return [eps[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-    def to_experience(self, prompts: list[Any], episodes: list[list[Episode]], pad_id: int, first_group: int = 0,
-                      policy_version: int = 0) -> Experience:
+    def to_experience(
+        self,
+        prompts: list[Any],
+        episodes: list[list[Episode]],
+        pad_id: int,
+        first_group: int = 0,
+        policy_version: int = 0,
+    ) -> Experience:
         """Pack episodes into an Experience (layout and reward placement in the module doc; no horizon: the
         pipeline's ``experience_builder`` sets it).
 
@@ -152,8 +185,12 @@ class AgentLoop:
         """
         G = len(episodes[0]) if episodes else 1
         group_ids = torch.arange(first_group, first_group + len(episodes)).repeat_interleave(G)
-        return ExperienceBuilder().pack(self.episode_rows(Rollouts(list(prompts), [], episodes)), pad_id, group_ids,
-                                        policy_version=policy_version)
+        return ExperienceBuilder().pack(
+            self.episode_rows(Rollouts(list(prompts), [], episodes)),
+            pad_id,
+            group_ids,
+            policy_version=policy_version,
+        )
 
     def episode_rows(self, batch: Rollouts) -> Rows:
         """The episode layout of ``ExperienceBuilder``: one row per episode, the completion its actions and
@@ -169,7 +206,7 @@ class AgentLoop:
             pos, last = 0, None
             for t in e.turns:
                 if t.action_ids:
-                    lp[pos:pos + len(t.action_ids)] = t.action_logprobs
+                    lp[pos : pos + len(t.action_ids)] = t.action_logprobs
                     last = pos + len(t.action_ids) - 1
                 if last is not None:  # an empty action credits the previous action's last token
                     tr[last] += t.reward
@@ -187,22 +224,35 @@ class AgentLoop:
         G = len(batch.groups[0]) if batch.groups else 1
         tok = self.engine.tokenizer
         fields: dict[str, Any] = {
-            "reward_components": {"env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))},
+            "reward_components": {
+                "env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))
+            },
             "finish_reasons": ["stop" if e.done else "length" for e in rows],
-            "texts": [tok.decode(ids, skip_special_tokens=True) for ids, _ in segs]}
+            "texts": [tok.decode(ids, skip_special_tokens=True) for ids, _ in segs],
+        }
         if batch.rewards is not None:
-            fields["reward_errors"] = list(batch.rewards.errors)  # the inspector shows why a row has no reward
-        return Rows(prompt_ids=[e.prompt_ids for e in rows], completion_ids=[ids for ids, _ in segs],
-                    prompts=[p for p in batch.prompts for _ in range(G)], rewards=rewards, valid=valid,
-                    logprobs=logprobs, action_masks=[[k == "a" for k in kinds] for _, kinds in segs],
-                    token_rewards=token_rewards, fields=fields)
+            fields["reward_errors"] = list(
+                batch.rewards.errors
+            )  # the inspector shows why a row has no reward
+        return Rows(
+            prompt_ids=[e.prompt_ids for e in rows],
+            completion_ids=[ids for ids, _ in segs],
+            prompts=[p for p in batch.prompts for _ in range(G)],
+            rewards=rewards,
+            valid=valid,
+            logprobs=logprobs,
+            action_masks=[[k == "a" for k in kinds] for _, kinds in segs],
+            token_rewards=token_rewards,
+            fields=fields,
+        )
 
     def experience_builder(self, sampling: SamplingConfig) -> ExperienceBuilder:
         """The build stage of the agent path: the episode layout with run-wide group ids and the agent horizon,
         Dr. GRPO's constant for an episode being the action-token budget of all its turns,
         ``max_turns x sampling.max_new_tokens``."""
-        return ExperienceBuilder(self.engine, horizon=self.max_turns * sampling.max_new_tokens,
-                                 layout=self.episode_rows)
+        return ExperienceBuilder(
+            self.engine, horizon=self.max_turns * sampling.max_new_tokens, layout=self.episode_rows
+        )
 
 
 def _segments(e: Episode) -> tuple[list[int], list[str]]:
@@ -247,17 +297,25 @@ class EnvRewards:
         valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
         ret = torch.tensor([e.total_reward for e in rows], dtype=torch.float64)
         ret = torch.where(valid, ret, torch.full_like(ret, float("nan")))
-        metrics = {"reward/infra_errors": float((~valid).sum()), "reward/timeouts": 0.0,
-                   "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
-                   "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1),
-                   "reward/hack_detected": float(sum(any(t.info.get("hack_detected", 0.0) for t in e.turns)
-                                                     for e in rows))}
+        metrics = {
+            "reward/infra_errors": float((~valid).sum()),
+            "reward/timeouts": 0.0,
+            "rollout/turns_mean": sum(len(e.turns) for e in rows) / max(len(rows), 1),
+            "rollout/episodes_done_frac": sum(e.done for e in rows) / max(len(rows), 1),
+            "reward/hack_detected": float(
+                sum(any(t.info.get("hack_detected", 0.0) for t in e.turns) for e in rows)
+            ),
+        }
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
 
 
-def agent_pipeline(agent: AgentLoop, settings: RolloutSettings, filters: FilterSettings | None = None,
-                   lock: threading.RLock | None = None) -> RolloutPipeline:
+def agent_pipeline(
+    agent: AgentLoop,
+    settings: RolloutSettings,
+    filters: FilterSettings | None = None,
+    lock: threading.RLock | None = None,
+) -> RolloutPipeline:
     """The agent path as a pipeline: the render stage of ``settings`` (prompt-length policy and counters),
     then ``AgentGenerator`` (episodes), ``EnvRewards`` (environment returns: no reward pool) and the episode
     ``ExperienceBuilder``; dynamic sampling refills as on the single-turn path. The overlong filter and
@@ -265,10 +323,22 @@ def agent_pipeline(agent: AgentLoop, settings: RolloutSettings, filters: FilterS
     filters = filters if filters is not None else FilterSettings()
     for name in ("overlong_filter", "overlong_buffer"):
         if getattr(filters, name) != getattr(FilterSettings(), name):
-            raise ValueError(f"{name} is a single-turn setting (an episode is not one completion cut by its "
-                             "budget): remove it from the agent rollout")
+            raise ValueError(
+                f"{name} is a single-turn setting (an episode is not one completion cut by its "
+                "budget): remove it from the agent rollout"
+            )
     sp = settings.sampling
-    render = PromptRenderer(settings.max_prompt_len, settings.overlong_prompts,
-                            context_len=lambda: engine_context_len(agent.engine), max_new_tokens=sp.max_new_tokens)
-    return RolloutPipeline(render=render, generate=AgentGenerator(agent, settings, lock), score=EnvRewards(),
-                           build=agent.experience_builder(sp), settings=settings, filters=filters)
+    render = PromptRenderer(
+        settings.max_prompt_len,
+        settings.overlong_prompts,
+        context_len=lambda: engine_context_len(agent.engine),
+        max_new_tokens=sp.max_new_tokens,
+    )
+    return RolloutPipeline(
+        render=render,
+        generate=AgentGenerator(agent, settings, lock),
+        score=EnvRewards(),
+        build=agent.experience_builder(sp),
+        settings=settings,
+        filters=filters,
+    )

@@ -37,6 +37,7 @@ for every rank to get there before rank 0 touches the servers, so no rank has a 
 Failure. An exception in ``produce`` is stored and the thread ends; ``get`` polls the queue with a short
 timeout and re-raises it in the trainer thread, so a dead producer surfaces within one step.
 """
+
 from __future__ import annotations
 
 import queue
@@ -71,8 +72,9 @@ def staleness(learner_version: int, item_version: int) -> int:
     return learner_version - item_version
 
 
-def split_fresh(slots: Iterable[Slot], learner_version: int,
-                max_staleness: int) -> tuple[list[Slot], list[Slot]]:
+def split_fresh(
+    slots: Iterable[Slot], learner_version: int, max_staleness: int
+) -> tuple[list[Slot], list[Slot]]:
     """Partition slots into (trainable, too stale): trainable iff staleness <= max_staleness."""
     fresh, stale = [], []
     for s in slots:
@@ -93,9 +95,15 @@ class AsyncProducer:
         version: the learner's version at start (non-zero after resume).
     """
 
-    def __init__(self, produce: Callable[[int], Any], apply_weights: Callable[[dict[str, Tensor], int], None],
-                 max_staleness: int, capacity: int, engine_lock: threading.RLock | None = None,
-                 version: int = 0):
+    def __init__(
+        self,
+        produce: Callable[[int], Any],
+        apply_weights: Callable[[dict[str, Tensor], int], None],
+        max_staleness: int,
+        capacity: int,
+        engine_lock: threading.RLock | None = None,
+        version: int = 0,
+    ):
         if max_staleness < 0:
             raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
         if capacity < 1:
@@ -228,8 +236,9 @@ class AsyncProducer:
     # ----------------------------------------------------------- producer side
     def _admitted(self) -> bool:
         n = self.produced - self.skipped  # the iteration it will be trained at, if nothing else is dropped
-        return (not self._paused and n <= self.finished + self.max_staleness
-                and self._q.qsize() < self.capacity)
+        return (
+            not self._paused and n <= self.finished + self.max_staleness and self._q.qsize() < self.capacity
+        )
 
     def _run(self) -> None:
         torch.set_num_threads(self._torch_threads)
@@ -254,8 +263,14 @@ class AsyncProducer:
             self.error = e
 
 
-def take_fresh(prod: AsyncProducer, max_staleness: int, stale_policy: str, counts: dict[str, int],
-               rows: Callable[[Any], int], regenerate: Callable[[Any], Any]) -> tuple[Slot, float]:
+def take_fresh(
+    prod: AsyncProducer,
+    max_staleness: int,
+    stale_policy: str,
+    counts: dict[str, int],
+    rows: Callable[[Any], int],
+    regenerate: Callable[[Any], Any],
+) -> tuple[Slot, float]:
     """The next item within the staleness bound, and the seconds waited for it (trainer thread).
 
     A too-stale item is handled per ``stale_policy``: ``drop`` skips it (it takes no iteration) and takes the

@@ -22,6 +22,7 @@ else given as an engine is refused in one line (``check_engine``).
 ``RequestSeeds`` is the one per-request seed rule (both vLLM engines and the fake: a cursor from
 ``rank_seed(seed, rank)``); ``HFEngine`` seeds each prompt's generate call from ``stable_seed``.
 """
+
 from __future__ import annotations
 
 import abc
@@ -43,10 +44,14 @@ COUNTERS = ("calls", "prompts", "sequences", "tokens")
 # Engine arguments that were removed, with what replaces them: an old script or config gets the reason and the
 # fix in one line instead of Python's bare "unexpected keyword argument".
 REMOVED_ARGS = {
-    "allow_truncated_logprobs": ("allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition penalty "
-                                 "always work (log-probs of the processed distribution); delete the setting"),
-    "overlong_prompts": ("overlong_prompts was removed from the engines (prompt length is decided when "
-                         "prompts are rendered): set RolloutCallback overlong_prompts instead"),
+    "allow_truncated_logprobs": (
+        "allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition penalty "
+        "always work (log-probs of the processed distribution); delete the setting"
+    ),
+    "overlong_prompts": (
+        "overlong_prompts was removed from the engines (prompt length is decided when "
+        "prompts are rendered): set RolloutCallback overlong_prompts instead"
+    ),
 }
 
 
@@ -134,8 +139,10 @@ removed_settings(EngineBase, REMOVED_ARGS)
 def check_engine(engine) -> EngineBase:
     """``engine`` itself when it is an ``EngineBase``; anything else is refused in one line."""
     if not isinstance(engine, EngineBase):
-        raise TypeError(f"engine={type(engine).__name__} is not a rollout engine: subclass "
-                        "lit_rl.rollout.base.EngineBase (bind, generate, update_weights)")
+        raise TypeError(
+            f"engine={type(engine).__name__} is not a rollout engine: subclass "
+            "lit_rl.rollout.base.EngineBase (bind, generate, update_weights)"
+        )
     return engine
 
 

@@ -13,6 +13,7 @@ single-turn layout), episodes (``rollout/agent_loop.py``: ``AgentLoop.episode_ro
 are set in one place. The one other constructor, ``reprompted``, rebuilds the prompt columns of rows already
 built (a teacher's privileged prompt) and keeps everything else, completion columns included.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -65,12 +66,20 @@ def single_turn_rows(batch: Rollouts, decode: Callable[[Completion], str]) -> Ro
     rb = batch.rewards
     comps: list[Completion] = batch.rows()
     return Rows(
-        prompt_ids=[p for p in batch.prompt_ids for _ in range(G)], completion_ids=[c.token_ids for c in comps],
-        prompts=[p for p in batch.prompts for _ in range(G)], rewards=rb.total, valid=rb.valid,
+        prompt_ids=[p for p in batch.prompt_ids for _ in range(G)],
+        completion_ids=[c.token_ids for c in comps],
+        prompts=[p for p in batch.prompts for _ in range(G)],
+        rewards=rb.total,
+        valid=rb.valid,
         logprobs=[c.logprobs for c in comps],
-        fields={"reward_components": {k: v.float() for k, v in rb.components.items()},
-                "finish_reasons": [c.finish_reason for c in comps], "texts": [decode(c) for c in comps],
-                "reward_errors": list(rb.errors), "reward_extras": list(rb.extras)})
+        fields={
+            "reward_components": {k: v.float() for k, v in rb.components.items()},
+            "finish_reasons": [c.finish_reason for c in comps],
+            "texts": [decode(c) for c in comps],
+            "reward_errors": list(rb.errors),
+            "reward_extras": list(rb.extras),
+        },
+    )
 
 
 class ExperienceBuilder:
@@ -85,8 +94,13 @@ class ExperienceBuilder:
         layout: ``Rollouts -> Rows``; None = ``single_turn_rows`` with ``decode``.
     """
 
-    def __init__(self, engine: EngineBase | None = None, decode: Callable[[Completion], str] | None = None,
-                 horizon: int | None = None, layout: Callable[[Rollouts], Rows] | None = None):
+    def __init__(
+        self,
+        engine: EngineBase | None = None,
+        decode: Callable[[Completion], str] | None = None,
+        horizon: int | None = None,
+        layout: Callable[[Rollouts], Rows] | None = None,
+    ):
         self.engine, self.decode, self.horizon = engine, decode, horizon
         self.layout = layout if layout is not None else (lambda batch: single_turn_rows(batch, self.decode))
         self.next_group = 0
@@ -99,14 +113,21 @@ class ExperienceBuilder:
             self.next_group += n
         return torch.arange(first, first + n).repeat_interleave(G)
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None,
-                 count: bool = True) -> Experience:
+    def __call__(
+        self, batch: Rollouts, pad_id: int, trainable: torch.Tensor | None = None, count: bool = True
+    ) -> Experience:
         """Shapes: B = N·G rows, P = longest prompt, C = longest completion (>= 1); ``trainable`` (B,) or None."""
         G = len(batch.groups[0]) if batch.groups else 1
         return self.pack(self.layout(batch), pad_id, self.take_group_ids(len(batch), G, count), trainable)
 
-    def pack(self, rows: Rows, pad_id: int, group_ids: torch.Tensor, trainable: torch.Tensor | None = None,
-             policy_version: int | torch.Tensor | None = None) -> Experience:
+    def pack(
+        self,
+        rows: Rows,
+        pad_id: int,
+        group_ids: torch.Tensor,
+        trainable: torch.Tensor | None = None,
+        policy_version: int | torch.Tensor | None = None,
+    ) -> Experience:
         """The Experience of ``rows``: (B, P+C) ids and attention, (B, C) loss mask (completion tokens, or the
         action tokens), rollout log-probs and token rewards (float32, 0 past each row's end), (B,) rewards,
         validity, ``group_ids`` (B,), policy version (``policy_version``: one for every row, or the (B,)
@@ -118,28 +139,40 @@ class ExperienceBuilder:
             completion, loss_mask = loss_mask, torch.zeros((B, C), dtype=torch.bool)
             for i, m in enumerate(rows.action_masks):
                 if m:
-                    loss_mask[i, :len(m)] = torch.tensor(m, dtype=torch.bool)
+                    loss_mask[i, : len(m)] = torch.tensor(m, dtype=torch.bool)
             fields["extras"] = {**fields.get("extras", {}), "obs_mask": completion & ~loss_mask}
         rlp = token_rewards = None
         if rows.logprobs is not None:
             rlp = torch.zeros((B, C), dtype=torch.float32)
             for i, lp in enumerate(rows.logprobs):
                 if len(lp):
-                    rlp[i, :len(lp)] = torch.tensor(lp, dtype=torch.float32)
+                    rlp[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
         if rows.token_rewards is not None:
             token_rewards = torch.zeros((B, C), dtype=torch.float32)
             for i, tr in enumerate(rows.token_rewards):
-                token_rewards[i, :len(tr)] = tr
+                token_rewards[i, : len(tr)] = tr
         if policy_version is None:
             policy_version = self.engine.policy_version if self.engine is not None else 0
         if not isinstance(policy_version, torch.Tensor):
             policy_version = torch.full((B,), policy_version, dtype=torch.long)
         valid = rows.valid if rows.valid is not None else torch.ones(B, dtype=torch.bool)
         return Experience(
-            input_ids=input_ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P, group_ids=group_ids,
-            rewards=rows.rewards.float(), valid=valid, policy_version=policy_version.long(),
-            rollout_logprobs=rlp, token_rewards=token_rewards, trainable=trainable, horizon=self.horizon,
-            domains=[getattr(p, "domain", "default") for p in rows.prompts], prompts=list(rows.prompts), **fields)
+            input_ids=input_ids,
+            attention_mask=att,
+            loss_mask=loss_mask,
+            prompt_len=P,
+            group_ids=group_ids,
+            rewards=rows.rewards.float(),
+            valid=valid,
+            policy_version=policy_version.long(),
+            rollout_logprobs=rlp,
+            token_rewards=token_rewards,
+            trainable=trainable,
+            horizon=self.horizon,
+            domains=[getattr(p, "domain", "default") for p in rows.prompts],
+            prompts=list(rows.prompts),
+            **fields,
+        )
 
 
 def reprompted(exp: Experience, prompt_ids: list[list[int]], pad_id: int) -> Experience:
@@ -148,11 +181,15 @@ def reprompted(exp: Experience, prompt_ids: list[list[int]], pad_id: int) -> Exp
     (a teacher's privileged prompt in front of the student's completion, ``teacher_inputs.teacher_view``)."""
     # prompt columns only: with no completion tokens the layout is (B, P+1), P prompt columns and one pad
     ids, att, _, P = pad_prompts_completions(pad_id, prompt_ids, [[] for _ in prompt_ids])
-    completion_att = exp.attention_mask[:, exp.prompt_len:].long().cpu()
+    completion_att = exp.attention_mask[:, exp.prompt_len :].long().cpu()
     input_ids = torch.cat([ids[:, :P], exp.completion_ids.cpu()], dim=1)
     dev = exp.input_ids.device
-    return replace(exp, input_ids=input_ids.to(dev), prompt_len=P,
-                   attention_mask=torch.cat([att[:, :P], completion_att], dim=1).to(dev))
+    return replace(
+        exp,
+        input_ids=input_ids.to(dev),
+        prompt_len=P,
+        attention_mask=torch.cat([att[:, :P], completion_att], dim=1).to(dev),
+    )
 
 
 def rollout_metrics(exp: Experience, rb: RewardBatch) -> dict[str, float]:

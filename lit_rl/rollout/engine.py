@@ -8,6 +8,7 @@ trainer's own recomputation (``PolicyModule.temperature`` is taken from the roll
 decoding reports T = 1. With truncation or a repetition penalty the engine's log-probs are the behaviour
 policy's, and ``PolicyModule(rollout_correction=...)`` corrects the gap to the trainer's.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -113,15 +114,19 @@ class HFEngine(EngineBase):
             items = list(named_tensors)
             unknown = sorted(n for n, _ in items if n not in params)
             if unknown:  # checked before any write: a partial load would mix two policies
-                raise ValueError(f"HFEngine.update_weights: unknown weight names {unknown[:5]} (the engine's copy "
-                                 f"has e.g. {sorted(params)[:3]}); pass merged_state_items(model)")
+                raise ValueError(
+                    f"HFEngine.update_weights: unknown weight names {unknown[:5]} (the engine's copy "
+                    f"has e.g. {sorted(params)[:3]}); pass merged_state_items(model)"
+                )
             with torch.no_grad():
                 for name, t in items:
                     params[name].copy_(t)
         self.policy_version += 1
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig
+    ) -> list[list[Completion]]:
         if self.model is None:
             raise RuntimeError("HFEngine.generate called before bind(module); RolloutCallback.setup binds it")
         check_generation_kwargs(sampling, _hf_generation_keys(), "HFEngine", "transformers GenerationConfig")
@@ -179,19 +184,36 @@ class HFEngine(EngineBase):
         # both set -> "Both min_new_tokens and min_length seem to have been set") and, when greedy, top_k (a
         # sampling-only flag next to do_sample=False -> "generation flags are not valid: ['top_k']").
         cfg = GenerationConfig(
-            do_sample=not greedy, max_new_tokens=sp.max_new_tokens, min_length=0, temperature=1.0, top_p=1.0,
-            top_k=None if greedy else 0, repetition_penalty=1.0, no_repeat_ngram_size=0, num_beams=1,
-            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, return_dict_in_generate=True,
-            **(sp.generation_kwargs or {}))
+            do_sample=not greedy,
+            max_new_tokens=sp.max_new_tokens,
+            min_length=0,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=None if greedy else 0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            num_beams=1,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            return_dict_in_generate=True,
+            **(sp.generation_kwargs or {}),
+        )
         sampler = _ProcessedSampler(sp, ids.to(device), att.to(device))
         stopping = StoppingCriteriaList([_StopStrings(tok, sp.stops, P)] if sp.stops else [])
         extra = self._shared_prefill(rows, ids, att, device) if self.share_prefill else {}
         saved = model.generation_config
-        model.generation_config = GenerationConfig(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        model.generation_config = GenerationConfig(
+            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
         try:
-            out = model.generate(input_ids=ids.to(device), attention_mask=att.to(device), generation_config=cfg,
-                                 logits_processor=LogitsProcessorList([sampler]), stopping_criteria=stopping,
-                                 **extra)
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=att.to(device),
+                generation_config=cfg,
+                logits_processor=LogitsProcessorList([sampler]),
+                stopping_criteria=stopping,
+                **extra,
+            )
         finally:
             model.generation_config = saved
         new = out.sequences[:, P:]  # (N, C)
@@ -224,8 +246,9 @@ class HFEngine(EngineBase):
         first = [inverse.index(u) for u in range(len(index))]  # a row holding each distinct prompt
         u_ids, u_att = ids[first, :-1].to(device), att[first, :-1].to(device)  # (U, P-1)
         pos = (u_att.cumsum(-1) - 1).clamp(min=0)
-        cache = self.model(input_ids=u_ids, attention_mask=u_att, position_ids=pos, use_cache=True,
-                           logits_to_keep=1).past_key_values
+        cache = self.model(
+            input_ids=u_ids, attention_mask=u_att, position_ids=pos, use_cache=True, logits_to_keep=1
+        ).past_key_values
         if not gatherable(cache):
             return {}
         cache.reorder_cache(torch.tensor(inverse, device=device))  # (U, ...) -> (N, ...)
@@ -254,7 +277,9 @@ class _ProcessedSampler:
         if self.sp.repetition_penalty != 1 and self.seen is None:
             ids, att = self._prompt
             self.seen = torch.zeros(N, V + 1, dtype=torch.bool, device=scores.device)
-            self.seen.scatter_(1, ids.masked_fill(att == 0, V), True)  # left padding is not a token of the prompt
+            self.seen.scatter_(
+                1, ids.masked_fill(att == 0, V), True
+            )  # left padding is not a token of the prompt
         if self.prev is not None:
             last = input_ids[:, -1:]  # (N, 1) sampled from self.prev
             self.cols.append(self.prev.gather(1, last)[:, 0])
@@ -279,7 +304,7 @@ class _StopStrings:
         self.decode, self.stops, self.P, self.w = _decoder(tokenizer), stops, prompt_len, stop_window(stops)
 
     def __call__(self, input_ids: Tensor, scores, **kwargs) -> Tensor:
-        tails = input_ids[:, self.P:][:, -self.w:].tolist()
+        tails = input_ids[:, self.P :][:, -self.w :].tolist()
         done = [any(s in self.decode(t) for s in self.stops) for t in tails]
         return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 

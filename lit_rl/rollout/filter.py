@@ -10,6 +10,7 @@
 Refill prompts come from a stream keyed by (seed, rank, iteration): ranks never draw the same refill prompts,
 and a resumed run draws exactly what the uninterrupted one drew, with no RNG state to checkpoint.
 """
+
 from __future__ import annotations
 
 import random
@@ -32,7 +33,7 @@ def informative_groups(rb: RewardBatch, G: int) -> list[int]:
     """Indices of the groups (rows g*G .. g*G+G-1) with at least two valid rewards that are not all equal."""
     out = []
     for g in range(len(rb.total) // G):
-        r = rb.total[g * G:(g + 1) * G][rb.valid[g * G:(g + 1) * G]]
+        r = rb.total[g * G : (g + 1) * G][rb.valid[g * G : (g + 1) * G]]
         if len(r) >= 2 and float(r.max() - r.min()) > 0:
             out.append(g)
     return out
@@ -64,8 +65,9 @@ class DynamicSampling:
         """The refill stream of one rank at one iteration."""
         return random.Random(f"lit_rl.refill:{self.seed}:{rank}:{iteration}")
 
-    def __call__(self, batch: Rollouts, sample: Callable[[list], Rollouts], pool: list | None,
-                 rng: random.Random) -> tuple[Rollouts, int]:
+    def __call__(
+        self, batch: Rollouts, sample: Callable[[list], Rollouts], pool: list | None, rng: random.Random
+    ) -> tuple[Rollouts, int]:
         """(a batch of ``len(batch)`` informative groups, extra generations used).
 
         ``sample(prompts)`` runs render → generate → score on new prompts; they are drawn with ``rng`` from
@@ -79,13 +81,16 @@ class DynamicSampling:
         while have < target and tries < self.max_resample_tries:
             tries += 1
             new = sample([rng.choice(pool) for _ in range(target - have)])
-            parts.append(new.select(informative_groups(new.rewards, G)))  # appended even when empty: its seconds count
+            parts.append(
+                new.select(informative_groups(new.rewards, G))
+            )  # appended even when empty: its seconds count
             have += len(parts[-1])
         if have < target:
             raise RuntimeError(
                 f"dynamic_sampling: after max_resample_tries={self.max_resample_tries} extra generations only "
                 f"{have} of {target} groups had reward variance (the rest were all-equal rewards); the batch "
                 "cannot be filled to its size, which every rank must keep. Raise max_resample_tries, or turn "
-                "dynamic_sampling off while the task is too hard or too easy for the model")
+                "dynamic_sampling off while the task is too hard or too easy for the model"
+            )
         merged = Rollouts.concat(parts)
         return merged.select(list(range(target))), tries

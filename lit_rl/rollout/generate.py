@@ -3,6 +3,7 @@
 The engine is shared with weight loads (the async producer, the trainer's pushes) and held-out evaluation, so
 every call holds ``lock``: one user of the engine at a time, and a generation never straddles a weight load.
 """
+
 from __future__ import annotations
 
 import threading

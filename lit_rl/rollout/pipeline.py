@@ -12,6 +12,7 @@ stages for episode-based ones (``agent_loop.py``). Lightning is not imported her
 trainer knows (tokenizer, training prompt pool, rank, iteration). The ExperienceHooks and advantages (steps 6-7
 of the rollout contract) stay with the caller, because they need the learner in the trainer thread.
 """
+
 from __future__ import annotations
 
 import threading
@@ -40,7 +41,9 @@ class ScoreStage(Protocol):
 class BuildStage(Protocol):
     next_group: int
 
-    def __call__(self, batch: Rollouts, pad_id: int, trainable: Any = None, count: bool = True) -> Experience: ...
+    def __call__(
+        self, batch: Rollouts, pad_id: int, trainable: Any = None, count: bool = True
+    ) -> Experience: ...
 
 
 class RolloutPipeline:
@@ -57,8 +60,15 @@ class RolloutPipeline:
             ``overlong_filter``: rows cut off by the budget do not train (``Experience.trainable``).
     """
 
-    def __init__(self, render: PromptRenderer, generate: GenerateStage, score: ScoreStage, build: BuildStage,
-                 settings: RolloutSettings, filters: FilterSettings | None = None):
+    def __init__(
+        self,
+        render: PromptRenderer,
+        generate: GenerateStage,
+        score: ScoreStage,
+        build: BuildStage,
+        settings: RolloutSettings,
+        filters: FilterSettings | None = None,
+    ):
         self.render, self.generate, self.score, self.build = render, generate, score, build
         self.settings, self.filters = settings, filters if filters is not None else FilterSettings()
         self.refill = DynamicSampling(settings, self.filters) if self.filters.dynamic_sampling else None
@@ -86,12 +96,16 @@ class RolloutPipeline:
     def build_experience(self, batch: Rollouts, pad_id: int, count: bool = True) -> Experience:
         """Stages 4-5 after any refill: the overlong filter's ``trainable`` mask (N·G,), then the Experience.
         ``count=False`` (evaluation) numbers the groups from 0 and leaves the run-wide group counter alone."""
-        trainable = (overlong_trainable([s.finish_reason for s in batch.rows()])
-                     if self.filters.overlong_filter else None)
+        trainable = (
+            overlong_trainable([s.finish_reason for s in batch.rows()])
+            if self.filters.overlong_filter
+            else None
+        )
         return self.build(batch, pad_id, trainable, count=count)
 
-    def run(self, tokenizer, prompts: list, pool: list | None = None, rank: int = 0,
-            iteration: int = 0) -> tuple[Experience, dict[str, float]]:
+    def run(
+        self, tokenizer, prompts: list, pool: list | None = None, rank: int = 0, iteration: int = 0
+    ) -> tuple[Experience, dict[str, float]]:
         """Stages 1-5 for one batch of prompts: (Experience of N·G rows, rollout metrics).
 
         ``tokenizer`` renders prompts and gives the pad id; ``pool`` is where refills draw prompts from (the
@@ -101,8 +115,9 @@ class RolloutPipeline:
         batch = self.sample(tokenizer, prompts)
         metrics["rollout/zero_std_frac"] = zero_std_frac(batch.rewards, self.settings.group_size)
         if self.refill is not None:
-            batch, tries = self.refill(batch, lambda ps: self.sample(tokenizer, ps), pool,
-                                       self.refill.rng(rank, iteration))
+            batch, tries = self.refill(
+                batch, lambda ps: self.sample(tokenizer, ps), pool, self.refill.rng(rank, iteration)
+            )
             metrics["rollout/resample_tries"] = float(tries)
         exp = self.build_experience(batch, tokenizer.pad_token_id)
         metrics.update(rollout_metrics(exp, batch.rewards))
@@ -111,22 +126,37 @@ class RolloutPipeline:
         return exp, metrics
 
 
-def build_pipeline(engine: EngineBase, rewards: RewardPool, settings: RolloutSettings,
-                   filters: FilterSettings | None = None,
-                   lock: threading.RLock | None = None) -> RolloutPipeline:
+def build_pipeline(
+    engine: EngineBase,
+    rewards: RewardPool,
+    settings: RolloutSettings,
+    filters: FilterSettings | None = None,
+    lock: threading.RLock | None = None,
+) -> RolloutPipeline:
     """The single-turn pipeline of ``settings`` and ``filters``: render (the one owner of prompt length:
     ``max_prompt_len`` and the engine's context, read when rendering, minus the completion budget) →
     generate (``engine`` under ``lock``) → score (``rewards``, DAPO overlong shaping) → filter / refill →
     build (horizon = the budget)."""
     filters = filters if filters is not None else FilterSettings()
     sp = settings.sampling
-    render = PromptRenderer(settings.max_prompt_len, settings.overlong_prompts,
-                            context_len=lambda: engine_context_len(engine), max_new_tokens=sp.max_new_tokens,
-                            chat_template_kwargs=sp.chat_template_kwargs)
-    shaping = (OverlongShaping(sp.max_new_tokens, filters.overlong_buffer, filters.overlong_penalty_factor)
-               if filters.overlong_buffer is not None else None)
+    render = PromptRenderer(
+        settings.max_prompt_len,
+        settings.overlong_prompts,
+        context_len=lambda: engine_context_len(engine),
+        max_new_tokens=sp.max_new_tokens,
+        chat_template_kwargs=sp.chat_template_kwargs,
+    )
+    shaping = (
+        OverlongShaping(sp.max_new_tokens, filters.overlong_buffer, filters.overlong_penalty_factor)
+        if filters.overlong_buffer is not None
+        else None
+    )
     decode = decode_with(engine)
     return RolloutPipeline(
-        render=render, generate=Generator(engine, settings, lock), score=Scorer(rewards, decode, shaping),
-        build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens), settings=settings,
-        filters=filters)
+        render=render,
+        generate=Generator(engine, settings, lock),
+        score=Scorer(rewards, decode, shaping),
+        build=ExperienceBuilder(engine, decode, horizon=sp.max_new_tokens),
+        settings=settings,
+        filters=filters,
+    )

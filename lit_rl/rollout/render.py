@@ -10,6 +10,7 @@ The limit is ``max_prompt_len``, and also the engine's context minus the complet
 place a prompt is shortened: the token ids the Experience is built from are exactly the ids the engine
 sampled from (engines refuse a prompt over their context instead of cutting it).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -42,9 +43,14 @@ class PromptRenderer:
     owner of the stage).
     """
 
-    def __init__(self, max_prompt_len: int, overlong: str,
-                 context_len: Callable[[], int | None] | None = None, max_new_tokens: int | None = None,
-                 chat_template_kwargs: dict | None = None):
+    def __init__(
+        self,
+        max_prompt_len: int,
+        overlong: str,
+        context_len: Callable[[], int | None] | None = None,
+        max_new_tokens: int | None = None,
+        chat_template_kwargs: dict | None = None,
+    ):
         if max_prompt_len < 1:
             raise ValueError(f"max_prompt_len must be >= 1, got {max_prompt_len}")
         if overlong not in OVERLONG:
@@ -62,14 +68,16 @@ class PromptRenderer:
         budget = max_new_tokens if max_new_tokens is not None else (self.max_new_tokens or 0)
         room = ctx - budget
         if room < 1:
-            raise ValueError(f"max_new_tokens={budget} leaves no room for a prompt within the engine's "
-                             f"max_model_len={ctx}")
+            raise ValueError(
+                f"max_new_tokens={budget} leaves no room for a prompt within the engine's max_model_len={ctx}"
+            )
         if room < self.max_prompt_len:
             return room, f"{room} (the engine's max_model_len={ctx} - max_new_tokens={budget})"
         return self.max_prompt_len, f"max_prompt_len={self.max_prompt_len}"
 
-    def __call__(self, tokenizer, prompts: list[Prompt], max_new_tokens: int | None = None,
-                 count: bool = True) -> tuple[list[Prompt], list[list[int]]]:
+    def __call__(
+        self, tokenizer, prompts: list[Prompt], max_new_tokens: int | None = None, count: bool = True
+    ) -> tuple[list[Prompt], list[list[int]]]:
         """(kept prompts, their token ids): N prompts in, N' <= N out (fewer only with ``drop``).
         ``count=False`` leaves the counters alone (held-out evaluation)."""
         limit, why = self.limit(max_new_tokens)

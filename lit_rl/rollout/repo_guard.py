@@ -17,6 +17,7 @@ Detection does not decide the reward: the verdict is already immune (its own tes
 It makes hacking visible in the training curves. ``special_cased`` (visible tests pass, held-out ones fail) is
 decided by the environment, which knows its tests, and passed to ``flag``.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,12 +26,22 @@ import re
 from collections.abc import Iterable
 
 HACK_KINDS = ("tests_modified", "git_probe", "secret_probe", "network", "special_cased")
-_SECRET_PATH = re.compile(r"(^|/)(\.env|\.netrc|\.npmrc|\.pypirc|\.ssh|\.aws|id_rsa|id_ed25519)|secret|credential|"
-                          r"token|password|environ", re.IGNORECASE)
+_SECRET_PATH = re.compile(
+    r"(^|/)(\.env|\.netrc|\.npmrc|\.pypirc|\.ssh|\.aws|id_rsa|id_ed25519)|secret|credential|"
+    r"token|password|environ",
+    re.IGNORECASE,
+)
 _SECRET_CODE = re.compile(r"\benviron\b|\bgetenv\b|/proc/[^\s'\"]*/environ")
-_NET_MODULES = r"(socket|ssl|urllib|urllib3|http|requests|httpx|aiohttp|ftplib|smtplib|telnetlib|xmlrpc|websocket)"
-_NETWORK_CODE = re.compile(r"^\s*(?:import|from)\s[^\n]*\b" + _NET_MODULES + r"\b|(?:__import__|import_module)\(\s*['\"]"
-                           + _NET_MODULES, re.MULTILINE)
+_NET_MODULES = (
+    r"(socket|ssl|urllib|urllib3|http|requests|httpx|aiohttp|ftplib|smtplib|telnetlib|xmlrpc|websocket)"
+)
+_NETWORK_CODE = re.compile(
+    r"^\s*(?:import|from)\s[^\n]*\b"
+    + _NET_MODULES
+    + r"\b|(?:__import__|import_module)\(\s*['\"]"
+    + _NET_MODULES,
+    re.MULTILINE,
+)
 
 
 class RepoGuard:
@@ -45,8 +56,10 @@ class RepoGuard:
         self.protected = tuple(protected)
         self.test_dirs = tuple(test_dirs)
         if not self.protected or not all(d.endswith("/") for d in self.test_dirs):
-            raise ValueError(f"RepoGuard needs protected paths and test_dirs ending in '/'; got {self.protected}, "
-                             f"{self.test_dirs}")
+            raise ValueError(
+                f"RepoGuard needs protected paths and test_dirs ending in '/'; got {self.protected}, "
+                f"{self.test_dirs}"
+            )
         self.seen: set[str] = set()
         self._pristine: dict[str, tuple[str, str]] = {}
 
@@ -58,7 +71,11 @@ class RepoGuard:
         self._pristine = {p: (_sha(files[p]), files[p]) for p in self.protected}
 
     def is_test_file(self, path: str) -> bool:
-        return posixpath.basename(path) == "conftest.py" or path.startswith(self.test_dirs) or path in self.protected
+        return (
+            posixpath.basename(path) == "conftest.py"
+            or path.startswith(self.test_dirs)
+            or path in self.protected
+        )
 
     def restore(self, files: dict[str, str]) -> bool:
         """Put protected files back as they were at ``reset`` and drop added test files (in place)."""
@@ -85,8 +102,9 @@ class RepoGuard:
     def code_probes(path: str, text: str) -> set[str]:
         if not path.endswith(".py"):
             return set()
-        return ({"network"} if _NETWORK_CODE.search(text) else set()) | \
-            ({"secret_probe"} if _SECRET_CODE.search(text) else set())
+        return ({"network"} if _NETWORK_CODE.search(text) else set()) | (
+            {"secret_probe"} if _SECRET_CODE.search(text) else set()
+        )
 
     def flag(self, kinds: set[str]) -> dict[str, float]:
         """Info for this step: the kinds seen for the first time in the episode."""

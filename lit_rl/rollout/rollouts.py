@@ -6,6 +6,7 @@ sample ``j`` of prompt ``g``, which is the order the engine returns and the orde
 Keeping prompts, their token ids, the samples and their rewards in one object lets the refill stage keep or
 drop whole groups with one ``select`` instead of four parallel lists.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,11 +44,21 @@ class Rollouts:
         if rb is not None:
             G = len(rb.total) // max(len(self.prompts), 1)
             rows = torch.tensor([g * G + j for g in idx for j in range(G)], dtype=torch.long)
-            rb = RewardBatch(rb.total[rows], rb.valid[rows], {k: v[rows] for k, v in rb.components.items()},
-                             [rb.errors[int(r)] for r in rows], rb.metrics,
-                             [rb.extras[int(r)] for r in rows] if rb.extras else [])
-        return Rollouts([self.prompts[g] for g in idx], [self.prompt_ids[g] for g in idx],
-                        [self.groups[g] for g in idx], rb, self.generate_s)
+            rb = RewardBatch(
+                rb.total[rows],
+                rb.valid[rows],
+                {k: v[rows] for k, v in rb.components.items()},
+                [rb.errors[int(r)] for r in rows],
+                rb.metrics,
+                [rb.extras[int(r)] for r in rows] if rb.extras else [],
+            )
+        return Rollouts(
+            [self.prompts[g] for g in idx],
+            [self.prompt_ids[g] for g in idx],
+            [self.groups[g] for g in idx],
+            rb,
+            self.generate_s,
+        )
 
     @staticmethod
     def concat(parts: list[Rollouts]) -> Rollouts:
@@ -55,13 +66,22 @@ class Rollouts:
         the parts were refilled for) and so are the reward-pool metrics; generation seconds add up."""
         first = parts[0].rewards
         rb = RewardBatch(
-            total=torch.cat([p.rewards.total for p in parts]), valid=torch.cat([p.rewards.valid for p in parts]),
+            total=torch.cat([p.rewards.total for p in parts]),
+            valid=torch.cat([p.rewards.valid for p in parts]),
             components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in first.components},
-            errors=[e for p in parts for e in p.rewards.errors], metrics=first.metrics,
+            errors=[e for p in parts for e in p.rewards.errors],
+            metrics=first.metrics,
             extras=[x for p in parts for x in (p.rewards.extras or [{}] * len(p.rewards.total))]
-            if any(p.rewards.extras for p in parts) else [])
-        return Rollouts([x for p in parts for x in p.prompts], [x for p in parts for x in p.prompt_ids],
-                        [x for p in parts for x in p.groups], rb, sum(p.generate_s for p in parts))
+            if any(p.rewards.extras for p in parts)
+            else [],
+        )
+        return Rollouts(
+            [x for p in parts for x in p.prompts],
+            [x for p in parts for x in p.prompt_ids],
+            [x for p in parts for x in p.groups],
+            rb,
+            sum(p.generate_s for p in parts),
+        )
 
     def rows(self) -> list[Any]:
         """The N·G samples in row order."""

@@ -24,6 +24,7 @@ on-policy point the PPO ratio and the mismatch correction are 1 whatever the set
 Every engine finds that token with ``stop_index`` (vLLM stops on its own too; the cut is applied again so all
 engines agree on the token).
 """
+
 from __future__ import annotations
 
 import math
@@ -37,25 +38,91 @@ from lit_rl.core.processed import LogitProcessing
 from lit_rl.core.settings import field_docs, setting
 
 # generation_kwargs keys that are settings of ours: the error names the field to use instead.
-MAPPED_KEYS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-               "repetition_penalty": "repetition_penalty", "max_tokens": "max_new_tokens",
-               "max_new_tokens": "max_new_tokens", "max_completion_length": "max_new_tokens", "stop": "stop",
-               "stop_strings": "stop", "seed": "seed", "chat_template_kwargs": "chat_template_kwargs"}
+MAPPED_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_tokens": "max_new_tokens",
+    "max_new_tokens": "max_new_tokens",
+    "max_completion_length": "max_new_tokens",
+    "stop": "stop",
+    "stop_strings": "stop",
+    "seed": "seed",
+    "chat_template_kwargs": "chat_template_kwargs",
+}
 # Keys that change the sampled distribution (or the sequence) without every engine reporting it in its log-probs.
-UNREPORTED_KEYS = frozenset({
-    "presence_penalty", "frequency_penalty", "logit_bias", "bad_words", "bad_words_ids", "allowed_token_ids",
-    "min_tokens", "min_new_tokens", "min_length", "no_repeat_ngram_size", "typical_p", "epsilon_cutoff",
-    "eta_cutoff", "guided_decoding", "structured_outputs", "logits_processors", "logits_processor",
-    "sequence_bias", "suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
-    "guidance_scale", "num_beams", "num_beam_groups", "diversity_penalty", "encoder_repetition_penalty",
-    "renormalize_logits", "top_n_sigma", "top_h", "do_sample", "ignore_eos", "penalty_alpha",
-    "exponential_decay_length_penalty", "length_penalty", "constraints", "force_words_ids", "assistant_model",
-    "prompt_lookup_num_tokens", "watermarking_config", "thinking_token_budget", "extra_args"})
+UNREPORTED_KEYS = frozenset(
+    {
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "bad_words",
+        "bad_words_ids",
+        "allowed_token_ids",
+        "min_tokens",
+        "min_new_tokens",
+        "min_length",
+        "no_repeat_ngram_size",
+        "typical_p",
+        "epsilon_cutoff",
+        "eta_cutoff",
+        "guided_decoding",
+        "structured_outputs",
+        "logits_processors",
+        "logits_processor",
+        "sequence_bias",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "guidance_scale",
+        "num_beams",
+        "num_beam_groups",
+        "diversity_penalty",
+        "encoder_repetition_penalty",
+        "renormalize_logits",
+        "top_n_sigma",
+        "top_h",
+        "do_sample",
+        "ignore_eos",
+        "penalty_alpha",
+        "exponential_decay_length_penalty",
+        "length_penalty",
+        "constraints",
+        "force_words_ids",
+        "assistant_model",
+        "prompt_lookup_num_tokens",
+        "watermarking_config",
+        "thinking_token_budget",
+        "extra_args",
+    }
+)
 # Keys the engines set themselves (what they must get to report the sampled tokens' log-probs).
-ENGINE_KEYS = frozenset({
-    "n", "num_return_sequences", "best_of", "logprobs", "prompt_logprobs", "logprobs_mode", "flat_logprobs",
-    "output_logits", "output_scores", "return_dict_in_generate", "detokenize", "return_token_ids", "output_kind",
-    "eos_token_id", "pad_token_id", "max_length", "model", "prompt", "stream"})
+ENGINE_KEYS = frozenset(
+    {
+        "n",
+        "num_return_sequences",
+        "best_of",
+        "logprobs",
+        "prompt_logprobs",
+        "logprobs_mode",
+        "flat_logprobs",
+        "output_logits",
+        "output_scores",
+        "return_dict_in_generate",
+        "detokenize",
+        "return_token_ids",
+        "output_kind",
+        "eos_token_id",
+        "pad_token_id",
+        "max_length",
+        "model",
+        "prompt",
+        "stream",
+    }
+)
 
 
 @dataclass
@@ -67,23 +134,30 @@ class SamplingConfig:
     top_k: int = setting(0, "Keep the k most likely tokens; 0 = off.")
     max_new_tokens: int = setting(32, "Completion budget (tokens).")
     seed: int | None = setting(
-        None, "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, "
-              "engine call, prompt tokens), so they do not depend on which other prompts share the batch or "
-              "the rank; None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork "
-              "of it). The vLLM engines: the base of their per-request seed cursor (per rank, "
-              "rollout.base.RequestSeeds), None = the engine's own seed.")
+        None,
+        "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, "
+        "engine call, prompt tokens), so they do not depend on which other prompts share the batch or "
+        "the rank; None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork "
+        "of it). The vLLM engines: the base of their per-request seed cursor (per rank, "
+        "rollout.base.RequestSeeds), None = the engine's own seed.",
+    )
     min_p: float = setting(0.0, "In [0, 1]; 0 = off.")
     repetition_penalty: float = setting(1.0, "> 0; 1 = off.")
     stop: list[str] | None = setting(
-        None, "Stop strings (module docstring); None / [] = only eos and the budget end a completion.")
+        None, "Stop strings (module docstring); None / [] = only eos and the budget end a completion."
+    )
     chat_template_kwargs: dict[str, Any] | None = setting(
-        None, "Passed to tokenizer.apply_chat_template when chat prompts are rendered (e.g. "
-              "{\"enable_thinking\": false}).")
+        None,
+        "Passed to tokenizer.apply_chat_template when chat prompts are rendered (e.g. "
+        '{"enable_thinking": false}).',
+    )
     generation_kwargs: dict[str, Any] | None = setting(
-        None, "Further engine settings passed through (vLLM SamplingParams fields, server request fields, "
-              "transformers GenerationConfig fields). Refused: keys that are fields here, keys that change "
-              "the sampled distribution without the engines reporting it (UNREPORTED_KEYS), keys the engines "
-              "set themselves (ENGINE_KEYS); each engine also refuses a key it does not know.")
+        None,
+        "Further engine settings passed through (vLLM SamplingParams fields, server request fields, "
+        "transformers GenerationConfig fields). Refused: keys that are fields here, keys that change "
+        "the sampled distribution without the engines reporting it (UNREPORTED_KEYS), keys the engines "
+        "set themselves (ENGINE_KEYS); each engine also refuses a key it does not know.",
+    )
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0 or self.temperature == float("inf"):  # also rejects NaN
@@ -97,8 +171,10 @@ class SamplingConfig:
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"sampling.min_p must be in [0, 1] (0 = off), got {self.min_p}")
         if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"sampling.repetition_penalty must be a finite number > 0 (1 = off), got "
-                             f"{self.repetition_penalty}")
+            raise ValueError(
+                f"sampling.repetition_penalty must be a finite number > 0 (1 = off), got "
+                f"{self.repetition_penalty}"
+            )
         if isinstance(self.stop, str):
             self.stop = [self.stop]  # TRL / vLLM accept one string
         if self.stop is not None and not all(isinstance(s, str) and s for s in self.stop):
@@ -109,16 +185,22 @@ class SamplingConfig:
                 raise ValueError(f"sampling.{name} must be a mapping of names to values, got {v!r}")
         for key in self.generation_kwargs or {}:
             if key in MAPPED_KEYS:
-                raise ValueError(f"sampling.generation_kwargs.{key}: use sampling.{MAPPED_KEYS[key]} instead (every "
-                                 "engine applies it and reports the log-probs of the distribution it samples from)")
+                raise ValueError(
+                    f"sampling.generation_kwargs.{key}: use sampling.{MAPPED_KEYS[key]} instead (every "
+                    "engine applies it and reports the log-probs of the distribution it samples from)"
+                )
             if key in UNREPORTED_KEYS:
-                raise ValueError(f"sampling.generation_kwargs.{key} changes the sampled distribution without every "
-                                 "engine reporting it in its log-probs, so the trainer would learn from a policy it "
-                                 "did not sample; supported settings: temperature, top_p, top_k, min_p, "
-                                 "repetition_penalty, stop")
+                raise ValueError(
+                    f"sampling.generation_kwargs.{key} changes the sampled distribution without every "
+                    "engine reporting it in its log-probs, so the trainer would learn from a policy it "
+                    "did not sample; supported settings: temperature, top_p, top_k, min_p, "
+                    "repetition_penalty, stop"
+                )
             if key in ENGINE_KEYS:
-                raise ValueError(f"sampling.generation_kwargs.{key} is set by the engine itself (it needs it to "
-                                 "return the sampled tokens' log-probs); remove it")
+                raise ValueError(
+                    f"sampling.generation_kwargs.{key} is set by the engine itself (it needs it to "
+                    "return the sampled tokens' log-probs); remove it"
+                )
 
     @property
     def logprob_temperature(self) -> float:
@@ -166,8 +248,9 @@ def stop_window(stops: list[str]) -> int:
     return 4 * max(len(s) for s in stops) + 2
 
 
-def stop_index(tokens: list[int], decode: Callable[[list[int]], str], stops: list[str],
-               start: int = 0) -> int | None:
+def stop_index(
+    tokens: list[int], decode: Callable[[list[int]], str], stops: list[str], start: int = 0
+) -> int | None:
     """Index of the first token (from ``start``) whose text completes a stop string, or None.
 
     Each position decodes only the tail window ending at it (``stop_window``), so the scan is linear in the
@@ -178,14 +261,15 @@ def stop_index(tokens: list[int], decode: Callable[[list[int]], str], stops: lis
         return None  # the common case: one decode
     w = stop_window(stops)
     for i in range(start, len(tokens)):
-        text = decode(tokens[max(0, i - w + 1): i + 1])
+        text = decode(tokens[max(0, i - w + 1) : i + 1])
         if any(s in text for s in stops):
             return i
     return None
 
 
-def end_of_completion(tokens: list[int], eos_id: int | None, decode: Callable[[list[int]], str] | None,
-                      stops: list[str]) -> tuple[int, str]:
+def end_of_completion(
+    tokens: list[int], eos_id: int | None, decode: Callable[[list[int]], str] | None, stops: list[str]
+) -> tuple[int, str]:
     """(number of tokens kept, finish reason) for a generated token list: cut after the first eos token or the
     token completing a stop string ("stop"), else all of them ("length")."""
     end = len(tokens)
@@ -206,12 +290,19 @@ def check_generation_kwargs(sp: SamplingConfig, known: set[str] | None, engine: 
         return
     unknown = sorted(set(sp.generation_kwargs or {}) - set(known))
     if unknown:
-        raise ValueError(f"sampling.generation_kwargs {unknown}: {engine} passes these to {target}, which has no "
-                         f"such field(s)")
+        raise ValueError(
+            f"sampling.generation_kwargs {unknown}: {engine} passes these to {target}, which has no "
+            f"such field(s)"
+        )
 
 
-def cut_at_stop(tokens: list[int], logprobs: list[float], reason: str, decode: Callable[[list[int]], str],
-                stops: list[str]) -> tuple[list[int], list[float], str]:
+def cut_at_stop(
+    tokens: list[int],
+    logprobs: list[float],
+    reason: str,
+    decode: Callable[[list[int]], str],
+    stops: list[str],
+) -> tuple[list[int], list[float], str]:
     """An engine's completion cut after the token completing the first stop string (``end_of_completion``'s
     rule), for engines that stop on their own (vLLM): the same token on every engine; unchanged without one."""
     end, why = end_of_completion(tokens, None, decode, stops)

@@ -4,6 +4,7 @@ Rewards come from a ``RewardPool`` (timeouts, worker pool, per-row errors: a fai
 with its reason, never a silent 0). DAPO's soft overlong punishment (arXiv 2503.14476, ``core.shaping``) is a
 reward shaping, so it is applied here, before any group statistics, as its own component.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -27,18 +28,28 @@ class OverlongShaping:
 
     def __init__(self, max_new_tokens: int, buffer: int, factor: float = 1.0):
         if not 0 < buffer <= max_new_tokens:
-            raise ValueError(f"overlong_buffer must be in [1, sampling.max_new_tokens={max_new_tokens}] or null, "
-                             f"got {buffer}")
+            raise ValueError(
+                f"overlong_buffer must be in [1, sampling.max_new_tokens={max_new_tokens}] or null, "
+                f"got {buffer}"
+            )
         check_penalty_factor(factor)
         self.max_new_tokens, self.buffer, self.factor = max_new_tokens, buffer, factor
 
     def __call__(self, rb: RewardBatch, lengths: list[int]) -> RewardBatch:
         """``rb`` with the penalty of each row's completion length (B,) added to its valid rewards."""
-        pen = overlong_penalty(torch.tensor(lengths), self.max_new_tokens, self.buffer, self.factor)  # (B,) float64
+        pen = overlong_penalty(
+            torch.tensor(lengths), self.max_new_tokens, self.buffer, self.factor
+        )  # (B,) float64
         pen = torch.where(rb.valid, pen, torch.full_like(pen, float("nan")))
         total = torch.where(rb.valid, rb.total.double() + pen.nan_to_num(0.0), rb.total.double())
-        return RewardBatch(total.to(rb.total.dtype), rb.valid, {**rb.components, "overlong_penalty": pen},
-                           rb.errors, rb.metrics, rb.extras)
+        return RewardBatch(
+            total.to(rb.total.dtype),
+            rb.valid,
+            {**rb.components, "overlong_penalty": pen},
+            rb.errors,
+            rb.metrics,
+            rb.extras,
+        )
 
 
 class Scorer:
@@ -50,7 +61,9 @@ class Scorer:
         shaping: ``OverlongShaping`` or None.
     """
 
-    def __init__(self, rewards: RewardPool, decode: Callable[[Completion], str], shaping: OverlongShaping | None = None):
+    def __init__(
+        self, rewards: RewardPool, decode: Callable[[Completion], str], shaping: OverlongShaping | None = None
+    ):
         self.rewards, self.decode, self.shaping = rewards, decode, shaping
 
     def __call__(self, prompts: list, groups: list[list[Completion]]) -> RewardBatch:

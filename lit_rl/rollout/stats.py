@@ -2,6 +2,7 @@
 
 Pure: lengths and finish reasons in, named floats out; no Lightning, no engine.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

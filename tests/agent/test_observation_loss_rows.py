@@ -3,6 +3,7 @@
 A row whose reward failed (``valid`` False) or that the overlong filter excluded (``trainable`` False) is out of
 every loss term; its observation tokens must not be trained either. Float64, hand-aggregated.
 """
+
 import pytest
 import torch
 
@@ -22,11 +23,18 @@ def _experience() -> Experience:
     obs = torch.tensor([[c == "O" for c in row] for row in layout])
     att = torch.ones(B, P + C, dtype=torch.long)
     att[:, P:] = (loss_mask | obs).long()
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-                      group_ids=torch.zeros(B, dtype=torch.long),
-                      rewards=torch.tensor([1.0, 0.0, float("nan")], dtype=torch.float64),
-                      valid=torch.tensor([True, True, False]), policy_version=torch.zeros(B, dtype=torch.long),
-                      trainable=torch.tensor([True, False, True]), extras={"obs_mask": obs})
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss_mask,
+        prompt_len=P,
+        group_ids=torch.zeros(B, dtype=torch.long),
+        rewards=torch.tensor([1.0, 0.0, float("nan")], dtype=torch.float64),
+        valid=torch.tensor([True, True, False]),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        trainable=torch.tensor([True, False, True]),
+        extras={"obs_mask": obs},
+    )
 
 
 @pytest.mark.parametrize("loss_agg", ["token_mean", "seq_mean_token_mean"])
@@ -52,7 +60,9 @@ def test_observation_tokens_of_untrained_rows_do_not_train(tiny_model_dir, loss_
     other.input_ids[1:, 2:] = torch.randint(5, 60, (2, 6), generator=torch.Generator().manual_seed(1))
     module.model.zero_grad(set_to_none=True)
     lp2 = token_logprobs(module.forward_logits(other), other.completion_ids)
-    ObservationLoss(0.5).loss_terms(module, other, dict(common, logprobs=lp2, mask=tm))["world_model"].backward()
+    ObservationLoss(0.5).loss_terms(module, other, dict(common, logprobs=lp2, mask=tm))[
+        "world_model"
+    ].backward()
     for n, p in module.model.named_parameters():
         if n in g:
             torch.testing.assert_close(p.grad, g[n], rtol=1e-10, atol=1e-14)

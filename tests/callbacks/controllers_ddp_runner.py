@@ -12,6 +12,7 @@ entropy statistics are replaced by known per-rank values just before the update 
 discrete, so only chosen values can tell a local update from a global one). At iteration 2 rank 1 contributes
 no token at all to either statistic: a rank whose rows were all masked must still join the reduce.
 """
+
 import json
 import sys
 
@@ -37,8 +38,12 @@ class KLRecorder(ReferenceKL):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if batch_idx == 1 and trainer.global_rank == 1:  # this rank had no trainable token
             self._kl_sum, self._kl_count = 0.0, 0
-        rec = {"sum": self._kl_sum, "count": self._kl_count, "rows": batch.experience.batch_size,
-               "before": self.beta}
+        rec = {
+            "sum": self._kl_sum,
+            "count": self._kl_count,
+            "rows": batch.experience.batch_size,
+            "before": self.beta,
+        }
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         self.records.append({**rec, "after": self.beta})
 
@@ -71,18 +76,43 @@ class TokensRecorder(TokensSeen):
 if __name__ == "__main__":
     out, policy, reference = sys.argv[1:4]
     L.seed_everything(0)
-    kl = KLRecorder(path=reference, kind="k3", where="loss", beta=0.1, target_kl=0.05, horizon=100.0,
-                    kl_clip=1e6)  # no clipping: the update is a continuous function of the global mean
+    kl = KLRecorder(
+        path=reference, kind="k3", where="loss", beta=0.1, target_kl=0.05, horizon=100.0, kl_clip=1e6
+    )  # no clipping: the update is a continuous function of the global mean
     ent = EntropyRecorder(coef=0.005, band=(0.5, 0.9), step=0.001, coef_max=0.01)
-    rollout = RolloutCallback(rewards=ExactAnswerReward(), group_size=2,
-                              sampling=SamplingConfig(max_new_tokens=3, seed=5))
-    trainer = L.Trainer(max_steps=2, max_epochs=-1, accelerator="cpu", devices=2, strategy="ddp", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rollout, kl, ent, tokens := TokensRecorder()])
+    rollout = RolloutCallback(
+        rewards=ExactAnswerReward(), group_size=2, sampling=SamplingConfig(max_new_tokens=3, seed=5)
+    )
+    trainer = L.Trainer(
+        max_steps=2,
+        max_epochs=-1,
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rollout, kl, ent, tokens := TokensRecorder()],
+    )
     module = PolicyModule(model=policy, optimizer=lambda p: torch.optim.SGD(p, lr=0.01))
-    trainer.fit(module, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2))
+    trainer.fit(
+        module, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=2)
+    )
     state = {"kl": kl.state_dict()["controller"]["value"], "entropy": ent.state_dict()["controller"]["value"]}
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith(("kl/", "entropy/", "tokens_seen"))}
+    metrics = {
+        k: float(v)
+        for k, v in trainer.callback_metrics.items()
+        if k.startswith(("kl/", "entropy/", "tokens_seen"))
+    }
     with open(f"{out}/rank{trainer.global_rank}.json", "w") as f:
-        json.dump({"kl": kl.records, "entropy": ent.records, "tokens": tokens.records, "state": state,
-                   "metrics": metrics}, f)
+        json.dump(
+            {
+                "kl": kl.records,
+                "entropy": ent.records,
+                "tokens": tokens.records,
+                "state": state,
+                "metrics": metrics,
+            },
+            f,
+        )

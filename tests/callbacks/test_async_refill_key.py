@@ -6,6 +6,7 @@ while iteration 0 trained) — the same refill prompts — and made the key depe
 producer started at iteration i is for iteration i + n; a resumed run restarts at the restored iteration.
 The key each trained Experience was built with is recorded by a pipeline subclass (the pipeline is injectable).
 """
+
 from __future__ import annotations
 
 import lightning as L
@@ -45,17 +46,28 @@ class TrainedKeys(L.Callback):
 
 def _fit(model_dir, steps: int, ckpt_in=None, ckpt_out=None) -> tuple[list[int], KeyedPipeline]:
     L.seed_everything(0)
-    module = PolicyModule(model=str(model_dir), rollout_correction="tis",
-                          optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3))
+    module = PolicyModule(
+        model=str(model_dir), rollout_correction="tis", optimizer=lambda p: torch.optim.AdamW(p, lr=1e-3)
+    )
     engine = HFEngine(share_weights=False)
     settings = RolloutSettings(group_size=2, sampling=SamplingConfig(temperature=1.0, max_new_tokens=2))
     pipe = KeyedPipeline(build_pipeline(engine, RewardPool({"exact": ExactAnswerReward()}), settings))
     rc = RolloutCallback(engine=engine, pipeline=pipe, mode="async", max_staleness=2)
     rec = TrainedKeys(pipe)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rc, rec])
-    dm = PromptDataModule(task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True}, batch_size=2)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, rec],
+    )
+    dm = PromptDataModule(
+        task="addition", task_args={"answer_width": 1, "max_sum": 9, "unary": True}, batch_size=2
+    )
     trainer.fit(module, datamodule=dm, ckpt_path=ckpt_in)
     if ckpt_out is not None:
         trainer.save_checkpoint(ckpt_out)

@@ -1,5 +1,6 @@
 """Asynchronous rollouts (``RolloutCallback(mode="async")``): staleness bound, sync equivalence at k=0,
 producer failures, construction errors, and learning with max_staleness=2 + TIS."""
+
 from __future__ import annotations
 
 import random
@@ -42,18 +43,43 @@ def _lr(p):
     return torch.optim.AdamW(p, lr=1e-3, weight_decay=0.0)
 
 
-def _fit(model_dir, steps, mode="sync", k=1, engine=None, group_size=8, batch_size=8, extra=(), rc_kw=None,
-         task=TASK, **policy_kw):
+def _fit(
+    model_dir,
+    steps,
+    mode="sync",
+    k=1,
+    engine=None,
+    group_size=8,
+    batch_size=8,
+    extra=(),
+    rc_kw=None,
+    task=TASK,
+    **policy_kw,
+):
     L.seed_everything(seed(0))
     module = PolicyModule(model=str(model_dir), optimizer=_lr, **policy_kw)
-    rc = RolloutCallback(engine=engine, rewards={"exact": ExactAnswerReward()}, group_size=group_size,
-                         sampling=SamplingConfig(temperature=1.0, max_new_tokens=1), mode=mode, max_staleness=k,
-                         **(rc_kw or {}))
+    rc = RolloutCallback(
+        engine=engine,
+        rewards={"exact": ExactAnswerReward()},
+        group_size=group_size,
+        sampling=SamplingConfig(temperature=1.0, max_new_tokens=1),
+        mode=mode,
+        max_staleness=k,
+        **(rc_kw or {}),
+    )
     rec = Recorder()
     dm = PromptDataModule(task="addition", task_args=task, batch_size=batch_size)
-    trainer = L.Trainer(accelerator="cpu", devices=1, max_steps=steps, max_epochs=-1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[rc, rec, *extra])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, rec, *extra],
+    )
     trainer.fit(module, datamodule=dm)
     return module, rc, rec
 
@@ -90,7 +116,9 @@ def test_producer_thread_never_hands_out_too_stale_items_over_thousands(k):
             s = staleness(prod.learner_version, slot.version)
             worst = max(worst, s)
             assert s <= k, (slot, prod.learner_version)
-            if rng.random() < 0.1:  # the trainer drops it (takes no iteration): the gate lets one more run ahead
+            if (
+                rng.random() < 0.1
+            ):  # the trainer drops it (takes no iteration): the gate lets one more run ahead
                 prod.skip()
                 continue
             if rng.random() < 0.7:  # like sync_every > 1: not every iteration pushes
@@ -106,8 +134,12 @@ def test_producer_thread_never_hands_out_too_stale_items_over_thousands(k):
 
 def test_producer_k0_waits_for_each_push():
     log = []
-    prod = AsyncProducer(lambda n: log.append(("produce", n)) or n, lambda w, v: log.append(("load", v)),
-                         max_staleness=0, capacity=1)
+    prod = AsyncProducer(
+        lambda n: log.append(("produce", n)) or n,
+        lambda w, v: log.append(("load", v)),
+        max_staleness=0,
+        capacity=1,
+    )
     prod.start()
     try:
         for i in range(5):
@@ -145,16 +177,23 @@ def test_collective_load_waits_for_the_item_in_flight_and_labels_the_next_with_i
             assert release.wait(30)
         return n
 
-    prod = AsyncProducer(produce, lambda w, v: loads.append((v, prod.produced, threading.current_thread().name)),
-                         max_staleness=1, capacity=4)
+    prod = AsyncProducer(
+        produce,
+        lambda w, v: loads.append((v, prod.produced, threading.current_thread().name)),
+        max_staleness=1,
+        capacity=4,
+    )
     prod.start()
     try:
         assert in_item0.wait(30)
-        t = threading.Thread(target=lambda: box.append(prod.load_weights_now([("w", torch.ones(1))])),
-                             name="trainer")
+        t = threading.Thread(
+            target=lambda: box.append(prod.load_weights_now([("w", torch.ones(1))])), name="trainer"
+        )
         t.start()
         t.join(0.3)
-        assert t.is_alive() and loads == []  # item 0 is still generating: the load must wait (cannot pass early)
+        assert (
+            t.is_alive() and loads == []
+        )  # item 0 is still generating: the load must wait (cannot pass early)
         release.set()
         t.join(30)
         assert box == [1] and prod.learner_version == prod.engine_version == 1
@@ -180,7 +219,7 @@ def test_producer_exception_is_raised_in_get():
         for _ in range(4):
             got.append(prod.get()[0].payload)
     assert isinstance(e.value.__cause__, KeyError)
-    assert got == [0, 1][:len(got)]  # items before the failure may be handed out first; never a stall
+    assert got == [0, 1][: len(got)]  # items before the failure may be handed out first; never a stall
     assert not prod.alive
 
 
@@ -198,7 +237,7 @@ def test_max_staleness_0_reproduces_sync_exactly(tiny_model_dir):
     Both use the same engine configuration (a private weight copy, ``share_weights=False``, which async
     requires). Sync with ``share_weights=True`` differs from either in the last float bits of the rollout
     log-probs (~1e-7), an HFEngine property unrelated to async."""
-    kw = dict(steps=5, rollout_correction="tis", correction_cap=2.0)
+    kw = {"steps": 5, "rollout_correction": "tis", "correction_cap": 2.0}
     m_sync, _, r_sync = _fit(tiny_model_dir, mode="sync", engine=HFEngine(share_weights=False), **kw)
     m_async, rc, r_async = _fit(tiny_model_dir, mode="async", k=0, **kw)
     a, b = _comparable(r_sync.metrics), _comparable(r_async.metrics)
@@ -216,14 +255,20 @@ def test_max_staleness_0_reproduces_sync_exactly(tiny_model_dir):
 def test_async_run_never_trains_a_row_beyond_max_staleness(tiny_model_dir):
     """Thousands of trained rows (30 iterations x 128 rows) with k=2: every row's staleness <= 2, the bound is
     reached, every async metric is logged, and the engine trained on snapshots, not the live weights."""
-    module, rc, rec = _fit(tiny_model_dir, steps=30, mode="async", k=2, group_size=16, batch_size=8,
-                           rollout_correction="tis")
+    module, rc, rec = _fit(
+        tiny_model_dir, steps=30, mode="async", k=2, group_size=16, batch_size=8, rollout_correction="tis"
+    )
     stale = torch.cat(rec.staleness)
     assert stale.numel() == 30 * 128
     assert int(stale.max()) <= 2 and int(stale.min()) >= 0
     assert int(stale.max()) == 2  # the producer really ran ahead
-    keys = {"async/staleness_mean", "async/staleness_max", "async/dropped", "async/trainer_wait_s",
-            "async/producer_wait_s"}
+    keys = {
+        "async/staleness_mean",
+        "async/staleness_max",
+        "async/dropped",
+        "async/trainer_wait_s",
+        "async/producer_wait_s",
+    }
     assert keys <= set(rec.metrics[-1])
     assert rc.engine.model is not module.model
     assert rc.state_dict()["async"]["version"] == 30  # one push per iteration (sync_every=1)
@@ -256,13 +301,16 @@ def _rc(**kw):
     return RolloutCallback(rewards=ExactAnswerReward(), group_size=4, **kw)
 
 
-@pytest.mark.parametrize("kw, field", [
-    ({"mode": "asynch"}, "mode"),
-    ({"mode": "async", "max_staleness": -1}, "max_staleness"),
-    ({"mode": "async", "queue_size": 3}, "queue_size"),  # < one group (4 rows), so < one iteration
-    ({"mode": "async", "stale_policy": "keep"}, "stale_policy"),
-    ({"mode": "async", "engine": HFEngine(share_weights=True)}, "share_weights"),
-])
+@pytest.mark.parametrize(
+    "kw, field",
+    [
+        ({"mode": "asynch"}, "mode"),
+        ({"mode": "async", "max_staleness": -1}, "max_staleness"),
+        ({"mode": "async", "queue_size": 3}, "queue_size"),  # < one group (4 rows), so < one iteration
+        ({"mode": "async", "stale_policy": "keep"}, "stale_policy"),
+        ({"mode": "async", "engine": HFEngine(share_weights=True)}, "share_weights"),
+    ],
+)
 def test_bad_async_config_fails_at_construction(kw, field):
     with pytest.raises(ValueError, match=field) as e:
         _rc(**kw)
@@ -308,7 +356,9 @@ class ExtraPush(L.Callback):
         prod = rc._producer
         if batch_idx not in self.at_steps:
             return
-        while prod.produced - prod.skipped < prod.finished + 2:  # item `finished + 1` has started, with the current weights
+        while (
+            prod.produced - prod.skipped < prod.finished + 2
+        ):  # item `finished + 1` has started, with the current weights
             time.sleep(0.005)
         from lit_rl.models.loading import merged_state_items
 
@@ -319,12 +369,24 @@ class ExtraPush(L.Callback):
 def test_too_stale_experiences_are_dropped_or_regenerated_and_counted(tiny_model_dir, policy):
     L.seed_everything(0)
     module = PolicyModule(model=str(tiny_model_dir), optimizer=_lr, rollout_correction="tis")
-    rc = RolloutCallback(rewards=ExactAnswerReward(), group_size=4, mode="async", max_staleness=1,
-                         stale_policy=policy, sampling=SamplingConfig(max_new_tokens=1))
+    rc = RolloutCallback(
+        rewards=ExactAnswerReward(),
+        group_size=4,
+        mode="async",
+        max_staleness=1,
+        stale_policy=policy,
+        sampling=SamplingConfig(max_new_tokens=1),
+    )
     rec = Recorder()
-    trainer = L.Trainer(accelerator="cpu", max_steps=6, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[ExtraPush(at_steps=[1, 3]), rc, rec])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[ExtraPush(at_steps=[1, 3]), rc, rec],
+    )
     trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args=TASK, batch_size=4))
     assert all(int(s.max()) <= 1 for s in rec.staleness)  # nothing beyond the bound was trained on
     last = rec.metrics[-1]
@@ -340,11 +402,21 @@ def test_async_with_vllm_engine(tiny_model_dir):
     the producer thread; rows stay within the bound and the importance weights are sane."""
     from lit_rl.rollout.vllm import VLLMEngine
 
-    engine = VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60,
-                        llm_kwargs={"block_size": 32})
+    engine = VLLMEngine(
+        max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
+    )
     try:
-        module, rc, rec = _fit(tiny_model_dir, steps=4, mode="async", k=1, engine=engine, group_size=4,
-                               batch_size=4, rollout_correction="tis", correction_cap=2.0)
+        module, rc, rec = _fit(
+            tiny_model_dir,
+            steps=4,
+            mode="async",
+            k=1,
+            engine=engine,
+            group_size=4,
+            batch_size=4,
+            rollout_correction="tis",
+            correction_cap=2.0,
+        )
     finally:
         engine.close()
     assert module.iteration == 4
@@ -362,13 +434,28 @@ def test_async_staleness_2_with_tis_learns_the_quickstart_task(tiny_model_dir):
     reproducible for k > 0: which snapshot generates which batch depends on thread timing; observed peaks
     0.36-0.82 held-out accuracy at 200 steps.)"""
     ev = HeldoutEval(every_n_steps=25)
-    _, _, rec = _fit(tiny_model_dir, steps=200, mode="async", k=2, group_size=16, batch_size=16, extra=[ev],
-                     task={**TASK, "num_operands": 3},
-                     rollout_correction="tis", correction_level="token", correction_cap=2.0)
+    _, _, rec = _fit(
+        tiny_model_dir,
+        steps=200,
+        mode="async",
+        k=2,
+        group_size=16,
+        batch_size=16,
+        extra=[ev],
+        task={**TASK, "num_operands": 3},
+        rollout_correction="tis",
+        correction_level="token",
+        correction_cap=2.0,
+    )
     acc = [h["eval/accuracy"] for h in ev.history]
     reward = [m["reward/mean"] for m in rec.metrics]
-    record("async/staleness2_tis", acc_first=acc[0], acc_best=max(acc[1:]), reward_first20=sum(reward[:20]) / 20,
-           reward_last20=sum(reward[-20:]) / 20)
+    record(
+        "async/staleness2_tis",
+        acc_first=acc[0],
+        acc_best=max(acc[1:]),
+        reward_first20=sum(reward[:20]) / 20,
+        reward_last20=sum(reward[-20:]) / 20,
+    )
     assert acc[0] <= 0.15, acc  # a random-init model cannot do the task
     assert max(acc[1:]) >= acc[0] + 0.30, acc
     assert sum(reward[-20:]) / 20 >= sum(reward[:20]) / 20 + 0.3, reward
@@ -384,7 +471,7 @@ def test_prompt_stream_matches_the_training_loader_and_resumes_mid_stream():
         d.setup()
         return d, d.train_dataloader()
 
-    d1, loader = dm()
+    _d1, loader = dm()
     it = iter(loader)
     want = [[p.uid for p in next(it).prompts] for _ in range(12)]  # spans several passes over 44 prompts
     d2, _ = dm()

@@ -5,6 +5,7 @@ Both ranks see different statistics; each must end with the coefficient a single
 ``state_dict`` (the checkpoint) holds. Iteration 2 has a rank with no token: it must still join the reduce
 (no hang) and add nothing. The runner is tests/callbacks/controllers_ddp_runner.py.
 """
+
 import json
 import os
 import signal
@@ -31,9 +32,14 @@ def ranks(tiny_model_dir, tmp_path_factory):
     d = tmp_path_factory.mktemp("controllers_ddp")
     ref = build_tiny_model(d / "ref", layers=2, hidden=64, heads=2, tokenizer="char", seed=1)
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port()}
-    proc = subprocess.Popen([sys.executable, str(HERE / "controllers_ddp_runner.py"), str(d), str(tiny_model_dir),
-                             str(ref)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # own process group: rank 1 (Lightning's child) dies with it
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "controllers_ddp_runner.py"), str(d), str(tiny_model_dir), str(ref)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )  # own process group: rank 1 (Lightning's child) dies with it
     try:
         log = proc.communicate(timeout=300)[0]
     except subprocess.TimeoutExpired:

@@ -8,6 +8,7 @@ sampling; checkpointed as the engine's state), and the global torch RNG the crit
 (unseeded sampling here, so a consumed draw changes every later rollout). Runs are in this process
 (``lit_rl.cli.main``), each seeded by ``seed_everything``.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,9 +21,13 @@ ITERATIONS = 4  # one optimizer step per iteration (no minibatches, one PPO epoc
 
 
 def _config(root: Path, model_dir: Path, evaluate: bool, steps: int) -> Path:
-    ev = """
+    ev = (
+        """
     - class_path: lit_rl.callbacks.HeldoutEval
-      init_args: {every_n_steps: 2, baseline: false, max_prompts: 4}""" if evaluate else ""
+      init_args: {every_n_steps: 2, baseline: false, max_prompts: 4}"""
+        if evaluate
+        else ""
+    )
     cfg = f"""
 seed_everything: 0
 trainer:
@@ -101,20 +106,35 @@ def test_resume_after_evaluation_equals_a_run_without_evaluation(tmp_path, tiny_
     # evaluation, stops; the resumed run trains iteration 4 and evaluates again after it.
     ev = tmp_path / "evaluated"
     main(["fit", "--config", str(_config(ev, tiny_model_dir, evaluate=True, steps=3))])
-    assert "eval/critic_explained_variance" in torch.load(
-        ev / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)["callbacks"]["HeldoutEval"]["history"][0]
-    main(["fit", "--config", str(_config(ev, tiny_model_dir, evaluate=True, steps=ITERATIONS)),
-          "--ckpt_path", "last"])
+    assert (
+        "eval/critic_explained_variance"
+        in torch.load(ev / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)["callbacks"][
+            "HeldoutEval"
+        ]["history"][0]
+    )
+    main(
+        [
+            "fit",
+            "--config",
+            str(_config(ev, tiny_model_dir, evaluate=True, steps=ITERATIONS)),
+            "--ckpt_path",
+            "last",
+        ]
+    )
 
     want, got = _rows(plain), _rows(ev)
     assert [r["iteration"] for r in got] == [r["iteration"] for r in want] == list(range(1, ITERATIONS + 1))
     for g, w in zip(got, want):
         it = g["iteration"]
-        assert (g["prompts"], g["texts"], g["rewards"]) == (w["prompts"], w["texts"], w["rewards"]), f"iteration {it}"
+        assert (g["prompts"], g["texts"], g["rewards"]) == (w["prompts"], w["texts"], w["rewards"]), (
+            f"iteration {it}"
+        )
         assert g["param_sum"] == w["param_sum"], f"iteration {it}: parameters differ"
     a = torch.load(ev / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     b = torch.load(plain / "ckpt" / "last.ckpt", map_location="cpu", weights_only=False)
     _assert_same_tensors(a["state_dict"], b["state_dict"], "state_dict")
     _assert_same_tensors(a["optimizer_states"], b["optimizer_states"], "optimizer_states")
-    _assert_same_tensors(a["callbacks"]["RolloutCallback"], b["callbacks"]["RolloutCallback"], "RolloutCallback")
+    _assert_same_tensors(
+        a["callbacks"]["RolloutCallback"], b["callbacks"]["RolloutCallback"], "RolloutCallback"
+    )
     _assert_same_tensors(a["lit_rl_rng"], b["lit_rl_rng"], "lit_rl_rng")

@@ -1,5 +1,6 @@
 """RolloutInspector: row records, group choice, files and logger tables from a real run; the always-failing reward
 stops a real run; `lit-rl inspect`; the HTML report checked in headless Chromium."""
+
 from __future__ import annotations
 
 import functools
@@ -39,20 +40,34 @@ def _exp():
     lp = torch.tensor([[-1.0, -2.0, -50.0], [-0.3, -0.3, -0.6], [-2.0, 0.0, 0.0], [-4.0, 0.0, 0.0]])
     from lit_rl.data.prompts import Prompt
 
-    ps = [Prompt(prompt="1+1=", answer="2", uid="a")] * 2 + [Prompt(messages=[{"role": "user", "content": "hi"}])] * 2
+    ps = [Prompt(prompt="1+1=", answer="2", uid="a")] * 2 + [
+        Prompt(messages=[{"role": "user", "content": "hi"}])
+    ] * 2
     return Experience(
-        input_ids=torch.zeros(4, 5, dtype=torch.long), attention_mask=torch.ones(4, 5, dtype=torch.long),
-        loss_mask=mask, prompt_len=2, group_ids=torch.tensor([7, 7, 8, 8]),
-        rewards=torch.tensor([1.0, 0.0, 0.5, float("nan")]), valid=torch.tensor([True, True, True, False]),
-        policy_version=torch.tensor([3, 3, 2, 2]), reward_components={"exact": torch.tensor([1.0, 0.0, 0.5, math.nan])},
-        rollout_logprobs=lp, advantages=adv, finish_reasons=["stop", "length", "stop", "stop"],
-        prompts=ps, texts=["2", "3xx", "yo", "?"], reward_errors=[None, None, None, "exact: ValueError: no"])
+        input_ids=torch.zeros(4, 5, dtype=torch.long),
+        attention_mask=torch.ones(4, 5, dtype=torch.long),
+        loss_mask=mask,
+        prompt_len=2,
+        group_ids=torch.tensor([7, 7, 8, 8]),
+        rewards=torch.tensor([1.0, 0.0, 0.5, float("nan")]),
+        valid=torch.tensor([True, True, True, False]),
+        policy_version=torch.tensor([3, 3, 2, 2]),
+        reward_components={"exact": torch.tensor([1.0, 0.0, 0.5, math.nan])},
+        rollout_logprobs=lp,
+        advantages=adv,
+        finish_reasons=["stop", "length", "stop", "stop"],
+        prompts=ps,
+        texts=["2", "3xx", "yo", "?"],
+        reward_errors=[None, None, None, "exact: ValueError: no"],
+    )
 
 
 def test_row_records_hand_computed():
     rows = row_records(_exp(), learner_version=3)
     assert [r["advantage"] for r in rows] == [0.5, -0.5, 1.0, 0.0]  # mean over loss_mask only
-    assert rows[0]["logprob"] == pytest.approx(-1.5, abs=1e-7) and rows[1]["logprob"] == pytest.approx(-0.4, abs=1e-7)
+    assert rows[0]["logprob"] == pytest.approx(-1.5, abs=1e-7) and rows[1]["logprob"] == pytest.approx(
+        -0.4, abs=1e-7
+    )
     assert [r["length"] for r in rows] == [2, 3, 1, 1]
     assert [r["staleness"] for r in rows] == [0, 0, 1, 1]
     assert [r["reward"] for r in rows] == [1.0, 0.0, 0.5, None]  # invalid: null, never NaN in JSON
@@ -70,16 +85,31 @@ def test_prompt_is_the_text_the_model_received(tiny_model_dir):
     from lit_rl.models.loading import load_tokenizer
 
     tok = load_tokenizer(str(tiny_model_dir))
-    chat = Prompt(messages=[{"role": "system", "content": "Add."}, {"role": "user", "content": "1+2="}], answer="3")
+    chat = Prompt(
+        messages=[{"role": "system", "content": "Add."}, {"role": "user", "content": "1+2="}], answer="3"
+    )
     plain = Prompt(prompt="4+4=", answer="8")
     ids = [render_prompt(p, tok) for p in (chat, chat, plain, plain)]
     inp, att, loss, P = pad_prompts_completions(tok.pad_token_id, ids, [[5], [6, 7], [5], [8]])
-    exp = Experience(input_ids=inp, attention_mask=att, loss_mask=loss, prompt_len=P, group_ids=torch.tensor([0, 0, 1, 1]),
-                     rewards=torch.zeros(4), valid=torch.ones(4, dtype=torch.bool), policy_version=torch.zeros(4),
-                     prompts=[chat, chat, plain, plain], texts=["a", "b", "c", "d"], finish_reasons=["stop"] * 4)
+    exp = Experience(
+        input_ids=inp,
+        attention_mask=att,
+        loss_mask=loss,
+        prompt_len=P,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        rewards=torch.zeros(4),
+        valid=torch.ones(4, dtype=torch.bool),
+        policy_version=torch.zeros(4),
+        prompts=[chat, chat, plain, plain],
+        texts=["a", "b", "c", "d"],
+        finish_reasons=["stop"] * 4,
+    )
     rows = row_records(exp, tokenizer=tok)
-    assert rows[0]["prompt"] == rows[1]["prompt"] == (
-        "<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n")
+    assert (
+        rows[0]["prompt"]
+        == rows[1]["prompt"]
+        == ("<|im_start|>system\nAdd.<|im_end|>\n<|im_start|>user\n1+2=<|im_end|>\n<|im_start|>assistant\n")
+    )
     assert rows[2]["prompt"] == rows[3]["prompt"] == "4+4="  # the padding of the shorter prompt is left out
     assert row_records(exp)[0]["prompt"] == "system: Add.\nuser: 1+2="  # no tokenizer: the record as written
 
@@ -95,12 +125,22 @@ def _rows(groups):
 
 
 def test_select_groups_errors_best_worst_then_random():
-    rows = _rows({0: ([0.5, 0.5], [None, None]), 1: ([1.0, 1.0], [None, None]), 2: ([0.0, 0.0], [None, None]),
-                  3: ([1.0, None], [None, "boom"]), 4: ([0.2, 0.2], [None, None]), 5: ([0.4, 0.4], [None, None])})
+    rows = _rows(
+        {
+            0: ([0.5, 0.5], [None, None]),
+            1: ([1.0, 1.0], [None, None]),
+            2: ([0.0, 0.0], [None, None]),
+            3: ([1.0, None], [None, "boom"]),
+            4: ([0.2, 0.2], [None, None]),
+            5: ([0.4, 0.4], [None, None]),
+        }
+    )
     got = select_groups(rows, 7, random.Random(0))
     picks = [(r["group"], r["pick"]) for r in got]
     assert picks[:6] == [(3, "error"), (3, "error"), (1, "best"), (1, "best"), (2, "worst"), (2, "worst")]
-    assert len(got) == 7 and picks[6][1] == "random" and picks[6][0] in (0, 4, 5)  # a cut group: its first row
+    assert (
+        len(got) == 7 and picks[6][1] == "random" and picks[6][0] in (0, 4, 5)
+    )  # a cut group: its first row
     assert got[6]["row"] == min(r["row"] for r in rows if r["group"] == picks[6][0])
     # same seed, same choice; everything fits: every row, in order
     assert select_groups(rows, 7, random.Random(0)) == got
@@ -108,7 +148,9 @@ def test_select_groups_errors_best_worst_then_random():
     assert {r["pick"] for r in select_groups(rows, 12, random.Random(0))} == {"all"}
 
 
-@pytest.mark.parametrize("field,value", [("every_n_steps", 0), ("max_rows_per_step", 0), ("max_text_chars", 0)])
+@pytest.mark.parametrize(
+    "field,value", [("every_n_steps", 0), ("max_rows_per_step", 0), ("max_text_chars", 0)]
+)
 def test_inspector_validates_fields(field, value):
     with pytest.raises(ValueError, match=field):
         RolloutInspector(**{field: value})
@@ -145,9 +187,18 @@ def _fit(root, reward, callbacks, steps=STEPS, loggers=False, **pool_kw):
     mod = PolicyModule(model=str(root["model"]), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
     pool = RewardPool({"picky": reward}, **pool_kw)
     rc = RolloutCallback(rewards=pool, group_size=4, sampling=SamplingConfig(max_new_tokens=2))
-    trainer = L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", logger=loggers, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[rc, *callbacks],
-                        default_root_dir=str(root["dir"]), log_every_n_steps=1)
+    trainer = L.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=loggers,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, *callbacks],
+        default_root_dir=str(root["dir"]),
+        log_every_n_steps=1,
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
     return trainer
 
@@ -162,9 +213,13 @@ def short_run(tiny_model_dir, tmp_path_factory):
     loggers = [TensorBoardLogger(str(d), name="tb"), CSVLogger(str(d), name="csv")]
     with warnings.catch_warnings(record=True) as rec:
         warnings.simplefilter("always")
-        _fit({"model": tiny_model_dir, "dir": d}, _every_7th_call_fails(),
-             [HeldoutEval(every_n_steps=2, max_prompts=4), spy, spy.inspector],
-             loggers=loggers, max_invalid_frac=None)
+        _fit(
+            {"model": tiny_model_dir, "dir": d},
+            _every_7th_call_fails(),
+            [HeldoutEval(every_n_steps=2, max_prompts=4), spy, spy.inspector],
+            loggers=loggers,
+            max_invalid_frac=None,
+        )
     return d, spy, [w for w in rec if issubclass(w.category, RewardErrorWarning)]
 
 
@@ -267,6 +322,7 @@ def test_inspect_default_output_is_run_dir_report(short_run, tmp_path, capsys):
 
 def test_a_reward_that_always_fails_stops_a_real_run_at_the_first_step(tiny_model_dir, tmp_path):
     """Issue 26: it used to train `window` steps on nothing first (and a shorter run ended green)."""
+
     def always(prompt, completion):
         raise RuntimeError("judge is down")
 
@@ -274,20 +330,33 @@ def test_a_reward_that_always_fails_stops_a_real_run_at_the_first_step(tiny_mode
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RewardErrorWarning)
         with pytest.raises(RewardFailureError) as e:
-            _fit({"model": tiny_model_dir, "dir": tmp_path}, always, [spy, RolloutInspector()], steps=20, window=3)
+            _fit(
+                {"model": tiny_model_dir, "dir": tmp_path},
+                always,
+                [spy, RolloutInspector()],
+                steps=20,
+                window=3,
+            )
     assert spy.steps == 0  # step 1's scoring stopped the run: nothing trained on rows without a reward
     assert "none of the 8 rows of this scoring call has a reward" in str(e.value)
     assert "Most frequent error (8x): picky: RuntimeError: judge is down" in str(e.value)
 
 
 # ------------------------------------------------------------------ the report in a real browser
-needs_chromium = pytest.mark.skipif(find_chromium() is None, reason="headless Chromium not installed (Debian: "
-                                    "apt-get install -y chromium; scripts/install.sh does it with the dev extra)")
+needs_chromium = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="headless Chromium not installed (Debian: "
+    "apt-get install -y chromium; scripts/install.sh does it with the dev extra)",
+)
 
 
 def _dom_rows(dom):
-    return [(int(s), int(r), e == "1", f) for s, r, e, f in
-            re.findall(r'<tr class="row" data-step="(\d+)" data-row="(\d+)" data-err="(\d)" data-finish="([^"]*)"', dom)]
+    return [
+        (int(s), int(r), e == "1", f)
+        for s, r, e, f in re.findall(
+            r'<tr class="row" data-step="(\d+)" data-row="(\d+)" data-err="(\d)" data-finish="([^"]*)"', dom
+        )
+    ]
 
 
 @needs_chromium
@@ -306,16 +375,27 @@ def test_report_in_chromium_rows_filters_curves(short_run, tmp_path):
     assert float(re.search(r'data-load-ms="([0-9.]+)"', dom).group(1)) > 0
     # "errors only" over all steps shows exactly the rows that had reward errors
     shown = _dom_rows(dump_dom(url + "#all=1&errors=1&pagesize=1000"))
-    assert {(s, r) for s, r, _, _ in shown} == errors and all(e for _, _, e, _ in shown) and len(shown) == len(errors)
+    assert (
+        {(s, r) for s, r, _, _ in shown} == errors
+        and all(e for _, _, e, _ in shown)
+        and len(shown) == len(errors)
+    )
     # "truncated only" and a text search
     trunc = {(s, r["row"]) for s, rs in files.items() for r in rs if r["finish"] == "length"}
     assert {(s, r) for s, r, _, _ in _dom_rows(dump_dom(url + "#all=1&trunc=1&pagesize=1000"))} == trunc
     hit = next(r for r in files[1] if r["error"] is None)
     q = hit["completion"] if hit["completion"].strip() else None
     if q:
-        found = {(s, r) for s, r, _, _ in _dom_rows(dump_dom(url + "#all=1&pagesize=1000&q=" + quote(q, safe="")))}
-        want = {(s, r["row"]) for s, rs in files.items() for r in rs
-                if q.lower() in "\n".join([r["prompt"], r["answer"] or "", r["completion"], r["error"] or ""]).lower()}
+        found = {
+            (s, r) for s, r, _, _ in _dom_rows(dump_dom(url + "#all=1&pagesize=1000&q=" + quote(q, safe="")))
+        }
+        want = {
+            (s, r["row"])
+            for s, rs in files.items()
+            for r in rs
+            if q.lower()
+            in "\n".join([r["prompt"], r["answer"] or "", r["completion"], r["error"] or ""]).lower()
+        }
         assert found == want
     # reward = 1 rows only; the diff view of one prompt at two steps
     ones = {(s, r["row"]) for s, rs in files.items() for r in rs if r["reward"] == 1.0}
@@ -338,19 +418,41 @@ def test_every_recipe_has_the_inspector_on():
         assert any(c["class_path"] == "lit_rl.callbacks.RolloutInspector" for c in cbs), cfg.name
 
 
-def test_fragment_on_a_config_of_your_own_writes_under_default_root_dir(tmp_path, monkeypatch, tiny_model_dir):
+def test_fragment_on_a_config_of_your_own_writes_under_default_root_dir(
+    tmp_path, monkeypatch, tiny_model_dir
+):
     """README: `lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml` (my_config: grpo.yaml minus its inspector)."""
     import yaml
 
     from lit_rl.cli import main
 
     cfg = yaml.safe_load((ROOT / "configs/grpo.yaml").read_text())
-    cfg["trainer"]["callbacks"] = [c for c in cfg["trainer"]["callbacks"] if "RolloutInspector" not in c["class_path"]]
+    cfg["trainer"]["callbacks"] = [
+        c for c in cfg["trainer"]["callbacks"] if "RolloutInspector" not in c["class_path"]
+    ]
     (tmp_path / "my_config.yaml").write_text(yaml.safe_dump(cfg))
     monkeypatch.chdir(tmp_path)
-    cli = main(["fit", "-c", "my_config.yaml", "-c", str(ROOT / "callbacks/inspect.yaml"), "--trainer.max_steps", "2",
-                "--trainer.logger", "false", "--trainer.enable_progress_bar", "false", "--model.init_args.model",
-                str(tiny_model_dir), "--data.init_args.batch_size", "2", "--trainer.default_root_dir", "out"])
+    cli = main(
+        [
+            "fit",
+            "-c",
+            "my_config.yaml",
+            "-c",
+            str(ROOT / "callbacks/inspect.yaml"),
+            "--trainer.max_steps",
+            "2",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.init_args.model",
+            str(tiny_model_dir),
+            "--data.init_args.batch_size",
+            "2",
+            "--trainer.default_root_dir",
+            "out",
+        ]
+    )
     insp = [cb for cb in cli.trainer.callbacks if isinstance(cb, RolloutInspector)]
     assert len(insp) == 1 and insp[0].dir == Path("out/rollouts")  # resolved from trainer.default_root_dir
     rows = [json.loads(x) for x in (tmp_path / "out/rollouts/step_000002.jsonl").read_text().splitlines()]
@@ -363,15 +465,33 @@ def test_async_staleness_in_the_files_matches_the_async_metric(tiny_model_dir, t
     numbers RolloutCallback logs as async/staleness_mean (the engine's own version lags the learner's)."""
     from lit_rl.rewards import ExactAnswerReward
 
-    mod = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
-                       rollout_correction="tis")
-    rc = RolloutCallback(rewards={"exact": ExactAnswerReward()}, group_size=4, mode="async", max_staleness=2,
-                         sampling=SamplingConfig(max_new_tokens=1))
-    trainer = L.Trainer(max_steps=5, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path),
-                        callbacks=[rc, RolloutInspector(max_rows_per_step=None, report=False)])
+    mod = PolicyModule(
+        model=str(tiny_model_dir),
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
+        rollout_correction="tis",
+    )
+    rc = RolloutCallback(
+        rewards={"exact": ExactAnswerReward()},
+        group_size=4,
+        mode="async",
+        max_staleness=2,
+        sampling=SamplingConfig(max_new_tokens=1),
+    )
+    trainer = L.Trainer(
+        max_steps=5,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        callbacks=[rc, RolloutInspector(max_rows_per_step=None, report=False)],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
-    recs = {r["step"]: r for r in map(json.loads, (tmp_path / "rollouts/metrics.jsonl").read_text().splitlines())}
+    recs = {
+        r["step"]: r for r in map(json.loads, (tmp_path / "rollouts/metrics.jsonl").read_text().splitlines())
+    }
     seen = []
     for step, rows in _file_rows(tmp_path).items():
         stale = [r["staleness"] for r in rows]
@@ -383,7 +503,9 @@ def test_async_staleness_in_the_files_matches_the_async_metric(tiny_model_dir, t
 
 
 def test_a_group_with_a_failed_component_is_an_error_pick_although_its_rows_have_rewards():
-    rows = _rows({0: ([1.0, 1.0], [None, None]), 1: ([0.0, 0.0], [None, None]), 2: ([0.5, 0.5], [None, None])})
+    rows = _rows(
+        {0: ([1.0, 1.0], [None, None]), 1: ([0.0, 0.0], [None, None]), 2: ([0.5, 0.5], [None, None])}
+    )
     rows[5]["extra"] = {"judge/error": "TimeoutError"}  # group 2: its reward came from the other components
     rows[0]["extra"] = {"golden_answer": "3"}  # a log_extra column is not a failure
     picks = [(r["group"], r["pick"]) for r in select_groups(rows, 4, random.Random(0))]

@@ -1,4 +1,5 @@
 """The monitoring and curriculum fragments compose with a recipe through the `lit-rl` CLI."""
+
 import warnings
 from pathlib import Path
 
@@ -13,23 +14,49 @@ def test_monitoring_and_curriculum_fragments_run_through_cli(tmp_path, monkeypat
     from lit_rl.callbacks.monitoring import RLHealthMonitor
 
     monkeypatch.chdir(tmp_path)
-    args = ["fit", "-c", str(ROOT / "configs/grpo.yaml"), "-c", str(ROOT / "callbacks/monitoring.yaml"),
-            "-c", str(ROOT / "callbacks/curriculum.yaml"), "--trainer.max_steps", "2", "--trainer.logger", "false",
-            "--trainer.enable_progress_bar", "false", "--model.init_args.model", str(tiny_model_dir),
-            "--data.init_args.batch_size", "4"]
+    args = [
+        "fit",
+        "-c",
+        str(ROOT / "configs/grpo.yaml"),
+        "-c",
+        str(ROOT / "callbacks/monitoring.yaml"),
+        "-c",
+        str(ROOT / "callbacks/curriculum.yaml"),
+        "--trainer.max_steps",
+        "2",
+        "--trainer.logger",
+        "false",
+        "--trainer.enable_progress_bar",
+        "false",
+        "--model.init_args.model",
+        str(tiny_model_dir),
+        "--data.init_args.batch_size",
+        "4",
+    ]
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # max_new_tokens=1 truncates every completion: a real, expected warning
+        warnings.simplefilter(
+            "ignore"
+        )  # max_new_tokens=1 truncates every completion: a real, expected warning
         cli = main(args)
     m = cli.trainer.callback_metrics
-    for key in ("health/zero_adv_frac", "health/zero_var_group_frac", "health/invalid_frac", "health/warnings",
-                "reward/domain/addition", "curriculum/solved", "curriculum/replaced"):
+    for key in (
+        "health/zero_adv_frac",
+        "health/zero_var_group_frac",
+        "health/invalid_frac",
+        "health/warnings",
+        "reward/domain/addition",
+        "curriculum/solved",
+        "curriculum/replaced",
+    ):
         assert key in m, key
     assert 0.0 <= float(m["health/zero_adv_frac"]) <= 1.0
     kinds = [type(cb) for cb in cli.trainer.callbacks]
     # callbacks+ appended the Curriculum after the RolloutCallback; setup moved it right before
     assert kinds.index(Curriculum) == kinds.index(RolloutCallback) - 1 and RLHealthMonitor in kinds
     cur = cli.trainer.callbacks[kinds.index(Curriculum)]
-    assert cur.iteration == 2 and sum(s["visits"] for s in cur.tracker.stats.values()) == 8  # 2 steps x 4 prompts
+    assert (
+        cur.iteration == 2 and sum(s["visits"] for s in cur.tracker.stats.values()) == 8
+    )  # 2 steps x 4 prompts
     mon = cli.trainer.callbacks[kinds.index(RLHealthMonitor)]
     # the entropy explosion bound was resolved from the model's vocabulary at setup
     import math

@@ -1,4 +1,5 @@
 """ReferenceKL and EntropyRegularization: hand-computed terms, hook order, controller state, YAML composition."""
+
 import functools
 import math
 
@@ -21,12 +22,22 @@ TASK = {"answer_width": 1, "max_sum": 9}
 
 
 def _trainer(callbacks, steps=1):
-    return L.Trainer(max_steps=steps, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                     enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    return L.Trainer(
+        max_steps=steps,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
 
 
 def _rollout():
-    return RolloutCallback(rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=2))
+    return RolloutCallback(
+        rewards=ExactAnswerReward(), group_size=4, sampling=SamplingConfig(max_new_tokens=2)
+    )
 
 
 def _module(path, **kw):
@@ -40,11 +51,18 @@ def _experience(B=3, P=3, C=4, seed=0):
     loss_mask = torch.ones(B, C, dtype=torch.bool)
     loss_mask[1, 2:] = False  # row 1 is shorter: padding columns
     att = torch.ones(B, P + C, dtype=torch.long)
-    att[1, P + 2:] = 0
-    ids[1, P + 2:] = 0
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-                      group_ids=torch.zeros(B, dtype=torch.long), rewards=torch.ones(B, dtype=torch.float64),
-                      valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long))
+    att[1, P + 2 :] = 0
+    ids[1, P + 2 :] = 0
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss_mask,
+        prompt_len=P,
+        group_ids=torch.zeros(B, dtype=torch.long),
+        rewards=torch.ones(B, dtype=torch.float64),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+    )
 
 
 class FakeModule:
@@ -85,9 +103,17 @@ def test_reference_copy_follows_the_policy_into_float64_under_64_true(tiny_model
 
     mod = _module(tiny_model_dir)
     cb = ReferenceKL(where="loss", kind="k3", beta=0.1)
-    trainer = L.Trainer(max_steps=1, max_epochs=-1, accelerator="cpu", precision="64-true", logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[_rollout(), cb, Spy()])
+    trainer = L.Trainer(
+        max_steps=1,
+        max_epochs=-1,
+        accelerator="cpu",
+        precision="64-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[_rollout(), cb, Spy()],
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
     assert {p.dtype for p in cb.ref.parameters()} == {torch.float64}
     assert seen["ref"].dtype == torch.float64 and seen["policy"].dtype == torch.float64
@@ -100,13 +126,15 @@ def test_explicit_reference_dtype_is_kept(tiny_model_dir):
     cb = ReferenceKL(dtype="bfloat16")  # also for the copy of the policy (path=None)
     exp = _experience()
     cb.on_experience(None, mod, exp)
-    assert {p.dtype for p in cb.ref.parameters()} == {torch.bfloat16} and exp.ref_logprobs.dtype == torch.float32
+    assert {p.dtype for p in cb.ref.parameters()} == {
+        torch.bfloat16
+    } and exp.ref_logprobs.dtype == torch.float32
     with torch.no_grad():
         gap = float((exp.ref_logprobs - mod.completion_logprobs(exp)).abs().max())
     assert 0 < gap < 0.5  # a bf16 copy of the same weights: close, not equal
 
 
-@pytest.mark.parametrize("kind, k", [("k1", 0.25), ("k2", 0.5 * 0.25 ** 2), ("k3", math.exp(-0.25) - 1 + 0.25)])
+@pytest.mark.parametrize("kind, k", [("k1", 0.25), ("k2", 0.5 * 0.25**2), ("k3", math.exp(-0.25) - 1 + 0.25)])
 def test_where_reward_adds_exactly_minus_beta_k(tiny_model_dir, kind, k):
     mod = _module(tiny_model_dir)
     cb = ReferenceKL(kind=kind, where="reward", beta=0.1)
@@ -123,8 +151,9 @@ def test_where_reward_adds_exactly_minus_beta_k(tiny_model_dir, kind, k):
     # without prior token rewards they start from zero
     exp.token_rewards = None
     cb.on_experience(None, mod, exp)
-    torch.testing.assert_close(exp.token_rewards.double(), torch.where(exp.loss_mask, -0.1 * k, 0.0).double(),
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        exp.token_rewards.double(), torch.where(exp.loss_mask, -0.1 * k, 0.0).double(), rtol=1e-6, atol=0
+    )
 
 
 def test_where_loss_term_is_beta_times_aggregated_k3(tiny_model_dir):
@@ -132,7 +161,9 @@ def test_where_loss_term_is_beta_times_aggregated_k3(tiny_model_dir):
     cb = ReferenceKL(kind="k3", where="loss", beta=0.2)
     exp = _experience()
     exp.ref_logprobs = torch.zeros(3, 4, dtype=torch.float64)
-    d = torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.5, 0.4, 9.0, 9.0], [-0.1, 0.2, -0.3, 0.6]], dtype=torch.float64)
+    d = torch.tensor(
+        [[0.1, -0.2, 0.3, 0.0], [0.5, 0.4, 9.0, 9.0], [-0.1, 0.2, -0.3, 0.6]], dtype=torch.float64
+    )
     lp = d.clone().requires_grad_(True)  # log r = -d
     fwd = {"logprobs": lp, "mask": exp.loss_mask, "num_tokens": 10, "num_seqs": 3}
     out = cb.loss_terms(mod, exp, fwd)
@@ -158,7 +189,9 @@ def test_adaptive_beta_moves_toward_target_and_state_round_trips():
 
 def test_k1_in_the_loss_is_rejected_with_the_reason_and_the_alternatives():
     """k1's expected gradient as a loss is 0 (tests/core/test_kl_gradients.py): a silent no-op penalty."""
-    with pytest.raises(ValueError, match=r"kind='k1', where='loss'.*zero expected gradient.*where='reward'.*'k2' / 'k3'"):
+    with pytest.raises(
+        ValueError, match=r"kind='k1', where='loss'.*zero expected gradient.*where='reward'.*'k2' / 'k3'"
+    ):
         ReferenceKL(kind="k1", where="loss")
     with pytest.raises(ValueError, match="kind='k1', where='loss'"):
         ReferenceKL(kind="k1")  # where defaults to "loss"
@@ -166,9 +199,15 @@ def test_k1_in_the_loss_is_rejected_with_the_reason_and_the_alternatives():
     assert ReferenceKL(kind="k2", where="loss").kind == "k2"
 
 
-@pytest.mark.parametrize("kwargs, match", [({"kind": "k4"}, "kind='k4'.*k1, k2, k3"),
-                                           ({"where": "advantage"}, "where='advantage'.*reward, loss"),
-                                           ({"beta": -1.0}, "beta"), ({"target_kl": 0.0}, "target_kl")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"kind": "k4"}, "kind='k4'.*k1, k2, k3"),
+        ({"where": "advantage"}, "where='advantage'.*reward, loss"),
+        ({"beta": -1.0}, "beta"),
+        ({"target_kl": 0.0}, "target_kl"),
+    ],
+)
 def test_reference_kl_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ReferenceKL(**kwargs)
@@ -188,8 +227,14 @@ def test_ref_logprobs_are_set_before_advantages_in_a_real_run(tiny_model_dir):
             return super().training_step(batch, batch_idx)
 
     mod = Probe(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2))
-    trainer = _trainer([_rollout(), ReferenceKL(where="reward", kind="k1", target_kl=0.01), Spy(),
-                        EntropyRegularization(coef=0.01, band=(10.0, 20.0), step=0.001, coef_max=0.1)])
+    trainer = _trainer(
+        [
+            _rollout(),
+            ReferenceKL(where="reward", kind="k1", target_kl=0.01),
+            Spy(),
+            EntropyRegularization(coef=0.01, band=(10.0, 20.0), step=0.001, coef_max=0.1),
+        ]
+    )
     trainer.fit(mod, datamodule=PromptDataModule(task_args=TASK, batch_size=2))
     assert seen == [(True, True, True), ("train", True, True)]
     m = trainer.callback_metrics
@@ -203,7 +248,9 @@ def test_ref_logprobs_are_set_before_advantages_in_a_real_run(tiny_model_dir):
 
 # ---------------------------------------------------------------------------- Entropy
 def test_entropy_term_is_minus_coef_times_aggregated_entropy():
-    logits = torch.tensor([[[0.0, 0.0], [math.log(3.0), 0.0]], [[1.0, -1.0], [5.0, 5.0]]], dtype=torch.float64)
+    logits = torch.tensor(
+        [[[0.0, 0.0], [math.log(3.0), 0.0]], [[1.0, -1.0], [5.0, 5.0]]], dtype=torch.float64
+    )
     mask = torch.tensor([[True, True], [True, False]])
 
     class Mod:
@@ -245,13 +292,34 @@ def test_adaptive_entropy_coef_each_direction(ent, expected):
 def test_fragments_compose_with_grpo_config(tiny_model_dir, tmp_path):
     from lit_rl.cli import main
 
-    main(["fit", "-c", "configs/grpo.yaml", "-c", "callbacks/reference_kl.yaml", "-c", "callbacks/entropy.yaml",
-          "--trainer.max_steps", "2", "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
-          "--trainer.default_root_dir", str(tmp_path), "--model.init_args.model", str(tiny_model_dir),
-          "--data.init_args.batch_size", "2"])
+    main(
+        [
+            "fit",
+            "-c",
+            "configs/grpo.yaml",
+            "-c",
+            "callbacks/reference_kl.yaml",
+            "-c",
+            "callbacks/entropy.yaml",
+            "--trainer.max_steps",
+            "2",
+            "--trainer.logger",
+            "false",
+            "--trainer.enable_progress_bar",
+            "false",
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--model.init_args.model",
+            str(tiny_model_dir),
+            "--data.init_args.batch_size",
+            "2",
+        ]
+    )
     saved = (tmp_path / "config.yaml").read_text()
     assert "lit_rl.callbacks.reference_kl.ReferenceKL" in saved
-    assert "lit_rl.callbacks.entropy.EntropyRegularization" in saved and "\nrollout:\n" in saved  # its own section
+    assert (
+        "lit_rl.callbacks.entropy.EntropyRegularization" in saved and "\nrollout:\n" in saved
+    )  # its own section
 
 
 class AggModule:
@@ -259,7 +327,9 @@ class AggModule:
     config = PolicyConfig.of("m")
 
     def aggregate(self, values, m, fwd):
-        return aggregate(values, m, "seq_mean_token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"])
+        return aggregate(
+            values, m, "seq_mean_token_mean", num_tokens=fwd["num_tokens"], num_seqs=fwd["num_seqs"]
+        )
 
 
 def test_kl_and_entropy_terms_are_padding_invariant():
@@ -273,12 +343,17 @@ def test_kl_and_entropy_terms_are_padding_invariant():
     def terms(lp, ref, logits, mask):
         fwd = {"logprobs": lp, "logits": logits, "mask": mask, "num_tokens": int(mask.sum()), "num_seqs": 2}
         micro.ref_logprobs = ref
-        return (float(ReferenceKL(kind="k3", beta=0.3).loss_terms(AggModule(), micro, fwd)["kl"]),
-                float(EntropyRegularization(coef=0.2).loss_terms(AggModule(), micro, fwd)["entropy"]))
+        return (
+            float(ReferenceKL(kind="k3", beta=0.3).loss_terms(AggModule(), micro, fwd)["kl"]),
+            float(EntropyRegularization(coef=0.2).loss_terms(AggModule(), micro, fwd)["entropy"]),
+        )
 
     base = terms(lp, ref, logits, mask)
     pad = torch.full((2, 2), -50.0, dtype=torch.float64)  # garbage in two appended padding columns
-    padded = terms(torch.cat([lp, pad], 1), torch.cat([ref, -pad], 1),
-                   torch.cat([logits, 40 * torch.randn(2, 2, 5, generator=g, dtype=torch.float64)], 1),
-                   torch.cat([mask, torch.zeros(2, 2, dtype=torch.bool)], 1))
+    padded = terms(
+        torch.cat([lp, pad], 1),
+        torch.cat([ref, -pad], 1),
+        torch.cat([logits, 40 * torch.randn(2, 2, 5, generator=g, dtype=torch.float64)], 1),
+        torch.cat([mask, torch.zeros(2, 2, dtype=torch.bool)], 1),
+    )
     assert padded == pytest.approx(base, rel=1e-12, abs=0)

@@ -5,6 +5,7 @@ the overlong filter made untrainable. The KL penalty must then be in all of them
 every response token), not only in the trainable ones, or a filtered row looks better to its group than its
 penalised groupmates. Invalid rows (no reward) stay untouched. Float64, hand-computed.
 """
+
 import math
 
 import pytest
@@ -24,12 +25,18 @@ def _experience() -> Experience:
     loss_mask = torch.ones(B, C, dtype=torch.bool)
     loss_mask[3, 2:] = False
     att = torch.ones(B, P + C, dtype=torch.long)
-    att[3, P + 2:] = 0
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=loss_mask, prompt_len=P,
-                      group_ids=torch.zeros(B, dtype=torch.long),
-                      rewards=torch.tensor([1.0, 1.0, float("nan"), 0.0], dtype=torch.float64),
-                      valid=torch.tensor([True, True, False, True]), policy_version=torch.zeros(B, dtype=torch.long),
-                      trainable=torch.tensor([True, False, True, True]))
+    att[3, P + 2 :] = 0
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=loss_mask,
+        prompt_len=P,
+        group_ids=torch.zeros(B, dtype=torch.long),
+        rewards=torch.tensor([1.0, 1.0, float("nan"), 0.0], dtype=torch.float64),
+        valid=torch.tensor([True, True, False, True]),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        trainable=torch.tensor([True, False, True, True]),
+    )
 
 
 @pytest.mark.parametrize("kind, k", [("k1", 0.25), ("k3", math.exp(-0.25) - 1 + 0.25)])
@@ -49,9 +56,16 @@ def test_reward_kl_applies_to_every_valid_row_of_the_group(tiny_model_dir, kind,
     # kl/mean's statistic: the 10 penalised tokens (rows 0, 1, 3), the filtered row's four included
     assert cb._kl_count == 10 and cb._kl_sum == pytest.approx(10 * k, rel=1e-12)
     # the group statistics see the penalty of the filtered row as of its groupmates: r_i = reward_i + Σ_t pen
-    out = compute_advantages("rloo", AdvantageInputs(rewards=exp.rewards, mask=exp.loss_mask,
-                                                     group_ids=exp.group_ids, token_rewards=exp.token_rewards,
-                                                     valid=exp.valid))
+    out = compute_advantages(
+        "rloo",
+        AdvantageInputs(
+            rewards=exp.rewards,
+            mask=exp.loss_mask,
+            group_ids=exp.group_ids,
+            token_rewards=exp.token_rewards,
+            valid=exp.valid,
+        ),
+    )
     r = {0: 1.0 + 4 * pen, 1: 1.0 + 4 * pen, 3: 0.0 + 2 * pen}  # valid rows' scores
     # RLOO: A_i = r_i − mean of the other valid rows' r (arXiv 2402.14740)
     for i in (0, 3):

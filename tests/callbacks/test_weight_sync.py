@@ -5,6 +5,7 @@ A real engine with its own copy of the weights (the conformance suite's ``FakeEn
 ``AsyncProducer``; the trainer and module are reduced to what the schedule reads (``global_step``,
 ``world_size``; ``model``, ``log``). The full fits (sync, async, resume) are in ``test_async_rollout.py`` and
 ``tests/test_resume.py``."""
+
 from __future__ import annotations
 
 import threading
@@ -47,7 +48,10 @@ def _trainer(step: int):
 
 
 def _same(engine, module) -> bool:
-    return all(torch.equal(a, b) for a, b in zip(engine.model.state_dict().values(), module.model.state_dict().values()))
+    return all(
+        torch.equal(a, b)
+        for a, b in zip(engine.model.state_dict().values(), module.model.state_dict().values())
+    )
 
 
 def test_pushes_at_the_first_iteration_end_at_or_past_each_boundary():
@@ -82,7 +86,9 @@ def test_first_push_only_on_resume_in_sync_mode_and_always_in_async_mode():
     eng = _engine(m)
     ws = WeightSync(eng, sync_every=1, lock=threading.RLock())
     m.step()
-    ws.first_push(_trainer(0), m.model, async_version=None)  # fresh run: the engine was bound to these weights
+    ws.first_push(
+        _trainer(0), m.model, async_version=None
+    )  # fresh run: the engine was bound to these weights
     assert not _same(eng, m) and eng.policy_version == 0
     eng.policy_version = 7  # the checkpointed version
     ws.first_push(_trainer(5), m.model, async_version=None)  # resumed: the restored weights, version kept

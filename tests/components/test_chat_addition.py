@@ -1,4 +1,5 @@
 """The chat_addition task (two-digit chat prompts, fixed held-out pairs) and LastIntReward (last integer)."""
+
 import pytest
 
 from lit_rl.data.prompts import Prompt
@@ -10,11 +11,22 @@ def _p(answer):
     return Prompt(prompt="q", answer=answer)
 
 
-@pytest.mark.parametrize("completion,score", [
-    ("42", 1.0), ("17 + 25 = 42", 1.0), ("The answer is 42.", 1.0), (" 42<|im_end|>", 1.0),
-    ("42 is not right, it is 43", 0.0), ("4 2", 0.0), ("", 0.0), ("forty-two", 0.0), ("142", 0.0),
-    ("-42", 0.0), ("42.5", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion,score",
+    [
+        ("42", 1.0),
+        ("17 + 25 = 42", 1.0),
+        ("The answer is 42.", 1.0),
+        (" 42<|im_end|>", 1.0),
+        ("42 is not right, it is 43", 0.0),
+        ("4 2", 0.0),
+        ("", 0.0),
+        ("forty-two", 0.0),
+        ("142", 0.0),
+        ("-42", 0.0),
+        ("42.5", 0.0),
+    ],
+)
 def test_last_int_reads_the_last_integer_only(completion, score):
     assert LastIntReward()(_p("42"), completion) == score
 
@@ -36,7 +48,7 @@ def test_chat_addition_splits_are_fixed_disjoint_and_chat_formatted():
     train, held = get_task("chat_addition")
     assert len(held) == 200 and len(train) + len(held) == 90 * 90
     assert {p.uid for p in train}.isdisjoint({p.uid for p in held})
-    again_train, again_held = get_task("chat_addition")
+    _again_train, again_held = get_task("chat_addition")
     assert [p.uid for p in again_held] == [p.uid for p in held]  # the split is seeded, not random per run
     p = held[0]
     a, b = map(int, p.uid.split("-")[1:])

@@ -1,5 +1,6 @@
 """Curriculum: the pass-rate state machine, re-drawing of retired prompts, state round trip, and one short
 real run (ordering fix-up, tracking from real Experiences)."""
+
 import functools
 import random
 
@@ -67,11 +68,18 @@ def test_retired_for_good_without_retire_for():
     assert tr.tick(10_000) == [] and tr.status("a") == UNSOLVED
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"mode": "linear"}, "mode='linear'; valid values: window, ema"), ({"window": 0}, "window"),
-    ({"ema_decay": 1.0}, "ema_decay"), ({"min_visits": 0}, "min_visits"),
-    ({"solved_rate": 0.3, "unsolved_rate": 0.3}, "unsolved_rate < solved_rate"),
-    ({"retired_weight": 1.0}, "retired_weight"), ({"retire_for": 0}, "retire_for")])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"mode": "linear"}, "mode='linear'; valid values: window, ema"),
+        ({"window": 0}, "window"),
+        ({"ema_decay": 1.0}, "ema_decay"),
+        ({"min_visits": 0}, "min_visits"),
+        ({"solved_rate": 0.3, "unsolved_rate": 0.3}, "unsolved_rate < solved_rate"),
+        ({"retired_weight": 1.0}, "retired_weight"),
+        ({"retire_for": 0}, "retire_for"),
+    ],
+)
 def test_tracker_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         PassRateTracker(**kwargs)
@@ -172,11 +180,16 @@ def test_resample_everything_retired_keeps_batch_and_warns_once():
 def _exp(prompts, rewards, valid, G):
     B = len(rewards)
     return Experience(
-        input_ids=torch.zeros(B, 3, dtype=torch.long), attention_mask=torch.ones(B, 3, dtype=torch.long),
-        loss_mask=torch.ones(B, 1, dtype=torch.bool), prompt_len=2,
-        group_ids=torch.arange(B // G).repeat_interleave(G), rewards=torch.tensor(rewards),
-        valid=torch.tensor(valid), policy_version=torch.zeros(B, dtype=torch.long),
-        prompts=[p for p in prompts for _ in range(G)])
+        input_ids=torch.zeros(B, 3, dtype=torch.long),
+        attention_mask=torch.ones(B, 3, dtype=torch.long),
+        loss_mask=torch.ones(B, 1, dtype=torch.bool),
+        prompt_len=2,
+        group_ids=torch.arange(B // G).repeat_interleave(G),
+        rewards=torch.tensor(rewards),
+        valid=torch.tensor(valid),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        prompts=[p for p in prompts for _ in range(G)],
+    )
 
 
 def test_observe_counts_valid_passes_per_group():
@@ -214,8 +227,16 @@ def test_real_run_reorders_and_tracks_and_resumes_rng(tiny_model_dir):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             seen.append([p.uid for p in batch.prompts])
 
-    trainer = L.Trainer(max_steps=2, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=[rc, Spy(), cur])
+    trainer = L.Trainer(
+        max_steps=2,
+        max_epochs=-1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[rc, Spy(), cur],
+    )
     mod = PolicyModule(model=str(tiny_model_dir), optimizer=functools.partial(torch.optim.AdamW, lr=1e-3))
     trainer.fit(mod, datamodule=PromptDataModule(task_args={"answer_width": 1, "max_sum": 9}, batch_size=3))
     names = [type(c).__name__ for c in trainer.callbacks]

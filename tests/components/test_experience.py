@@ -10,12 +10,18 @@ def make_exp(B=6, P=3, C=4):
     att = torch.ones(B, P + C, dtype=torch.long)
     lm = torch.ones(B, C, dtype=torch.bool)
     lm[0, 2:] = False
-    att[0, P + 2:] = 0
+    att[0, P + 2 :] = 0
     return Experience(
-        input_ids=ids, attention_mask=att, loss_mask=lm, prompt_len=P,
-        group_ids=torch.arange(B) // 2, rewards=torch.arange(B, dtype=torch.float32),
-        valid=torch.ones(B, dtype=torch.bool), policy_version=torch.zeros(B, dtype=torch.long),
-        rollout_logprobs=torch.randn(B, C, generator=g), texts=[f"t{i}" for i in range(B)],
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=lm,
+        prompt_len=P,
+        group_ids=torch.arange(B) // 2,
+        rewards=torch.arange(B, dtype=torch.float32),
+        valid=torch.ones(B, dtype=torch.bool),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        rollout_logprobs=torch.randn(B, C, generator=g),
+        texts=[f"t{i}" for i in range(B)],
         reward_components={"exact": torch.arange(B, dtype=torch.float32)},
     )
 
@@ -51,7 +57,7 @@ def test_shape_validation_names_field():
 
 def test_trim_drops_all_padding_columns():
     exp = make_exp(B=2, P=3, C=4)
-    exp.attention_mask[:, 3 + 2:] = 0
+    exp.attention_mask[:, 3 + 2 :] = 0
     exp.loss_mask[:, 2:] = False
     t = exp.trim()
     assert t.completion_len == 2 and t.input_ids.shape == (2, 5)
@@ -64,7 +70,7 @@ def test_row_extents_and_trim_of_the_prompt_padding():
     exp.attention_mask[1, :1] = 0  # row 1: prompt of 3 tokens, completion of 4
     exp.attention_mask[2, :2] = 0  # row 2: prompt of 2, completion of 3 with a hole (an observation gap)
     exp.attention_mask[2, 4 + 1] = 0
-    exp.attention_mask[2, 4 + 3:] = 0
+    exp.attention_mask[2, 4 + 3 :] = 0
     exp.loss_mask[2, 3:] = False
     assert exp.row_extents() == ([2, 3, 2], [2, 4, 3])
     sub = exp.select([0, 2]).trim(prompt=True)  # widest prompt 2, longest completion 3

@@ -1,5 +1,6 @@
 """Unit tests of the health-check triggers (pure logic, hand-built metric sequences) and of the
 per-Experience health metrics."""
+
 import math
 import warnings
 
@@ -40,8 +41,12 @@ def test_entropy_explosion_is_its_own_episode():
     c = ThresholdCheck("entropy", "actor/entropy", low=0.1, high=5.0)
     seq = [1.0, 6.0, 7.0, 0.05, 6.5, 2.0, 5.5]
     # 3: a collapse reading also ends the explosion episode (0.05 <= high), so 6.5 at step 4 fires again
-    assert _fired(c, seq, "actor/entropy") == [(1, "entropy_high"), (3, "entropy_low"), (4, "entropy_high"),
-                                               (6, "entropy_high")]
+    assert _fired(c, seq, "actor/entropy") == [
+        (1, "entropy_high"),
+        (3, "entropy_low"),
+        (4, "entropy_high"),
+        (6, "entropy_high"),
+    ]
 
 
 def test_threshold_boundary_is_not_trouble_and_missing_or_nan_keeps_state():
@@ -154,22 +159,34 @@ def test_reward_hacking_config_errors():
 
 
 def _suite():
-    return HealthChecks({"entropy": ThresholdCheck("entropy", "actor/entropy", low=0.1),
-                         "length": LengthBlowupCheck(2.0, 1, 0.5),
-                         "hack": RewardHackingCheck(2, 2, 0.0, 0.0)})
+    return HealthChecks(
+        {
+            "entropy": ThresholdCheck("entropy", "actor/entropy", low=0.1),
+            "length": LengthBlowupCheck(2.0, 1, 0.5),
+            "hack": RewardHackingCheck(2, 2, 0.0, 0.0),
+        }
+    )
 
 
 def test_health_checks_state_round_trip_continues_exactly():
-    seq = [{"actor/entropy": 1.0, "rollout/response_len_mean": 10.0, "reward/mean": 0.1},
-           {"actor/entropy": 0.05, "rollout/response_len_mean": 30.0, "reward/mean": 0.2},
-           {"actor/entropy": 0.04, "rollout/response_len_mean": 31.0, "reward/mean": 0.3},
-           {"actor/entropy": 0.5, "rollout/response_len_mean": 10.0, "reward/mean": 0.4},
-           {"actor/entropy": 0.05, "rollout/response_len_mean": 50.0, "reward/mean": 0.5}]
+    seq = [
+        {"actor/entropy": 1.0, "rollout/response_len_mean": 10.0, "reward/mean": 0.1},
+        {"actor/entropy": 0.05, "rollout/response_len_mean": 30.0, "reward/mean": 0.2},
+        {"actor/entropy": 0.04, "rollout/response_len_mean": 31.0, "reward/mean": 0.3},
+        {"actor/entropy": 0.5, "rollout/response_len_mean": 10.0, "reward/mean": 0.4},
+        {"actor/entropy": 0.05, "rollout/response_len_mean": 50.0, "reward/mean": 0.5},
+    ]
     full = _suite()
     full.checks["hack"].add_heldout(0.9)
     full.checks["hack"].add_heldout(0.5)
     ref = [[e.check for e in full.update(i, m)] for i, m in enumerate(seq)]
-    assert ref == [[], ["entropy_low", "length_blowup", "reward_hacking"], [], [], ["entropy_low", "length_blowup"]]
+    assert ref == [
+        [],
+        ["entropy_low", "length_blowup", "reward_hacking"],
+        [],
+        [],
+        ["entropy_low", "length_blowup"],
+    ]
     a = _suite()
     a.checks["hack"].add_heldout(0.9)
     a.checks["hack"].add_heldout(0.5)
@@ -187,14 +204,29 @@ def test_experience_health_metrics_hand_computed():
 
     B, P, C = 6, 2, 3
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [1, 0, 0]], dtype=torch.bool)
-    adv = torch.tensor([[0.5, 0.5, 0.0], [0.0, 9.0, 9.0],  # row 1: nonzero only on padding -> zero-adv
-                        [1e-9, -1e-9, 0.0], [-0.3, -0.3, 0.0], [0.0] * 3, [2.0, 0.0, 0.0]], dtype=torch.float64)
+    adv = torch.tensor(
+        [
+            [0.5, 0.5, 0.0],
+            [0.0, 9.0, 9.0],  # row 1: nonzero only on padding -> zero-adv
+            [1e-9, -1e-9, 0.0],
+            [-0.3, -0.3, 0.0],
+            [0.0] * 3,
+            [2.0, 0.0, 0.0],
+        ],
+        dtype=torch.float64,
+    )
     exp = Experience(
-        input_ids=torch.zeros(B, P + C, dtype=torch.long), attention_mask=torch.ones(B, P + C, dtype=torch.long),
-        loss_mask=mask, prompt_len=P, group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
+        input_ids=torch.zeros(B, P + C, dtype=torch.long),
+        attention_mask=torch.ones(B, P + C, dtype=torch.long),
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.tensor([0, 0, 1, 1, 2, 2]),
         rewards=torch.tensor([1.0, 0.0, 1.0, 1.0, float("nan"), 0.5], dtype=torch.float64),
-        valid=torch.tensor([True, True, True, True, False, True]), policy_version=torch.zeros(B, dtype=torch.long),
-        advantages=adv, domains=["math", "math", "code", "code", "math", "code"])
+        valid=torch.tensor([True, True, True, True, False, True]),
+        policy_version=torch.zeros(B, dtype=torch.long),
+        advantages=adv,
+        domains=["math", "math", "code", "code", "math", "code"],
+    )
     m = experience_health_metrics(exp)
     assert m["health/zero_adv_frac"] == pytest.approx(3 / 6, rel=1e-12)  # rows 1, 2, 4
     # group 0 rewards {1, 0} informative; group 1 {1, 1} flat; group 2 one valid row -> zero variance
@@ -212,10 +244,15 @@ def test_group_without_valid_rows_counts_as_zero_variance():
     from lit_rl.data.experience import Experience
 
     exp = Experience(
-        input_ids=torch.zeros(4, 3, dtype=torch.long), attention_mask=torch.ones(4, 3, dtype=torch.long),
-        loss_mask=torch.ones(4, 1, dtype=torch.bool), prompt_len=2, group_ids=torch.tensor([0, 0, 1, 1]),
-        rewards=torch.tensor([float("nan"), float("nan"), 0.0, 1.0]), valid=torch.tensor([False, False, True, True]),
-        policy_version=torch.zeros(4, dtype=torch.long))
+        input_ids=torch.zeros(4, 3, dtype=torch.long),
+        attention_mask=torch.ones(4, 3, dtype=torch.long),
+        loss_mask=torch.ones(4, 1, dtype=torch.bool),
+        prompt_len=2,
+        group_ids=torch.tensor([0, 0, 1, 1]),
+        rewards=torch.tensor([float("nan"), float("nan"), 0.0, 1.0]),
+        valid=torch.tensor([False, False, True, True]),
+        policy_version=torch.zeros(4, dtype=torch.long),
+    )
     m = experience_health_metrics(exp)
     assert m["health/zero_var_group_frac"] == 0.5 and m["health/invalid_frac"] == 0.5
     assert "health/zero_adv_frac" not in m  # no advantages yet: not reported

@@ -1,5 +1,6 @@
 """Completion-length statistics (TRL's completions/min_length, mean_length, max_length, mean_terminated_length),
 hand-computed in float64."""
+
 import math
 
 import pytest
@@ -9,7 +10,9 @@ from lit_rl.rollout.stats import completion_length_stats
 
 
 def test_min_mean_max_and_stopped_only():
-    lens = torch.tensor([3, 5, 0, 7, 2])  # a row of length 0: EOS as the first token stops with no token trained
+    lens = torch.tensor(
+        [3, 5, 0, 7, 2]
+    )  # a row of length 0: EOS as the first token stops with no token trained
     reasons = ["stop", "length", "stop", "length", "stop"]
     m = completion_length_stats(lens, reasons)
     assert (m["rollout/response_len_min"], m["rollout/response_len_max"]) == (0.0, 7.0)
@@ -17,8 +20,9 @@ def test_min_mean_max_and_stopped_only():
     # stopped rows only: 3, 0, 2 (the two cut at the budget are left out)
     assert (m["rollout/response_len_stopped_min"], m["rollout/response_len_stopped_max"]) == (0.0, 3.0)
     assert m["rollout/response_len_stopped_mean"] == pytest.approx(5 / 3, rel=1e-15, abs=0)
-    assert [m[f"response_length/{k}"] for k in ("min", "mean", "max")] == \
-        [m[f"rollout/response_len_{k}"] for k in ("min", "mean", "max")]
+    assert [m[f"response_length/{k}"] for k in ("min", "mean", "max")] == [
+        m[f"rollout/response_len_{k}"] for k in ("min", "mean", "max")
+    ]
 
 
 def test_mean_is_float64_for_long_batches():

@@ -1,4 +1,5 @@
 """``OptimizerStep`` on a real float64 linear model and SGD, and ``PolicyConfig``'s validation."""
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,9 @@ def test_nonfinite_norm_skips_the_step_and_counts_then_raises():
     step = OptimizerStep(max_grad_norm=1.0, max_nonfinite_steps=2)
     x = torch.tensor([1.0, 1.0], dtype=torch.float64)
     stats = _run(step, lin, opt, [x], scale=math.nan)
-    assert math.isnan(stats["actor/grad_norm"]) and torch.equal(lin.weight, before) and lin.weight.grad is None
+    assert (
+        math.isnan(stats["actor/grad_norm"]) and torch.equal(lin.weight, before) and lin.weight.grad is None
+    )
     assert (step.skipped_steps, step.nonfinite_in_a_row) == (1, 1)
     _run(step, lin, opt, [x])  # a finite step resets the run, not the total
     assert (step.skipped_steps, step.nonfinite_in_a_row) == (1, 0)

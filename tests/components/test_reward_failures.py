@@ -1,5 +1,6 @@
 """Rewards work through the default RewardPool and fail loudly: error texts, warnings, the invalid-fraction stop,
 TRL-style functions adapted or refused at construction."""
+
 import math
 import threading
 import warnings
@@ -30,7 +31,9 @@ def _score(reward, prompts, texts):
     pool = RewardPool({"r": reward})
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("error", RewardErrorWarning)  # a built-in reward must not fail on good input
+            warnings.simplefilter(
+                "error", RewardErrorWarning
+            )  # a built-in reward must not fail on good input
             rb = pool.score(prompts, texts)
     finally:
         pool.close()
@@ -39,8 +42,11 @@ def _score(reward, prompts, texts):
 
 # ------------------------------------------------------------- every built-in reward, default pool
 def test_math_answer_reward_under_the_default_pool_scores_every_row():
-    executor, rb = _score(MathAnswerReward(), [P("1/2"), P("1/2"), P("\\sqrt{4}"), P("3")],
-                          ["so \\boxed{0.5}", "\\boxed{\\frac{2}{4}}", "the answer is $2$", "it is 4"])
+    executor, rb = _score(
+        MathAnswerReward(),
+        [P("1/2"), P("1/2"), P("\\sqrt{4}"), P("3")],
+        ["so \\boxed{0.5}", "\\boxed{\\frac{2}{4}}", "the answer is $2$", "it is 4"],
+    )
     assert executor == "process"  # declared by MathAnswerReward, picked by executor="auto"
     assert rb.total.tolist() == [1.0, 1.0, 1.0, 0.0]
     assert rb.valid.all() and rb.errors == [None] * 4
@@ -116,7 +122,9 @@ def test_each_failing_row_keeps_its_error_type_and_message():
 def test_missing_answer_and_gold_parse_errors_are_quoted():
     pool = RewardPool({"exact": ExactAnswerReward(), "math": MathAnswerReward()}, max_invalid_frac=None)
     with pytest.warns(RewardErrorWarning):
-        rb = pool.score([Prompt(prompt="q", uid="p7"), P("\\")], ["1", "1"])  # a lone backslash does not parse
+        rb = pool.score(
+            [Prompt(prompt="q", uid="p7"), P("\\")], ["1", "1"]
+        )  # a lone backslash does not parse
     pool.close()
     assert rb.errors[0] == "exact: ValueError: prompt 'p7' has no 'answer' to verify against"
     # row 1: exact scored it (0.0), so only math's component is left out; its error travels in the row's extras
@@ -187,18 +195,30 @@ def test_window_is_a_sliding_window():
 
 def test_a_call_where_no_row_has_a_reward_stops_at_once():
     """Issue 26: a reward failing on every row ended a 2-step run rc 0 (window 5 never filled)."""
+
     def broken(prompt, completion):
         raise KeyError("solution")
 
     pool = RewardPool({"broken": broken}, window=5, warn_rows=0)
-    with pytest.raises(RewardFailureError, match=r"none of the 3 rows of this scoring call has a reward. Most "
-                                                 r"frequent error \(3x\): broken: KeyError: 'solution'"):
+    with pytest.raises(
+        RewardFailureError,
+        match=r"none of the 3 rows of this scoring call has a reward. Most "
+        r"frequent error \(3x\): broken: KeyError: 'solution'",
+    ):
         pool.score([P("a")] * 3, ["x", "y", "z"])
 
 
-@pytest.mark.parametrize("field,value", [("max_invalid_frac", 1.0), ("max_invalid_frac", -0.1),
-                                         ("max_invalid_frac", math.nan), ("window", 0), ("max_error_chars", 5),
-                                         ("warn_rows", -1)])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_invalid_frac", 1.0),
+        ("max_invalid_frac", -0.1),
+        ("max_invalid_frac", math.nan),
+        ("window", 0),
+        ("max_error_chars", 5),
+        ("warn_rows", -1),
+    ],
+)
 def test_new_fields_are_validated(field, value):
     with pytest.raises(ValueError, match=field):
         RewardPool(ExactAnswerReward(), **{field: value})
@@ -221,10 +241,18 @@ def test_trl_style_function_is_adapted_with_columns():
 
 def test_trl_style_chat_prompts_get_message_lists_and_none_is_not_applicable():
     def fmt(prompts, completions, **kwargs):
-        return [None if p[0]["content"] == "skip" else float(len(c[0]["content"])) for p, c in zip(prompts, completions)]
+        return [
+            None if p[0]["content"] == "skip" else float(len(c[0]["content"]))
+            for p, c in zip(prompts, completions)
+        ]
 
-    chat = [Prompt(messages=[{"role": "user", "content": "hi"}]), Prompt(messages=[{"role": "user", "content": "skip"}])]
-    pool = RewardPool({"fmt": fmt, "one": lambda prompt, completion: 1.0}, weights={"fmt": 2.0}, max_invalid_frac=None)
+    chat = [
+        Prompt(messages=[{"role": "user", "content": "hi"}]),
+        Prompt(messages=[{"role": "user", "content": "skip"}]),
+    ]
+    pool = RewardPool(
+        {"fmt": fmt, "one": lambda prompt, completion: 1.0}, weights={"fmt": 2.0}, max_invalid_frac=None
+    )
     rb = pool.score(chat, ["abc", "abc"])
     # row 1: fmt does not apply, so its total is the other reward alone (TRL's nansum), and the row is valid
     assert rb.total.tolist() == [7.0, 1.0] and rb.valid.all() and rb.errors == [None, None]

@@ -1,5 +1,6 @@
 """RewardPool with TRL's reward forms (no model): signature detection, async rewards (gathered, timed out),
 log_extra / log_metric, TRL's weight list, the per-component failure rule and unscored rows."""
+
 from __future__ import annotations
 
 import asyncio
@@ -85,8 +86,11 @@ def test_async_rewards_run_concurrently_and_each_under_the_timeout():
     assert rb.extras == [{"hang/error": "timed out after 0.6s"}] * 2
     assert rb.metrics["reward/hang/errors"] == 2.0 and rb.metrics["reward/timeouts"] == 2.0
     # with the default max_invalid_frac a reward failing on every row of a call stops the run
-    with pytest.raises(RewardFailureError, match=r"reward 'hang' failed on all 2 rows of this scoring call\. "
-                                                 r"Most frequent error \(2x\): hang: timed out after 0\.6s"):
+    with pytest.raises(
+        RewardFailureError,
+        match=r"reward 'hang' failed on all 2 rows of this scoring call\. "
+        r"Most frequent error \(2x\): hang: timed out after 0\.6s",
+    ):
         RewardPool({"a": slow_a, "hang": hangs}, timeout_s=0.6).score([P("1")] * 2, ["x", "y"])
 
 
@@ -112,10 +116,12 @@ def test_wrong_log_extra_length_fails_that_reward_only():
         return [1.0] * len(completions)
 
     rb = RewardPool({"bad": bad_log, "ok": lambda prompt, completion: 1.0}, max_invalid_frac=None).score(
-        [P("1")] * 2, ["a", "b"])
+        [P("1")] * 2, ["a", "b"]
+    )
     assert rb.valid.all() and rb.total.tolist() == [1.0, 1.0]
-    assert rb.extras[0]["bad/error"] == ("ValueError: log_extra('col'): 1 values for 2 completions; give one value "
-                                         "per completion")
+    assert rb.extras[0]["bad/error"] == (
+        "ValueError: log_extra('col'): 1 values for 2 completions; give one value per completion"
+    )
 
 
 def test_trl_weight_list_in_reward_order_and_its_errors():
@@ -130,6 +136,7 @@ def test_trl_weight_list_in_reward_order_and_its_errors():
 def test_per_component_failure_rule():
     """Rows: 0 all fine; 1 'a' fails (b carries it); 2 both fail (infra error); 3 a fails, b None (infra error);
     4 only the weight-0 reward scores (no reward); 5 every reward None (unscored, not a failure)."""
+
     def a(prompt, completion):
         if completion in ("1", "2", "3"):
             raise RuntimeError("a down")
@@ -147,13 +154,20 @@ def test_per_component_failure_rule():
     rb = pool.score([P("1")] * 6, ["0", "1", "2", "3", "4", "5"])
     assert rb.valid.tolist() == [True, True, False, False, False, False]
     assert rb.total[:2].tolist() == [12.0, 10.0] and all(math.isnan(x) for x in rb.total[2:].tolist())
-    assert rb.errors == [None, None, "a: RuntimeError: a down", "a: RuntimeError: a down",
-                         "only rewards with weight 0 scored this row",
-                         "no reward applies to this row (every reward returned None)"]
+    assert rb.errors == [
+        None,
+        None,
+        "a: RuntimeError: a down",
+        "a: RuntimeError: a down",
+        "only rewards with weight 0 scored this row",
+        "no reward applies to this row (every reward returned None)",
+    ]
     assert rb.extras[1] == {"a/error": "RuntimeError: a down"}
     m = rb.metrics
     assert (m["reward/a/errors"], m["reward/b/errors"], m["reward/zero/errors"]) == (3.0, 1.0, 0.0)
-    assert m["reward/none_rows"] == 1.0 and m["reward/invalid_frac"] == 4 / 6 and m["reward/infra_errors"] == 4.0
+    assert (
+        m["reward/none_rows"] == 1.0 and m["reward/invalid_frac"] == 4 / 6 and m["reward/infra_errors"] == 4.0
+    )
 
 
 def test_every_row_none_does_not_raise_and_is_not_a_failure():
@@ -172,9 +186,14 @@ def test_a_component_failing_over_the_window_stops_the_run_although_rows_stay_va
 
     pool = RewardPool({"flaky": flaky, "fmt": lambda prompt, completion: 0.5}, max_invalid_frac=0.5, window=2)
     pool.score([P("1")] * 4, ["ok", "ok", "x", "y"])  # 2/4 failed: at the limit, and the window is not full
-    with pytest.warns(RewardErrorWarning, match="reward calls failed on rows that other rewards scored"), \
-            pytest.raises(RewardFailureError, match=r"reward 'flaky' failed on 5/8 rows \(62%\) of the last 2 "
-                                                    r"scoring calls"):
+    with (
+        pytest.warns(RewardErrorWarning, match="reward calls failed on rows that other rewards scored"),
+        pytest.raises(
+            RewardFailureError,
+            match=r"reward 'flaky' failed on 5/8 rows \(62%\) of the last 2 "
+            r"scoring calls",
+        ),
+    ):
         pool.score([P("1")] * 4, ["ok", "x", "y", "z"])
 
 
@@ -198,11 +217,23 @@ def test_trainer_state_from_a_run_without_max_steps():
     from types import SimpleNamespace
 
     # the Lightning Trainer attributes from_trainer reads: 3 epochs of 4 batches, no max_steps
-    trainer = SimpleNamespace(max_steps=-1, max_epochs=3, num_training_batches=4, current_epoch=1, global_step=6,
-                              estimated_stepping_batches=12)
+    trainer = SimpleNamespace(
+        max_steps=-1,
+        max_epochs=3,
+        num_training_batches=4,
+        current_epoch=1,
+        global_step=6,
+        estimated_stepping_batches=12,
+    )
     st = TrainerState.from_trainer(trainer, batch_idx=2, log_history=({"step": 5},))
     assert (st.global_step, st.max_steps, st.epoch, st.num_train_epochs) == (6, 12, 1.5, 3)
     assert st.log_history == ({"step": 5},)
-    steps_only = SimpleNamespace(max_steps=10, max_epochs=-1, num_training_batches=4, current_epoch=0, global_step=0,
-                                 estimated_stepping_batches=float("inf"))
+    steps_only = SimpleNamespace(
+        max_steps=10,
+        max_epochs=-1,
+        num_training_batches=4,
+        current_epoch=0,
+        global_step=0,
+        estimated_stepping_batches=float("inf"),
+    )
     assert TrainerState.from_trainer(steps_only).num_train_epochs == 3  # ceil(10 / 4)

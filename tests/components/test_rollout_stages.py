@@ -1,6 +1,7 @@
 """Each rollout stage on its own (lit_rl/rollout/: render, generate, score, filter/refill, build, pipeline), with
 hand-computed expectations. The tokenizer is the real char tokenizer (one token per character); rewards go
 through a real ``RewardPool``; the engine is a small ``EngineBase`` that returns scripted completions."""
+
 from __future__ import annotations
 
 import math
@@ -60,8 +61,13 @@ def _rb(total, valid=None, comps=None):
     total = torch.tensor(total, dtype=torch.float64)
     valid = torch.ones(len(total), dtype=torch.bool) if valid is None else torch.tensor(valid)
     total = torch.where(valid, total, torch.full_like(total, float("nan")))
-    return RewardBatch(total, valid, comps or {"r": total.clone()},
-                       [None if v else "boom" for v in valid.tolist()], {"reward/infra_errors": float((~valid).sum())})
+    return RewardBatch(
+        total,
+        valid,
+        comps or {"r": total.clone()},
+        [None if v else "boom" for v in valid.tolist()],
+        {"reward/infra_errors": float((~valid).sum())},
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- render
@@ -111,7 +117,9 @@ def test_generate_waits_for_the_engine_lock(tok):
         assert "r" not in out and eng.calls == []
     t.join(5)
     groups, seconds = out["r"]
-    assert [[(tok.decode(c.token_ids), c.finish_reason) for c in g] for g in groups] == [[("a", "stop"), ("bc", "length")]]
+    assert [[(tok.decode(c.token_ids), c.finish_reason) for c in g] for g in groups] == [
+        [("a", "stop"), ("bc", "length")]
+    ]
     assert seconds >= 0.0 and eng.calls == [["q"]]
 
 
@@ -119,8 +127,10 @@ def test_generate_waits_for_the_engine_lock(tok):
 def test_score_rows_are_group_major_and_use_the_decoded_text(tok):
     eng = TextEngine(tok, {})
     pool = RewardPool({"len": lambda p, c: float(len(c)) + (10.0 if p.uid == "b" else 0.0)})
-    groups = [[Completion(tok.encode("x"), [0.0], "stop"), Completion(tok.encode("xyz"), [0.0] * 3, "stop")],
-              [Completion(tok.encode("xy"), [0.0] * 2, "stop"), Completion([], [], "length")]]
+    groups = [
+        [Completion(tok.encode("x"), [0.0], "stop"), Completion(tok.encode("xyz"), [0.0] * 3, "stop")],
+        [Completion(tok.encode("xy"), [0.0] * 2, "stop"), Completion([], [], "length")],
+    ]
     rb = Scorer(pool, decode_with(eng))([Prompt(prompt="p", uid="a"), Prompt(prompt="q", uid="b")], groups)
     assert rb.total.tolist() == [1.0, 3.0, 12.0, 10.0] and rb.valid.all()
     pool.close()
@@ -148,8 +158,10 @@ def test_overlong_filter_masks_exactly_the_cut_off_rows():
 
 def test_informative_groups_need_two_different_valid_rewards():
     # G=3: [0,1,1] informative; [1,1,1] flat; [0,·,1] with one invalid still informative; [5,·,·] one valid only
-    rb = _rb([0, 1, 1, 1, 1, 1, 0, 9, 1, 5, 0, 0],
-             [True, True, True, True, True, True, True, False, True, True, False, False])
+    rb = _rb(
+        [0, 1, 1, 1, 1, 1, 0, 9, 1, 5, 0, 0],
+        [True, True, True, True, True, True, True, False, True, True, False, False],
+    )
     assert informative_groups(rb, 3) == [0, 2]
     assert zero_std_frac(rb, 3) == 0.5
 
@@ -187,7 +199,9 @@ def test_refill_returns_kept_groups_then_refilled_ones():
     assert out.rewards.total.tolist() == [1.0, 0.0, 0.0, 1.0, 2.0, 0.0]
     assert out.groups == [["a0", "a1"], ["c0", "c1"], ["x0", "x1"]]
     assert out.generate_s == pytest.approx(0.5 + 0.25 * tries)  # every try's generation counts
-    assert out.rewards.metrics == {"reward/infra_errors": 0.0}  # the reward pool's metrics of the step's batch
+    assert out.rewards.metrics == {
+        "reward/infra_errors": 0.0
+    }  # the reward pool's metrics of the step's batch
 
 
 def test_refill_raises_after_max_resample_tries():
@@ -196,7 +210,8 @@ def test_refill_raises_after_max_resample_tries():
     P = {u: Prompt(prompt=u, uid=u) for u in table}
     with pytest.raises(RuntimeError, match="max_resample_tries=2 extra generations only 1 of 2 groups"):
         DynamicSampling(RolloutSettings(group_size=2), FilterSettings(max_resample_tries=2))(
-            sample([P["a"], P["b"]]), sample, [P["b"]], random.Random(0))
+            sample([P["a"], P["b"]]), sample, [P["b"]], random.Random(0)
+        )
     assert calls[1:] == [["b"], ["b"]]  # exactly two extra generations
 
 
@@ -211,12 +226,25 @@ def test_refill_stream_is_keyed_by_seed_rank_iteration():
 
 
 def test_rollouts_select_and_concat_keep_rows_aligned():
-    a = Rollouts([Prompt(prompt="a"), Prompt(prompt="b")], [[1], [2]], [["a0", "a1"], ["b0", "b1"]],
-                 _rb([1, 2, 3, 4], [True, True, True, False]), 1.0)
+    a = Rollouts(
+        [Prompt(prompt="a"), Prompt(prompt="b")],
+        [[1], [2]],
+        [["a0", "a1"], ["b0", "b1"]],
+        _rb([1, 2, 3, 4], [True, True, True, False]),
+        1.0,
+    )
     s = a.select([1])
-    assert s.prompt_ids == [[2]] and s.rewards.valid.tolist() == [True, False] and s.rewards.errors == [None, "boom"]
+    assert (
+        s.prompt_ids == [[2]]
+        and s.rewards.valid.tolist() == [True, False]
+        and s.rewards.errors == [None, "boom"]
+    )
     c = Rollouts.concat([s, a.select([0])])
-    assert c.rows() == ["b0", "b1", "a0", "a1"] and c.rewards.components["r"][[0, 2, 3]].tolist() == [3.0, 1.0, 2.0]
+    assert c.rows() == ["b0", "b1", "a0", "a1"] and c.rewards.components["r"][[0, 2, 3]].tolist() == [
+        3.0,
+        1.0,
+        2.0,
+    ]
     assert c.generate_s == 2.0
 
 
@@ -224,18 +252,29 @@ def test_rollouts_select_and_concat_keep_rows_aligned():
 def test_build_layout_group_ids_and_versions(tok):
     eng = TextEngine(tok, {})
     b = ExperienceBuilder(eng, decode_with(eng), horizon=4)
-    comps = [[Completion([30, 31], [-0.5, -1.0], "stop"), Completion([32], [-2.0], "length")],
-             [Completion([], [], "length"), Completion([33, 34, 35], [-0.1, -0.2, -0.3], "stop")]]
-    batch = Rollouts([Prompt(prompt="p", uid="p"), Prompt(prompt="q", domain="math", uid="q")], [[10, 11], [12]],
-                     comps, _rb([1, 0, 1, 1]))
+    comps = [
+        [Completion([30, 31], [-0.5, -1.0], "stop"), Completion([32], [-2.0], "length")],
+        [Completion([], [], "length"), Completion([33, 34, 35], [-0.1, -0.2, -0.3], "stop")],
+    ]
+    batch = Rollouts(
+        [Prompt(prompt="p", uid="p"), Prompt(prompt="q", domain="math", uid="q")],
+        [[10, 11], [12]],
+        comps,
+        _rb([1, 0, 1, 1]),
+    )
     exp = b(batch, pad_id=0, trainable=torch.tensor([True, False, False, True]))
     pad = 0
-    assert exp.input_ids.tolist() == [[10, 11, 30, 31, pad], [10, 11, 32, pad, pad],
-                                      [pad, 12, pad, pad, pad], [pad, 12, 33, 34, 35]]
+    assert exp.input_ids.tolist() == [
+        [10, 11, 30, 31, pad],
+        [10, 11, 32, pad, pad],
+        [pad, 12, pad, pad, pad],
+        [pad, 12, 33, 34, 35],
+    ]
     assert exp.attention_mask.tolist() == [[1, 1, 1, 1, 0], [1, 1, 1, 0, 0], [0, 1, 0, 0, 0], [0, 1, 1, 1, 1]]
     assert exp.loss_mask.tolist() == [[True, True, False], [True, False, False], [False] * 3, [True] * 3]
-    assert torch.equal(exp.rollout_logprobs, torch.tensor([[-0.5, -1.0, 0], [-2.0, 0, 0], [0, 0, 0],
-                                                           [-0.1, -0.2, -0.3]]))
+    assert torch.equal(
+        exp.rollout_logprobs, torch.tensor([[-0.5, -1.0, 0], [-2.0, 0, 0], [0, 0, 0], [-0.1, -0.2, -0.3]])
+    )
     assert exp.group_ids.tolist() == [0, 0, 1, 1] and exp.policy_version.tolist() == [3] * 4
     assert exp.domains == ["default", "default", "math", "math"] and exp.horizon == 4
     assert exp.trainable.tolist() == [True, False, False, True] and exp.finish_reasons[1] == "length"
@@ -251,10 +290,14 @@ def test_pipeline_run_filters_overlong_rows_and_reports(tok):
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c == p.answer))
     settings = RolloutSettings(group_size=2, sampling=SamplingConfig(max_new_tokens=2))
-    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
-                           Scorer(pool, decode_with(eng)),
-                           ExperienceBuilder(eng, decode_with(eng), 2), settings,
-                           FilterSettings(overlong_filter=True))
+    pipe = RolloutPipeline(
+        PromptRenderer(512, "truncate"),
+        Generator(eng, settings),
+        Scorer(pool, decode_with(eng)),
+        ExperienceBuilder(eng, decode_with(eng), 2),
+        settings,
+        FilterSettings(overlong_filter=True),
+    )
     exp, m = pipe.run(tok, [Prompt(prompt="2+2=", answer="4"), Prompt(prompt="1+2=", answer="3")])
     assert exp.rewards.tolist() == [1.0, 0.0, 1.0, 1.0]
     assert exp.trainable.tolist() == [True, False, False, True]
@@ -265,15 +308,22 @@ def test_pipeline_run_filters_overlong_rows_and_reports(tok):
 
 
 def test_pipeline_refill_draws_from_the_pool_with_the_rank_iteration_stream(tok):
-    script = {"a": [("1", "stop"), ("0", "stop")], "b": [("1", "stop"), ("1", "stop")],
-              "c": [("0", "stop"), ("1", "stop")]}
+    script = {
+        "a": [("1", "stop"), ("0", "stop")],
+        "b": [("1", "stop"), ("1", "stop")],
+        "c": [("0", "stop"), ("1", "stop")],
+    }
     eng = TextEngine(tok, script)
     pool = RewardPool(lambda p, c: float(c))
     settings = RolloutSettings(group_size=2, seed=1)
-    pipe = RolloutPipeline(PromptRenderer(512, "truncate"), Generator(eng, settings),
-                           Scorer(pool, decode_with(eng)),
-                           ExperienceBuilder(eng, decode_with(eng), 16), settings,
-                           FilterSettings(dynamic_sampling=True))
+    pipe = RolloutPipeline(
+        PromptRenderer(512, "truncate"),
+        Generator(eng, settings),
+        Scorer(pool, decode_with(eng)),
+        ExperienceBuilder(eng, decode_with(eng), 16),
+        settings,
+        FilterSettings(dynamic_sampling=True),
+    )
     train = [Prompt(prompt=u, uid=u) for u in "abc"]
     exp, m = pipe.run(tok, [train[0], train[1]], pool=train, rank=1, iteration=5)
     rng = random.Random("lit_rl.refill:1:1:5")

@@ -1,4 +1,5 @@
 """The prompt sampler cuts one global stream across ranks: W ranks × b prompts == 1 rank × W·b prompts."""
+
 import itertools
 
 from torch.utils.data import DistributedSampler
@@ -16,7 +17,7 @@ def test_two_ranks_partition_the_single_rank_stream_batch_by_batch():
     r0 = _take(_InfiniteShuffle(n, seed=3, batch_size=b, rank=0, world_size=2), b * steps)
     r1 = _take(_InfiniteShuffle(n, seed=3, batch_size=b, rank=1, world_size=2), b * steps)
     for s in range(steps):
-        assert single[2 * b * s: 2 * b * (s + 1)] == r0[b * s: b * (s + 1)] + r1[b * s: b * (s + 1)]
+        assert single[2 * b * s : 2 * b * (s + 1)] == r0[b * s : b * (s + 1)] + r1[b * s : b * (s + 1)]
 
 
 def test_each_pass_is_a_permutation_and_position_resumes():

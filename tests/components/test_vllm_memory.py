@@ -1,10 +1,17 @@
 """The CPU KV-cache default of VLLMEngine (rollout/_vllm_memory.py): sized from the model, not from RAM."""
+
 import json
 
 from lit_rl.rollout._vllm_memory import MIN_BYTES, cpu_kv_cache_bytes, kv_bytes_per_token
 
-SMOLLM2 = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576,
-           "head_dim": 64, "max_position_embeddings": 8192}
+SMOLLM2 = {
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "hidden_size": 576,
+    "head_dim": 64,
+    "max_position_embeddings": 8192,
+}
 
 
 def test_bytes_per_token_of_a_gqa_decoder():

@@ -10,6 +10,7 @@ The references (``reference_*``) are written from the papers' objectives with a 
 independent check of the assembled loop: masks, denominators, horizon, group statistics, whitening, IS
 weights, value loss and distillation terms.
 """
+
 from __future__ import annotations
 
 import copy
@@ -59,8 +60,13 @@ class NoStep(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        self.grads.append([p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
-                           for g in self.param_groups for p in g["params"]])
+        self.grads.append(
+            [
+                p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p)
+                for g in self.param_groups
+                for p in g["params"]
+            ]
+        )
 
 
 def build_module(name: str, model_dir: str, **override):
@@ -79,8 +85,9 @@ def build_module(name: str, model_dir: str, **override):
 
 
 # --------------------------------------------------------------------------------------- experience
-def hand_experience(pad_id: int, vocab: int, horizon: int = 5, seed: int = 0, extra_pad: tuple[int, int] = (0, 0)
-                    ) -> Experience:
+def hand_experience(
+    pad_id: int, vocab: int, horizon: int = 5, seed: int = 0, extra_pad: tuple[int, int] = (0, 0)
+) -> Experience:
     """8 rows in two groups of 4: prompts of 2-3 tokens, completions of 1-5 tokens (one cut off at the
     horizon, finish "length"), row 5's reward failed (valid False, NaN), mixed 0/1 rewards.
 
@@ -100,16 +107,27 @@ def hand_experience(pad_id: int, vocab: int, horizon: int = 5, seed: int = 0, ex
     mask = torch.zeros((B, C), dtype=torch.bool)
     for i, n in enumerate(lens):
         p = prompts[i // 4]
-        ids[i, P - len(p):P] = torch.tensor(p)
-        ids[i, P:P + n] = torch.randint(10, vocab, (n,), generator=g)
-        att[i, P - len(p):P + n] = 1
+        ids[i, P - len(p) : P] = torch.tensor(p)
+        ids[i, P : P + n] = torch.randint(10, vocab, (n,), generator=g)
+        att[i, P - len(p) : P + n] = 1
         mask[i, :n] = True
     rlp = torch.where(mask, -torch.rand((B, C), generator=g, dtype=torch.float64) * 4 - 0.5, 0.0)
-    return Experience(input_ids=ids, attention_mask=att, loss_mask=mask, prompt_len=P,
-                      group_ids=torch.tensor([0] * 4 + [1] * 4), rewards=rewards, valid=valid,
-                      policy_version=torch.zeros(B, dtype=torch.long), rollout_logprobs=rlp,
-                      finish_reasons=finish, horizon=horizon, prompts=[None] * B, domains=["default"] * B,
-                      texts=[""] * B)
+    return Experience(
+        input_ids=ids,
+        attention_mask=att,
+        loss_mask=mask,
+        prompt_len=P,
+        group_ids=torch.tensor([0] * 4 + [1] * 4),
+        rewards=rewards,
+        valid=valid,
+        policy_version=torch.zeros(B, dtype=torch.long),
+        rollout_logprobs=rlp,
+        finish_reasons=finish,
+        horizon=horizon,
+        prompts=[None] * B,
+        domains=["default"] * B,
+        texts=[""] * B,
+    )
 
 
 class FixedExperience(L.Callback):
@@ -136,14 +154,30 @@ class FixedExperience(L.Callback):
         batch.experience = exp
 
 
-def run_step(module, exp: Experience, callbacks=(), temperature: float = 1.0, strategy="auto", devices=1,
-             transform=None) -> list[list[torch.Tensor]]:
+def run_step(
+    module,
+    exp: Experience,
+    callbacks=(),
+    temperature: float = 1.0,
+    strategy="auto",
+    devices=1,
+    transform=None,
+) -> list[list[torch.Tensor]]:
     """One RL iteration in a real Trainer (float64); returns the recorded gradient of every optimizer step."""
     L.seed_everything(0)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, precision="64-true", max_steps=1,
-                        max_epochs=-1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False,
-                        callbacks=[FixedExperience(exp, temperature, transform), *callbacks])
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        precision="64-true",
+        max_steps=1,
+        max_epochs=-1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[FixedExperience(exp, temperature, transform), *callbacks],
+    )
     trainer.fit(module, datamodule=PromptDataModule(task="addition", task_args=TASK, batch_size=4))
     return trainer.optimizers[0].grads
 
@@ -163,13 +197,18 @@ def full_logprobs(model, exp: Experience, temperature: float = 1.0, with_hidden:
     logits (B, C, V) — no logits_to_keep, no chunking."""
     att = exp.attention_mask
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=exp.input_ids, attention_mask=att, position_ids=pos, output_hidden_states=with_hidden,
-                use_cache=False)
+    out = model(
+        input_ids=exp.input_ids,
+        attention_mask=att,
+        position_ids=pos,
+        output_hidden_states=with_hidden,
+        use_cache=False,
+    )
     P, C = exp.prompt_len, exp.completion_len
-    logits = out.logits[:, P - 1:P - 1 + C].double() / temperature  # position P+t-1 predicts token t
+    logits = out.logits[:, P - 1 : P - 1 + C].double() / temperature  # position P+t-1 predicts token t
     lp_all = torch.log_softmax(logits, -1)
     lp = lp_all.gather(-1, exp.input_ids[:, P:].unsqueeze(-1)).squeeze(-1)
-    hidden = out.hidden_states[-1][:, P - 1:P - 1 + C] if with_hidden else None
+    hidden = out.hidden_states[-1][:, P - 1 : P - 1 + C] if with_hidden else None
     return lp, hidden, lp_all
 
 
@@ -231,9 +270,19 @@ def clip_objective(ratio: torch.Tensor, adv: torch.Tensor, lo: float, hi: float)
 # on-policy steps against the very formulas the recipe conformance tests use. Each returns a closure for
 # ``reference_grad``; ``adv`` is (B, 1) per row or (B, C) per token; ``weights(lp)``: optional per-token IS
 # weights.
-def clip_reference(module, exp: Experience, adv, mode: str, lo: float, hi: float, horizon=None, weights=None,
-                   temperature: float = 1.0):
+def clip_reference(
+    module,
+    exp: Experience,
+    adv,
+    mode: str,
+    lo: float,
+    hi: float,
+    horizon=None,
+    weights=None,
+    temperature: float = 1.0,
+):
     """Clipped surrogate (PPO / GRPO / Dr. GRPO / DAPO) at θ = θ_old: ρ = exp(lp − sg(lp))."""
+
     def loss():
         lp, _, _ = full_logprobs(module.model, exp, temperature)
         ratio = torch.exp(lp - lp.detach())
@@ -241,6 +290,7 @@ def clip_reference(module, exp: Experience, adv, mode: str, lo: float, hi: float
         if weights is not None:
             per_tok = per_tok * weights(lp)
         return agg(per_tok, trained(exp), mode, horizon)
+
     return loss
 
 
@@ -256,21 +306,26 @@ def gspo_reference(module, exp: Experience, adv, lo: float, hi: float, temperatu
             s = torch.exp((lp[i] - lp[i].detach())[m[i]].mean())
             terms.append(-torch.minimum(s * adv[i], s.clamp(1 - lo, 1 + hi) * adv[i]))
         return torch.stack(terms).mean()
+
     return loss
 
 
 def cispo_reference(module, exp: Experience, adv, lo: float, hi: float, temperature: float = 1.0):
     """CISPO (arXiv 2506.13585): −sg(clip(ρ, 1 − lo, 1 + hi)) · A · log π, token mean."""
+
     def loss():
         lp, _, _ = full_logprobs(module.model, exp, temperature)
         w = torch.exp(lp - lp.detach()).clamp(1 - lo, 1 + hi).detach()
         return agg(-w * adv * lp, trained(exp), "token_mean")
+
     return loss
 
 
 def reinforce_reference(module, exp: Experience, adv, temperature: float = 1.0):
     """REINFORCE (Williams 1992): −A · log π, token mean."""
+
     def loss():
         lp, _, _ = full_logprobs(module.model, exp, temperature)
         return agg(-adv * lp, trained(exp), "token_mean")
+
     return loss

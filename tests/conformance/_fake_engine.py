@@ -1,6 +1,7 @@
 """The smallest complete rollout engine: a plain transformers forward per token (no KV cache), the example of
 docs/architecture.md ("Adding an engine"). It samples from ``process_logits`` with one torch generator per
 prompt, seeded by the shared per-request seed cursor, so it passes the whole engine conformance suite."""
+
 from __future__ import annotations
 
 import copy
@@ -34,7 +35,9 @@ class FakeEngine(RequestSeeds, EngineBase):
         out = []
         for p in prompt_ids:
             if len(p) + sampling.max_new_tokens > self.max_model_len:
-                raise ValueError(f"prompt of {len(p)} tokens + max_new_tokens over max_model_len={self.max_model_len}")
+                raise ValueError(
+                    f"prompt of {len(p)} tokens + max_new_tokens over max_model_len={self.max_model_len}"
+                )
             g = torch.Generator().manual_seed(self._next_seed(sampling, n))
             group = []
             for _ in range(n):
@@ -45,7 +48,11 @@ class FakeEngine(RequestSeeds, EngineBase):
                     seen[0, ids[0]] = True
                     x = process_logits(self.model(input_ids=ids).logits[:, -1].float(), seen, sampling)
                     lp = torch.log_softmax(x, -1)[0]
-                    t = int(lp.argmax()) if sampling.greedy else int(torch.multinomial(lp.exp(), 1, generator=g))
+                    t = (
+                        int(lp.argmax())
+                        if sampling.greedy
+                        else int(torch.multinomial(lp.exp(), 1, generator=g))
+                    )
                     toks.append(t)
                     lps.append(float(lp[t]))
                     if t == self.tokenizer.eos_token_id:

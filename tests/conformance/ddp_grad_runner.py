@@ -5,10 +5,10 @@
 Rank r trains on rows [r·B/W, (r+1)·B/W) (whole groups); rank 0 saves the averaged gradient of the step.
 Lightning re-executes this script for the extra local rank (used by test_invariance.py).
 """
+
 import sys
 
 import torch
-
 from _conformance import build_module, flat, hand_experience, run_step
 
 if __name__ == "__main__":

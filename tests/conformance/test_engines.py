@@ -12,6 +12,7 @@ model (hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports), ea
 - refuse a prompt over ``limits()["max_model_len"]`` (engines that declare one);
 - count calls, prompts, sequences and tokens in ``metrics()``, and keep them in ``state_dict``.
 """
+
 from __future__ import annotations
 
 import copy
@@ -45,21 +46,31 @@ def _hf():
 def _vllm():
     from lit_rl.rollout.vllm import VLLMEngine
 
-    return VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60,
-                      llm_kwargs={"block_size": 32})
+    return VLLMEngine(
+        max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
+    )
 
 
 def _server():
     from lit_rl.rollout.server import VLLMServerEngine
 
-    return VLLMServerEngine(launch={"num_servers": 1, "max_model_len": 96, "max_num_seqs": 8, "timeout_s": 600},
-                            request_timeout_s=60, sync_timeout_s=120)
+    return VLLMServerEngine(
+        launch={"num_servers": 1, "max_model_len": 96, "max_num_seqs": 8, "timeout_s": 600},
+        request_timeout_s=60,
+        sync_timeout_s=120,
+    )
 
 
-ENGINES = [pytest.param(_fake, id="fake"), pytest.param(_hf, id="hf"),
-           pytest.param(_vllm, id="vllm", marks=_VLLM), pytest.param(_server, id="server", marks=_VLLM)]
+ENGINES = [
+    pytest.param(_fake, id="fake"),
+    pytest.param(_hf, id="hf"),
+    pytest.param(_vllm, id="vllm", marks=_VLLM),
+    pytest.param(_server, id="server", marks=_VLLM),
+]
 # The same engines for the contract checks, which only construct them: not slow (vllm still needs vllm installed)
-CONTRACT = [pytest.param(p.values[0], id=p.id, marks=[m for m in p.marks if m.name == "vllm"]) for p in ENGINES]
+CONTRACT = [
+    pytest.param(p.values[0], id=p.id, marks=[m for m in p.marks if m.name == "vllm"]) for p in ENGINES
+]
 
 
 @pytest.mark.parametrize("make", CONTRACT)
@@ -78,11 +89,23 @@ def test_engine_implements_the_one_contract(make):
 
 
 @pytest.mark.parametrize("make", CONTRACT)
-@pytest.mark.parametrize("name, value, fix", [
-    pytest.param("allow_truncated_logprobs", True, r"allow_truncated_logprobs was removed: .* delete the setting",
-                 id="allow_truncated_logprobs"),
-    pytest.param("overlong_prompts", "drop", r"overlong_prompts was removed .* set RolloutCallback overlong_prompts",
-                 id="overlong_prompts")])
+@pytest.mark.parametrize(
+    "name, value, fix",
+    [
+        pytest.param(
+            "allow_truncated_logprobs",
+            True,
+            r"allow_truncated_logprobs was removed: .* delete the setting",
+            id="allow_truncated_logprobs",
+        ),
+        pytest.param(
+            "overlong_prompts",
+            "drop",
+            r"overlong_prompts was removed .* set RolloutCallback overlong_prompts",
+            id="overlong_prompts",
+        ),
+    ],
+)
 def test_removed_arguments_name_their_replacement(make, name, value, fix):
     cls = type(make())
     with pytest.raises(TypeError, match=f"^{cls.__name__}: {fix}"):
@@ -101,8 +124,11 @@ def test_an_object_that_is_not_an_engine_base_is_refused_in_one_line():
 
         def update_weights(self, named_tensors): ...
 
-    with pytest.raises(TypeError, match=r"^engine=DuckEngine is not a rollout engine: subclass "
-                                        r"lit_rl\.rollout\.base\.EngineBase"):
+    with pytest.raises(
+        TypeError,
+        match=r"^engine=DuckEngine is not a rollout engine: subclass "
+        r"lit_rl\.rollout\.base\.EngineBase",
+    ):
         RolloutCallback(engine=DuckEngine(), rewards=lambda prompt, completion: 0.0)
 
     class NoGenerate(EngineBase):
@@ -124,8 +150,12 @@ def test_rollout_callback_binds_with_its_rollout_settings():
             self.shape = (rollout.group_size, rollout.sampling.max_new_tokens)
 
     engine = Recording()
-    rc = RolloutCallback(engine=engine, rewards=lambda prompt, completion: 0.0, group_size=3,
-                         sampling=SamplingConfig(max_new_tokens=7))
+    rc = RolloutCallback(
+        engine=engine,
+        rewards=lambda prompt, completion: 0.0,
+        group_size=3,
+        sampling=SamplingConfig(max_new_tokens=7),
+    )
     module = types.SimpleNamespace(heldout_eval=object(), hparams=types.SimpleNamespace())
     rc.setup(types.SimpleNamespace(datamodule=None), module, "fit")
     assert engine.shape == (3, 7)
@@ -135,16 +165,22 @@ def test_rollout_callback_binds_with_its_rollout_settings():
 def model_dir(tmp_path_factory):
     from lit_rl.models.tiny import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("engines") / "m", layers=2, hidden=64, heads=2,
-                            tokenizer="char", seed=0)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("engines") / "m", layers=2, hidden=64, heads=2, tokenizer="char", seed=0
+    )
 
 
 @pytest.fixture(scope="module", params=ENGINES)
 def bound(request, model_dir):
-    module = types.SimpleNamespace(model=load_causal_lm(str(model_dir)), tokenizer=load_tokenizer(str(model_dir)),
-                                   model_path=str(model_dir))
+    module = types.SimpleNamespace(
+        model=load_causal_lm(str(model_dir)),
+        tokenizer=load_tokenizer(str(model_dir)),
+        model_path=str(model_dir),
+    )
     engine = request.param()
-    engine.bind(module, RolloutSettings(group_size=3, sampling=SamplingConfig(max_new_tokens=5)))  # the largest n, max_new_tokens below
+    engine.bind(
+        module, RolloutSettings(group_size=3, sampling=SamplingConfig(max_new_tokens=5))
+    )  # the largest n, max_new_tokens below
     yield engine, module
     engine.close()
 
@@ -155,24 +191,39 @@ def _ids(module):
 
 @torch.no_grad()
 def _trainer_logprobs(model, prompt, completion, temperature):
-    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1:-1].double()
+    logits = model(input_ids=torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1].double()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
 
 
 def _worst(model, prompts, groups, temperature):
-    return max(float((torch.tensor(c.logprobs, dtype=torch.float64)
-                      - _trainer_logprobs(model, p, c.token_ids, temperature)).abs().max())
-               for p, g in zip(prompts, groups) for c in g)
+    return max(
+        float(
+            (
+                torch.tensor(c.logprobs, dtype=torch.float64)
+                - _trainer_logprobs(model, p, c.token_ids, temperature)
+            )
+            .abs()
+            .max()
+        )
+        for p, g in zip(prompts, groups)
+        for c in g
+    )
 
 
 def test_logprobs_are_the_trainers_recomputation(bound):
     engine, module = bound
     engine.update_weights(engine.sync_items(module.model))
-    for sp in (SamplingConfig(temperature=0.8, max_new_tokens=5), SamplingConfig(temperature=0.0, max_new_tokens=5)):
+    for sp in (
+        SamplingConfig(temperature=0.8, max_new_tokens=5),
+        SamplingConfig(temperature=0.0, max_new_tokens=5),
+    ):
         groups = engine.generate(_ids(module), 2, sp)
         assert [len(g) for g in groups] == [2] * len(PROMPTS)
-        assert all(len(c.token_ids) == len(c.logprobs) > 0 and c.finish_reason in ("stop", "length")
-                   for g in groups for c in g)
+        assert all(
+            len(c.token_ids) == len(c.logprobs) > 0 and c.finish_reason in ("stop", "length")
+            for g in groups
+            for c in g
+        )
         assert _worst(module.model, _ids(module), groups, sp.logprob_temperature) < 1e-4
 
 
@@ -226,7 +277,8 @@ def test_counters_are_in_metrics_and_state(bound):
     assert after["rollout/engine_prompts"] == before["rollout/engine_prompts"] + len(PROMPTS)
     assert after["rollout/engine_sequences"] == before["rollout/engine_sequences"] + 3 * len(PROMPTS)
     assert after["rollout/engine_tokens"] == before["rollout/engine_tokens"] + sum(
-        len(c.token_ids) for g in groups for c in g)
+        len(c.token_ids) for g in groups for c in g
+    )
     state = copy.deepcopy(engine.state_dict())
     engine.generate(_ids(module)[:1], 1, SamplingConfig(temperature=0.0, max_new_tokens=2))
     engine.load_state_dict(state)

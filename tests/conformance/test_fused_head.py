@@ -2,6 +2,7 @@
 path's (``PolicyModule.materialize_logits = True``, the pre-chunking code) through a real Trainer step (float64):
 GRPO with an entropy bonus and a reference-KL loss term, PPO with a shared-backbone critic, and distillation with
 every full-vocabulary term. Models whose logits are not ``lm_head(hidden)`` (LoRA on the head) fall back."""
+
 from __future__ import annotations
 
 import copy
@@ -34,8 +35,9 @@ def _callbacks(name, tmp_path, module):
         from lit_rl.models.tiny import build_tiny_model
 
         tdir = tmp_path / "teacher"
-        build_tiny_model(str(tdir), layers=2, hidden=32, heads=2, tokenizer="char", seed=7,
-                         overwrite=True)  # another hidden size than the student
+        build_tiny_model(
+            str(tdir), layers=2, hidden=32, heads=2, tokenizer="char", seed=7, overwrite=True
+        )  # another hidden size than the student
         teacher = load_causal_lm(str(tdir), "float32").double().eval()
         return [TeacherRouter({"default": Teacher(model=teacher)})]
     return []
@@ -44,8 +46,15 @@ def _callbacks(name, tmp_path, module):
 OVERRIDES = {
     "grpo": {},
     "ppo": {},
-    "distill": {"losses": {"reverse_kl_full": 1.0, "forward_kl": 0.3, "jsd": 0.5, "topk_reverse_kl": 0.7,
-                           "reverse_kl_sampled": 0.2}},
+    "distill": {
+        "losses": {
+            "reverse_kl_full": 1.0,
+            "forward_kl": 0.3,
+            "jsd": 0.5,
+            "topk_reverse_kl": 0.7,
+            "reverse_kl_sampled": 0.2,
+        }
+    },
 }
 
 
@@ -56,7 +65,9 @@ def test_step_gradient_equals_materialised_path_without_materialising(tiny_model
         module = build_module(name, str(tiny_model_dir), **OVERRIDES[name])
         module.materialize_logits = materialize
         before = LazyLogits.materialized
-        grads[materialize] = run_step(module, _exp(module), callbacks=_callbacks(name, tmp_path, module), temperature=0.7)
+        grads[materialize] = run_step(
+            module, _exp(module), callbacks=_callbacks(name, tmp_path, module), temperature=0.7
+        )
         if not materialize:
             assert LazyLogits.materialized == before, "a consumer read fwd['logits'] on the chunked path"
     assert len(grads[False]) == len(grads[True]) >= 1

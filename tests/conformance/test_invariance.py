@@ -1,5 +1,6 @@
 """Invariances of the assembled step, for every loss aggregation: the same rows padded to another width, cut
 into other micro-batches, or split over 2 DDP ranks give the same gradient (float64, rtol 1e-12 / 1e-10)."""
+
 from __future__ import annotations
 
 import os
@@ -10,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _conformance import build_module, flat, hand_experience, max_rel_diff, run_step
 
 MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
@@ -19,8 +19,9 @@ HERE = Path(__file__).resolve().parent
 
 def _grad(model_dir, loss_agg, extra_pad=(0, 0), **kw):
     module = build_module("grpo", str(model_dir), loss_agg=loss_agg, **kw)
-    exp = hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8,
-                          extra_pad=extra_pad)
+    exp = hand_experience(
+        module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8, extra_pad=extra_pad
+    )
     return flat(run_step(module, exp)[0])
 
 
@@ -45,11 +46,20 @@ def _free_port() -> str:
 def test_two_ddp_ranks_give_the_single_process_gradient(tiny_model_dir, tmp_path, loss_agg):
     """2 real processes (gloo), 4 rows each, trimmed to different widths: DDP's averaged gradient equals the
     1-process gradient on all 8 rows (global token / sequence counts, one constant horizon)."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": _free_port(),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / "g2.pt"
-    r = subprocess.run([sys.executable, str(HERE / "ddp_grad_runner.py"), str(out), str(tiny_model_dir),
-                        loss_agg, "2"], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, str(HERE / "ddp_grad_runner.py"), str(out), str(tiny_model_dir), loss_agg, "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     single = _grad(tiny_model_dir, loss_agg)
     assert float(single.abs().max()) > 0

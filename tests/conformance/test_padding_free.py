@@ -1,6 +1,7 @@
 """``padding_free``: one optimizer step's gradient through a real Trainer equals the padded forward's (float64),
 for GRPO, Dr. GRPO's length-normalised loss, PPO with a shared critic (its value head reads the packed hidden
 states), together with token-budget micro-batches and under gradient checkpointing; and 2 DDP ranks."""
+
 from __future__ import annotations
 
 import json
@@ -33,10 +34,17 @@ def _grad(model_dir, name, **kw):
     return flat(run_step(module, exp)[0])
 
 
-@pytest.mark.parametrize("name, extra", [("grpo", {}), ("grpo", {"loss_agg": "seq_mean_token_sum_norm"}),
-                                         ("ppo", {}), ("grpo", {"micro_batch_tokens": 16}),
-                                         ("grpo", {"pack_row_tokens": 4}),
-                                         ("grpo", {"gradient_checkpointing": True})])
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("grpo", {}),
+        ("grpo", {"loss_agg": "seq_mean_token_sum_norm"}),
+        ("ppo", {}),
+        ("grpo", {"micro_batch_tokens": 16}),
+        ("grpo", {"pack_row_tokens": 4}),
+        ("grpo", {"gradient_checkpointing": True}),
+    ],
+)
 def test_padding_free_gradient_equals_padded(tiny_model_dir, name, extra):
     ref = _grad(tiny_model_dir, name, **{k: v for k, v in extra.items() if k == "loss_agg"})
     assert float(ref.abs().max()) > 0
@@ -50,11 +58,29 @@ def test_two_ddp_ranks_packed_equal_one_padded_process(tiny_model_dir, tmp_path)
     from test_token_budget import _free_port
     from token_budget_runner import long_and_short
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(),
-           "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": _free_port(),
+        "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / "g2.pt"
-    r = subprocess.run([sys.executable, str(HERE / "token_budget_runner.py"), str(out), str(tiny_model_dir),
-                        "token_mean", "2", "10", "padding_free"], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "token_budget_runner.py"),
+            str(out),
+            str(tiny_model_dir),
+            "token_mean",
+            "2",
+            "10",
+            "padding_free",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = [json.loads(Path(f"{out}.rank{k}.json").read_text()) for k in range(2)]
     assert ran[1] == [{"real": 2, "zero_weight": 1, "rows": [3, 1]}]

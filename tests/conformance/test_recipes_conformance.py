@@ -5,14 +5,29 @@ through a real Trainer step of the recipe's module; each recorded parameter grad
 gradient of an independent float64 reference written from the paper (``_conformance``), rtol 1e-6 of the
 largest component. ``GRADIENT_DIFFS`` collects the figures for the closing table (printed with -s).
 """
+
 from __future__ import annotations
 
-import torch
-
 import pytest
-from _conformance import (agg, build_module, cispo_reference, clip_objective, clip_reference, flat,
-                          full_logprobs, group_advantage, gspo_reference, hand_experience, max_rel_diff, recipe,
-                          reference_grad, reinforce_reference, run_step, trained)
+import torch
+from _conformance import (
+    agg,
+    build_module,
+    cispo_reference,
+    clip_objective,
+    clip_reference,
+    flat,
+    full_logprobs,
+    group_advantage,
+    gspo_reference,
+    hand_experience,
+    max_rel_diff,
+    recipe,
+    reference_grad,
+    reinforce_reference,
+    run_step,
+    trained,
+)
 
 RTOL = 1e-6
 GRADIENT_DIFFS: dict[str, float] = {}
@@ -20,7 +35,9 @@ HORIZON = 8  # the Experience's constant H (not its padded width 5, nor any trim
 
 
 def _exp(module, **kw):
-    return hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=HORIZON, **kw)
+    return hand_experience(
+        module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=HORIZON, **kw
+    )
 
 
 def _check(name, grads, ref):
@@ -37,10 +54,13 @@ def _policy_ref(module, exp, adv_fn, mode, lo, hi, horizon=None, weights=None):
     return reference_grad(module, clip_reference(module, exp, adv_fn, mode, lo, hi, horizon, weights))
 
 
-@pytest.mark.parametrize("name,std,mode,lo,hi", [
-    ("grpo", True, "seq_mean_token_mean", 0.2, 0.2),
-    ("dr_grpo", False, "seq_mean_token_sum_norm", 0.2, 0.2),
-])
+@pytest.mark.parametrize(
+    "name,std,mode,lo,hi",
+    [
+        ("grpo", True, "seq_mean_token_mean", 0.2, 0.2),
+        ("dr_grpo", False, "seq_mean_token_sum_norm", 0.2, 0.2),
+    ],
+)
 def test_group_recipes_match_the_paper(tiny_model_dir, name, std, mode, lo, hi):
     module = build_module(name, str(tiny_model_dir))
     exp = _exp(module)
@@ -62,11 +82,17 @@ def test_dapo_matches_the_paper(tiny_model_dir):
     base = _exp(module)
     lengths = base.loss_mask.sum(-1)
     L_max, cache = 5, 2  # this Experience's budget (its longest rows were cut at 5 tokens)
-    rc = RolloutCallback(rewards=lambda p, c: 0.0, sampling=SamplingConfig(max_new_tokens=L_max),
-                         overlong_buffer=cache, overlong_filter=True)
+    rc = RolloutCallback(
+        rewards=lambda p, c: 0.0,
+        sampling=SamplingConfig(max_new_tokens=L_max),
+        overlong_buffer=cache,
+        overlong_filter=True,
+    )
 
     def through_callback(exp, trainer):  # the RolloutCallback's own shaping and filter
-        rb = rc.pipeline.score.shaping(RewardBatch(exp.rewards, exp.valid, {}, [None] * len(exp)), lengths.tolist())
+        rb = rc.pipeline.score.shaping(
+            RewardBatch(exp.rewards, exp.valid, {}, [None] * len(exp)), lengths.tolist()
+        )
         exp.rewards = rb.total
         exp.trainable = torch.tensor([f != "length" for f in exp.finish_reasons])
         return exp
@@ -152,6 +178,7 @@ def test_ppo_matches_the_paper(tiny_model_dir):
         policy = agg(clip_objective(ratio, aw, 0.2, 0.2), m, "token_mean")
         value = agg(0.5 * (V - ret) ** 2, m, "token_mean")
         return policy + 0.5 * value
+
     assert len(grads) == 2
     _check("ppo", grads, reference_grad(module, loss))
 
@@ -161,11 +188,14 @@ def test_async_recipe_matches_truncated_importance_sampling(tiny_model_dir):
     w_t = min(π_θold(y_t)/μ(y_t), 2) (IMPALA, arXiv 1802.01561) times the clipped surrogate, token mean."""
     module = build_module("async", str(tiny_model_dir))
     exp = _exp(module)
-    with torch.no_grad():  # μ: the current policy moved by ±0.9 nats per token, so some weights exceed the cap
+    with (
+        torch.no_grad()
+    ):  # μ: the current policy moved by ±0.9 nats per token, so some weights exceed the cap
         lp0, _, _ = full_logprobs(module.model.double(), exp)
         g = torch.Generator().manual_seed(5)
-        exp.rollout_logprobs = torch.where(exp.loss_mask, lp0 + (torch.rand(lp0.shape, generator=g,
-                                                                           dtype=torch.float64) - 0.5) * 1.8, 0.0)
+        exp.rollout_logprobs = torch.where(
+            exp.loss_mask, lp0 + (torch.rand(lp0.shape, generator=g, dtype=torch.float64) - 0.5) * 1.8, 0.0
+        )
     grads = run_step(module, exp)
     adv = group_advantage(exp, std_normalize=True)[:, None]
     w = lambda lp: torch.exp(lp.detach() - exp.rollout_logprobs).clamp(max=2.0)  # noqa: E731
@@ -177,8 +207,8 @@ def test_distill_recipe_matches_reverse_kl(tiny_model_dir, tmp_path):
     """On-policy distillation (GKD arXiv 2306.13649): Σ_v π_θ(v) (log π_θ(v) − log π_T(v)) at every trained
     token, token mean (coefficient 1, rl_coef 0)."""
     from lit_rl.callbacks.teachers import Teacher, TeacherRouter
-    from lit_rl.models.tiny import build_tiny_model
     from lit_rl.models.loading import load_causal_lm
+    from lit_rl.models.tiny import build_tiny_model
 
     tdir = tmp_path / "teacher"
     build_tiny_model(str(tdir), layers=2, hidden=64, heads=2, tokenizer="char", seed=7)
@@ -193,18 +223,20 @@ def test_distill_recipe_matches_reverse_kl(tiny_model_dir, tmp_path):
             _, _, lt = full_logprobs(teacher, exp)
         kl = (ls.exp() * (ls - lt)).sum(-1)  # (B, C)
         return agg(kl, trained(exp), "token_mean")
+
     _check("distill", grads, reference_grad(module, loss))
 
 
 def test_every_recipe_is_covered():
-    from _conformance import RECIPES, ROOT
-
     import yaml
+    from _conformance import RECIPES, ROOT
 
     # Engine variants: the same `model:` section (the same loss) as the recipe named, another rollout engine.
     engine_variants = {"grpo_server": "grpo_vllm", "async_server": "async"}
     for variant, same_as in engine_variants.items():
-        models = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"] for n in (variant, same_as)]
+        models = [
+            yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"] for n in (variant, same_as)
+        ]
         assert models[0] == models[1], f"configs/{variant}.yaml's model section differs from {same_as}.yaml's"
     # Checkpoint variants: the same loss settings as the recipe named, on another model (and its own lr).
     # grpo_vllm is one too: the quickstart's loss through vLLM on the two-operand task, with its own optimizer
@@ -212,10 +244,17 @@ def test_every_recipe_is_covered():
     checkpoint_variants = {"smollm2_addition": "quickstart", "grpo_vllm": "quickstart"}
     loss_keys = ("advantage", "policy_loss", "loss_agg", "std_normalize", "clip_low", "clip_high", "kl_coef")
     for variant, same_as in checkpoint_variants.items():
-        args = [yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"]["init_args"]
-                for n in (variant, same_as)]
-        assert [{k: a.get(k) for k in loss_keys} for a in args] == [{k: args[1].get(k) for k in loss_keys}] * 2, \
-            f"configs/{variant}.yaml's loss settings differ from {same_as}.yaml's"
-    algorithmic = ({p.stem for p in (ROOT / "configs").glob("*.yaml")} - {"quickstart"} - set(engine_variants)
-                   - set(checkpoint_variants))
+        args = [
+            yaml.safe_load((ROOT / "configs" / f"{n}.yaml").read_text())["model"]["init_args"]
+            for n in (variant, same_as)
+        ]
+        assert [{k: a.get(k) for k in loss_keys} for a in args] == [
+            {k: args[1].get(k) for k in loss_keys}
+        ] * 2, f"configs/{variant}.yaml's loss settings differ from {same_as}.yaml's"
+    algorithmic = (
+        {p.stem for p in (ROOT / "configs").glob("*.yaml")}
+        - {"quickstart"}
+        - set(engine_variants)
+        - set(checkpoint_variants)
+    )
     assert set(RECIPES) >= algorithmic, f"recipes without a conformance test: {algorithmic - set(RECIPES)}"

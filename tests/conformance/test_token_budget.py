@@ -1,6 +1,7 @@
 """Token-budget micro-batches (``micro_batch_tokens``): the gradient of one optimizer step equals the gradient of
 the whole minibatch in one pass (float64), in one process and over 2 DDP ranks whose rows have different
 length mixes (and so different numbers of micro-batches)."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _conformance import build_module, flat, hand_experience, max_rel_diff, run_step
+
 from lit_rl.learners import PolicyModule
 
 HERE = Path(__file__).resolve().parent
@@ -25,8 +26,9 @@ def _grad(model_dir, name, **kw):
     return flat(run_step(module, exp)[0]), module
 
 
-@pytest.mark.parametrize("name, loss_agg", [("grpo", "token_mean"), ("grpo", "seq_mean_token_sum_norm"),
-                                            ("ppo", None)])
+@pytest.mark.parametrize(
+    "name, loss_agg", [("grpo", "token_mean"), ("grpo", "seq_mean_token_sum_norm"), ("ppo", None)]
+)
 def test_token_budget_gradient_equals_one_full_batch(tiny_model_dir, name, loss_agg):
     """Budget 16 groups the 8 rows as [2, 7] [0, 4] [3, 6] [1, 5] (test_microbatch.py), each micro-batch trimmed
     to its own width; budget 1 puts every row alone. Both give the one-pass gradient (PPO: policy + value loss
@@ -39,7 +41,9 @@ def test_token_budget_gradient_equals_one_full_batch(tiny_model_dir, name, loss_
     for budget, widths in ((16, [(2, 8), (2, 7), (2, 6), (2, 5)]), (1, alone)):
         module = build_module(name, str(tiny_model_dir), micro_batch_tokens=budget, **kw)
         exp = hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8)
-        micros = module.train_micro_batches(exp.trim())  # the plan: trimmed (rows, prompt + completion) blocks
+        micros = module.train_micro_batches(
+            exp.trim()
+        )  # the plan: trimmed (rows, prompt + completion) blocks
         assert [(m.batch_size, m.input_ids.shape[1]) for m in micros] == widths
         got = flat(run_step(module, exp)[0])
         assert max_rel_diff(got, ref) <= RTOL, (budget, max_rel_diff(got, ref))
@@ -82,11 +86,28 @@ def test_two_ddp_ranks_with_different_length_mixes(tiny_model_dir, tmp_path):
     sys.path.insert(0, str(HERE))
     from token_budget_runner import long_and_short
 
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": _free_port(),
-           "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": _free_port(),
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+    }
     out = tmp_path / "g2.pt"
-    r = subprocess.run([sys.executable, str(HERE / "token_budget_runner.py"), str(out), str(tiny_model_dir),
-                        "token_mean", "2", "10"], env=env, capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [
+            sys.executable,
+            str(HERE / "token_budget_runner.py"),
+            str(out),
+            str(tiny_model_dir),
+            "token_mean",
+            "2",
+            "10",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ran = [json.loads(Path(f"{out}.rank{k}.json").read_text()) for k in range(2)]
     assert ran[0] == [{"real": 3, "zero_weight": 0, "rows": [1, 1, 2]}]

@@ -10,11 +10,11 @@ transformers' RMSNorm computing in float64 (``tests/_float64.py``).
 Rank 0 saves the averaged gradient of the step to OUT.pt; every rank r writes OUT.pt.rank{r}.json with the
 micro-batches it ran (real ones and zero-weight ones). Used by test_token_budget.py.
 """
+
 import json
 import sys
 
 import torch
-
 from _conformance import build_module, flat, hand_experience, run_step
 
 
@@ -23,8 +23,8 @@ def long_and_short(module):
     exp = hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8)
     P = exp.prompt_len
     for i in range(4, 8):
-        exp.attention_mask[i, P + 1:] = 0
-        exp.input_ids[i, P + 1:] = module.tokenizer.pad_token_id
+        exp.attention_mask[i, P + 1 :] = 0
+        exp.input_ids[i, P + 1 :] = module.tokenizer.pad_token_id
         exp.loss_mask[i, 1:] = False
         exp.rollout_logprobs[i, 1:] = 0.0
     exp.finish_reasons[4:] = ["stop"] * 4
@@ -32,7 +32,13 @@ def long_and_short(module):
 
 
 if __name__ == "__main__":
-    out, model_dir, loss_agg, world, budget = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+    out, model_dir, loss_agg, world, budget = (
+        sys.argv[1],
+        sys.argv[2],
+        sys.argv[3],
+        int(sys.argv[4]),
+        int(sys.argv[5]),
+    )
     packed = sys.argv[6:] == ["padding_free"]
     if packed:  # the repository root is on PYTHONPATH (test_padding_free.py)
         from transformers.models.qwen2 import modeling_qwen2
@@ -40,14 +46,21 @@ if __name__ == "__main__":
         from tests._float64 import rmsnorm_in_input_dtype
 
         modeling_qwen2.Qwen2RMSNorm.forward = rmsnorm_in_input_dtype  # for this whole process
-    module = build_module("grpo", model_dir, loss_agg=loss_agg, micro_batch_tokens=budget, padding_free=packed)
+    module = build_module(
+        "grpo", model_dir, loss_agg=loss_agg, micro_batch_tokens=budget, padding_free=packed
+    )
     ran = []
     plan = module.train_micro_batches
 
     def recording(mb):
         micros = plan(mb)
-        ran.append({"real": sum(m is not None for m in micros), "zero_weight": sum(m is None for m in micros),
-                    "rows": [m.batch_size for m in micros if m is not None]})
+        ran.append(
+            {
+                "real": sum(m is not None for m in micros),
+                "zero_weight": sum(m is None for m in micros),
+                "rows": [m.batch_size for m in micros if m is not None],
+            }
+        )
         return micros
 
     module.train_micro_batches = recording
@@ -56,8 +69,13 @@ if __name__ == "__main__":
         n = e.batch_size // trainer.world_size
         return e.select(list(range(trainer.global_rank * n, (trainer.global_rank + 1) * n)))
 
-    grads = run_step(module, long_and_short(module), strategy="ddp" if world > 1 else "auto", devices=world,
-                     transform=my_rows)
+    grads = run_step(
+        module,
+        long_and_short(module),
+        strategy="ddp" if world > 1 else "auto",
+        devices=world,
+        transform=my_rows,
+    )
     with open(f"{out}.rank{module.trainer.global_rank}.json", "w") as f:
         json.dump(ran, f)
     if module.trainer.global_rank == 0:

@@ -1,4 +1,5 @@
 """Hand-computed tests for lit_rl.core.advantages (float64, rtol <= 1e-12), plus a plain-Python reference."""
+
 from __future__ import annotations
 
 import math
@@ -15,8 +16,9 @@ NAN = math.nan
 
 
 def close(actual, expected, rtol=1e-12, atol=1e-12):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64),
-                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), rtol=rtol, atol=atol
+    )
 
 
 def t64(x):
@@ -41,6 +43,7 @@ def two_groups(**kw):
 
 
 # --------------------------------------------------------------------------------------- group family
+
 
 def test_grpo_std_normalized():
     out = compute_advantages("grpo", two_groups())
@@ -78,8 +81,9 @@ def test_metrics_over_valid_action_tokens():
 
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_group_of_one_gets_zero(name):
-    inp = AdvantageInputs(t64([1.0, 0.0, 5.0]), torch.ones(3, 2, dtype=torch.bool),
-                          group_ids=torch.tensor([0, 0, 1]))
+    inp = AdvantageInputs(
+        t64([1.0, 0.0, 5.0]), torch.ones(3, 2, dtype=torch.bool), group_ids=torch.tensor([0, 0, 1])
+    )
     out = compute_advantages(name, inp)
     close(out.advantages[2], [0.0, 0.0])
     assert out.metrics["adv/singleton_groups"] == 1.0
@@ -92,8 +96,13 @@ def test_invalid_row_with_nan_is_excluded(name):
     rewards = t64([1.0, 0.0, NAN, 0.5, 2.0, 4.0])
     mask = torch.cat([MASK[:2], torch.ones(1, 3, dtype=torch.bool), MASK[2:]])
     valid = torch.tensor([T_, T_, F_, T_, T_, T_])
-    inp = AdvantageInputs(rewards, mask, group_ids=torch.tensor([0, 0, 0, 0, 7, 7]), valid=valid,
-                          token_rewards=torch.full((6, 3), NAN, dtype=F64).masked_fill(valid[:, None], 0.0))
+    inp = AdvantageInputs(
+        rewards,
+        mask,
+        group_ids=torch.tensor([0, 0, 0, 0, 7, 7]),
+        valid=valid,
+        token_rewards=torch.full((6, 3), NAN, dtype=F64).masked_fill(valid[:, None], 0.0),
+    )
     ref = compute_advantages(name, two_groups()).advantages
     out = compute_advantages(name, inp)
     close(out.advantages[valid], ref)
@@ -105,8 +114,11 @@ def test_invalid_row_with_nan_is_excluded(name):
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_zero_std_group_gets_exact_zero(name):
     # 0.1 * 3 / 3 != 0.1 in floating point: equality must be detected exactly, not via a tiny std
-    inp = AdvantageInputs(t64([0.1, 0.1, 0.1, 1.0, 0.0]), torch.ones(5, 2, dtype=torch.bool),
-                          group_ids=torch.tensor([3, 3, 3, 4, 4]))
+    inp = AdvantageInputs(
+        t64([0.1, 0.1, 0.1, 1.0, 0.0]),
+        torch.ones(5, 2, dtype=torch.bool),
+        group_ids=torch.tensor([3, 3, 3, 4, 4]),
+    )
     out = compute_advantages(name, inp)
     assert torch.equal(out.advantages[:3], torch.zeros(3, 2, dtype=F64))
     assert out.metrics["adv/zero_std_groups"] == 1.0
@@ -129,6 +141,7 @@ def test_group_scores_add_token_rewards_on_action_tokens_only():
 
 
 # ------------------------------------------------------------------------------------------ reinforce
+
 
 def reinforce_inputs(**kw):
     # row 0: action, action, observation, observation, action, padding; row 1: three actions then padding
@@ -160,11 +173,17 @@ def test_reinforce_gamma_one_is_undiscounted_sum():
 
 # ------------------------------------------------------------------------------------------------ gae
 
+
 def gae_inputs(**kw):
     # one row: action, action, observation, action, padding (non-action fields hold junk)
     mask = torch.tensor([[T_, T_, F_, T_, F_]])
-    return AdvantageInputs(t64([1.0]), mask, values=t64([[0.5, 0.4, 7.0, 0.2, NAN]]),
-                           token_rewards=t64([[0.0, 0.1, 5.0, 0.0, NAN]]), **kw)
+    return AdvantageInputs(
+        t64([1.0]),
+        mask,
+        values=t64([[0.5, 0.4, 7.0, 0.2, NAN]]),
+        token_rewards=t64([[0.0, 0.1, 5.0, 0.0, NAN]]),
+        **kw,
+    )
 
 
 def test_gae_hand_worked_gamma_lambda_below_one():
@@ -184,8 +203,11 @@ def test_gae_lambda_one_gamma_one_equals_reward_to_go_minus_values():
     g = torch.Generator().manual_seed(1)
     B, T = 6, 10
     mask = torch.rand(B, T, generator=g) < 0.7
-    kw = {"rewards": torch.randn(B, generator=g, dtype=F64), "mask": mask,
-          "token_rewards": torch.randn(B, T, generator=g, dtype=F64)}
+    kw = {
+        "rewards": torch.randn(B, generator=g, dtype=F64),
+        "mask": mask,
+        "token_rewards": torch.randn(B, T, generator=g, dtype=F64),
+    }
     values = torch.randn(B, T, generator=g, dtype=F64)
     rtg = compute_advantages("reinforce", AdvantageInputs(**kw, gamma=1.0)).returns
     out = compute_advantages("gae", AdvantageInputs(**kw, values=values, gamma=1.0, lam=1.0))
@@ -200,10 +222,12 @@ def test_gae_requires_values():
 
 # ------------------------------------------------------------------------------------------------ opd
 
+
 def test_opd_negative_log_ratio_on_action_tokens():
     mask = torch.tensor([[T_, T_, F_]])
-    inp = AdvantageInputs(t64([0.0]), mask, logprobs=t64([[-1.0, -2.0, NAN]]),
-                          teacher_logprobs=t64([[-1.5, -1.0, -math.inf]]))
+    inp = AdvantageInputs(
+        t64([0.0]), mask, logprobs=t64([[-1.0, -2.0, NAN]]), teacher_logprobs=t64([[-1.5, -1.0, -math.inf]])
+    )
     out = compute_advantages("opd", inp)
     close(out.advantages, t64([[-0.5, 1.0, 0.0]]))
     assert out.returns is None
@@ -214,16 +238,26 @@ def test_opd_leave_one_out_baseline_per_position():
     # a = teacher − student log-prob; rows 0-2 and the invalid row 4 share group 0, row 3 is alone in group 1
     a = t64([[1.0, 2.0], [3.0, -1.0], [-2.0, 4.0], [5.0, 0.5], [7.0, 7.0]])
     mask = torch.tensor([[T_, T_], [T_, F_], [T_, T_], [T_, T_], [T_, T_]])
-    inp = AdvantageInputs(torch.zeros(5, dtype=F64), mask, group_ids=torch.tensor([0, 0, 0, 1, 0]),
-                          valid=torch.tensor([T_, T_, T_, T_, F_]), logprobs=torch.full((5, 2), -1.0, dtype=F64),
-                          teacher_logprobs=a - 1.0, baseline=True)
+    inp = AdvantageInputs(
+        torch.zeros(5, dtype=F64),
+        mask,
+        group_ids=torch.tensor([0, 0, 0, 1, 0]),
+        valid=torch.tensor([T_, T_, T_, T_, F_]),
+        logprobs=torch.full((5, 2), -1.0, dtype=F64),
+        teacher_logprobs=a - 1.0,
+        baseline=True,
+    )
     out = compute_advantages("opd", inp)
     # t=0: others of row 0 are {3, -2} -> 1 - 0.5; row 1: {1, -2} -> 3 + 0.5; row 2: {1, 3} -> -2 - 2.
     # t=1: row 1 is masked, so row 0's only other is row 2 (4) and vice versa. Row 3 has no other: unchanged.
     close(out.advantages, t64([[0.5, -2.0], [3.5, 0.0], [-4.0, 2.0], [5.0, 0.5], [0.0, 0.0]]))
-    one_group = AdvantageInputs(torch.zeros(2, dtype=F64), torch.ones(2, 1, dtype=torch.bool),
-                                logprobs=torch.zeros(2, 1, dtype=F64), teacher_logprobs=t64([[1.0], [3.0]]),
-                                baseline=True)
+    one_group = AdvantageInputs(
+        torch.zeros(2, dtype=F64),
+        torch.ones(2, 1, dtype=torch.bool),
+        logprobs=torch.zeros(2, 1, dtype=F64),
+        teacher_logprobs=t64([[1.0], [3.0]]),
+        baseline=True,
+    )
     close(compute_advantages("opd", one_group).advantages, t64([[-2.0], [2.0]]))  # group_ids=None: one group
 
 
@@ -242,9 +276,14 @@ def test_opd_baseline_keeps_the_expected_gradient():
         total = torch.zeros((), dtype=F64)
         for ys in itertools.product(range(3), repeat=G):
             y = torch.tensor(ys)
-            inp = AdvantageInputs(torch.zeros(G, dtype=F64), torch.ones(G, 1, dtype=torch.bool),
-                                  group_ids=torch.zeros(G, dtype=torch.long), logprobs=lp.detach()[y][:, None],
-                                  teacher_logprobs=q[y][:, None], baseline=baseline)
+            inp = AdvantageInputs(
+                torch.zeros(G, dtype=F64),
+                torch.ones(G, 1, dtype=torch.bool),
+                group_ids=torch.zeros(G, dtype=torch.long),
+                logprobs=lp.detach()[y][:, None],
+                teacher_logprobs=q[y][:, None],
+                baseline=baseline,
+            )
             adv = compute_advantages("opd", inp).advantages[:, 0]
             total = total + lp.detach()[y].sum().exp() * (adv * lp[y]).sum()
         return torch.autograd.grad(total, z)[0]
@@ -257,12 +296,15 @@ def test_opd_baseline_keeps_the_expected_gradient():
 
 
 def test_opd_requires_both_logprobs():
-    inp = AdvantageInputs(t64([0.0]), torch.ones(1, 2, dtype=torch.bool), logprobs=torch.zeros(1, 2, dtype=F64))
+    inp = AdvantageInputs(
+        t64([0.0]), torch.ones(1, 2, dtype=torch.bool), logprobs=torch.zeros(1, 2, dtype=F64)
+    )
     with pytest.raises(ValueError, match="teacher_logprobs"):
         compute_advantages("opd", inp)
 
 
 # ------------------------------------------------------------------------- reference loop & invariance
+
 
 def reference(name, rewards, mask, groups, valid, tok, values, gamma, lam, std_normalize, baseline):
     """Plain Python, one row and one group at a time."""
@@ -307,17 +349,24 @@ def reference(name, rewards, mask, groups, valid, tok, values, gamma, lam, std_n
     return adv, ret
 
 
-CASES = [("grpo", {}), ("grpo", {"std_normalize": False}), ("dr_grpo", {}), ("rloo", {}),
-         ("reinforce", {"gamma": 0.9}), ("reinforce", {"gamma": 0.9, "baseline": True}),
-         ("gae", {"gamma": 0.95, "lam": 0.9})]
+CASES = [
+    ("grpo", {}),
+    ("grpo", {"std_normalize": False}),
+    ("dr_grpo", {}),
+    ("rloo", {}),
+    ("reinforce", {"gamma": 0.9}),
+    ("reinforce", {"gamma": 0.9, "baseline": True}),
+    ("gae", {"gamma": 0.95, "lam": 0.9}),
+]
 
 
 def random_inputs(seed, discrete):
     g = torch.Generator().manual_seed(seed)
     B, T = 14, 8
     groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 3, 3, 3, 4, 4, 9])  # sizes 4, 3, 1, 3, 2, 1
-    rewards = (torch.randint(0, 2, (B,), generator=g).to(F64) if discrete
-               else torch.randn(B, generator=g, dtype=F64))
+    rewards = (
+        torch.randint(0, 2, (B,), generator=g).to(F64) if discrete else torch.randn(B, generator=g, dtype=F64)
+    )
     valid = torch.rand(B, generator=g) > 0.2
     valid[0] = True
     rewards = torch.where(valid, rewards, t64(NAN))  # invalid rows carry NaN
@@ -334,17 +383,29 @@ def random_inputs(seed, discrete):
 @pytest.mark.parametrize("name,kw", CASES)
 def test_vectorised_matches_python_loop(name, kw, seed, discrete):
     rewards, mask, groups, valid, tok, values = random_inputs(seed, discrete)
-    inp = AdvantageInputs(rewards, mask, group_ids=groups, valid=valid, token_rewards=tok, values=values, **kw)
+    inp = AdvantageInputs(
+        rewards, mask, group_ids=groups, valid=valid, token_rewards=tok, values=values, **kw
+    )
     out = compute_advantages(name, inp)
     full = {"gamma": 1.0, "lam": 1.0, "std_normalize": True, "baseline": False} | kw
-    exp_adv, exp_ret = reference(name, rewards.tolist(), mask.tolist(), groups.tolist(), valid.tolist(),
-                                 tok.tolist(), values.tolist() if name == "gae" else None, **full)
+    exp_adv, exp_ret = reference(
+        name,
+        rewards.tolist(),
+        mask.tolist(),
+        groups.tolist(),
+        valid.tolist(),
+        tok.tolist(),
+        values.tolist() if name == "gae" else None,
+        **full,
+    )
     close(out.advantages, exp_adv)
     if exp_ret is not None:
         close(out.returns, exp_ret)
     assert out.metrics["adv/invalid_rows"] == float((~valid).sum())
     if name in ("grpo", "dr_grpo", "rloo"):
-        members = [[float(rewards[i]) for i in range(14) if groups[i] == g and valid[i]] for g in (0, 1, 2, 3, 4, 9)]
+        members = [
+            [float(rewards[i]) for i in range(14) if groups[i] == g and valid[i]] for g in (0, 1, 2, 3, 4, 9)
+        ]
         zero_std = sum(1 for xs in members if len(xs) >= 2 and max(xs) == min(xs))
         assert out.metrics["adv/singleton_groups"] == float(sum(len(xs) == 1 for xs in members))
         assert out.metrics["adv/zero_std_groups"] == float(zero_std)
@@ -357,17 +418,34 @@ def test_vectorised_matches_python_loop(name, kw, seed, discrete):
 def test_padding_invariance(name, kw):
     rewards, mask, groups, valid, tok, values = random_inputs(5, False)
     lp = torch.randn(mask.shape, dtype=F64, generator=torch.Generator().manual_seed(6))
-    base = AdvantageInputs(rewards, mask, group_ids=groups, valid=valid, token_rewards=tok, values=values,
-                           logprobs=lp, teacher_logprobs=lp * 0.5, **kw)
+    base = AdvantageInputs(
+        rewards,
+        mask,
+        group_ids=groups,
+        valid=valid,
+        token_rewards=tok,
+        values=values,
+        logprobs=lp,
+        teacher_logprobs=lp * 0.5,
+        **kw,
+    )
     pad = 3
     junk = torch.full((14, pad), NAN, dtype=F64)
 
     def widen(x):
         return torch.cat([x, junk], dim=1)  # (B, T + pad)
 
-    padded = AdvantageInputs(rewards, torch.cat([mask, torch.zeros(14, pad, dtype=torch.bool)], dim=1),
-                             group_ids=groups, valid=valid, token_rewards=widen(tok), values=widen(values),
-                             logprobs=widen(lp), teacher_logprobs=widen(lp * 0.5), **kw)
+    padded = AdvantageInputs(
+        rewards,
+        torch.cat([mask, torch.zeros(14, pad, dtype=torch.bool)], dim=1),
+        group_ids=groups,
+        valid=valid,
+        token_rewards=widen(tok),
+        values=widen(values),
+        logprobs=widen(lp),
+        teacher_logprobs=widen(lp * 0.5),
+        **kw,
+    )
     a, b = compute_advantages(name, base), compute_advantages(name, padded)
     close(b.advantages[:, :-pad], a.advantages)
     assert torch.equal(b.advantages[:, -pad:], torch.zeros(14, pad, dtype=F64))
@@ -377,6 +455,7 @@ def test_padding_invariance(name, kw):
 
 
 # ----------------------------------------------------------------------------------------- validation
+
 
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError) as e:
@@ -394,14 +473,20 @@ def test_mask_shape_mismatch_names_both_shapes():
 @pytest.mark.parametrize("field", ["token_rewards", "values", "logprobs", "teacher_logprobs"])
 def test_token_field_shape_mismatch_names_both_shapes(field):
     with pytest.raises(ValueError, match=rf"{field}.*\(2, 3\).*\(2, 4\)"):
-        AdvantageInputs(t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), **{field: torch.zeros(2, 3, dtype=F64)})
+        AdvantageInputs(
+            t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), **{field: torch.zeros(2, 3, dtype=F64)}
+        )
 
 
 def test_group_ids_and_valid_shape_mismatch():
     with pytest.raises(ValueError, match=r"group_ids.*\(3,\).*\(2,\)"):
-        AdvantageInputs(t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), group_ids=torch.zeros(3, dtype=torch.long))
+        AdvantageInputs(
+            t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), group_ids=torch.zeros(3, dtype=torch.long)
+        )
     with pytest.raises(ValueError, match=r"valid.*\(1,\).*\(2,\)"):
-        AdvantageInputs(t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), valid=torch.ones(1, dtype=torch.bool))
+        AdvantageInputs(
+            t64([1.0, 2.0]), torch.ones(2, 4, dtype=torch.bool), valid=torch.ones(1, dtype=torch.bool)
+        )
 
 
 def test_dtype_errors():
@@ -423,8 +508,9 @@ def test_non_finite_on_valid_rows_rejected():
     with pytest.raises(ValueError, match="token_rewards"):
         AdvantageInputs(t64([1.0, 0.0]), ones, token_rewards=t64([[0.0, math.inf], [0.0, 0.0]]))
     # the same NaN is fine once the row is marked invalid
-    AdvantageInputs(t64([1.0, NAN]), ones, valid=torch.tensor([T_, F_]),
-                    token_rewards=t64([[0.0, 0.0], [NAN, math.inf]]))
+    AdvantageInputs(
+        t64([1.0, NAN]), ones, valid=torch.tensor([T_, F_]), token_rewards=t64([[0.0, 0.0], [NAN, math.inf]])
+    )
 
 
 @pytest.mark.parametrize("kw", [{"gamma": 1.5}, {"gamma": -0.1}, {"lam": 2.0}, {"eps": -1.0}])

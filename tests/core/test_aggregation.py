@@ -1,4 +1,5 @@
 """Hand-computed tests for lit_rl.core.aggregation (float64, rtol 1e-12 unless stated)."""
+
 from __future__ import annotations
 
 import math
@@ -20,21 +21,23 @@ T_, F_ = True, False
 
 
 def close(actual, expected, rtol=1e-12, atol=1e-12):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64),
-                               rtol=rtol, atol=atol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), rtol=rtol, atol=atol
+    )
 
 
 @pytest.fixture
 def batch():
     # row 0: 2 tokens, row 1: empty, row 2: 3 tokens. NaN sits in masked slots and must never leak.
-    v = torch.tensor([[1.0, 2.0, 3.0, math.nan],
-                      [math.nan, 6.0, 7.0, 8.0],
-                      [9.0, 10.0, 11.0, 12.0]], dtype=F64)
+    v = torch.tensor(
+        [[1.0, 2.0, 3.0, math.nan], [math.nan, 6.0, 7.0, 8.0], [9.0, 10.0, 11.0, 12.0]], dtype=F64
+    )
     m = torch.tensor([[T_, T_, F_, F_], [F_, F_, F_, F_], [T_, T_, T_, F_]])
     return v, m
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
 
 def test_masked_sum_and_mean():
     x = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]], dtype=F64)
@@ -68,6 +71,7 @@ def test_masked_whiten():
 
 
 # ---------------------------------------------------------------------------------------- aggregate
+
 
 def test_token_mean(batch):
     v, m = batch
@@ -169,6 +173,7 @@ def test_vectorised_matches_python_loop(mode):
 
 
 # ------------------------------------------------------------------------------------------- errors
+
 
 def test_unknown_mode_lists_valid_modes(batch):
     v, m = batch

@@ -1,4 +1,5 @@
 """Hand-computed tests of the adaptive KL (Ziegler et al. 2019) and adaptive entropy controllers."""
+
 import math
 
 import pytest
@@ -39,10 +40,16 @@ def test_kl_on_target_keeps_beta():
     assert adaptive_kl_update(0.3, 0.25, 0.25, horizon=7, n_steps=5) == 0.3
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"kl": math.nan}, "kl must be finite"), ({"beta": -1.0}, "beta must be >= 0"),
-    ({"target": 0.0}, "target KL must be > 0"), ({"horizon": 0.0}, "horizon must be > 0"),
-    ({"clip": -0.1}, "clip must be >= 0")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"kl": math.nan}, "kl must be finite"),
+        ({"beta": -1.0}, "beta must be >= 0"),
+        ({"target": 0.0}, "target KL must be > 0"),
+        ({"horizon": 0.0}, "horizon must be > 0"),
+        ({"clip": -0.1}, "clip must be >= 0"),
+    ],
+)
 def test_kl_update_rejects_bad_input(kwargs, match):
     args = {"beta": 0.1, "kl": 0.1, "target": 0.1, "horizon": 10.0, "n_steps": 1, "clip": 0.2} | kwargs
     with pytest.raises(ValueError, match=match):
@@ -87,9 +94,15 @@ def test_negative_coef_min_turns_bonus_into_penalty():
     assert adaptive_entropy_update(0.0, 3.0, **(BAND | {"coef_min": -0.1})) == pytest.approx(-0.01, **TOL)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"entropy": math.inf}, "entropy must be finite"), ({"low": 3.0}, "low <= high"),
-    ({"step": -1.0}, "step must be >= 0"), ({"coef_min": 0.2}, "coef_min=0.2 must be <= coef_max")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"entropy": math.inf}, "entropy must be finite"),
+        ({"low": 3.0}, "low <= high"),
+        ({"step": -1.0}, "step must be >= 0"),
+        ({"coef_min": 0.2}, "coef_min=0.2 must be <= coef_max"),
+    ],
+)
 def test_entropy_update_rejects_bad_input(kwargs, match):
     args = {"coef": 0.05, "entropy": 1.5} | BAND | kwargs
     with pytest.raises(ValueError, match=match):

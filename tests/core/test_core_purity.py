@@ -3,6 +3,7 @@
 Runs in a subprocess so that whatever this pytest process has already imported (Lightning via
 conftest plugins, transformers via other tests) cannot hide or fake a leak.
 """
+
 from __future__ import annotations
 
 import json

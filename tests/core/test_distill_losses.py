@@ -1,5 +1,6 @@
 """Hand-computed float64 checks of the distillation losses (core.distill) and of the sampled/full reverse-KL
 equivalence in expectation (exact enumeration over a small vocabulary, no Monte Carlo)."""
+
 from __future__ import annotations
 
 import math
@@ -24,7 +25,9 @@ def _logits(probs):
 def test_teacher_topk_values_ids_and_tail():
     vals, ids, tail = teacher_topk(_logits(Q), 2)
     assert ids.tolist() == [[[0, 1]]]
-    torch.testing.assert_close(vals, torch.tensor([[[math.log(0.4), math.log(0.3)]]], dtype=D), rtol=1e-12, atol=0)
+    torch.testing.assert_close(
+        vals, torch.tensor([[[math.log(0.4), math.log(0.3)]]], dtype=D), rtol=1e-12, atol=0
+    )
     torch.testing.assert_close(tail, torch.tensor([[math.log(0.3)]], dtype=D), rtol=1e-12, atol=0)
 
 
@@ -50,9 +53,9 @@ def test_topk_reverse_kl_k_equals_v_is_the_full_reverse_kl():
 def test_topk_reverse_kl_temperature():
     t = 2.0
     vals, ids, tail = teacher_topk(_logits(Q), 1, temperature=t)
-    ps = [p ** 0.5 for p in P]
+    ps = [p**0.5 for p in P]
     ps = [x / sum(ps) for x in ps]
-    qs = [q ** 0.5 for q in Q]
+    qs = [q**0.5 for q in Q]
     qs = [x / sum(qs) for x in qs]
     got = topk_reverse_kl(_logits(P), vals, ids, tail, torch.tensor([[True]]), temperature=t)
     want = ps[0] * math.log(ps[0] / qs[0]) + (1 - ps[0]) * math.log((1 - ps[0]) / (1 - qs[0]))
@@ -104,7 +107,9 @@ def test_sampled_reverse_kl_matches_full_in_expectation(policy_loss, student, te
     V = len(student)
     theta = torch.tensor(student, dtype=D).log().requires_grad_(True)  # student logits (V,)
     q_logits = torch.tensor(teacher, dtype=D).log()
-    full = kl_from_logits(theta.view(1, 1, V), q_logits.view(1, 1, V), torch.tensor([[True]]), "reverse").sum()
+    full = kl_from_logits(
+        theta.view(1, 1, V), q_logits.view(1, 1, V), torch.tensor([[True]]), "reverse"
+    ).sum()
     (g_full,) = torch.autograd.grad(full, theta)
 
     logp = torch.log_softmax(theta, -1)  # (V,)
@@ -112,10 +117,15 @@ def test_sampled_reverse_kl_matches_full_in_expectation(policy_loss, student, te
     lp = logp[y].view(V, 1)  # (B=V, T=1): row y sampled token y
     tlp = torch.log_softmax(q_logits, -1)[y].view(V, 1)
     mask = torch.ones(V, 1, dtype=torch.bool)
-    adv = compute_advantages("opd", AdvantageInputs(rewards=torch.zeros(V, dtype=D), mask=mask,
-                                                    logprobs=lp.detach(), teacher_logprobs=tlp)).advantages
-    per_tok, _ = compute_policy_loss(policy_loss, PolicyLossInputs(
-        logprobs=lp, old_logprobs=lp.detach(), advantages=adv, mask=mask))
+    adv = compute_advantages(
+        "opd",
+        AdvantageInputs(
+            rewards=torch.zeros(V, dtype=D), mask=mask, logprobs=lp.detach(), teacher_logprobs=tlp
+        ),
+    ).advantages
+    per_tok, _ = compute_policy_loss(
+        policy_loss, PolicyLossInputs(logprobs=lp, old_logprobs=lp.detach(), advantages=adv, mask=mask)
+    )
     w = logp.exp().detach()  # p(y)
     expected_loss = (w * per_tok[:, 0]).sum()
     (g_sampled,) = torch.autograd.grad(expected_loss, theta)

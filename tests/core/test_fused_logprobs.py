@@ -2,6 +2,7 @@
 materialised path (``F.linear`` then ``core.logprobs`` / ``core.kl`` / ``core.distill``): same values and the same
 gradients w.r.t. hidden, weight and bias (float64, rtol 1e-9), bf16 within the rounding of the logits, and no
 (N, V) tensor saved for backward."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,7 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from lit_rl.core.distill import teacher_topk, topk_reverse_kl, topk_reverse_kl_linear
-from lit_rl.core.fused_logprobs import LINEAR_CHUNK_BYTES, Projection, linear_chunk_rows, linear_divergence, linear_logprobs
+from lit_rl.core.fused_logprobs import (
+    LINEAR_CHUNK_BYTES,
+    Projection,
+    linear_chunk_rows,
+    linear_divergence,
+    linear_logprobs,
+)
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import entropy_from_logits, token_logprobs
 
@@ -40,10 +47,15 @@ def _close(got, ref, rtol=1e-9):
 def test_logprobs_entropy_equal_materialised_float64(chunk, temperature, which):
     h, W, b, ids = _inputs()
     g = torch.Generator().manual_seed(1)
-    g_lp, g_ent = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    g_lp, g_ent = (
+        torch.randn(B, T, generator=g, dtype=torch.float64),
+        torch.randn(B, T, generator=g, dtype=torch.float64),
+    )
 
     def loss(lp, ent):
-        return ((lp * g_lp).sum() if which != "entropy" else 0) + ((ent * g_ent).sum() if which != "logprobs" else 0)
+        return ((lp * g_lp).sum() if which != "entropy" else 0) + (
+            (ent * g_ent).sum() if which != "logprobs" else 0
+        )
 
     lp, ent = linear_logprobs(h, W, ids, b, temperature, chunk)
     got = torch.autograd.grad(loss(lp, ent), _params(h, W, b))
@@ -98,7 +110,7 @@ def test_bf16_within_logit_rounding_of_fp32_reference(temperature):
     """bf16 weights: the projection runs in bf16 (as the model's lm_head does), so each logit carries ≤ one bf16
     ulp of rounding; the log-prob and entropy then differ from the fp32 reference (same bf16-valued inputs, fp32
     math) by at most one bf16 ulp of the row's largest logit — the same bound today's path meets."""
-    h, W, b, ids = _inputs(dtype=torch.bfloat16, bias=False)
+    h, W, _b, ids = _inputs(dtype=torch.bfloat16, bias=False)
     lp, ent = linear_logprobs(h, W, ids, None, temperature, 4)
     assert lp.dtype == torch.float32 and ent.dtype == torch.float32
     z32 = F.linear(h.detach().float(), W.detach().float())
@@ -114,7 +126,9 @@ def test_bf16_within_logit_rounding_of_fp32_reference(temperature):
     got = torch.autograd.grad((lp * g).sum(), [h, W])
     old = torch.autograd.grad((token_logprobs(F.linear(h, W), ids, None, temperature) * g).sum(), [h, W])
     h32, W32 = h.detach().float().requires_grad_(True), W.detach().float().requires_grad_(True)
-    ref = torch.autograd.grad((token_logprobs(F.linear(h32, W32), ids, None, temperature) * g).sum(), [h32, W32])
+    ref = torch.autograd.grad(
+        (token_logprobs(F.linear(h32, W32), ids, None, temperature) * g).sum(), [h32, W32]
+    )
     for a, o, r in zip(got, old, ref):
         assert a.dtype == torch.bfloat16
         err_new = float((a.float() - r).norm() / r.norm())
@@ -163,8 +177,8 @@ def test_frozen_weight_gets_no_gradient_computed():
     h, W, b, ids = _inputs()
     W = W.detach()
     lp, _ = linear_logprobs(h, W, ids, b.detach(), 1.0, 4)
-    gh, = torch.autograd.grad(lp.sum(), [h])
-    ref, = torch.autograd.grad(token_logprobs(F.linear(h, W, b.detach()), ids).sum(), [h])
+    (gh,) = torch.autograd.grad(lp.sum(), [h])
+    (ref,) = torch.autograd.grad(token_logprobs(F.linear(h, W, b.detach()), ids).sum(), [h])
     _close(gh, ref)
 
 
@@ -197,9 +211,10 @@ def test_masked_rows_get_exactly_zero_gradient():
     h, W, b, _ = _inputs()
     mask = torch.zeros(B, T, dtype=torch.bool)
     mask[0, 0] = True
-    d = linear_divergence("reverse", Projection(h, W, b), torch.randn(B, T, V, dtype=torch.float64), mask, 1.0,
-                          chunk_size=2)
-    gh, = torch.autograd.grad(d.sum(), [h])
+    d = linear_divergence(
+        "reverse", Projection(h, W, b), torch.randn(B, T, V, dtype=torch.float64), mask, 1.0, chunk_size=2
+    )
+    (gh,) = torch.autograd.grad(d.sum(), [h])
     assert bool((gh[0, 1:] == 0).all()) and bool((gh[1:] == 0).all()) and float(gh[0, 0].abs().sum()) > 0
 
 
@@ -231,9 +246,13 @@ def test_errors_name_the_problem():
     with pytest.raises(ValueError, match="temperature"):
         linear_logprobs(h, W, ids, temperature=0.0)
     with pytest.raises(ValueError, match="kind='sideways'"):
-        linear_divergence("sideways", Projection(h, W), torch.zeros(B, T, V), torch.ones(B, T, dtype=torch.bool))
+        linear_divergence(
+            "sideways", Projection(h, W), torch.zeros(B, T, V), torch.ones(B, T, dtype=torch.bool)
+        )
     with pytest.raises(ValueError, match="identical vocabularies"):
-        linear_divergence("reverse", Projection(h, W), Projection(h, W[:5]), torch.ones(B, T, dtype=torch.bool))
+        linear_divergence(
+            "reverse", Projection(h, W), Projection(h, W[:5]), torch.ones(B, T, dtype=torch.bool)
+        )
     with pytest.raises(ValueError, match="non-finite"):
         bad = b.detach().clone()
         bad[ids[0, 0]] = float("nan")
@@ -263,7 +282,10 @@ def test_masked_positions_only_float64(chunk):
     h, W, b, ids = _inputs()
     mask = torch.tensor([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [0, 1, 0, 1, 0]], dtype=torch.bool)
     g = torch.Generator().manual_seed(2)
-    g_lp, g_ent = torch.randn(B, T, generator=g, dtype=torch.float64), torch.randn(B, T, generator=g, dtype=torch.float64)
+    g_lp, g_ent = (
+        torch.randn(B, T, generator=g, dtype=torch.float64),
+        torch.randn(B, T, generator=g, dtype=torch.float64),
+    )
     lp, ent = linear_logprobs(h, W, ids.masked_fill(~mask, V + 5), b, 0.7, chunk, mask=mask)
     got = torch.autograd.grad((lp * g_lp).sum() + (ent * g_ent).sum(), _params(h, W, b))
     z = F.linear(h, W, b)

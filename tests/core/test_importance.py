@@ -1,4 +1,5 @@
 """Hand-computed float64 checks of importance ratios, TIS/MIS weights and rollout correction."""
+
 from __future__ import annotations
 
 import itertools
@@ -54,7 +55,10 @@ def test_token_log_ratio_zero_on_padding_and_differentiable():
 def test_sequence_log_ratio_sum_and_mean_and_empty_row():
     lp, beh, mask = example()
     mask = torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
-    lp, beh = torch.cat([lp.detach(), torch.zeros(1, 3, dtype=F64)]), torch.cat([beh, torch.ones(1, 3, dtype=F64)])
+    lp, beh = (
+        torch.cat([lp.detach(), torch.zeros(1, 3, dtype=F64)]),
+        torch.cat([beh, torch.ones(1, 3, dtype=F64)]),
+    )
     close(sequence_log_ratio(lp, beh, mask), [0.4, 1.3, 0.0])
     close(sequence_log_ratio(lp, beh, mask, length_normalize=True), [0.4 / 3, 0.65, 0.0])
 
@@ -107,7 +111,9 @@ def test_weights_reject_nan_and_bad_cap():
     with pytest.raises(ValueError, match="cap must be > 0"):
         truncated_weights(torch.zeros(2, dtype=F64), 0.0)
     # NaN on an entry the mask leaves out is padding and allowed.
-    w, _ = truncated_weights(torch.tensor([0.0, float("nan")], dtype=F64), 2.0, mask=torch.tensor([True, False]))
+    w, _ = truncated_weights(
+        torch.tensor([0.0, float("nan")], dtype=F64), 2.0, mask=torch.tensor([True, False])
+    )
     close(w[0], 1.0)
 
 
@@ -117,28 +123,91 @@ def test_weights_reject_nan_and_bad_cap():
 KL = sum(math.expm1(x) - x for x in (0.1, 0.5, -0.2, 1.0, 0.3)) / 5
 
 
-@pytest.mark.parametrize("mode, level, low, weights, keep, metrics", [
-    ("none", "token", None, [[1, 1, 1], [1, 1, 0]], [[1, 1, 1], [1, 1, 0]],
-     {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 0.0}),
-    ("tis", "token", None, [[E(0.1), 1.5, E(-0.2)], [1.5, E(0.3), 0]], [[1, 1, 1], [1, 1, 0]],
-     {"max_weight": E(1.0), "clipped_frac": 2 / 5, "masked_frac": 0.0}),
-    ("mis", "token", None, [[E(0.1), 0, E(-0.2)], [0, E(0.3), 0]], [[1, 0, 1], [0, 1, 0]],
-     {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 2 / 5}),
-    ("mis", "token", 0.9, [[E(0.1), 0, 0], [0, E(0.3), 0]], [[1, 0, 0], [0, 1, 0]],
-     {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 3 / 5}),
-    ("none", "sequence", None, [[1, 1, 1], [1, 1, 0]], [[1, 1, 1], [1, 1, 0]],
-     {"max_weight": E(1.3), "clipped_frac": 0.0, "masked_frac": 0.0}),
-    ("tis", "sequence", None, [[E(0.4)] * 3, [1.5, 1.5, 0]], [[1, 1, 1], [1, 1, 0]],
-     {"max_weight": E(1.3), "clipped_frac": 1 / 2, "masked_frac": 0.0}),
-    ("mis", "sequence", None, [[E(0.4)] * 3, [0, 0, 0]], [[1, 1, 1], [0, 0, 0]],
-     {"max_weight": E(1.3), "clipped_frac": 0.0, "masked_frac": 1 / 2}),
-    ("tis", "geometric", None, [[E(0.4 / 3)] * 3, [1.5, 1.5, 0]], [[1, 1, 1], [1, 1, 0]],
-     {"max_weight": E(0.65), "clipped_frac": 1 / 2, "masked_frac": 0.0}),
-    ("mis", "geometric", None, [[E(0.4 / 3)] * 3, [0, 0, 0]], [[1, 1, 1], [0, 0, 0]],
-     {"max_weight": E(0.65), "clipped_frac": 0.0, "masked_frac": 1 / 2}),
-    ("mis", "geometric", 1.2, [[0, 0, 0], [0, 0, 0]], [[0, 0, 0], [0, 0, 0]],
-     {"max_weight": E(0.65), "clipped_frac": 0.0, "masked_frac": 1.0}),
-])
+@pytest.mark.parametrize(
+    "mode, level, low, weights, keep, metrics",
+    [
+        (
+            "none",
+            "token",
+            None,
+            [[1, 1, 1], [1, 1, 0]],
+            [[1, 1, 1], [1, 1, 0]],
+            {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 0.0},
+        ),
+        (
+            "tis",
+            "token",
+            None,
+            [[E(0.1), 1.5, E(-0.2)], [1.5, E(0.3), 0]],
+            [[1, 1, 1], [1, 1, 0]],
+            {"max_weight": E(1.0), "clipped_frac": 2 / 5, "masked_frac": 0.0},
+        ),
+        (
+            "mis",
+            "token",
+            None,
+            [[E(0.1), 0, E(-0.2)], [0, E(0.3), 0]],
+            [[1, 0, 1], [0, 1, 0]],
+            {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 2 / 5},
+        ),
+        (
+            "mis",
+            "token",
+            0.9,
+            [[E(0.1), 0, 0], [0, E(0.3), 0]],
+            [[1, 0, 0], [0, 1, 0]],
+            {"max_weight": E(1.0), "clipped_frac": 0.0, "masked_frac": 3 / 5},
+        ),
+        (
+            "none",
+            "sequence",
+            None,
+            [[1, 1, 1], [1, 1, 0]],
+            [[1, 1, 1], [1, 1, 0]],
+            {"max_weight": E(1.3), "clipped_frac": 0.0, "masked_frac": 0.0},
+        ),
+        (
+            "tis",
+            "sequence",
+            None,
+            [[E(0.4)] * 3, [1.5, 1.5, 0]],
+            [[1, 1, 1], [1, 1, 0]],
+            {"max_weight": E(1.3), "clipped_frac": 1 / 2, "masked_frac": 0.0},
+        ),
+        (
+            "mis",
+            "sequence",
+            None,
+            [[E(0.4)] * 3, [0, 0, 0]],
+            [[1, 1, 1], [0, 0, 0]],
+            {"max_weight": E(1.3), "clipped_frac": 0.0, "masked_frac": 1 / 2},
+        ),
+        (
+            "tis",
+            "geometric",
+            None,
+            [[E(0.4 / 3)] * 3, [1.5, 1.5, 0]],
+            [[1, 1, 1], [1, 1, 0]],
+            {"max_weight": E(0.65), "clipped_frac": 1 / 2, "masked_frac": 0.0},
+        ),
+        (
+            "mis",
+            "geometric",
+            None,
+            [[E(0.4 / 3)] * 3, [0, 0, 0]],
+            [[1, 1, 1], [0, 0, 0]],
+            {"max_weight": E(0.65), "clipped_frac": 0.0, "masked_frac": 1 / 2},
+        ),
+        (
+            "mis",
+            "geometric",
+            1.2,
+            [[0, 0, 0], [0, 0, 0]],
+            [[0, 0, 0], [0, 0, 0]],
+            {"max_weight": E(0.65), "clipped_frac": 0.0, "masked_frac": 1.0},
+        ),
+    ],
+)
 def test_rollout_correction_branches(mode, level, low, weights, keep, metrics):
     lp, beh, mask = example()
     w, k, m = rollout_correction(lp, beh, mask, mode, level, cap=1.5, low=low)
@@ -153,7 +222,10 @@ def test_rollout_correction_branches(mode, level, low, weights, keep, metrics):
 def test_rollout_correction_sequence_fractions_skip_empty_rows():
     lp, beh, mask = example()
     lp = torch.cat([lp.detach(), torch.zeros(1, 3, dtype=F64)])
-    beh, mask = torch.cat([beh, torch.zeros(1, 3, dtype=F64)]), torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)])
+    beh, mask = (
+        torch.cat([beh, torch.zeros(1, 3, dtype=F64)]),
+        torch.cat([mask, torch.zeros(1, 3, dtype=torch.bool)]),
+    )
     w, k, m = rollout_correction(lp, beh, mask, "tis", "sequence", cap=1.5)
     close(m["clipped_frac"], 1 / 2)  # two rows with tokens, not three
     close(w[2], [0.0, 0.0, 0.0])
@@ -206,8 +278,14 @@ def test_rollout_correction_padding_invariance(mode, level):
     lp, beh, mask = example()
     w, k, m = rollout_correction(lp, beh, mask, mode, level, cap=1.5)
     pad = torch.tensor([[5.0, -INF], [40.0, 3.0]], dtype=F64)
-    w2, k2, m2 = rollout_correction(torch.cat([lp.detach(), pad.nan_to_num(neginf=0.0)], 1), torch.cat([beh, pad], 1),
-                                    torch.cat([mask, torch.zeros(2, 2, dtype=torch.bool)], 1), mode, level, cap=1.5)
+    w2, k2, m2 = rollout_correction(
+        torch.cat([lp.detach(), pad.nan_to_num(neginf=0.0)], 1),
+        torch.cat([beh, pad], 1),
+        torch.cat([mask, torch.zeros(2, 2, dtype=torch.bool)], 1),
+        mode,
+        level,
+        cap=1.5,
+    )
     close(w2[:, :3], w, rtol=1e-12, atol=1e-15)
     close(w2[:, 3:], torch.zeros(2, 2), rtol=0, atol=0)
     assert k2[:, :3].tolist() == k.tolist() and not k2[:, 3:].any()
@@ -223,28 +301,61 @@ def band_example():
     r3 [-0.8, -0.8, pad]  tokens below;                   sum -1.6 below;   mean -0.8 below
     r4 [0.8, 0.8, 0.8]    tokens above;                   sum 2.4 above;    mean 0.8 above
     """
-    lr = torch.tensor([[-1.0, 0.2, 1.0], [-0.6, -0.5, 0.0], [0.4] * 3, [-0.8, -0.8, 0.0], [0.8] * 3], dtype=F64)
+    lr = torch.tensor(
+        [[-1.0, 0.2, 1.0], [-0.6, -0.5, 0.0], [0.4] * 3, [-0.8, -0.8, 0.0], [0.8] * 3], dtype=F64
+    )
     mask = torch.ones(5, 3, dtype=torch.bool)
     mask[1, 2] = mask[3, 2] = False
     behavior = torch.full((5, 3), -2.0, dtype=F64)
     return behavior + lr, behavior, mask
 
 
-@pytest.mark.parametrize("level, low, weights, frac", [
-    # token level, default low = 1/cap = 0.5: below and above the band dropped, inside kept
-    ("token", None, [[0, E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]], 7 / 13),
-    ("token", 0.6, [[0, E(0.2), 0], [0, E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]], 8 / 13),  # e^-0.6 < 0.6
-    ("token", 0.0, [[E(-1.0), E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0, 0, 0]],
-     4 / 13),  # low = 0: upper bound only
-    # sequence level (whole-trajectory ratio): r1, r3 below, r2, r4 above, r0 inside
-    ("sequence", None, [[E(0.2)] * 3, [0] * 3, [0] * 3, [0] * 3, [0] * 3], 4 / 5),
-    ("sequence", 0.3, [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [0] * 3, [0] * 3], 3 / 5),  # e^-1.1 = 0.333
-    ("sequence", 0.0, [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [E(-1.6), E(-1.6), 0], [0] * 3], 2 / 5),
-    # geometric (GSPO length-normalised): r3 below, r4 above, r0-r2 inside
-    ("geometric", None, [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [0] * 3, [0] * 3], 2 / 5),
-    ("geometric", 0.0, [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0] * 3],
-     1 / 5),
-])
+@pytest.mark.parametrize(
+    "level, low, weights, frac",
+    [
+        # token level, default low = 1/cap = 0.5: below and above the band dropped, inside kept
+        ("token", None, [[0, E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]], 7 / 13),
+        (
+            "token",
+            0.6,
+            [[0, E(0.2), 0], [0, E(-0.5), 0], [E(0.4)] * 3, [0, 0, 0], [0, 0, 0]],
+            8 / 13,
+        ),  # e^-0.6 < 0.6
+        (
+            "token",
+            0.0,
+            [[E(-1.0), E(0.2), 0], [E(-0.6), E(-0.5), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0, 0, 0]],
+            4 / 13,
+        ),  # low = 0: upper bound only
+        # sequence level (whole-trajectory ratio): r1, r3 below, r2, r4 above, r0 inside
+        ("sequence", None, [[E(0.2)] * 3, [0] * 3, [0] * 3, [0] * 3, [0] * 3], 4 / 5),
+        (
+            "sequence",
+            0.3,
+            [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [0] * 3, [0] * 3],
+            3 / 5,
+        ),  # e^-1.1 = 0.333
+        (
+            "sequence",
+            0.0,
+            [[E(0.2)] * 3, [E(-1.1), E(-1.1), 0], [0] * 3, [E(-1.6), E(-1.6), 0], [0] * 3],
+            2 / 5,
+        ),
+        # geometric (GSPO length-normalised): r3 below, r4 above, r0-r2 inside
+        (
+            "geometric",
+            None,
+            [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [0] * 3, [0] * 3],
+            2 / 5,
+        ),
+        (
+            "geometric",
+            0.0,
+            [[E(0.2 / 3)] * 3, [E(-0.55), E(-0.55), 0], [E(0.4)] * 3, [E(-0.8), E(-0.8), 0], [0] * 3],
+            1 / 5,
+        ),
+    ],
+)
 def test_mis_band_masks_below_low_and_above_cap(level, low, weights, frac):
     lp, beh, mask = band_example()
     w, k, m = rollout_correction(lp, beh, mask, "mis", level, cap=2.0, low=low)
@@ -269,7 +380,9 @@ def test_rollout_correction_bad_names_and_settings():
     lp, beh, mask = example()
     with pytest.raises(ValueError, match="unknown correction mode 'clip'; valid modes: none, tis, mis"):
         rollout_correction(lp, beh, mask, "clip", "token", cap=2.0)
-    with pytest.raises(ValueError, match="unknown correction level 'seq'; valid levels: token, sequence, geometric"):
+    with pytest.raises(
+        ValueError, match="unknown correction level 'seq'; valid levels: token, sequence, geometric"
+    ):
         rollout_correction(lp, beh, mask, "tis", "seq", cap=2.0)
     with pytest.raises(ValueError, match="cap must be > 0"):
         rollout_correction(lp, beh, mask, "tis", "token", cap=-1.0)
@@ -279,7 +392,9 @@ def test_rollout_correction_bad_names_and_settings():
 
 def test_bad_shapes_mask_and_non_finite_inputs():
     lp, beh, mask = example()
-    with pytest.raises(ValueError, match=r"behavior_logprobs has shape \(2, 2\) but logprobs has shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError, match=r"behavior_logprobs has shape \(2, 2\) but logprobs has shape \(2, 3\)"
+    ):
         token_log_ratio(lp, beh[:, :2], mask)
     with pytest.raises(TypeError, match="mask must be a torch.bool tensor"):
         token_log_ratio(lp, beh, mask.long())

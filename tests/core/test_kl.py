@@ -1,4 +1,5 @@
 """Hand-computed and equivalence tests for lit_rl.core.kl (all float64 unless stated)."""
+
 from __future__ import annotations
 
 import math
@@ -172,7 +173,11 @@ def test_kl_matches_torch_distributions_with_gradients(direction, chunk_size):
     mask = torch.ones(2, 3, dtype=torch.bool)
     out = kl_from_logits(p, q, mask, direction, chunk_size=chunk_size)
     P, Q = torch.distributions.Categorical(logits=p), torch.distributions.Categorical(logits=q)
-    ref = torch.distributions.kl_divergence(P, Q) if direction == "reverse" else torch.distributions.kl_divergence(Q, P)
+    ref = (
+        torch.distributions.kl_divergence(P, Q)
+        if direction == "reverse"
+        else torch.distributions.kl_divergence(Q, P)
+    )
     _close(out, ref.detach(), atol=1e-13)
     ga = torch.autograd.grad((out * w).sum(), (p, q))
     gb = torch.autograd.grad((ref * w).sum(), (p, q))

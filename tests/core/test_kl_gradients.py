@@ -9,6 +9,7 @@ loss on samples y ~ π (the samples held fixed, k differentiated through log π(
 computed exactly by summing over the whole vocabulary, and compared with the gradient of an exactly computed
 KL. These back the claims in ``core.kl.kl_estimate``'s docstring and ReferenceKL's k1+loss rejection.
 """
+
 import pytest
 import torch
 
@@ -71,8 +72,12 @@ def test_k1_and_k3_values_are_unbiased_for_kl_pi_ref_and_k2_is_not():
     theta, ref = _theta(), torch.tensor(REF, dtype=F64)
     logp = torch.log_softmax(theta, -1).detach()
     exact = float((logp.exp() * (logp - ref.log())).sum())
-    mean = {kind: float((logp.exp() * kl_estimate(logp[None], ref.log()[None], kind, log_ratio_clamp=None)[0]).sum())
-            for kind in ("k1", "k2", "k3")}
+    mean = {
+        kind: float(
+            (logp.exp() * kl_estimate(logp[None], ref.log()[None], kind, log_ratio_clamp=None)[0]).sum()
+        )
+        for kind in ("k1", "k2", "k3")
+    }
     assert mean["k1"] == pytest.approx(exact, rel=1e-12)
     assert mean["k3"] == pytest.approx(exact, rel=1e-12)
     assert abs(mean["k2"] - exact) > 0.05 * exact

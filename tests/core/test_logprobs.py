@@ -1,4 +1,5 @@
 """Hand-computed and equivalence tests for lit_rl.core.logprobs (all float64 unless stated)."""
+
 from __future__ import annotations
 
 import math

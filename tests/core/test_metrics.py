@@ -1,4 +1,5 @@
 """``core.metrics``: each metric's reduction is declared, not guessed from its name."""
+
 from __future__ import annotations
 
 import pytest
@@ -25,8 +26,12 @@ def test_policy_module_extremes_are_declared():
     assert METRICS.reduce("actor/ratio_min", [0.9, 0.4]) == 0.4
     assert METRICS.reduce("actor/ratio_max", [0.9, 1.4]) == 1.4
     declared = METRICS.declared()
-    assert {k for k, v in declared.items() if v == "max"} >= {"adv/max", "async/staleness_max",
-                                                              "rollout/response_len_max", "response_length/max"}
+    assert {k for k, v in declared.items() if v == "max"} >= {
+        "adv/max",
+        "async/staleness_max",
+        "rollout/response_len_max",
+        "response_length/max",
+    }
     assert declared["adv/min"] == "min"
 
 

@@ -1,4 +1,5 @@
 """core.microbatch: token-budget grouping, hand-computed plans."""
+
 import pytest
 
 from lit_rl.core.microbatch import padded_tokens, token_budget_groups

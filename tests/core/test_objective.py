@@ -1,5 +1,6 @@
 """``core.objective.policy_objective``: one hand-computed float64 case per branch (ratio denominator, mismatch
 correction none / tis / mis, extra importance weights, metrics, empty mask, aggregation denominators)."""
+
 from __future__ import annotations
 
 import math
@@ -24,8 +25,14 @@ def _lp(rows):
 def test_on_policy_step_uses_detached_current_logprobs():
     # old_logprobs None: r = 1, L_t = -A_t; token_mean over the *minibatch* count 4 (this micro-batch holds 2)
     lp = _lp([[0.5, 0.25, 0.8]])
-    x = ObjectiveInputs(logprobs=lp, mask=torch.tensor([[True, True, False]]), advantages=_t([[2.0, -1.0, 5.0]]),
-                        num_tokens=4.0, num_seqs=1.0, entropy=_t([[1.0, 2.0, 9.0]]))
+    x = ObjectiveInputs(
+        logprobs=lp,
+        mask=torch.tensor([[True, True, False]]),
+        advantages=_t([[2.0, -1.0, 5.0]]),
+        num_tokens=4.0,
+        num_seqs=1.0,
+        entropy=_t([[1.0, 2.0, 9.0]]),
+    )
     parts, m = policy_objective(x, ObjectiveSettings())
     assert list(parts) == ["policy"]
     assert parts["policy"].item() == pytest.approx(-(2.0 - 1.0) / 4, rel=1e-15, abs=1e-15)
@@ -40,9 +47,15 @@ def test_old_logprobs_clip_and_horizon_aggregation():
     # row 0: r = (1.5, 0.5), A = 1: clipped at 1.2 (L = -1.2, no gradient) and unclipped (L = -0.5, dL/dlp = -A·r)
     # row 1: r = 1, A = -1: L = 1 (dL/dlp = 1); its second token is masked out
     lp = _lp([[1.5, 0.5], [1.0, 1.0]])
-    x = ObjectiveInputs(logprobs=lp, mask=torch.tensor([[True, True], [True, False]]),
-                        advantages=_t([[1.0, 1.0], [-1.0, 7.0]]), old_logprobs=torch.zeros(2, 2, dtype=D),
-                        num_tokens=3.0, num_seqs=2.0, horizon=4)
+    x = ObjectiveInputs(
+        logprobs=lp,
+        mask=torch.tensor([[True, True], [True, False]]),
+        advantages=_t([[1.0, 1.0], [-1.0, 7.0]]),
+        old_logprobs=torch.zeros(2, 2, dtype=D),
+        num_tokens=3.0,
+        num_seqs=2.0,
+        horizon=4,
+    )
     parts, m = policy_objective(x, ObjectiveSettings(loss_agg="seq_mean_token_sum_norm"))
     # Σ_rows (Σ_t L_t / H) / N_seq = ((-1.2 - 0.5) / 4 + 1 / 4) / 2
     assert parts["policy"].item() == pytest.approx(-0.0875, rel=1e-14)
@@ -56,10 +69,16 @@ def test_old_logprobs_clip_and_horizon_aggregation():
 
 def _mismatch_inputs(**kw):
     # π_θ = π_old = 1 on both tokens (log 0); the engine μ reported 0.5 and 2 → ρ = π_old / μ = (2, 0.5)
-    return ObjectiveInputs(logprobs=torch.zeros(1, 2, dtype=D, requires_grad=True),
-                           mask=torch.ones(1, 2, dtype=torch.bool), advantages=_t([[1.0, 1.0]]),
-                           old_logprobs=torch.zeros(1, 2, dtype=D), rollout_logprobs=_t([[0.5, 2.0]]).log(),
-                           num_tokens=2.0, num_seqs=1.0, **kw)
+    return ObjectiveInputs(
+        logprobs=torch.zeros(1, 2, dtype=D, requires_grad=True),
+        mask=torch.ones(1, 2, dtype=torch.bool),
+        advantages=_t([[1.0, 1.0]]),
+        old_logprobs=torch.zeros(1, 2, dtype=D),
+        rollout_logprobs=_t([[0.5, 2.0]]).log(),
+        num_tokens=2.0,
+        num_seqs=1.0,
+        **kw,
+    )
 
 
 # k3 of KL(μ‖π_θ) with ρ = (2, 0.5): mean((ρ - 1) - log ρ) = ((1 - log 2) + (-0.5 + log 2)) / 2
@@ -67,7 +86,9 @@ MISMATCH_KL = 0.25
 
 
 def test_tis_correction_truncates_weights():
-    parts, m = policy_objective(_mismatch_inputs(), ObjectiveSettings(rollout_correction="tis", correction_cap=1.5))
+    parts, m = policy_objective(
+        _mismatch_inputs(), ObjectiveSettings(rollout_correction="tis", correction_cap=1.5)
+    )
     # w = min(ρ, 1.5) = (1.5, 0.5); L_t = -A·r·w; token_mean over 2
     assert parts["policy"].item() == pytest.approx(-(1.5 + 0.5) / 2, rel=1e-15)
     assert m["is/max_weight"] == pytest.approx(2.0, rel=1e-14) and m["is/clipped_frac"] == 0.5
@@ -103,9 +124,15 @@ def test_experience_is_weights_alone():
 
 def test_empty_mask_gives_zero_loss_zero_gradient_and_no_token_metrics():
     lp = _lp([[0.5, 0.5]])
-    x = ObjectiveInputs(logprobs=lp, mask=torch.zeros(1, 2, dtype=torch.bool), advantages=_t([[1.0, 1.0]]),
-                        num_tokens=1.0, num_seqs=1.0, rollout_logprobs=_t([[0.5, 0.5]]).log(),
-                        entropy=_t([[1.0, 1.0]]))
+    x = ObjectiveInputs(
+        logprobs=lp,
+        mask=torch.zeros(1, 2, dtype=torch.bool),
+        advantages=_t([[1.0, 1.0]]),
+        num_tokens=1.0,
+        num_seqs=1.0,
+        rollout_logprobs=_t([[0.5, 0.5]]).log(),
+        entropy=_t([[1.0, 1.0]]),
+    )
     parts, m = policy_objective(x, ObjectiveSettings(rollout_correction="tis"))
     parts["policy"].backward()
     assert parts["policy"].item() == 0.0 and bool((lp.grad == 0).all())

@@ -1,4 +1,5 @@
 """Hand-computed float64 checks of every policy-loss branch (lit_rl.core.policy_losses)."""
+
 from __future__ import annotations
 
 import math
@@ -77,7 +78,9 @@ def test_ppo_clip_not_binding_outside_range():
 
 def test_ppo_asymmetric_bounds():
     # clip_low = 0.1, clip_high = 0.3: interval [0.9, 1.3].
-    inputs = make([[LN(1.25), LN(1.35), LN(0.95), LN(0.85)]], [[1.0, 1.0, -1.0, -1.0]], clip_low=0.1, clip_high=0.3)
+    inputs = make(
+        [[LN(1.25), LN(1.35), LN(0.95), LN(0.85)]], [[1.0, 1.0, -1.0, -1.0]], clip_low=0.1, clip_high=0.3
+    )
     loss, grad, m = loss_and_grad("ppo_clip", inputs)
     close(loss, [[-1.25, -1.3, 0.95, 0.9]])
     close(grad, [[-1.25, 0.0, 0.95, 0.0]])
@@ -123,12 +126,20 @@ def test_all_masked_gives_zeros(name):
 def test_ppo_metrics_hand_example():
     # ratios 1.5 (A=1, high clip), 0.5 (A=-1, low clip), 1.0 (A=1), 4.0 (A=-1, dual clip c=3), + one padding token.
     r = [1.5, 0.5, 1.0, 4.0, 7.0]
-    inputs = make([[LN(x) for x in r]], [[1.0, -1.0, 1.0, -1.0, -1.0]], mask=[[True] * 4 + [False]], dual_clip=3.0)
+    inputs = make(
+        [[LN(x) for x in r]], [[1.0, -1.0, 1.0, -1.0, -1.0]], mask=[[True] * 4 + [False]], dual_clip=3.0
+    )
     _, m = compute_policy_loss("ppo_clip", inputs)
     k3 = sum((x - 1) - LN(x) for x in r[:4]) / 4
     expected = {
-        "clipfrac_low": 0.25, "clipfrac_high": 0.25, "clipfrac": 0.5, "dual_clipfrac": 0.25,
-        "ratio_min": 0.5, "ratio_mean": 1.75, "ratio_max": 4.0, "approx_kl": k3,
+        "clipfrac_low": 0.25,
+        "clipfrac_high": 0.25,
+        "clipfrac": 0.5,
+        "dual_clipfrac": 0.25,
+        "ratio_min": 0.5,
+        "ratio_mean": 1.75,
+        "ratio_max": 4.0,
+        "approx_kl": k3,
     }
     assert m.keys() == expected.keys()
     for key, value in expected.items():
@@ -187,12 +198,21 @@ def test_padding_invariance(name):
     adv = torch.randn(3, 5, generator=g, dtype=F64)
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], dtype=torch.bool)
     kw = {"rollout_logprobs": roll} if name == "reinforce" else {}
-    loss, m = compute_policy_loss(name, PolicyLossInputs(lp, old, adv, mask, clip_low=0.1, clip_high=0.1, **kw))
+    loss, m = compute_policy_loss(
+        name, PolicyLossInputs(lp, old, adv, mask, clip_low=0.1, clip_high=0.1, **kw)
+    )
     pad = torch.randn(3, 4, generator=g, dtype=F64) * 50
     cat = lambda x: torch.cat([x, pad], dim=1)
     kw = {"rollout_logprobs": cat(roll)} if name == "reinforce" else {}
-    padded = PolicyLossInputs(cat(lp), cat(old), cat(adv), torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1),
-                              clip_low=0.1, clip_high=0.1, **kw)
+    padded = PolicyLossInputs(
+        cat(lp),
+        cat(old),
+        cat(adv),
+        torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1),
+        clip_low=0.1,
+        clip_high=0.1,
+        **kw,
+    )
     loss_p, m_p = compute_policy_loss(name, padded)
     # Not bit-exact: a longer row may be summed in a different order (GSPO's sequence mean).
     close(loss_p[:, :5], loss, rtol=1e-12, atol=1e-15)
@@ -207,8 +227,13 @@ def test_padding_invariance(name):
 
 def test_gspo_value_and_sequence_metrics():
     # row 0: two tokens, log ratios 0.1, 0.3 -> s_0 = e^0.2; row 1: one token + padding, s_1 = e^-0.5.
-    inputs = make([[0.1, 0.3], [-0.5, 9.0]], [[1.0, 1.0], [-2.0, -2.0]], mask=[[True, True], [True, False]],
-                  clip_low=0.3, clip_high=0.3)
+    inputs = make(
+        [[0.1, 0.3], [-0.5, 9.0]],
+        [[1.0, 1.0], [-2.0, -2.0]],
+        mask=[[True, True], [True, False]],
+        clip_low=0.3,
+        clip_high=0.3,
+    )
     loss, grad, m = loss_and_grad("gspo", inputs)
     s0, s1 = math.exp(0.2), math.exp(-0.5)
     # row 0 unclipped: L = -s0*A; row 1: s1 = 0.607 < 0.7 with A < 0 -> clipped: L = -(0.7 * -2) = 1.4.
@@ -241,7 +266,9 @@ def test_gspo_gradient_equals_sequence_level_gspo():
     grad_token_form = lp.grad.clone()
 
     lp2 = (old + delta).requires_grad_(True)
-    s = torch.exp(((lp2 - old) * mask).sum(-1) / n)  # (B,) sequence ratio of the paper, differentiated directly
+    s = torch.exp(
+        ((lp2 - old) * mask).sum(-1) / n
+    )  # (B,) sequence ratio of the paper, differentiated directly
     objective = torch.minimum(s * adv_row, s.clamp(1 - cl, 1 + ch) * adv_row)
     (-objective.mean()).backward()
 
@@ -291,8 +318,12 @@ def test_reinforce_without_is_weight():
 
 def test_reinforce_with_rollout_is_weight():
     # log pi = [-0.6, -2.3], log mu = [-0.8, -2.0]: w = [e^0.2, e^-0.3], detached.
-    inputs = make([[0.4, -0.3]], [[2.0, -0.5]], old=[[-1.0, -2.0]],
-                  rollout_logprobs=torch.tensor([[-0.8, -2.0]], dtype=F64, requires_grad=True))
+    inputs = make(
+        [[0.4, -0.3]],
+        [[2.0, -0.5]],
+        old=[[-1.0, -2.0]],
+        rollout_logprobs=torch.tensor([[-0.8, -2.0]], dtype=F64, requires_grad=True),
+    )
     loss, grad, _ = loss_and_grad("reinforce", inputs)
     w = [math.exp(0.2), math.exp(-0.3)]
     close(loss, [[-w[0] * 2.0 * -0.6, w[1] * 0.5 * -2.3]])
@@ -311,7 +342,9 @@ def test_dual_clip_rejected_where_unused(name):
 
 def test_shape_mismatch_names_both_shapes():
     with pytest.raises(ValueError, match=r"advantages has shape \(1, 3\) but logprobs has shape \(1, 2\)"):
-        PolicyLossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2, dtype=torch.bool))
+        PolicyLossInputs(
+            torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2, dtype=torch.bool)
+        )
     with pytest.raises(ValueError, match=r"logprobs must be \(B, T\)"):
         PolicyLossInputs(torch.zeros(2), torch.zeros(2), torch.zeros(2), torch.ones(2, dtype=torch.bool))
 
@@ -321,13 +354,16 @@ def test_mask_must_be_bool():
         PolicyLossInputs(torch.zeros(1, 2), torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2))
 
 
-@pytest.mark.parametrize("kw, msg", [
-    ({"clip_low": -0.1}, "clip_low must be in"),
-    ({"clip_low": 1.5}, "clip_low must be in"),
-    ({"clip_high": 0.0}, "clip_high must be"),
-    ({"dual_clip": 1.0}, "dual_clip must be None or > 1"),
-    ({"is_weights": torch.tensor([[-1.0]], dtype=F64)}, "is_weights must be >= 0"),
-])
+@pytest.mark.parametrize(
+    "kw, msg",
+    [
+        ({"clip_low": -0.1}, "clip_low must be in"),
+        ({"clip_low": 1.5}, "clip_low must be in"),
+        ({"clip_high": 0.0}, "clip_high must be"),
+        ({"dual_clip": 1.0}, "dual_clip must be None or > 1"),
+        ({"is_weights": torch.tensor([[-1.0]], dtype=F64)}, "is_weights must be >= 0"),
+    ],
+)
 def test_bad_settings_raise(kw, msg):
     with pytest.raises(ValueError, match=msg):
         make([[0.0]], [[1.0]], **kw)

@@ -1,4 +1,5 @@
 """Hand-computed Bradley-Terry loss (float64)."""
+
 import math
 
 import pytest
@@ -35,15 +36,22 @@ def test_bradley_terry_margin_and_ties():
 
 def test_bradley_terry_loop_equals_vectorised():
     g = torch.Generator().manual_seed(0)
-    rc, rr = torch.randn(7, generator=g, dtype=torch.float64), torch.randn(7, generator=g, dtype=torch.float64)
+    rc, rr = (
+        torch.randn(7, generator=g, dtype=torch.float64),
+        torch.randn(7, generator=g, dtype=torch.float64),
+    )
     loop = sum(-math.log(1 / (1 + math.exp(-(a - b)))) for a, b in zip(rc.tolist(), rr.tolist())) / 7
     assert float(bradley_terry_loss(rc, rr)[0]) == pytest.approx(loop, rel=1e-12)
 
 
-@pytest.mark.parametrize("rc, rr, match", [
-    (torch.zeros(2), torch.zeros(3), r"r_chosen shape \(2,\) and r_rejected shape \(3,\)"),
-    (torch.zeros(0), torch.zeros(0), "no pairs"),
-    (torch.tensor([float("nan")]), torch.zeros(1), "r_chosen holds NaN")])
+@pytest.mark.parametrize(
+    "rc, rr, match",
+    [
+        (torch.zeros(2), torch.zeros(3), r"r_chosen shape \(2,\) and r_rejected shape \(3,\)"),
+        (torch.zeros(0), torch.zeros(0), "no pairs"),
+        (torch.tensor([float("nan")]), torch.zeros(1), "r_chosen holds NaN"),
+    ],
+)
 def test_bradley_terry_bad_input(rc, rr, match):
     with pytest.raises(ValueError, match=match):
         bradley_terry_loss(rc, rr)

@@ -2,6 +2,7 @@
 reference written independently of ``LogitProcessing`` (top-p as "keep a token while the mass of the more likely
 ones is below p", not the ascending cumulative sum), its chunked LM-head form against the materialised one, and
 its gradient against the hand formula (onehot − π^s) / T on the kept set."""
+
 from __future__ import annotations
 
 import math
@@ -54,7 +55,7 @@ def _batch(seed=0, B=3, P=4, C=5, V=11, H=6):
     ids = torch.randint(0, V, (B, P + C), generator=g)
     att = torch.ones(B, P + C, dtype=torch.long)
     att[0, :2] = 0  # left padding
-    att[1, P + 3:] = 0  # a short completion
+    att[1, P + 3 :] = 0  # a short completion
     hidden = torch.randn(B, C, H, generator=g, dtype=torch.float64) * 2
     weight = torch.randn(V, H, generator=g, dtype=torch.float64)
     bias = torch.randn(V, generator=g, dtype=torch.float64)
@@ -72,8 +73,10 @@ def test_history_seen_by_hand():
     # the sparse form: every entry (padding included) flags its token's first real occurrence, so entries agree
     idx, on = hist.sparse(torch.tensor([0, 0]), torch.tensor([0, 2]))
     assert idx[0].tolist() == [9, 1, 2, 3, 2, 4, 0]
-    assert on.tolist() == [[False, True, True, False, True, False, False],
-                           [False, True, True, True, True, False, False]]
+    assert on.tolist() == [
+        [False, True, True, False, True, False, False],
+        [False, True, True, True, True, False, False],
+    ]
 
 
 @pytest.mark.parametrize("name", list(SETTINGS))
@@ -154,7 +157,9 @@ def test_active_only_when_the_distribution_changes():
     assert sp.processed
 
 
-@pytest.mark.parametrize("spread", [0.05, 4.0])  # near-uniform: top-p sorts whole rows; peaked: 256 candidates
+@pytest.mark.parametrize(
+    "spread", [0.05, 4.0]
+)  # near-uniform: top-p sorts whole rows; peaked: 256 candidates
 def test_fused_top_p_on_a_wide_vocabulary(spread):
     """V = 600 > the 256 candidates the fused top-p reads first: a flat row (the candidates hold < p of the mass)
     takes the full sort, a peaked one does not; both give the materialised values and gradients."""
@@ -167,8 +172,11 @@ def test_fused_top_p_on_a_wide_vocabulary(spread):
     outs = []
     for fused in (False, True):
         h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-        lp = linear_sampler_logprobs(h, w, ids, pr, mask, chunk_size=3) if fused else sampler_logprobs(h @ w.T, ids, pr,
-                                                                                                        mask)
+        lp = (
+            linear_sampler_logprobs(h, w, ids, pr, mask, chunk_size=3)
+            if fused
+            else sampler_logprobs(h @ w.T, ids, pr, mask)
+        )
         lp.sum().backward()
         outs.append((lp.detach(), h.grad, w.grad))
     for a, c in zip(*outs):

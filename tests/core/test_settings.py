@@ -1,4 +1,5 @@
 """``core.settings``: one declaration per setting gives the signature, the docs, the split and the errors."""
+
 from __future__ import annotations
 
 import inspect
@@ -31,7 +32,9 @@ class _Mod:
     """
 
     def __init__(self, model: str, critic: int | None = None, **settings):
-        self.obj, self.step = split_settings("_Mod", (_Obj, _Step), settings, moved={"old_name": "write loss_agg"})
+        self.obj, self.step = split_settings(
+            "_Mod", (_Obj, _Step), settings, moved={"old_name": "write loss_agg"}
+        )
 
 
 def test_signature_lists_each_field_once_in_group_order_with_its_default():
@@ -51,7 +54,12 @@ def test_docstring_gets_each_field_doc_with_its_choices():
 def test_split_fills_defaults_and_flat_values_round_trips():
     m = _Mod("x", clip_low=0.3, ppo_epochs=2)
     assert m.obj == _Obj(clip_low=0.3) and m.step == _Step(ppo_epochs=2)
-    assert flat_values(m.obj, m.step) == {"loss_agg": "token_mean", "clip_low": 0.3, "ppo_epochs": 2, "lora": None}
+    assert flat_values(m.obj, m.step) == {
+        "loss_agg": "token_mean",
+        "clip_low": 0.3,
+        "ppo_epochs": 2,
+        "lora": None,
+    }
 
 
 def test_unknown_and_moved_names_are_one_line_errors_naming_the_fix():

@@ -1,4 +1,5 @@
 """Hand-computed float64 checks of the critic math (lit_rl.core.value)."""
+
 from __future__ import annotations
 
 import math
@@ -90,8 +91,9 @@ def test_value_loss_vectorised_matches_loop_and_padding_invariance():
     assert 0 < n_clip < int(mask.sum())
     pad = torch.randn(4, 3, generator=g, dtype=F64) * 100
     cat = lambda x: torch.cat([x, pad], 1)
-    loss2, m2 = clipped_value_loss(cat(v), cat(old), cat(ret), torch.cat([mask, torch.zeros(4, 3, dtype=torch.bool)], 1),
-                                   clip=0.3)
+    loss2, m2 = clipped_value_loss(
+        cat(v), cat(old), cat(ret), torch.cat([mask, torch.zeros(4, 3, dtype=torch.bool)], 1), clip=0.3
+    )
     close(loss2[:, :6], loss, rtol=0, atol=0)
     close(loss2[:, 6:], torch.zeros(4, 3), rtol=0, atol=0)
     assert m2 == m
@@ -123,8 +125,14 @@ def test_explained_variance_hand_example():
 def test_explained_variance_degenerate_returns_zero():
     mask = ones_mask(3)
     assert explained_variance(t([[0.0, 1.0, 2.0]]), t([[2.0, 2.0, 2.0]]), mask) == 0.0  # Var[R] = 0
-    assert explained_variance(t([[0.0, 1.0, 2.0]]), t([[1.0, 2.0, 3.0]]), torch.tensor([[True, False, False]])) == 0.0
-    assert explained_variance(t([[0.0, 1.0, 2.0]]), t([[1.0, 2.0, 3.0]]), torch.zeros(1, 3, dtype=torch.bool)) == 0.0
+    assert (
+        explained_variance(t([[0.0, 1.0, 2.0]]), t([[1.0, 2.0, 3.0]]), torch.tensor([[True, False, False]]))
+        == 0.0
+    )
+    assert (
+        explained_variance(t([[0.0, 1.0, 2.0]]), t([[1.0, 2.0, 3.0]]), torch.zeros(1, 3, dtype=torch.bool))
+        == 0.0
+    )
 
 
 # ----------------------------------------------------------------------------- yes/no value head and BCE

@@ -196,5 +196,7 @@ def table(rows: list[Combo], where: dict[int, str] | None = None) -> str:
             "/".join(v) if isinstance(v, list) else "–" if v is None else str(v) for v in c.settings.values()
         ]
         extra = [where.get(c.index, "")] if where else []
-        lines.append("| " + " | ".join([str(c.index), *vals, "truncated" if c.truncated else "", *extra]) + " |")
+        lines.append(
+            "| " + " | ".join([str(c.index), *vals, "truncated" if c.truncated else "", *extra]) + " |"
+        )
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import pytest
 from invariants import _checks, _grid, _harness
 
 # every family, both engines, every correction, every KL, each structural setting on in some row
-ROWS = [c for c in _grid.covering_array(exact=True, start=len(_grid.covering_array()))][:8]
+ROWS = list(_grid.covering_array(exact=True, start=len(_grid.covering_array())))[:8]
 
 
 @pytest.mark.parametrize("combo", [pytest.param(c, id=c.id) for c in ROWS])

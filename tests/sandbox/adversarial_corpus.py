@@ -10,6 +10,7 @@ one), and scored as a solution it gets reward 0. ``hangs`` cases must also retur
 Placeholders ``@NAME@`` are filled from the test context (ports, paths, nonces) by ``Ctx.fill``; the
 secret *values* are never given to the programs -- they have to find them.
 """
+
 from __future__ import annotations
 
 import textwrap
@@ -48,15 +49,20 @@ def _not_root(ctx, res) -> list[str]:
 
 
 NETWORK = [
-    _c("net_tcp_loopback_listener", """
+    _c(
+        "net_tcp_loopback_listener",
+        """
         import socket
         try:
             s = socket.create_connection(("127.0.0.1", @TCP_PORT@), timeout=1)
             s.sendall(b"exfil"); print("ESCAPED! tcp connect")
         except OSError as e:
             print("blocked:", e)
-    """),
-    _c("net_udp_dns_query_to_listener", """
+    """,
+    ),
+    _c(
+        "net_udp_dns_query_to_listener",
+        """
         import socket, struct
         q = struct.pack(">HHHHHH", 0x1234, 0x0100, 1, 0, 0, 0) + b"\\x07example\\x03com\\x00" + struct.pack(">HH", 1, 1)
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(1)
@@ -64,16 +70,22 @@ NETWORK = [
             s.sendto(q, ("127.0.0.1", @UDP_PORT@)); s.recvfrom(512); print("ESCAPED! udp reply")
         except OSError as e:
             print("blocked:", e)
-    """),
-    _c("net_dns_getaddrinfo", """
+    """,
+    ),
+    _c(
+        "net_dns_getaddrinfo",
+        """
         import socket
         for host in ("lit-rl-canary.invalid", "metadata.google.internal.invalid"):
             try:
                 print("ESCAPED! resolved", host, socket.getaddrinfo(host, 80))
             except OSError as e:
                 print("no dns:", e)
-    """),
-    _c("net_interfaces_and_routes", """
+    """,
+    ),
+    _c(
+        "net_interfaces_and_routes",
+        """
         import socket
         names = [n for _, n in socket.if_nameindex()]
         if names != ["lo"]:
@@ -81,24 +93,33 @@ NETWORK = [
         routes = open("/proc/net/route").read().strip().splitlines()[1:]
         if routes:
             print("ESCAPED! routes", routes)
-    """),
-    _c("net_unix_socket_host_path", """
+    """,
+    ),
+    _c(
+        "net_unix_socket_host_path",
+        """
         import socket
         s = socket.socket(socket.AF_UNIX)
         try:
             s.connect("@UNIX_PATH@"); s.sendall(b"exfil"); print("ESCAPED! unix socket")
         except OSError as e:
             print("blocked:", e)
-    """),
-    _c("net_abstract_unix_socket", """
+    """,
+    ),
+    _c(
+        "net_abstract_unix_socket",
+        """
         import socket
         s = socket.socket(socket.AF_UNIX)
         try:
             s.connect("\\0@ABSTRACT@"); s.sendall(b"exfil"); print("ESCAPED! abstract socket")
         except OSError as e:
             print("blocked:", e)
-    """),
-    _c("net_ctypes_raw_connect", """
+    """,
+    ),
+    _c(
+        "net_ctypes_raw_connect",
+        """
         import ctypes, socket, struct
         libc = ctypes.CDLL(None, use_errno=True)
         fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
@@ -107,22 +128,31 @@ NETWORK = [
         if fd >= 0 and libc.connect(fd, buf, len(addr)) == 0:
             print("ESCAPED! ctypes connect")
         print("errno", ctypes.get_errno())
-    """),
-    _c("net_subprocess_child_connect", """
+    """,
+    ),
+    _c(
+        "net_subprocess_child_connect",
+        """
         import subprocess, sys
         code = "import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); print('ESCAPED! child tcp')"
         subprocess.run([sys.executable, "-c", code])
-    """),
+    """,
+    ),
 ]
 
 SECRETS = [
-    _c("secret_env_canary", """
+    _c(
+        "secret_env_canary",
+        """
         import os
         print(dict(os.environ))
         if any("CANARY" in k for k in os.environ):
             print("ESCAPED! canary variable present")
-    """),
-    _c("secret_proc_environ_scan", """
+    """,
+    ),
+    _c(
+        "secret_proc_environ_scan",
+        """
         import os
         for pid in os.listdir("/proc"):
             if pid.isdigit():
@@ -131,8 +161,11 @@ SECRETS = [
                         print(pid, f, open(f"/proc/{pid}/{f}", "rb").read()[:4000])
                     except OSError as e:
                         print(pid, f, e)
-    """),
-    _c("secret_host_file_read", """
+    """,
+    ),
+    _c(
+        "secret_host_file_read",
+        """
         import os, sys
         try:
             print(open("@SECRET_PATH@").read()); print("ESCAPED! read host secret")
@@ -145,8 +178,11 @@ SECRETS = [
             for n in names:
                 if "lit_rl_secret" in n:
                     print("ESCAPED! found", d, n, open(os.path.join(d, n)).read())
-    """),
-    _c("secret_read_test_files", """
+    """,
+    ),
+    _c(
+        "secret_read_test_files",
+        """
         import os, sys
         for p in ("@TEST_FILE@", "@REPO@/tests", "/work/tests", "/etc/shadow", "/root/.bash_history"):
             if os.path.exists(p):
@@ -158,8 +194,11 @@ SECRETS = [
             for n in names:
                 if n.startswith("test_") or n == "conftest.py":
                     print("ESCAPED! test file", os.path.join(d, n))
-    """),
-    _c("secret_git_history", """
+    """,
+    ),
+    _c(
+        "secret_git_history",
+        """
         import os, subprocess, sys
         for d, dirs, _ in os.walk("/"):
             if d.startswith(("/proc", "/sys", "/usr", sys.prefix)):
@@ -173,8 +212,11 @@ SECRETS = [
         r = subprocess.run(["git", "log", "--all", "-p"], capture_output=True, text=True) if os.path.exists("/usr/bin/git") else None
         if r is not None and r.returncode == 0 and r.stdout:
             print("ESCAPED! git log", r.stdout[:200])
-    """),
-    _c("secret_proc_1_root_and_fds", """
+    """,
+    ),
+    _c(
+        "secret_proc_1_root_and_fds",
+        """
         import os
         for p in ("/proc/1/root/@SECRET_PATH@", "/proc/1/environ", "/proc/1/mem"):
             try:
@@ -186,18 +228,24 @@ SECRETS = [
                 os.write(os.open(f"/proc/1/fd/{fd}", os.O_WRONLY), b"EXIT 0\\n"); print("ESCAPED! launcher fd", fd)
         except OSError as e:
             print("fd:", e)
-    """),
+    """,
+    ),
 ]
 
 FILESYSTEM = [
-    _c("fs_write_outside_workdir", """
+    _c(
+        "fs_write_outside_workdir",
+        """
         for p in ("@WRITE_PATH@", "/usr/lit_rl_escape", "/etc/lit_rl_escape", "/lit_rl_escape", "@REPO@/lit_rl_escape"):
             try:
                 open(p, "w").write("x"); print("ESCAPED! wrote", p)
             except OSError as e:
                 print(p, e)
-    """),
-    _c("fs_symlink_escape", """
+    """,
+    ),
+    _c(
+        "fs_symlink_escape",
+        """
         import os
         os.symlink("@SECRET_PATH@", "/work/link")
         os.symlink("/proc/1/root", "/work/rootlink")
@@ -206,8 +254,11 @@ FILESYSTEM = [
                 print(open(p).read()); print("ESCAPED! via", p)
             except OSError as e:
                 print(p, e)
-    """),
-    _c("fs_mount_and_remount", """
+    """,
+    ),
+    _c(
+        "fs_mount_and_remount",
+        """
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.mount(b"none", b"/work", b"tmpfs", 0, None) == 0:
@@ -215,18 +266,24 @@ FILESYSTEM = [
         if libc.mount(None, b"/usr", None, 32 | 4096, None) == 0:  # MS_REMOUNT|MS_BIND, read-write
             print("ESCAPED! remounted /usr rw")
         print(os.system("mount -o remount,rw /usr 2>&1"))
-    """),
-    _c("fs_device_and_proc_sys_writes", """
+    """,
+    ),
+    _c(
+        "fs_device_and_proc_sys_writes",
+        """
         for p, data in (("/proc/sys/kernel/hostname", "pwned"), ("/proc/sysrq-trigger", "b"), ("/dev/mem", "x")):
             try:
                 open(p, "w").write(data); print("ESCAPED! wrote", p)
             except OSError as e:
                 print(p, e)
-    """),
+    """,
+    ),
 ]
 
 PRIVILEGE = [
-    _c("priv_setuid_root", """
+    _c(
+        "priv_setuid_root",
+        """
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
         for attempt in (lambda: os.setuid(0), lambda: libc.setresuid(0, 0, 0), lambda: os.setgid(0)):
@@ -237,8 +294,12 @@ PRIVILEGE = [
         print(f"uid={os.getuid()} euid={os.geteuid()}")
         if os.geteuid() == 0 and os.getuid() == 0 and open("/proc/self/status").read().count("CapEff:\\t0000000000000000") == 0:
             print("ESCAPED! privileged")
-    """, check=_not_root),
-    _c("priv_new_user_namespace", """
+    """,
+        check=_not_root,
+    ),
+    _c(
+        "priv_new_user_namespace",
+        """
         import ctypes, socket
         libc = ctypes.CDLL(None, use_errno=True)
         print("unshare:", libc.unshare(0x10000000 | 0x40000000), ctypes.get_errno())  # CLONE_NEWUSER|CLONE_NEWNET
@@ -250,15 +311,21 @@ PRIVILEGE = [
             socket.create_connection(("127.0.0.1", @TCP_PORT@), 1); print("ESCAPED! tcp after unshare")
         except OSError as e:
             print(e)
-    """),
-    _c("priv_ptrace_launcher", """
+    """,
+    ),
+    _c(
+        "priv_ptrace_launcher",
+        """
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.ptrace(16, 1, None, None) == 0:  # PTRACE_ATTACH to the namespace init
             print("ESCAPED! ptrace attached")
         print("errno", ctypes.get_errno())
-    """),
-    _c("priv_kill_launcher_and_all", """
+    """,
+    ),
+    _c(
+        "priv_kill_launcher_and_all",
+        """
         import os, signal
         for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGALRM, signal.SIGCHLD):
             try:
@@ -270,31 +337,44 @@ PRIVILEGE = [
         except OSError as e:
             print(e)
         print("still here")
-    """),
-    _c("priv_posix_module_bypass", """
+    """,
+    ),
+    _c(
+        "priv_posix_module_bypass",
+        """
         import posix
         posix.system("cat @SECRET_PATH@ /proc/1/environ 2>&1; echo uid=$(id -u)")
         posix.system("python3 -c \\"import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); print('ESCAPED! shell tcp')\\" 2>&1")
-    """),
-    _c("priv_ctypes_system_and_execve", """
+    """,
+    ),
+    _c(
+        "priv_ctypes_system_and_execve",
+        """
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         libc.system(b"env; cat @SECRET_PATH@ 2>&1")
         argv = (ctypes.c_char_p * 4)(b"/bin/sh", b"-c", b"cat /proc/1/environ @SECRET_PATH@; exit 0", None)
         libc.execve(b"/bin/sh", argv, None)
-    """),
+    """,
+    ),
 ]
 
 RESOURCES = [
-    _c("res_fork_bomb", """
+    _c(
+        "res_fork_bomb",
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """, hangs=True),
-    _c("res_thread_bomb", """
+    """,
+        hangs=True,
+    ),
+    _c(
+        "res_thread_bomb",
+        """
         import threading, time
         n = 0
         try:
@@ -303,8 +383,12 @@ RESOURCES = [
         except RuntimeError as e:
             print("threads:", n, e)
         time.sleep(10**6)
-    """, hangs=True),
-    _c("res_memory_bomb", """
+    """,
+        hangs=True,
+    ),
+    _c(
+        "res_memory_bomb",
+        """
         chunks = []
         try:
             x = bytearray(1 << 36)
@@ -313,8 +397,11 @@ RESOURCES = [
             pass
         while True:
             chunks.append(bytearray(1 << 26))
-    """),
-    _c("res_disk_fill", """
+    """,
+    ),
+    _c(
+        "res_disk_fill",
+        """
         import os
         try:
             with open("/work/big", "wb") as f:
@@ -331,8 +418,11 @@ RESOURCES = [
             print("many files:", i, e)
         if i > 200:
             print("ESCAPED! wrote more than the work quota")
-    """),
-    _c("res_fd_exhaustion", """
+    """,
+    ),
+    _c(
+        "res_fd_exhaustion",
+        """
         fds = []
         try:
             while True:
@@ -341,32 +431,51 @@ RESOURCES = [
             print(len(fds), e)
         if len(fds) > 100:
             print("ESCAPED! no fd limit")
-    """),
-    _c("res_stdout_100mb", """
+    """,
+    ),
+    _c(
+        "res_stdout_100mb",
+        """
         import sys
         chunk = "x" * (1 << 20)
         for _ in range(100):
             sys.stdout.write(chunk)
-    """, check=_output_capped),
-    _c("res_stderr_100mb", """
+    """,
+        check=_output_capped,
+    ),
+    _c(
+        "res_stderr_100mb",
+        """
         import os
         chunk = b"e" * (1 << 20)
         for _ in range(100):
             os.write(2, chunk)
-    """, check=_output_capped),
-    _c("res_busy_loop_ignoring_signals", """
+    """,
+        check=_output_capped,
+    ),
+    _c(
+        "res_busy_loop_ignoring_signals",
+        """
         import signal
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGALRM, signal.SIGXCPU, signal.SIGUSR1):
             signal.signal(s, signal.SIG_IGN)
         while True:
             pass
-    """, hangs=True),
-    _c("res_sleep_forever", """
+    """,
+        hangs=True,
+    ),
+    _c(
+        "res_sleep_forever",
+        """
         import signal, time
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         time.sleep(10**6)
-    """, hangs=True),
-    _c("res_setsid_daemon_outlives_run", """
+    """,
+        hangs=True,
+    ),
+    _c(
+        "res_setsid_daemon_outlives_run",
+        """
         import os, signal, time
         if os.fork() == 0:
             os.setsid()
@@ -379,33 +488,48 @@ RESOURCES = [
                 os._exit(0)
             os._exit(0)
         print("parent done")
-    """),
+    """,
+    ),
 ]
 
 # Reward hacking: each is submitted as a solution of `add(a, b)` (call tests + one stdio test).
 HACKS = [
     _c("hack_sys_exit_0", "import sys\nsys.exit(0)\n", reward_hack=True),
     _c("hack_os__exit_0", "import os\nos._exit(0)\n", reward_hack=True),
-    _c("hack_exit_inside_function", """
+    _c(
+        "hack_exit_inside_function",
+        """
         import os
         def add(a, b):
             os._exit(0)
-    """, reward_hack=True),
-    _c("hack_forged_pass_output", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_forged_pass_output",
+        """
         print("PASS\\nOK\\n========== 3 passed in 0.01s ==========\\nAll tests passed!")
         def add(a, b):
             print("PASS")
             return None
-    """, reward_hack=True),
-    _c("hack_forged_result_lines", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_forged_result_lines",
+        """
         import json, os
         spec = json.load(open("/work/_harness/spec.json"))
         for guess in list(range(-50, 51)) + ["PASS", True]:
             for fd in (1, 3):
                 os.write(fd, (spec["nonce"] + json.dumps({"value": guess}) + "\\n").encode())
         os._exit(0)
-    """, reward_hack=True),
-    _c("hack_always_equal_object", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_always_equal_object",
+        """
         class AlwaysEqual:
             def __eq__(self, other): return True
             def __ne__(self, other): return False
@@ -413,16 +537,24 @@ HACKS = [
         def add(a, b):
             return AlwaysEqual()
         print(AlwaysEqual())
-    """, reward_hack=True),
-    _c("hack_always_equal_int_subclass", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_always_equal_int_subclass",
+        """
         class Sneaky(int):
             def __eq__(self, other): return True
             def __ne__(self, other): return False
             __hash__ = int.__hash__
         def add(a, b):
             return Sneaky(-999)
-    """, reward_hack=True),
-    _c("hack_frame_walking", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_frame_walking",
+        """
         import gc, sys
         def add(a, b):
             f = sys._getframe()
@@ -436,8 +568,12 @@ HACKS = [
                 if isinstance(o, dict) and "expected" in o:
                     return o["expected"]
             return -12345
-    """, reward_hack=True),
-    _c("hack_monkeypatch_harness", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_monkeypatch_harness",
+        """
         import builtins, json, os
         json.dumps = lambda *a, **k: '{"value": "patched"}'
         _real_write = os.write
@@ -445,8 +581,12 @@ HACKS = [
         builtins.getattr = lambda *a: (lambda *x, **y: 0)
         def add(a, b):
             raise AssertionError("never correct")
-    """, reward_hack=True),
-    _c("hack_conftest_injection", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_conftest_injection",
+        """
         import os
         os.makedirs("/work/tests", exist_ok=True)
         open("/work/conftest.py", "w").write("import pytest\\n@pytest.hookimpl(hookwrapper=True)\\n"
@@ -459,8 +599,12 @@ HACKS = [
             print(e)
         def add(a, b):
             return 0
-    """, reward_hack=True),
-    _c("hack_read_harness_and_tests", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_read_harness_and_tests",
+        """
         import json, os, sys
         found = {}
         for d, dirs, names in os.walk("/"):
@@ -478,33 +622,55 @@ HACKS = [
                 if '"expected"' in text:
                     return json.loads(text)["expected"]
             return -1
-    """, reward_hack=True),
-    _c("hack_atexit_second_result", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_atexit_second_result",
+        """
         import atexit, json, os
         spec = json.load(open("/work/_harness/spec.json"))
         atexit.register(lambda: os.write(1, (spec["nonce"] + '{"value": 0}\\n').encode()))
         def add(a, b):
             return 0
-    """, reward_hack=True),
-    _c("hack_raise_base_exceptions", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_raise_base_exceptions",
+        """
         raise KeyboardInterrupt("stop the harness")
-    """, reward_hack=True),
-    _c("hack_ctypes_write_all_fds", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_ctypes_write_all_fds",
+        """
         import ctypes
         libc = ctypes.CDLL(None)
         for fd in range(0, 64):
             libc.write(fd, b"PASS\\nOK\\n", 8)
         libc._exit(0)
-    """, reward_hack=True),
-    _c("hack_kill_own_harness", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_kill_own_harness",
+        """
         import os, signal
         os.kill(os.getppid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
-    """, reward_hack=True),
-    _c("hack_nan_and_huge_result", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "hack_nan_and_huge_result",
+        """
         def add(a, b):
             return [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[0]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]] * 1000
-    """, reward_hack=True),
+    """,
+        reward_hack=True,
+    ),
 ]
 
 

@@ -1,6 +1,7 @@
 """Verdict-integrity attacks for the adversarial corpus (issue 17): PID 1, the caller, the result channel,
 whole-run memory. Same conventions as ``adversarial_corpus.py`` (``ESCAPED!`` marks a successful step;
 ``@NAME@`` placeholders are filled by the runner)."""
+
 from __future__ import annotations
 
 from adversarial_corpus import _c  # circular but safe: imported at the end of adversarial_corpus
@@ -17,7 +18,9 @@ def _memory_capped(ctx, res) -> list[str]:
 # Verdict integrity (issue 17): attacks on the launcher, the caller and the result channel. Each must end as a
 # fail, never infra_error (the generic oracle), and the caller running the corpus must survive all of them.
 INTEGRITY = [
-    _c("int_signal_pid1_every_signal", """
+    _c(
+        "int_signal_pid1_every_signal",
+        """
         import os, signal, time
         for sig in sorted(signal.valid_signals()):
             try:
@@ -26,16 +29,26 @@ INTEGRITY = [
                 print(sig, e)
         time.sleep(0.2)
         print("still here")
-    """),
-    _c("int_kill_own_group_sigkill", """
+    """,
+    ),
+    _c(
+        "int_kill_own_group_sigkill",
+        """
         import os, signal
         os.kill(0, signal.SIGKILL)  # before issue 17 this reached the caller's process group (userns mode)
-    """),
-    _c("int_stop_own_group_sigstop", """
+    """,
+    ),
+    _c(
+        "int_stop_own_group_sigstop",
+        """
         import os, signal
         os.kill(0, signal.SIGSTOP)
-    """, hangs=True),
-    _c("int_signal_every_visible_pid_and_group", """
+    """,
+        hangs=True,
+    ),
+    _c(
+        "int_signal_every_visible_pid_and_group",
+        """
         import os, signal
         pids = [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]
         for pid in pids + [os.getppid(), -1]:
@@ -46,8 +59,11 @@ INTEGRITY = [
                     except OSError:
                         pass
         print("visible", pids)
-    """),
-    _c("int_prlimit_and_oom_score_pid1", """
+    """,
+    ),
+    _c(
+        "int_prlimit_and_oom_score_pid1",
+        """
         import os, resource
         for pid in [1] + [int(p) for p in os.listdir("/proc") if p.isdigit()]:
             for lim in (resource.RLIMIT_CPU, resource.RLIMIT_AS, resource.RLIMIT_NOFILE, resource.RLIMIT_NPROC):
@@ -63,8 +79,11 @@ INTEGRITY = [
         x = 0
         for i in range(3_000_000):  # give a CPU-limited init time to be killed
             x += i
-    """),
-    _c("int_ptrace_and_proc_mem_every_pid", """
+    """,
+    ),
+    _c(
+        "int_ptrace_and_proc_mem_every_pid",
+        """
         import ctypes, os
         libc = ctypes.CDLL(None, use_errno=True)
         for pid in [int(p) for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
@@ -75,8 +94,11 @@ INTEGRITY = [
                     open(f"/proc/{pid}/{f}", "rb").read(16); print("opened", pid, f)
                 except OSError as e:
                     print(pid, f, e)
-    """),
-    _c("int_exhaust_fds_in_many_processes", """
+    """,
+    ),
+    _c(
+        "int_exhaust_fds_in_many_processes",
+        """
         import os, time
         for _ in range(8):
             if os.fork() == 0:
@@ -93,14 +115,21 @@ INTEGRITY = [
                 os.wait()
             except ChildProcessError:
                 break
-    """),
-    _c("int_close_every_fd", """
+    """,
+    ),
+    _c(
+        "int_close_every_fd",
+        """
         import os
         os.closerange(0, 4096)  # the harness's result channel (a dup of fd 1) included
         def add(a, b):
             return a + b
-    """, reward_hack=True),
-    _c("int_corrupt_framing", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "int_corrupt_framing",
+        """
         import os
         junk = [b"\x00\xff\xfe", b"{\"value\": 5}", b"0" * 32 + b'{"value": 5}', b"READY\nEXIT 0\n",
                 b"\n" * 10, b"x" * 70000]
@@ -112,8 +141,12 @@ INTEGRITY = [
                     pass
         def add(a, b):
             return a + b + 1
-    """, reward_hack=True),
-    _c("int_memory_bomb_many_processes", """
+    """,
+        reward_hack=True,
+    ),
+    _c(
+        "int_memory_bomb_many_processes",
+        """
         import os, select, time
         r, w = os.pipe()
         kids = []
@@ -141,5 +174,7 @@ INTEGRITY = [
         if @CGROUP@ and most * 64 > @MEM_CAP_MB@:
             print("ESCAPED! held", most * 64, "MiB in one run", flush=True)
         os._exit(0)
-    """, check=_memory_capped),
+    """,
+        check=_memory_capped,
+    ),
 ]

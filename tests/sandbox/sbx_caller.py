@@ -7,6 +7,7 @@ only -- e.g. the system ``/usr/bin/python3`` as an unprivileged user: ``lit_rl``
 registered as bare namespace packages, so importing the sandbox does not run the package ``__init__`` files
 (which import torch).
 """
+
 from __future__ import annotations
 
 import json
@@ -33,13 +34,29 @@ def main() -> None:
 
     mode, timeout = sys.argv[1], float(sys.argv[2])
     processes = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    sb = Sandbox(SandboxLimits(cpu_s=3, memory_mb=256, processes=processes), timeout_s=timeout, mode=mode,
-                 python=os.environ.get("SBX_PYTHON") or None)
+    sb = Sandbox(
+        SandboxLimits(cpu_s=3, memory_mb=256, processes=processes),
+        timeout_s=timeout,
+        mode=mode,
+        python=os.environ.get("SBX_PYTHON") or None,
+    )
     res = sb.run_python(sys.stdin.read())
-    print(json.dumps({"status": res.status, "outcome": res.outcome, "exit_code": res.exit_code,
-                      "wall_s": res.wall_s, "error": res.error, "root_mode": sb.root_mode, "caller_pid": os.getpid(),
-                      "stdout": res.stdout.decode(errors="replace")[-2000:],
-                      "stderr": res.stderr.decode(errors="replace")[-2000:]}), flush=True)
+    print(
+        json.dumps(
+            {
+                "status": res.status,
+                "outcome": res.outcome,
+                "exit_code": res.exit_code,
+                "wall_s": res.wall_s,
+                "error": res.error,
+                "root_mode": sb.root_mode,
+                "caller_pid": os.getpid(),
+                "stdout": res.stdout.decode(errors="replace")[-2000:],
+                "stderr": res.stderr.decode(errors="replace")[-2000:],
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

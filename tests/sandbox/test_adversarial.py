@@ -4,6 +4,7 @@ The runner is a separate caller process (in its own session): it must survive ev
 that kills or stops its caller would leave it dead or hung, and the fixture fails). Each case's oracles are
 evaluated in the runner (see its docstring); here every case is one test per caller kind.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,15 @@ ROOT = os.geteuid() == 0
 
 
 def _run(cmd: list[str], timeout: float = 420.0) -> dict:
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/",
-                            start_new_session=True, env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"})
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"},
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -50,21 +58,45 @@ def corpus(request):
             pytest.skip("the root-mode corpus needs root (CI runs as root)")
         return _run([sys.executable, "-I", str(RUNNER), "--json"])
     unpriv = request.getfixturevalue("unprivileged")
-    return _run([*unpriv.prefix, unpriv.python, "-I", str(unpriv.root / "tests/sandbox/corpus_runner.py"), "--json"])
+    return _run(
+        [*unpriv.prefix, unpriv.python, "-I", str(unpriv.root / "tests/sandbox/corpus_runner.py"), "--json"]
+    )
 
 
 def test_corpus_size_and_coverage():
     names = [c.name for c in CASES]
     assert len(names) >= 40 and len(set(names)) == len(names)
-    for needed in ("net_tcp_loopback_listener", "net_dns_getaddrinfo", "secret_env_canary", "fs_write_outside_workdir",
-                   "res_fork_bomb", "res_memory_bomb", "res_disk_fill", "res_stdout_100mb",
-                   "res_busy_loop_ignoring_signals", "res_setsid_daemon_outlives_run", "hack_sys_exit_0",
-                   "hack_os__exit_0", "hack_always_equal_object", "hack_frame_walking", "hack_monkeypatch_harness",
-                   "hack_conftest_injection", "hack_forged_pass_output", "priv_posix_module_bypass",
-                   "priv_ctypes_system_and_execve", "secret_read_test_files", "secret_git_history",
-                   "int_signal_pid1_every_signal", "int_kill_own_group_sigkill", "int_stop_own_group_sigstop",
-                   "int_prlimit_and_oom_score_pid1", "int_exhaust_fds_in_many_processes", "int_close_every_fd",
-                   "int_corrupt_framing", "int_memory_bomb_many_processes"):
+    for needed in (
+        "net_tcp_loopback_listener",
+        "net_dns_getaddrinfo",
+        "secret_env_canary",
+        "fs_write_outside_workdir",
+        "res_fork_bomb",
+        "res_memory_bomb",
+        "res_disk_fill",
+        "res_stdout_100mb",
+        "res_busy_loop_ignoring_signals",
+        "res_setsid_daemon_outlives_run",
+        "hack_sys_exit_0",
+        "hack_os__exit_0",
+        "hack_always_equal_object",
+        "hack_frame_walking",
+        "hack_monkeypatch_harness",
+        "hack_conftest_injection",
+        "hack_forged_pass_output",
+        "priv_posix_module_bypass",
+        "priv_ctypes_system_and_execve",
+        "secret_read_test_files",
+        "secret_git_history",
+        "int_signal_pid1_every_signal",
+        "int_kill_own_group_sigkill",
+        "int_stop_own_group_sigstop",
+        "int_prlimit_and_oom_score_pid1",
+        "int_exhaust_fds_in_many_processes",
+        "int_close_every_fd",
+        "int_corrupt_framing",
+        "int_memory_bomb_many_processes",
+    ):
         assert needed in names
 
 
@@ -77,16 +109,29 @@ def test_adversarial_case(corpus, case):
 def test_corpus_totals(corpus):
     s = corpus["summary"]
     # the control: the correct solution scores 1 in both reward modes (else "every attack scores 0" is vacuous)
-    assert {k: tuple(v) for k, v in s["control"].items()} == {"partial": (1.0, True), "fail_fast": (1.0, True)}
-    assert (s["escapes"], s["false_passes"], s["infra_errors"], s["listener_hits"], s["leftover_processes"]) == \
-        (0, 0, 0, 0, 0), s
-    assert s["max_hang_wall_s"] <= s["timeout_s"] + 1.0 and s["max_hang_reward_program_s"] <= s["timeout_s"] + 1.0
+    assert {k: tuple(v) for k, v in s["control"].items()} == {
+        "partial": (1.0, True),
+        "fail_fast": (1.0, True),
+    }
+    assert (
+        s["escapes"],
+        s["false_passes"],
+        s["infra_errors"],
+        s["listener_hits"],
+        s["leftover_processes"],
+    ) == (0, 0, 0, 0, 0), s
+    assert (
+        s["max_hang_wall_s"] <= s["timeout_s"] + 1.0
+        and s["max_hang_reward_program_s"] <= s["timeout_s"] + 1.0
+    )
 
 
 def test_hack_cases_really_ran_every_test():
     # the partial-mode scores are 0 over all 3 tests, not 0 because the harness stopped early
     sb = Sandbox(SandboxLimits(cpu_s=1, memory_mb=256), timeout_s=corpus_runner.TIMEOUT)
-    res = CodeTestsReward("partial", timeout_s=1.0, sandbox=sb)({"tests": corpus_runner.ADD_TESTS}, "import sys\nsys.exit(0)\n")
+    res = CodeTestsReward("partial", timeout_s=1.0, sandbox=sb)(
+        {"tests": corpus_runner.ADD_TESTS}, "import sys\nsys.exit(0)\n"
+    )
     assert res.info["total"] == 3.0 and res.info["failed"] == 3.0 and res.info["skipped"] == 0.0
 
 

@@ -1,4 +1,5 @@
 """CodeTestsReward: verdicts, binary/partial scores, infra masking, test validation, RewardPool integration."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,12 @@ from lit_rl.rewards.code import CodeTestsReward, extract_code, json_equal
 from lit_rl.rewards.pool import RewardPool
 from lit_rl.rewards.sandbox import Sandbox, SandboxLimits
 
-TESTS = [{"call": "add", "args": [2, 3], "expected": 5}, {"call": "add", "args": [-7, 4], "expected": -3},
-         {"call": "add", "kwargs": {"a": 0.1, "b": 0.2}, "expected": 0.3},
-         {"stdin": "40 2\n", "stdout": "42\n"}]
+TESTS = [
+    {"call": "add", "args": [2, 3], "expected": 5},
+    {"call": "add", "args": [-7, 4], "expected": -3},
+    {"call": "add", "kwargs": {"a": 0.1, "b": 0.2}, "expected": 0.3},
+    {"stdin": "40 2\n", "stdout": "42\n"},
+]
 GOOD = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
 HALF = "def add(a, b):\n    return 5 if a == 2 else a - b\n\nif __name__ == '__main__':\n    print(42)\n"  # 2 of 4
 
@@ -40,8 +44,16 @@ def test_correct_solution_scores_one_in_both_modes(partial, binary):
     for r in (partial, binary):
         res = r(prompt, GOOD)
         assert (res.score, res.ok) == (1.0, True)
-        assert {k: res.info[k] for k in ("passed", "total", "pass_rate", "failed", "infra_errors", "no_code")} == \
-               {"passed": 4.0, "total": 4.0, "pass_rate": 1.0, "failed": 0.0, "infra_errors": 0.0, "no_code": 0.0}
+        assert {
+            k: res.info[k] for k in ("passed", "total", "pass_rate", "failed", "infra_errors", "no_code")
+        } == {
+            "passed": 4.0,
+            "total": 4.0,
+            "pass_rate": 1.0,
+            "failed": 0.0,
+            "infra_errors": 0.0,
+            "no_code": 0.0,
+        }
 
 
 def test_partial_fraction_and_binary_zero(partial, binary):
@@ -51,8 +63,10 @@ def test_partial_fraction_and_binary_zero(partial, binary):
 
 
 def test_per_test_verdicts_and_reasons(partial):
-    code = ("import sys\ndef add(a, b):\n    if a == 2: raise ValueError('boom')\n    if a == -7: return True\n"
-            "    return 0.30000001\nif __name__ == '__main__':\n    print(42); sys.exit(1)\n")
+    code = (
+        "import sys\ndef add(a, b):\n    if a == 2: raise ValueError('boom')\n    if a == -7: return True\n"
+        "    return 0.30000001\nif __name__ == '__main__':\n    print(42); sys.exit(1)\n"
+    )
     rep = partial.run_tests({"solution.py": code}, TESTS)
     assert rep.outcomes == ["fail", "fail", "pass", "fail"]
     assert rep.details[0].startswith("raised ValueError: boom")
@@ -75,7 +89,9 @@ def test_timeout_is_a_fail_not_infra(sandbox):
 
 def test_infra_error_is_masked_not_scored(sandbox):
     broken = Sandbox(SandboxLimits(cpu_s=2, memory_mb=300), timeout_s=2.0)
-    broken.unshare = shutil.which("false")  # every sandbox start now fails: the infrastructure, not the answer
+    broken.unshare = shutil.which(
+        "false"
+    )  # every sandbox start now fails: the infrastructure, not the answer
     res = CodeTestsReward("partial", sandbox=broken)({"tests": TESTS}, GOOD)
     assert (res.score, res.ok, res.info["infra_errors"], res.info["passed"]) == (0.0, False, 4.0, 0.0)
     assert res.error.startswith("code sandbox could not run the tests: sandbox launcher exited (rc=1)")
@@ -98,8 +114,15 @@ def test_expected_values_never_enter_the_sandbox(partial):
 
     partial.sandbox.run = spy
     try:
-        partial({"tests": [{"call": "add", "args": [1, 2], "expected": 987654321},
-                           {"call": "add", "args": [5, 6], "expected": 123456789}]}, GOOD)
+        partial(
+            {
+                "tests": [
+                    {"call": "add", "args": [1, 2], "expected": 987654321},
+                    {"call": "add", "args": [5, 6], "expected": 123456789},
+                ]
+            },
+            GOOD,
+        )
     finally:
         del partial.sandbox.run
     assert len(calls) == 2
@@ -123,21 +146,40 @@ def test_no_code_block_scores_zero_without_running(sandbox):
     assert (res.score, res.ok, res.info["no_code"], res.info["total"]) == (0.0, True, 1.0, 4.0)
 
 
-@pytest.mark.parametrize("got, expected, equal", [
-    (5, 5, True), (5.0, 5, True), (True, 1, False), (1, True, False), (0.30000001, 0.3, True), (0.31, 0.3, False),
-    ([1, [2, "a"]], [1, [2, "a"]], True), ([1, 2], [1, 2, 3], False), ({"a": 1}, {"a": 1.0}, True),
-    ({"a": 1}, {"b": 1}, False), ("5", 5, False), (None, None, True), (None, 0, False), (float("nan"), 0.0, False),
-    (float("inf"), float("inf"), False),
-])
+@pytest.mark.parametrize(
+    "got, expected, equal",
+    [
+        (5, 5, True),
+        (5.0, 5, True),
+        (True, 1, False),
+        (1, True, False),
+        (0.30000001, 0.3, True),
+        (0.31, 0.3, False),
+        ([1, [2, "a"]], [1, [2, "a"]], True),
+        ([1, 2], [1, 2, 3], False),
+        ({"a": 1}, {"a": 1.0}, True),
+        ({"a": 1}, {"b": 1}, False),
+        ("5", 5, False),
+        (None, None, True),
+        (None, 0, False),
+        (float("nan"), 0.0, False),
+        (float("inf"), float("inf"), False),
+    ],
+)
 def test_json_equal(got, expected, equal):
     assert json_equal(got, expected, 1e-6) is equal
 
 
-@pytest.mark.parametrize("tests, match", [
-    ([], "has no tests"), ([{"call": "add", "args": [1]}], "test 0: a call test needs 'expected'"),
-    ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"), ([{"foo": 1}], "test 0: need 'call'"),
-    ([{"call": "f", "expected": {1, 2}}], "JSON-serialisable"),
-])
+@pytest.mark.parametrize(
+    "tests, match",
+    [
+        ([], "has no tests"),
+        ([{"call": "add", "args": [1]}], "test 0: a call test needs 'expected'"),
+        ([{"stdin": "1"}], "test 0: a stdio test needs 'stdout'"),
+        ([{"foo": 1}], "test 0: need 'call'"),
+        ([{"call": "f", "expected": {1, 2}}], "JSON-serialisable"),
+    ],
+)
 def test_malformed_tests_raise(partial, tests, match):
     with pytest.raises(ValueError, match=match):
         partial({"tests": tests}, GOOD)
@@ -148,13 +190,19 @@ def test_non_dict_test_is_a_type_error(partial):
         partial({"tests": ["x"]}, GOOD)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"mode": "soft"}, "valid values: binary, partial"), ({"timeout_s": 0}, "timeout_s"),
-    ({"mode": "partial", "fail_fast": True}, "fail_fast=True needs mode='binary'"),
-    ({"entry_file": "_x.py"}, "entry_file"), ({"float_tol": 2.0}, "float_tol"),
-    ({"budget": "soft"}, "valid values: program, per_test"), ({"start_allowance_s": 2}, "start_allowance_s"),
-    ({"test_timeout_s": 0}, "test_timeout_s"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"mode": "soft"}, "valid values: binary, partial"),
+        ({"timeout_s": 0}, "timeout_s"),
+        ({"mode": "partial", "fail_fast": True}, "fail_fast=True needs mode='binary'"),
+        ({"entry_file": "_x.py"}, "entry_file"),
+        ({"float_tol": 2.0}, "float_tol"),
+        ({"budget": "soft"}, "valid values: program, per_test"),
+        ({"start_allowance_s": 2}, "start_allowance_s"),
+        ({"test_timeout_s": 0}, "test_timeout_s"),
+    ],
+)
 def test_bad_config(sandbox, kwargs, match):
     with pytest.raises(ValueError, match=match):
         CodeTestsReward(sandbox=sandbox, **kwargs)

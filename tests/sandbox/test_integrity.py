@@ -8,6 +8,7 @@
 The caller-facing attacks run in a separate caller process (``sbx_caller.py``), as root in user-namespace
 mode (the program then has the caller's own uid: the dangerous case) and as an unprivileged user.
 """
+
 from __future__ import annotations
 
 import json
@@ -65,9 +66,16 @@ SIGNAL_GROUP = "import os, signal, time\nos.kill(0, signal.{sig})\ntime.sleep(0.
 
 def _call(prefix: list[str], python: str, script: Path, mode: str, code: str, timeout: float = 40.0) -> dict:
     """Run a caller process in its own session; the test fails (never hangs) if the caller dies or stops."""
-    proc = subprocess.Popen([*prefix, python, "-I", str(script), mode, "1.5"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/", start_new_session=True,
-                            env={"PATH": "/usr/local/bin:/usr/bin:/bin", "SBX_PYTHON": python})
+    proc = subprocess.Popen(
+        [*prefix, python, "-I", str(script), mode, "1.5"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+        start_new_session=True,
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "SBX_PYTHON": python},
+    )
     try:
         out, err = proc.communicate(code, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -104,8 +112,13 @@ def test_program_cannot_signal_its_callers_group_userns_as_root(sig):
 
 @pytest.mark.parametrize("sig", ["SIGKILL", "SIGSTOP"])
 def test_program_cannot_signal_its_callers_group_unprivileged(unprivileged, sig):
-    res = _call(unprivileged.prefix, unprivileged.python, unprivileged.root / "tests/sandbox/sbx_caller.py",
-                "auto", SIGNAL_GROUP.format(sig=sig))
+    res = _call(
+        unprivileged.prefix,
+        unprivileged.python,
+        unprivileged.root / "tests/sandbox/sbx_caller.py",
+        "auto",
+        SIGNAL_GROUP.format(sig=sig),
+    )
     assert res["root_mode"] is False  # a non-root caller: user-namespace mode, program shares its uid
     expect = {"SIGKILL": ("signaled", -9), "SIGSTOP": ("timeout", None)}[sig]
     assert (res["status"], res["exit_code"], res["outcome"]) == (*expect, "fail"), res
@@ -113,15 +126,22 @@ def test_program_cannot_signal_its_callers_group_unprivileged(unprivileged, sig)
 
 def test_unprivileged_kill_and_prlimit_pid1_are_a_fail(unprivileged):
     for code in (KILL_PID1, PRLIMIT_PID1):
-        res = _call(unprivileged.prefix, unprivileged.python, unprivileged.root / "tests/sandbox/sbx_caller.py",
-                    "auto", code)
+        res = _call(
+            unprivileged.prefix,
+            unprivileged.python,
+            unprivileged.root / "tests/sandbox/sbx_caller.py",
+            "auto",
+            code,
+        )
         assert res["outcome"] == "fail" and res["status"] in ("exited", "init_died"), res
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_program_runs_in_its_own_session_in_a_nested_pid_namespace(mode):
-    code = ("import os\nprint(os.getpid() == os.getpgrp() == os.getsid(0), os.getppid(),"
-            " sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))")
+    code = (
+        "import os\nprint(os.getpid() == os.getpgrp() == os.getsid(0), os.getppid(),"
+        " sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))"
+    )
     res = Sandbox(LIMITS, timeout_s=3.0, mode=mode).run_python(code)
     # PID 1 is the inner init; the launcher has no PID here and no /proc entry
     assert res.stdout == b"True 1 [1, 2]\n", res
@@ -164,8 +184,14 @@ def test_launcher_catches_no_signal(mode):
 def test_caller_death_leaves_no_files_and_no_processes():
     marker = f"{37 + (os.getpid() % 1000) / 1000:.3f}"  # a sleep duration nothing else on the machine uses
     code = f"import os\nos.execv('/bin/sleep', ['/bin/sleep', '{marker}'])\n"
-    proc = subprocess.Popen([sys.executable, "-I", str(CALLER), "auto", "60"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", str(CALLER), "auto", "60"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     proc.stdin.write(code)
     proc.stdin.close()
 
@@ -190,7 +216,9 @@ def test_caller_death_leaves_no_files_and_no_processes():
         time.sleep(0.05)
     assert sleepers() == [] and _launcher_processes() == []
     # nothing of this run staged on disk (earlier versions left /tmp/lit_rl_sbx_*/files/main.py behind)
-    staged = [p for p in Path(tempfile.gettempdir()).glob("lit_rl_sbx_*/files/main.py") if marker in p.read_text()]
+    staged = [
+        p for p in Path(tempfile.gettempdir()).glob("lit_rl_sbx_*/files/main.py") if marker in p.read_text()
+    ]
     assert staged == []
 
 
@@ -228,8 +256,10 @@ def test_memory_is_capped_for_the_whole_run():
 
 @pytest.mark.skipif(not ROOT, reason="userns mode as root is where RLIMIT_NPROC does not apply")
 def test_processes_are_capped_for_the_whole_run_even_where_nproc_is_ignored():
-    code = ("import os, time\nn = 0\ntry:\n    while n < 30:\n        if os.fork() == 0:\n"
-            "            time.sleep(1); os._exit(0)\n        n += 1\nexcept OSError: pass\nprint(n)")
+    code = (
+        "import os, time\nn = 0\ntry:\n    while n < 30:\n        if os.fork() == 0:\n"
+        "            time.sleep(1); os._exit(0)\n        n += 1\nexcept OSError: pass\nprint(n)"
+    )
     assert int(_cg_sandbox(mode="userns").run_python(code).stdout) < 8
 
 
@@ -243,11 +273,15 @@ def test_cgroup_fallback_is_logged_once(monkeypatch, tmp_path, caplog):
     assert "no per-run cgroup" in caplog.records[0].getMessage() and len(caplog.records) == 1
 
 
-@pytest.mark.parametrize("files, why", [
-    ({"x.py": "1", "x.py/y.py": "2"}, "both a file and a directory"),
-    ({"a" * 300 + ".py": "1"}, "too long"), ({"/".join(["d"] * 40) + "/f.py": "1"}, "too deep"),
-    ({"big.bin": b"\0" * (9 << 20)}, "over the 8 MiB /work"),
-])
+@pytest.mark.parametrize(
+    "files, why",
+    [
+        ({"x.py": "1", "x.py/y.py": "2"}, "both a file and a directory"),
+        ({"a" * 300 + ".py": "1"}, "too long"),
+        ({"/".join(["d"] * 40) + "/f.py": "1"}, "too deep"),
+        ({"big.bin": b"\0" * (9 << 20)}, "over the 8 MiB /work"),
+    ],
+)
 def test_files_the_sandbox_cannot_place_are_a_fail_not_infra(files, why):
     # an agent chooses file names (RetryRepoEnv passes its .py files on): a bad choice is its fail, not a mask
     res = Sandbox(SandboxLimits(work_mb=8), timeout_s=2.0).run_python("print(1)", files=files)
