@@ -324,10 +324,8 @@ def _check_pipeline_args(pipeline: RolloutPipeline, engine, settings: dict[str, 
             "be ignored; set them on the pipeline's RolloutSettings / FilterSettings, or drop "
             "pipeline="
         )
-    gen_engine = getattr(pipeline.generate, "engine", None) or getattr(
-        getattr(pipeline.generate, "agent", None), "engine", None
-    )
-    if engine is not None and gen_engine is not None and gen_engine is not engine:
+    gen_engine = pipeline.generate.engine
+    if engine is not None and gen_engine is not engine:
         raise ValueError("RolloutCallback: engine is not the engine the pipeline generates with")
 
 

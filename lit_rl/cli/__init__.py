@@ -152,12 +152,11 @@ def _close_engines(cli) -> None:
     ``_destroy_process_group`` has destroyed every group, and its ``destroy_process_group(<its TP group>)``
     then raised "ValueError: Invalid process group specified" (a ``[rank0]: Traceback`` after a run that had
     exited 0)."""
-    from lit_rl.rollout.base import EngineBase
+    from lit_rl.callbacks.rollout import RolloutCallback
 
     for cb in getattr(getattr(cli, "trainer", None), "callbacks", None) or []:
-        engine = getattr(cb, "engine", None)  # a callback's attribute: only rollout callbacks hold an engine
-        if isinstance(engine, EngineBase):
-            engine.close()
+        if isinstance(cb, RolloutCallback):  # the callbacks that hold an engine
+            cb.engine.close()
 
 
 def _destroy_process_group() -> None:

@@ -276,6 +276,11 @@ class AgentGenerator:
         self.agent, self.settings = agent, settings
         self.lock = lock if lock is not None else threading.RLock()
 
+    @property
+    def engine(self) -> EngineBase:
+        """The agent's engine (the pipeline's ``GenerateStage.engine``)."""
+        return self.agent.engine
+
     def __call__(self, prompts: list[Any], prompt_ids: Any = None) -> tuple[list[list[Episode]], float]:
         """(N groups of G ``Episode``, wall seconds)."""
         t0 = time.perf_counter()

@@ -31,6 +31,8 @@ from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 class GenerateStage(Protocol):
+    engine: EngineBase  # the engine it generates with (RolloutCallback checks it is the callback's)
+
     def __call__(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[list[list[Any]], float]: ...
 
 
