@@ -67,7 +67,7 @@ class AsyncRollouts:
         check_async_setup(
             editor, getattr(trainer, "datamodule", None), self.settings.group_size, self.sync.queue_size
         )
-        correction = getattr(pl_module.hparams, "rollout_correction", None)
+        correction = pl_module.config.objective.rollout_correction  # async rows train a lit_rl learner
         check_async_correction(self.sync.max_staleness, correction)
 
     def start(self, dm, first: int, build: Build, load: Callable[[dict[str, Tensor], int], None]) -> None:

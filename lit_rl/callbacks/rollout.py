@@ -37,6 +37,7 @@ from lit_rl.core.steps import max_steps_message
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.errors import ConfigError
+from lit_rl.learners.policy import PolicyModule
 from lit_rl.learners.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
@@ -122,11 +123,9 @@ class RolloutCallback(RolloutProducer):
             self._default_eval = pl_module.heldout_eval = HeldoutEval()
         if stage != "fit":
             return
-        from lit_rl.core.advantages import check_group_size
-
-        hp = getattr(pl_module, "hparams", None)
         group_size, sampling = self.settings.group_size, self.settings.sampling
-        check_group_size(getattr(hp, "advantage", None), group_size, getattr(hp, "rl_coef", None))
+        if isinstance(pl_module, PolicyModule):  # a group-relative advantage needs groups of two or more
+            pl_module.check_group_size(group_size)
         pl_module.temperature = sampling.logprob_temperature
         pl_module.processing = sampling.processing  # the sampler's distribution for ratios (core.processed)
         self.engine.bind(pl_module, self.settings)
@@ -139,22 +138,20 @@ class RolloutCallback(RolloutProducer):
         except ValueError as e:
             raise ConfigError(f"rollout.rewards: {e}") from None
         prompts_per_step = getattr(dm, "batch_size", None)
-        mb = getattr(pl_module.hparams, "minibatch_size", None)
+        # a lit_rl learner's optimizer-step settings (another LightningModule has no minibatch plan to check)
+        step = pl_module.config.step if isinstance(pl_module, PolicyModule) else None
+        mb = step.minibatch_size if step is not None else None
         rows = prompts_per_step * group_size if prompts_per_step else 0  # per rank: each draws its prompts
         if rows and mb and rows % mb:
             raise ValueError(
                 f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                 f"(data.batch_size={prompts_per_step} prompts x group_size={group_size})"
             )
-        per_iteration = getattr(pl_module, "optimizer_steps_per_iteration", None)
-        if rows and per_iteration is not None:
-            steps = per_iteration(rows)
+        if rows and step is not None:
+            steps = pl_module.optimizer_steps_per_iteration(rows)
             # the progress bar's total (iterations) is exact from the start: max_steps / steps (progress.py)
             pl_module.steps_per_iteration = steps
-            hp = pl_module.hparams
-            why = steps and max_steps_message(
-                trainer.max_steps, rows, hp.get("ppo_epochs", 1), hp.get("minibatch_size")
-            )
+            why = steps and max_steps_message(trainer.max_steps, rows, step.ppo_epochs, step.minibatch_size)
             if why:
                 raise ConfigError(why)
         if self.sync.mode == "async":

@@ -18,6 +18,7 @@ from jsonargparse import Namespace
 
 from lit_rl.core.steps import max_steps_message
 from lit_rl.errors import ConfigError
+from lit_rl.learners.config import StepSettings
 
 
 def check(cfg) -> None:
@@ -49,7 +50,10 @@ def check(cfg) -> None:
     group = (cfg.get("rollout") or Namespace()).get("group_size")
     if "ppo_epochs" in module_args and isinstance(batch, int) and isinstance(group, int):
         why = max_steps_message(
-            trainer.get("max_steps"), batch * group, init.get("ppo_epochs") or 1, init.get("minibatch_size")
+            trainer.get("max_steps"),
+            batch * group,
+            init.get("ppo_epochs") or StepSettings.ppo_epochs,
+            init.get("minibatch_size"),
         )
         if why and _fixed_steps(model):
             raise ConfigError(why)

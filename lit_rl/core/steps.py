@@ -10,9 +10,7 @@ checkpoint whose Experience is half trained (no exact resume), so such a ``max_s
 from __future__ import annotations
 
 
-def optimizer_steps_per_iteration(
-    rows: int, ppo_epochs: int = 1, minibatch_size: int | None = None
-) -> int | None:
+def optimizer_steps_per_iteration(rows: int, ppo_epochs: int, minibatch_size: int | None) -> int | None:
     """Optimizer steps one iteration of ``rows`` rollout rows per rank takes, or None when ``minibatch_size``
     does not divide ``rows`` (its own error says so)."""
     if not minibatch_size or minibatch_size >= rows:
@@ -23,7 +21,7 @@ def optimizer_steps_per_iteration(
 
 
 def max_steps_message(
-    max_steps: int | None, rows: int, ppo_epochs: int = 1, minibatch_size: int | None = None
+    max_steps: int | None, rows: int, ppo_epochs: int, minibatch_size: int | None
 ) -> str | None:
     """One line when ``max_steps`` is not a whole number of iterations; None when it is (or is unbounded)."""
     per = optimizer_steps_per_iteration(rows, ppo_epochs, minibatch_size)

@@ -38,6 +38,7 @@ from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.core.aggregation import aggregate
 from lit_rl.core.distill import check_losses, masked_cross_entropy, topk_reverse_kl, topk_reverse_kl_linear
 from lit_rl.core.fused_logprobs import Projection, linear_divergence, linear_logprobs
+from lit_rl.core.group_size import check_group_size
 from lit_rl.core.kl import generalized_jsd, kl_from_logits
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
@@ -264,6 +265,10 @@ class DistillModule(PolicyModule):
                 self.log(k, float(v), on_step=True, on_epoch=False, batch_size=1)
         if "sft_on_success" in self.losses or self.config.distill.kd_on != "student":
             self._teacher_data_step(batch)
+
+    def check_group_size(self, group_size: int) -> None:
+        """As ``PolicyModule``'s, except that ``rl_coef`` 0 (no reward term) needs no groups."""
+        check_group_size(self.config.advantages.advantage, group_size, self.config.distill.rl_coef)
 
     def optimizer_steps_per_iteration(self, rows: int) -> int | None:
         """None (no max_steps check) with teacher-data steps: there is one only when some rank has survivors."""

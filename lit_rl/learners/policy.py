@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
+from lit_rl.core.group_size import check_group_size
 from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
@@ -184,6 +185,10 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             "optimizer": opt,
             "lr_scheduler": {"scheduler": self.scheduler_factory(opt), "interval": "step"},
         }
+
+    def check_group_size(self, group_size: int) -> None:
+        """Refuse a rollout group size the advantage estimator cannot use (``core.group_size``)."""
+        check_group_size(self.config.advantages.advantage, group_size)
 
     def optimizer_steps_per_iteration(self, rows: int) -> int | None:
         """Optimizer steps (``global_step``, what ``trainer.max_steps`` counts) one iteration of ``rows`` rollout
