@@ -140,7 +140,10 @@ def _one_head(spec: str, args) -> dict:
     from lit_rl.learners.protocols import experience_hooks
 
     variant, path = spec.split("@")
-    sgd = lambda params: torch.optim.SGD(params, lr=0.0)
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.0)
+
     callbacks = []
     if variant == "reverse_kl_full":
         from lit_rl.callbacks.teachers import Teacher, TeacherRouter

@@ -485,11 +485,14 @@ def vespo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         log_w = tok_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).sum(dim=-1)  # (B,)
         log_w = log_w.clamp(math.log(1e-8), _LOG_RATIO_CLAMP)[:, None]  # (B, 1)
         nonneg = adv >= 0
-        pick = lambda pos, neg: torch.where(
-            nonneg,
-            torch.full_like(adv, _param(inputs, pos)),
-            torch.full_like(adv, _param(inputs, neg)),
-        )
+
+        def pick(pos: str, neg: str) -> Tensor:
+            return torch.where(
+                nonneg,
+                torch.full_like(adv, _param(inputs, pos)),
+                torch.full_like(adv, _param(inputs, neg)),
+            )
+
         k, lam = pick("vespo_k_pos", "vespo_k_neg"), pick("vespo_lambda_pos", "vespo_lambda_neg")  # (B, T)
         phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B, T), finite by the clamps
     loss = -phi * adv * lp

@@ -377,7 +377,10 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
                 )
             futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
             result: list[list[Completion]] = [[] for _ in prompt_ids]
-            decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
+
+            def decode(toks: list[int]) -> str:
+                return self.tokenizer.decode(toks, skip_special_tokens=True)
+
             for i, fut in enumerate(futures):
                 result[i] = [
                     Completion(*cut_at_stop(t, lp, fr, decode, sampling.stops), version)

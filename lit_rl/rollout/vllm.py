@@ -350,7 +350,10 @@ class VLLMEngine(RequestSeeds, EngineBase):
         prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in sent]
         outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         result: list[list[Completion]] = [[] for _ in prompt_ids]
-        decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
+
+        def decode(toks: list[int]) -> str:
+            return self.tokenizer.decode(toks, skip_special_tokens=True)
+
         for i, out in enumerate(outs):
             comps = [
                 Completion(*cut_at_stop(*_completion(c), decode, sampling.stops))

@@ -210,7 +210,10 @@ def test_padding_invariance(name):
         name, PolicyLossInputs(lp, old, adv, mask, clip_low=0.1, clip_high=0.1, **kw)
     )
     pad = torch.randn(3, 4, generator=g, dtype=F64) * 50
-    cat = lambda x: torch.cat([x, pad], dim=1)
+
+    def cat(x):
+        return torch.cat([x, pad], dim=1)
+
     kw = {"rollout_logprobs": cat(roll)} if name == "reinforce" else {}
     padded = PolicyLossInputs(
         cat(lp),
