@@ -130,7 +130,7 @@ def _job(out, cfg, strategy, *extra, env=None):
         log = p.communicate(timeout=BOUND_S)[0]
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        raise AssertionError(f"{strategy}: the 2-process job did not finish in {BOUND_S} s")
+        raise AssertionError(f"{strategy}: the 2-process job did not finish in {BOUND_S} s") from None
     return p.returncode, log
 
 
