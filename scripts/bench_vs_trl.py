@@ -330,7 +330,7 @@ def run_trl(
 class Worker:
     def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
         self.name = name
-        self.err = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker (read by wait_ready)
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True, env=env, bufsize=1
         )

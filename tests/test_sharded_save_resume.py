@@ -295,7 +295,8 @@ LORA = {"r": 4, "lora_alpha": 8}
 
 def _lora_job(root, model_dir, strategy):
     cfg = _config(root, model_dir)
-    c = yaml.safe_load(open(cfg))
+    with open(cfg) as f:
+        c = yaml.safe_load(f)
     c["model"]["init_args"]["lora"] = LORA
     with open(cfg, "w") as f:
         yaml.safe_dump(c, f)

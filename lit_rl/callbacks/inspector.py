@@ -265,9 +265,10 @@ class RolloutInspector(L.Callback):
             random.Random(f"{self.seed}:{step}"),
         )
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
-            for r in rows:
-                # default=str: log_extra values are the user's (any type); the file must still be written
-                f.write(json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n")
+            # default=str: log_extra values are the user's (any type); the file must still be written
+            f.writelines(
+                json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n" for r in rows
+            )
         if self.log_to_loggers:
             self._to_loggers(trainer, step, [{"step": step, **r} for r in rows])
 

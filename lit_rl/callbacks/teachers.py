@@ -376,7 +376,7 @@ class TeacherRouter(L.Callback):
         for p in prompts:
             key, t = self.route(p.domain)
             by_teacher.setdefault(key, (t, []))[1].append(p)
-        for key, (teacher, ps) in by_teacher.items():
+        for teacher, ps in by_teacher.values():
             model, tok = self._acquire(module, teacher)
             eng = HFEngine()
             eng.bind(SimpleNamespace(model=model, tokenizer=tok))

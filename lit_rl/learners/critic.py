@@ -90,7 +90,7 @@ class CriticModule(nn.Module, LossTerm):
     """A value head for PPO: a loss term of ``PolicyModule(critic=...)`` (see the module doc).
 
     Args:
-    """
+    """  # noqa: D414 - flat_settings appends each setting's doc to this Args section
 
     def __init__(self, **settings: Any):
         super().__init__()

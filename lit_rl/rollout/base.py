@@ -124,10 +124,10 @@ class EngineBase(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         self.counters.update({k: int(v) for k, v in (state.get("counters") or {}).items() if k in COUNTERS})
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: engines holding nothing need not override it
         """Free what the engine holds (processes, memory); it may be bound again afterwards."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - an optional hook, a no-op by design (see the docstring)
         """End of a fit (``RolloutCallback.teardown``). Default: nothing, so an engine can serve the next fit or
         validate of the same process without a restart; engines owning processes (launched servers) stop them
         here (``VLLMServerEngine``: ``close``)."""

@@ -406,7 +406,7 @@ def test_async_with_vllm_engine(tiny_model_dir):
         max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
     )
     try:
-        module, rc, rec = _fit(
+        module, _, rec = _fit(
             tiny_model_dir,
             steps=4,
             mode="async",
