@@ -12,8 +12,9 @@ it also appends the step's scalar metrics and any new held-out points to ``rollo
 report's curves). At the end of training it writes ``<run dir>/report.html`` (``lit_rl.report``).
 
 Which rows (``max_rows_per_step`` bounds each file): whole prompt groups, in this order -- every group with a
-reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away), then the best and the worst group by mean reward, then
-groups drawn at random (seeded by ``seed`` and the step) until the budget is full; the last group may be cut.
+reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away),
+then the best and the worst group by mean reward, then groups drawn at random (seeded by ``seed`` and the step)
+until the budget is full; the last group may be cut.
 Each row records why it was chosen (``pick``: error | best | worst | random | all).
 
 Rank zero writes (each rank scores different prompts; the files show rank zero's share).

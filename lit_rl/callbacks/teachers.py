@@ -104,7 +104,9 @@ class Teacher:
 
 
 class TeacherRouter(L.Callback):
-    """Score every Experience row with the teacher of its ``domain`` (an ExperienceHook, docs/architecture.md "Contracts").
+    """Score every Experience row with the teacher of its ``domain``.
+
+    An ExperienceHook (docs/architecture.md "Contracts").
 
     Args:
         teachers: domain → teacher: a model directory / hub id, ``"self"`` / ``"self_frozen"`` (OPSD), or a

@@ -297,7 +297,9 @@ class CriticModule(nn.Module, LossTerm):
 
     # ------------------------------------------------------------------ loss
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, Tensor]:
-        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, docs/architecture.md "Contracts")."""
+        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation.
+
+        A LossTerm (docs/architecture.md "Contracts")."""
         if micro.returns is None or micro.values is None:
             raise RuntimeError(
                 "CriticModule needs Experience.values and .returns: use a return-producing advantage "

@@ -8,16 +8,21 @@ else given as an engine is refused in one line (``check_engine``).
 | member | default | who calls it |
 |---|---|---|
 | ``bind(module, rollout=None)`` (the ``RolloutSettings``) | abstract | ``RolloutCallback.setup``, validate |
-| ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``rollout.generate.Generator`` |
+| ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``Generator`` |
 | ``update_weights(named_tensors)`` | abstract; engines bump ``policy_version`` | weight sync (sync, async, resume) |
 | ``sync_items(model)`` | ``merged_state_items(model)`` | the same, to build ``named_tensors`` |
-| ``share_weights`` | False: the engine holds its own weights (a resumed run pushes the restored ones) | ``RolloutCallback`` |
-| ``collective_sync`` | False; True when ``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the same point of the training loop, with none of its own generation in flight | ``RolloutCallback`` (async: loads in the trainer thread) |
+| ``share_weights`` | False: the engine holds its own weights (see [1]) | ``RolloutCallback`` |
+| ``collective_sync`` | False; True: see [2] | ``RolloutCallback`` (async: loads in the trainer thread) |
 | ``metrics()`` | ``rollout/engine_*`` counters | logged every step |
 | ``state_dict()`` / ``load_state_dict()`` | the counters (a dict) | checkpoint entry ``engine``, evaluation |
 | ``limits()`` | ``{"max_model_len": None}`` | the renderer (prompt length), tests |
 | ``close()`` / ``teardown()`` | nothing / nothing (owners of processes: ``close()``) | CLI exit / teardown |
 | ``tokenizer`` | set by ``bind`` | decoding completions |
+
+[1] A resumed run pushes the restored weights into such an engine. [2] ``collective_sync`` is True when
+``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the
+same point of the training loop, with none of its own generation in flight. ``Generator`` is
+``rollout.generate.Generator``.
 
 ``RequestSeeds`` is the one per-request seed rule (both vLLM engines and the fake: a cursor from
 ``rank_seed(seed, rank)``); ``HFEngine`` seeds each prompt's generate call from ``stable_seed``.
