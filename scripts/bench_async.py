@@ -324,7 +324,8 @@ def main() -> None:
             print(
                 f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | "
                 f"{r['iter_s']:.3f} | {r['gen_s']:.3f} | {r['update_s']:.3f} | {vs_sync:.2f} | {bound:.2f} | "
-                f"{of_ideal} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | {r['dropped']:.0f} | {r['reward']:.3f} |"
+                f"{of_ideal} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | {r['dropped']:.0f} | "
+                f"{r['reward']:.3f} |"
             )
         ok = speedup >= 0.9 * bound
         verdicts.append(

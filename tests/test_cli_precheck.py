@@ -44,8 +44,8 @@ def _console(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         ),
         (
             ["--model.init_args.advantage", "grpoo"],
-            "advantage='grpoo' is not a known advantage; valid names: dr_grpo, gae, grpo, opd, reinforce, rloo "
-            "(or a name registered by a module given with --imports); did you mean 'grpo'?",
+            "advantage='grpoo' is not a known advantage; valid names: dr_grpo, gae, grpo, opd, reinforce, "
+            "rloo (or a name registered by a module given with --imports); did you mean 'grpo'?",
         ),
         (
             ["--rollout.overlong_prompts", "cut"],

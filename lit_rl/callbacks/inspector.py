@@ -13,8 +13,8 @@ report's curves). At the end of training it writes ``<run dir>/report.html`` (``
 
 Which rows (``max_rows_per_step`` bounds each file): whole prompt groups, in this order -- every group with a
 reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away),
-then the best and the worst group by mean reward, then groups drawn at random (seeded by ``seed`` and the step)
-until the budget is full; the last group may be cut.
+then the best and the worst group by mean reward, then groups drawn at random (seeded by ``seed`` and the
+step) until the budget is full; the last group may be cut.
 Each row records why it was chosen (``pick``: error | best | worst | random | all).
 
 Rank zero writes (each rank scores different prompts; the files show rank zero's share).

@@ -104,8 +104,8 @@ class PolicyLossSettings:
 
 class PolicyLossKwargs(TypedDict):
     """``PolicyLossSettings``'s fields as keyword arguments, typed one by one so that ``PolicyLossInputs(...,
-    **loss_settings(s))`` type-checks. A TypedDict cannot be derived from a dataclass: mypy checks each value's type
-    in ``loss_settings``, tests/core/test_policy_losses.py that the two list the same names."""
+    **loss_settings(s))`` type-checks. A TypedDict cannot be derived from a dataclass: mypy checks each
+    value's type in ``loss_settings``, tests/core/test_policy_losses.py that the two list the same names."""
 
     clip_low: float
     clip_high: float

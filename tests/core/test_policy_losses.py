@@ -386,8 +386,8 @@ def test_non_finite_masked_in_value_raises():
 
 
 def test_loss_settings_kwargs_list_every_setting():
-    # PolicyLossKwargs repeats PolicyLossSettings' names for the type checker: a setting added to one only would
-    # silently not reach the losses (or fail at construction).
+    # PolicyLossKwargs repeats PolicyLossSettings' names for the type checker: a setting added to one
+    # only would silently not reach the losses (or fail at construction).
     assert list(PolicyLossKwargs.__annotations__) == [f.name for f in fields(PolicyLossSettings)]
     s = PolicyLossSettings(clip_low=0.1, clip_high=0.3, dual_clip=3.0, vespo_k_neg=4.0)
     kw = loss_settings(s)

@@ -349,7 +349,8 @@ PRIVILEGE = [
         """
         import posix
         posix.system("cat @SECRET_PATH@ /proc/1/environ 2>&1; echo uid=$(id -u)")
-        connect = "import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); print('ESCAPED! shell tcp')"
+        connect = "import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); "
+        connect += "print('ESCAPED! shell tcp')"
         posix.system(f'python3 -c "{connect}" 2>&1')
     """,
     ),
