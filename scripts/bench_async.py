@@ -292,14 +292,17 @@ def main() -> None:
                 + ", ".join(f"{a['rows_per_s'] / s['rows_per_s']:.2f}" for s, a in v)
             )
     print(
-        f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x {args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
+        f"\nmodel: qwen2 {args.layers} layers x hidden {args.hidden}; {args.batch_size} prompts x "
+        f"{args.group_size} samples x {args.max_new_tokens} new tokens per iteration; "
         + (
             f"per-rollout latency log-normal(median {args.latency_median}s, sigma {args.latency_sigma}, "
             f"{args.latency_order} the real generation), concurrent rollouts; "
             if args.engine == "latency"
-            else f"server: 1 vLLM server ({args.server_executor} executor) with {args.server_threads} CPU thread(s); trainer: {args.threads} torch thread(s); "
+            else f"server: 1 vLLM server ({args.server_executor} executor) with {args.server_threads} CPU "
+            f"thread(s); trainer: {args.threads} torch thread(s); "
         )
-        + f"{args.steps} iterations ({args.warmup} warm-up untimed); GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n"
+        + f"{args.steps} iterations ({args.warmup} warm-up untimed); "
+        + f"GIL switch interval {sys.getswitchinterval() * 1e3:g} ms\n"
     )
     print(
         "| engine | mode | iterations | rows | wall s | rows/s | s/iteration | generate s | update s | speedup vs sync "
@@ -316,11 +319,13 @@ def main() -> None:
             kind
         ]
         for mode, r in (("sync", sync), (f"async k={args.max_staleness}", asyn)):
+            vs_sync = r["rows_per_s"] / sync["rows_per_s"]
+            of_ideal = "-" if r is sync else format(vs_sync / bound, ".0%")
             print(
-                f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | {r['iter_s']:.3f} | "
-                f"{r['gen_s']:.3f} | {r['update_s']:.3f} | {r['rows_per_s'] / sync['rows_per_s']:.2f} | {bound:.2f} | "
-                f"{'-' if r is sync else format((r['rows_per_s'] / sync['rows_per_s']) / bound, '.0%')} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | "
-                f"{r['dropped']:.0f} | {r['reward']:.3f} |"
+                f"| {name} | {mode} | {r['iters']} | {r['rows']} | {r['wall']:.2f} | {r['rows_per_s']:.0f} | "
+                f"{r['iter_s']:.3f} | {r['gen_s']:.3f} | {r['update_s']:.3f} | {vs_sync:.2f} | {bound:.2f} | "
+                f"{of_ideal} | {r['stale_mean']:.2f} / {r['stale_max']:.0f} | {r['dropped']:.0f} | "
+                f"{r['reward']:.3f} |"
             )
         ok = speedup >= 0.9 * bound
         verdicts.append(

@@ -24,8 +24,9 @@ One micro-batch of all ``--rows`` rows = one micro-step (forward + backward + a 
 Each (variant, path) runs in a fresh subprocess; "hooks" = the experience hooks before the step (reference /
 teacher log-probs, no grad), "step" = the training step; each with wall time and CPU time (getrusage user+sys of
 the child, all threads: on a shared machine wall time mostly measures the scheduler). Peak = VmHWM above the RSS
-just before each phase (reset through /proc/self/clear_refs). The child's address space is capped (``--max-gb``, default: available
-memory - 2 GiB) so an over-large baseline fails with an allocation error instead of waking the OOM killer.
+just before each phase (reset through /proc/self/clear_refs). The child's address space is capped
+(``--max-gb``, default: available memory - 2 GiB) so an over-large baseline fails with an allocation error
+instead of waking the OOM killer.
 """
 
 from __future__ import annotations
@@ -140,7 +141,10 @@ def _one_head(spec: str, args) -> dict:
     from lit_rl.learners.protocols import experience_hooks
 
     variant, path = spec.split("@")
-    sgd = lambda params: torch.optim.SGD(params, lr=0.0)
+
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.0)
+
     callbacks = []
     if variant == "reverse_kl_full":
         from lit_rl.callbacks.teachers import Teacher, TeacherRouter

@@ -278,20 +278,18 @@ def main(argv=None) -> None:
             __file__,
             "--child",
             name,
-            *sum(
-                (
-                    [f"--{k.replace('_', '-')}", str(v)]
-                    for k, v in (
-                        ("model", args.model),
-                        ("kv_mib", args.kv_mib),
-                        ("prompts", args.prompts),
-                        ("group", args.group),
-                        ("new_tokens", args.new_tokens),
-                        ("iterations", args.iterations),
-                        ("threads", args.threads),
-                    )
-                ),
-                [],
+            *(
+                arg
+                for k, v in (
+                    ("model", args.model),
+                    ("kv_mib", args.kv_mib),
+                    ("prompts", args.prompts),
+                    ("group", args.group),
+                    ("new_tokens", args.new_tokens),
+                    ("iterations", args.iterations),
+                    ("threads", args.threads),
+                )
+                for arg in (f"--{k.replace('_', '-')}", str(v))
             ),
         ] + (["--reference"] if args.reference else [])
         parts = name.split("_")

@@ -1,8 +1,9 @@
 """How close the update and generation phases come to this machine's own matmul peak (a model-FLOPs utilisation).
 
-Peak: ``torch.mm`` at the model's own GEMM shapes (tokens × H @ H × H, H × I, H × V: the projections of a
-decoder layer and the LM head), fp32, best of ``--reps``; the peak is the best of those shapes, so it is what
-this CPU and this torch build reach on exactly the matrices the model multiplies.
+Peak: ``torch.mm`` at the model's own GEMM shapes (tokens × H @ H × H, H × F, H × V, with F the MLP's
+intermediate width: the projections of a decoder layer and the LM head), fp32, best of ``--reps``; the peak is
+the best of those shapes, so it is what this CPU and this torch build reach on exactly the matrices the model
+multiplies.
 
 Update: one forward + backward of the policy over ``--rows`` × (``--prompt`` + ``--completion``) tokens with the
 loss of lit_rl's default path (last hidden states → ``core.fused_logprobs.linear_logprobs`` through the LM head,
@@ -43,9 +44,9 @@ def matmul_params(model) -> int:
 
 def matmul_peak(cfg, tokens: int, reps: int) -> tuple[float, str]:
     """Best fp32 GFLOP/s of torch.mm over the model's GEMM shapes at ``tokens`` rows."""
-    H, I, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    H, F, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size  # F: the MLP's intermediate width
     best, where = 0.0, ""
-    for k, n in ((H, H), (H, I), (I, H), (H, min(V, 32768))):
+    for k, n in ((H, H), (H, F), (F, H), (H, min(V, 32768))):
         a, b = torch.randn(tokens, k), torch.randn(k, n)
         torch.mm(a, b)  # warm-up
         times = []

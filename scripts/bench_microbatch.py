@@ -2,9 +2,9 @@
 (``padding_free``) vs fixed-row micro-batches.
 
 A long-tailed length mix: completion lengths log-normal (median ``--median``, sigma ``--sigma``), capped at 8x the
-sample's median, with the longest row exactly at the cap. The same Experience trains one update step (forward + backward +
-a stateless SGD step at lr 0, so every repetition sees the same weights) of a real ``PolicyModule`` in a real
-Lightning Trainer under three plans, interleaved in one process:
+sample's median, with the longest row exactly at the cap. The same Experience trains one update step
+(forward + backward + a stateless SGD step at lr 0, so every repetition sees the same weights) of a real
+``PolicyModule`` in a real Lightning Trainer under three plans, interleaved in one process:
 
 * ``fixed``: ``micro_batch_size`` rows per micro-batch, as rows come (today's path: every micro-batch has the
   width of the minibatch's longest row);
@@ -181,7 +181,8 @@ def main() -> None:
     print(
         f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
         f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
-        f"max {max(lens)}; {real_tokens} real tokens; {args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
+        f"max {max(lens)}; {real_tokens} real tokens; "
+        f"{args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
         f"{args.group}, float32, CPU, "
         f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}"
     )

@@ -7,9 +7,10 @@
 
 Both engines sample from the same model in float32 with the same SamplingConfig (temperature 1, no top-p /
 top-k); tokens/s counts the completion tokens each engine actually produced (either may stop early on eos),
-best of ``--repeats`` timed runs after one untimed warm-up (the in-process and the server engine alternate). The weight sync is ``VLLMEngine.update_weights``
-of the full state (as RolloutCallback does after an optimizer step) against a plain ``state_dict()`` copy
-(every tensor cloned) of the same model, interleaved ``--sync-repeats`` times (min and median).
+best of ``--repeats`` timed runs after one untimed warm-up (the in-process and the server engine alternate).
+The weight sync is ``VLLMEngine.update_weights`` of the full state (as RolloutCallback does after an optimizer
+step) against a plain ``state_dict()`` copy (every tensor cloned) of the same model, interleaved
+``--sync-repeats`` times (min and median).
 Targets: vLLM >= 2x HF tokens/s; sync <= 3x the state_dict copy.
 
 The server engine (``--server``, default on; ``--no-server`` skips it) runs the same prompts through launched

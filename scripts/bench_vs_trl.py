@@ -330,7 +330,7 @@ def run_trl(
 class Worker:
     def __init__(self, name: str, cmd: list[str], env: dict[str, str]):
         self.name = name
-        self.err = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the worker (read by wait_ready)
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True, env=env, bufsize=1
         )
@@ -570,7 +570,10 @@ def main() -> None:
                 f"lit {r['lit_rl']['cpu']:.2f}, trl {r['trl']['cpu']:.2f})",
                 flush=True,
             )
-    head = f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} {'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
+    head = (
+        f"{'engine':<8} {'beta':>5} {'lit_rl s':>9} {'TRL s':>7} {'ratio':>6} "
+        f"{'lit cpu s':>10} {'TRL cpu s':>10} {'cpu ratio':>9}"
+    )
     print(head)
     print("-" * len(head))
     for r in results:
@@ -580,8 +583,9 @@ def main() -> None:
             f"{lc / tc:>9.2f}"
         )
     print(
-        f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); engine vllm = lit_rl VLLMEngine vs TRL vLLM "
-        "colocate, hf = both transformers generate, vllm:hf = lit_rl VLLMEngine vs TRL generate"
+        f"mode {a.mode}; ratio = lit_rl / TRL per-iteration wall time (median); "
+        "engine vllm = lit_rl VLLMEngine vs TRL vLLM colocate, hf = both transformers generate, "
+        "vllm:hf = lit_rl VLLMEngine vs TRL generate"
     )
     print("lit_rl's own phase timers (its perf/*_s metrics, wall seconds, medians over the same iterations):")
     for r in results:

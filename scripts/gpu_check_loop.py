@@ -1,8 +1,9 @@
 """GPU check of the training loop without vLLM (one CUDA GPU, about a minute): the quickstart's GRPO setup
 (tiny Qwen2 built on first use, HFEngine with its final logits processor, exact-answer reward) as a plain
 ``lightning.Trainer`` on the GPU. Sampling is untruncated, so the engine's log-probs must equal the trainer's
-(with top_p < 1 they are the truncated distribution's by design). Prints PASS/FAIL per check (exit 1 if any
-fails):
+(with top_p < 1 they are the truncated distribution's by design).
+
+Prints PASS/FAIL per check (exit 1 if any fails):
 
   1. the policy and the engine ran on CUDA and every logged loss is finite;
   2. the engine's sampled-token log-probs agree with the trainer's recomputation

@@ -1,11 +1,12 @@
-"""Run learning tests under several CPU kernel sets and seeds, and print what each run measured.
+r"""Run learning tests under several CPU kernel sets and seeds, and print what each run measured.
 
 Each run is its own ``pytest`` subprocess with ``ATEN_CPU_CAPABILITY`` (which CPU kernels torch dispatches to:
 ``default``, ``avx2``, ``avx512``; each gives another floating-point trajectory) and ``LIT_RL_TEST_SEED`` (the
 seed offset of tests/_learning.py) set; the tests append their measured numbers to ``LIT_RL_TEST_RECORD``
 (a JSON-lines file), which this script reads back. One table row per (measurement, kernels, seed).
 
-    python scripts/sweep_learning.py tests/test_reward_model.py::test_bradley_terry_rm_reaches_90_percent_heldout_and_scores_as_a_reward
+    python scripts/sweep_learning.py \
+        tests/test_reward_model.py::test_bradley_terry_rm_reaches_90_percent_heldout_and_scores_as_a_reward
     python scripts/sweep_learning.py --design full --seeds 0 1 2 TEST...   # every kernel set x every seed
     python scripts/sweep_learning.py --design latin TEST...   # seed i with kernel set i (3 runs, not 9)
     python scripts/sweep_learning.py --json sweep.jsonl TEST...   # also keep the raw records

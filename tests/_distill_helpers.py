@@ -68,9 +68,9 @@ def sft_model(
         att[i, s:] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    # decay=True: linear decay to 0. At a constant 3e-3 the loss spikes late (add teacher, default kernels: held-out 0.98 at
-    # step 75, 0.68 at step 100), so the last step's accuracy depended on which CPU kernels ran. Decaying lets
-    # the final iterate settle (docs/learning_tests.md has the sweep).
+    # decay=True: linear decay to 0. At a constant 3e-3 the loss spikes late (add teacher, default
+    # kernels: held-out 0.98 at step 75, 0.68 at step 100), so the last step's accuracy depended on which
+    # CPU kernels ran. Decaying lets the final iterate settle (docs/learning_tests.md has the sweep).
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / steps if decay else 1.0)
     for _ in range(steps):
         loss = model(input_ids=ids, attention_mask=att, position_ids=pos, labels=labels).loss

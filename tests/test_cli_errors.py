@@ -142,8 +142,8 @@ def test_flow_mapping_without_space_points_at_the_missing_space(tmp_path):
     [
         (
             "allow_truncated_logprobs: true",
-            "rollout.engine: HFEngine: allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition penalty always "
-            "work (log-probs of the processed distribution); delete the setting",
+            "rollout.engine: HFEngine: allow_truncated_logprobs was removed: top-p/top-k/min-p/repetition "
+            "penalty always work (log-probs of the processed distribution); delete the setting",
         ),
         ("batch_sise: 4", "rollout.engine: HFEngine has no setting 'batch_sise'; did you mean 'batch_size'?"),
     ],

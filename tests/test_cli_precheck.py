@@ -39,13 +39,13 @@ def _console(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     [
         (
             ["--model.init_args.loss_agg", "token_meen"],
-            "model.init_args.loss_agg: 'token_meen' is not one of: token_mean, seq_mean_token_mean, seq_mean_token_sum, "
-            "seq_mean_token_sum_norm; did you mean 'token_mean'?",
+            "model.init_args.loss_agg: 'token_meen' is not one of: token_mean, seq_mean_token_mean, "
+            "seq_mean_token_sum, seq_mean_token_sum_norm; did you mean 'token_mean'?",
         ),
         (
             ["--model.init_args.advantage", "grpoo"],
-            "advantage='grpoo' is not a known advantage; valid names: dr_grpo, gae, grpo, opd, reinforce, rloo (or a name "
-            "registered by a module given with --imports); did you mean 'grpo'?",
+            "advantage='grpoo' is not a known advantage; valid names: dr_grpo, gae, grpo, opd, reinforce, "
+            "rloo (or a name registered by a module given with --imports); did you mean 'grpo'?",
         ),
         (
             ["--rollout.overlong_prompts", "cut"],
@@ -53,7 +53,8 @@ def _console(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
         ),
         (
             ["--trainer.max_stepz", "3"],
-            "--trainer.max_stepz is not an option; did you mean trainer.max_steps? (lit-rl fit --help lists the trainer options)",
+            "--trainer.max_stepz is not an option; did you mean trainer.max_steps? "
+            "(lit-rl fit --help lists the trainer options)",
         ),
         (
             ["--rollout.sampling.temprature", "0.5"],

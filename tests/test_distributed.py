@@ -115,7 +115,7 @@ def _wait(procs):
         except subprocess.TimeoutExpired:
             for q, _ in procs:
                 q.kill()
-            raise AssertionError("distributed run did not finish in time (a rank hung?)")
+            raise AssertionError("distributed run did not finish in time (a rank hung?)") from None
         assert p.returncode == 0, logs[-1][-4000:]
     return logs
 
@@ -274,7 +274,7 @@ def test_a_dead_engine_on_one_rank_fails_the_job_within_a_bound(tmp_path, tiny_m
         log = proc.communicate(timeout=300)[0]
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError("a rank's dead engine left the job hanging for 300 s")
+        raise AssertionError("a rank's dead engine left the job hanging for 300 s") from None
     assert proc.returncode != 0
     assert "rollout engine on rank 1 died" in log
     assert time.monotonic() - t0 < 300

@@ -37,7 +37,7 @@ def test_one_rank_failing_stops_every_rank_with_its_message(tmp_path, tiny_model
         log = proc.communicate(timeout=BOUND_S)[0]  # returns once every rank has closed the shared pipe
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError(f"rank {rank} failing in {where} left the job hanging for {BOUND_S} s")
+        raise AssertionError(f"rank {rank} failing in {where} left the job hanging for {BOUND_S} s") from None
     assert proc.returncode != 0
     assert time.monotonic() - t0 < BOUND_S
     msg = f"test: {where} failed on rank {rank}"
@@ -107,7 +107,9 @@ def test_server_sync_refusing_the_names_on_rank_0_raises_on_every_rank(tmp_path)
     except subprocess.TimeoutExpired:
         for p in procs:
             p.kill()
-        raise AssertionError("rank 0's refused weight names left the ranks waiting on each other for 90 s")
+        raise AssertionError(
+            "rank 0's refused weight names left the ranks waiting on each other for 90 s"
+        ) from None
     for r, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, out[-3000:]
         line = next(x for x in out.splitlines() if x.startswith(f"RANK{r} "))

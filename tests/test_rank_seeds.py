@@ -51,7 +51,7 @@ def ranks(tmp_path_factory, tiny_model_dir):
         except subprocess.TimeoutExpired:
             for q in procs:
                 os.killpg(q.pid, signal.SIGKILL)
-            raise AssertionError("2-rank seed run did not finish in 240 s")
+            raise AssertionError("2-rank seed run did not finish in 240 s") from None
     for p, log in zip(procs, logs):
         assert p.returncode == 0, log[-4000:]
     return [json.loads((d / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -87,15 +87,21 @@ RUN = {
 # Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
 ELSEWHERE = {
     "make install": "scripts/install.sh, run by the environment setup",
-    "lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml": "tests/callbacks/test_inspector.py (a config of your own)",
+    "lit-rl fit -c my_config.yaml -c callbacks/inspect.yaml": (
+        "tests/callbacks/test_inspector.py (a config of your own)"
+    ),
     "make test": "the test suite itself",
     "python scripts/bench_distill.py": "a benchmark script (minutes); its pieces: tests/test_distill_*.py",
     "pip install torch": "GPU install (network)",
     'pip install -e ".[gpu,dev]"': "GPU install (network)",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 2": "tests/test_distributed.py",
     "lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 2": "tests/test_distributed.py",
-    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 2": "tests/test_distributed.py",
-    "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero3.yaml --trainer.devices 2": "tests/test_distributed.py",
+    (
+        "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero2.yaml --trainer.devices 2"
+    ): "tests/test_distributed.py",
+    (
+        "lit-rl fit -c configs/grpo.yaml -c configs/strategies/deepspeed_zero3.yaml --trainer.devices 2"
+    ): "tests/test_distributed.py",
     "torchrun --nnodes 2 --node-rank $NODE --nproc-per-node 4 --master-addr $HEAD --master-port 29500 $(which lit-rl) "
     "fit -c configs/grpo.yaml -c configs/strategies/ddp.yaml --trainer.devices 4 --trainer.num_nodes 2": "two nodes",
     "lit-rl fit --config configs/grpo_server.yaml": "tests/test_server_setup.py::test_readme_server_commands",
@@ -108,15 +114,22 @@ ELSEWHERE = {
         "runs/grpo_server/model --rollout.engine.init_args.launch null --rollout.engine.init_args.urls "
         "'[http://rollout1:8000,http://rollout2:8000]'"
     ): "tests/test_server_setup.py::test_readme_server_commands",
-    "lit-rl fit -c trl_grpo.yaml": "tests/test_readme_trl.py (the README section's own files and commands, in order)",
+    "lit-rl fit -c trl_grpo.yaml": (
+        "tests/test_readme_trl.py (the README section's own files and commands, in order)"
+    ),
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
-    "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 --trainer.num_nodes 2": "SLURM",
-    "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
-    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml": "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)",
     (
-        "MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml --model.init_args.lora "
-        "'{r: 16, lora_alpha: 32, target_modules: all-linear}' --rollout.engine.init_args.dtype bfloat16 "
-        "--rollout.engine.init_args.kv_cache_memory_bytes 67108864"
+        "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 "
+        "--trainer.num_nodes 2"
+    ): "SLURM",
+    "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
+    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml": (
+        "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)"
+    ),
+    (
+        "MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml "
+        "--model.init_args.lora '{r: 16, lora_alpha: 32, target_modules: all-linear}' "
+        "--rollout.engine.init_args.dtype bfloat16 --rollout.engine.init_args.kv_cache_memory_bytes 67108864"
     ): "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
     "read from the README, in-process and shortened; the environment variables act at process start)",
     (

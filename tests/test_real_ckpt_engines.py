@@ -1,6 +1,8 @@
 """Every engine on the real checkpoint (SmolLM2-135M-Instruct: BPE tokenizer, ChatML template, eos
 ``<|im_end|>`` = 2, pad ``<|endoftext|>`` = 0, tied embeddings), through the renderer and the trainer's own
-log-prob path (``PolicyModule.completion_logprobs`` on the padded Experience the ExperienceBuilder makes):
+log-prob path (``PolicyModule.completion_logprobs`` on the padded Experience the ExperienceBuilder makes).
+
+Checked:
 
 - the engine's sampled-token log-probs agree with the trainer's recomputation: the k3 mismatch KL (the
   ``rollout/logprob_mismatch_kl`` metric) is printed and bounded;

@@ -212,7 +212,7 @@ def test_sigkill_during_checkpoint_write_keeps_previous_checkpoint(reference, tm
         f"a torn checkpoint is visible under its name: {names}"
     )
     (torn,) = (tmp_path / "ckpt").glob(".*.tmp")  # the half-written bytes reached the disk, under a temp name
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - the error type depends on where the write was cut
         torch.load(torn, map_location="cpu", weights_only=True)
     # The resumed run (in this process) continues from iteration 3 exactly; rewriting that file clears the debris.
     main(["fit", "--config", str(cfg), "--ckpt_path", "last"])

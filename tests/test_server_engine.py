@@ -340,8 +340,8 @@ def test_two_rank_ddp_trainer_uses_both_servers(pair, tiny_model_dir, tmp_path):
 
 class _BadServer:
     """A real HTTP server that misbehaves the ways a broken rollout server can: ``garbage`` answers 200 with
-    token ids and log-probs of different lengths, ``hang`` accepts the request and never answers. (A healthy
-    vLLM cannot be made to do either; this is fault injection on the wire, not a stand-in for vLLM.)"""
+    token ids and log-probs of different lengths, ``hang`` accepts the request and never answers. A healthy
+    vLLM cannot be made to do either: this is fault injection on the wire, not a stand-in for vLLM."""
 
     def __init__(self, mode: str):
         import http.server

@@ -116,7 +116,7 @@ def test_a_server_killed_mid_run_leaves_the_run_finishing_on_the_other(pair, tin
 
 
 def _same_as_one_server(res, tiny_model_dir, tmp_path, steps) -> None:
-    """ "The loss is the same as with one server": the same run on one server that never fails. Every request
+    """'The loss is the same as with one server': the same run on one server that never fails. Every request
     carries its own seed (rank, prompt, sample), so which server answers it does not change the sample: the final
     weights after 5 steps must agree to float32 round-off (the servers batch requests differently, which may
     change the last bits of a log-prob). Measured: bitwise equal (0.0); a different sample would change an Adam

@@ -153,8 +153,8 @@ def test_merged_names_on_the_adapter_path_are_refused(server):
 
 def test_after_training_steps_the_server_serves_the_trainers_adapter(server, tiny_model_dir):
     """A real Trainer on a LoRA policy (lora_sync=auto on a LoRA server: the adapter path), syncing after every
-    step: at the start of steps 2 and 3 the server's log-probs of its own completions equal the learner's float64 ones (temperature 0.7),
-    and they are not the base model's."""
+    step: at the start of steps 2 and 3 the server's log-probs of its own completions equal the learner's
+    float64 ones (temperature 0.7), and they are not the base model's."""
     import lightning as L
 
     from lit_rl.callbacks import RolloutCallback

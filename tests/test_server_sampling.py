@@ -220,7 +220,10 @@ def test_a_stop_string_of_special_token_text_stops_the_server_as_it_stops_hf_eng
         flat.model.norm.weight.zero_()
     tok = module.tokenizer
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    decode = lambda t: tok.decode(t, skip_special_tokens=True)
+
+    def decode(t):
+        return tok.decode(t, skip_special_tokens=True)
+
     hf = HFEngine()
     hf.bind(types.SimpleNamespace(model=flat, tokenizer=tok))
     sp = SamplingConfig(temperature=1.0, max_new_tokens=40, stop=["<|im_end|>"], seed=3)

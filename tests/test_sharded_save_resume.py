@@ -130,7 +130,7 @@ def _job(out, cfg, strategy, *extra, env=None):
         log = p.communicate(timeout=BOUND_S)[0]
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, signal.SIGKILL)
-        raise AssertionError(f"{strategy}: the 2-process job did not finish in {BOUND_S} s")
+        raise AssertionError(f"{strategy}: the 2-process job did not finish in {BOUND_S} s") from None
     return p.returncode, log
 
 
@@ -245,8 +245,9 @@ def test_kill_inside_a_directory_save_keeps_the_previous_checkpoint(
     """A job SIGKILLed half-way through writing iteration 2's checkpoint directory (tests/dist_runner.py
     ``KILL_IN_SAVE``; the 2nd save: each iteration writes ``iter=N.ckpt`` once, and ``last.ckpt`` is a symlink
     relinked after the save): ``last.ckpt`` is still iteration 1's, whole, and resuming from it ends at the
-    uninterrupted weights. Red before directory saves were atomic: the directory mixed iteration 2's shards with iteration 1's
-    loop state (FSDP2), or iteration 2's model with iteration 1's optimizer partitions (DeepSpeed)."""
+    uninterrupted weights. Red before directory saves were atomic: the directory mixed iteration 2's shards
+    with iteration 1's loop state (FSDP2), or iteration 2's model with iteration 1's optimizer partitions
+    (DeepSpeed)."""
     _, want = uninterrupted(strategy)
     cfg = _config(tmp_path, tiny_model_dir)
     rc, log = _job(tmp_path / "killed.pt", cfg, strategy, env={"KILL_IN_SAVE": "2"})
@@ -295,7 +296,8 @@ LORA = {"r": 4, "lora_alpha": 8}
 
 def _lora_job(root, model_dir, strategy):
     cfg = _config(root, model_dir)
-    c = yaml.safe_load(open(cfg))
+    with open(cfg) as f:
+        c = yaml.safe_load(f)
     c["model"]["init_args"]["lora"] = LORA
     with open(cfg, "w") as f:
         yaml.safe_dump(c, f)

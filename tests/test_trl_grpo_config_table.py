@@ -148,7 +148,7 @@ STATUS = ("**same**", "**differs**", "**not supported**")
 
 
 def rows() -> list[list[str]]:
-    """The table's body rows as cells (a ``\\|`` inside a cell is not a separator)."""
+    r"""The table's body rows as cells (a ``\|`` inside a cell is not a separator)."""
     out = []
     for line in SECTION.splitlines():
         if line.startswith("| `"):

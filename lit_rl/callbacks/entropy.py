@@ -21,7 +21,9 @@ from lit_rl.learners.protocols import LossTerm
 
 
 class EntropyRegularization(L.Callback, LossTerm):
-    """Entropy bonus as a LossTerm (docs/architecture.md "Contracts"): adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
+    """Entropy bonus as a LossTerm (docs/architecture.md "Contracts").
+
+    Adds ``{"entropy": −α · agg(H_t)}`` to every micro-batch.
 
     Args:
         coef: α (the initial α in adaptive mode). 0 with no band logs the entropy and adds nothing.

@@ -12,8 +12,9 @@ it also appends the step's scalar metrics and any new held-out points to ``rollo
 report's curves). At the end of training it writes ``<run dir>/report.html`` (``lit_rl.report``).
 
 Which rows (``max_rows_per_step`` bounds each file): whole prompt groups, in this order -- every group with a
-reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away), then the best and the worst group by mean reward, then
-groups drawn at random (seeded by ``seed`` and the step) until the budget is full; the last group may be cut.
+reward error or a failed reward component (``extra["<reward>/error"]``; so failures are never sampled away),
+then the best and the worst group by mean reward, then groups drawn at random (seeded by ``seed`` and the
+step) until the budget is full; the last group may be cut.
 Each row records why it was chosen (``pick``: error | best | worst | random | all).
 
 Rank zero writes (each rank scores different prompts; the files show rank zero's share).
@@ -265,9 +266,10 @@ class RolloutInspector(L.Callback):
             random.Random(f"{self.seed}:{step}"),
         )
         with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
-            for r in rows:
-                # default=str: log_extra values are the user's (any type); the file must still be written
-                f.write(json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n")
+            # default=str: log_extra values are the user's (any type); the file must still be written
+            f.writelines(
+                json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n" for r in rows
+            )
         if self.log_to_loggers:
             self._to_loggers(trainer, step, [{"step": step, **r} for r in rows])
 

@@ -263,7 +263,8 @@ class RolloutCallback(RolloutProducer):
     # ----------------------------------------------------------------- state
     def state_dict(self) -> dict[str, Any]:
         """The sync schedule, the render counters, the run-wide group counter, the engine's version and state
-        (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the learner's version, the prompt position after the last *trained* batch and the counters.
+        (``engine``: this rank's; ``engine_ranks``: every rank's, each restored to its own rank); async: the
+        learner's version, the prompt position after the last *trained* batch and the counters.
         Experiences queued or in flight are not saved: a resumed run regenerates them from those prompts."""
         engine = self.engine.state_dict()
         return {

@@ -104,7 +104,9 @@ class Teacher:
 
 
 class TeacherRouter(L.Callback):
-    """Score every Experience row with the teacher of its ``domain`` (an ExperienceHook, docs/architecture.md "Contracts").
+    """Score every Experience row with the teacher of its ``domain``.
+
+    An ExperienceHook (docs/architecture.md "Contracts").
 
     Args:
         teachers: domain → teacher: a model directory / hub id, ``"self"`` / ``"self_frozen"`` (OPSD), or a
@@ -376,7 +378,7 @@ class TeacherRouter(L.Callback):
         for p in prompts:
             key, t = self.route(p.domain)
             by_teacher.setdefault(key, (t, []))[1].append(p)
-        for key, (teacher, ps) in by_teacher.items():
+        for teacher, ps in by_teacher.values():
             model, tok = self._acquire(module, teacher)
             eng = HFEngine()
             eng.bind(SimpleNamespace(model=model, tokenizer=tok))

@@ -155,7 +155,7 @@ class AdvantageInputs:
                 raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
         for name in ("gamma", "lam"):
             v = getattr(self, name)
-            if not isinstance(v, numbers.Real) or not 0.0 <= v <= 1.0:
+            if not isinstance(v, numbers.Real) or not 0.0 <= float(v) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {v!r}")
         if not isinstance(self.eps, numbers.Real) or not self.eps >= 0:
             raise ValueError(f"eps must be >= 0, got {self.eps!r}")
@@ -316,8 +316,9 @@ def _token_metrics(adv: Tensor, sel: Tensor, invalid_rows: int) -> dict[str, Ten
 
 def _to_floats(metrics: dict[str, Tensor | float]) -> dict[str, float]:
     """One host transfer for all tensor metrics instead of one ``.item()`` each."""
-    keys = [k for k, v in metrics.items() if isinstance(v, Tensor)]
-    vals = torch.stack([metrics[k].detach().double().reshape(()) for k in keys]).tolist() if keys else []
+    tensors = {k: v for k, v in metrics.items() if isinstance(v, Tensor)}
+    keys = list(tensors)
+    vals = torch.stack([v.detach().double().reshape(()) for v in tensors.values()]).tolist() if keys else []
     out = {k: float(v) for k, v in metrics.items() if not isinstance(v, Tensor)}
     out.update(zip(keys, vals))
     return out

@@ -27,7 +27,8 @@ report ``inf``, never NaN.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import TypedDict
 
 import torch
 from torch import Tensor
@@ -101,9 +102,35 @@ class PolicyLossSettings:
     )
 
 
-def loss_settings(settings: PolicyLossSettings) -> dict[str, float | None]:
+class PolicyLossKwargs(TypedDict):
+    """``PolicyLossSettings``'s fields as keyword arguments, typed one by one so that ``PolicyLossInputs(...,
+    **loss_settings(s))`` type-checks. A TypedDict cannot be derived from a dataclass: mypy checks each
+    value's type in ``loss_settings``, tests/core/test_policy_losses.py that the two list the same names."""
+
+    clip_low: float
+    clip_high: float
+    dual_clip: float | None
+    sapo_tau_pos: float | None
+    sapo_tau_neg: float | None
+    vespo_k_pos: float | None
+    vespo_lambda_pos: float | None
+    vespo_k_neg: float | None
+    vespo_lambda_neg: float | None
+
+
+def loss_settings(settings: PolicyLossSettings) -> PolicyLossKwargs:
     """The ``PolicyLossSettings`` fields of ``settings`` (or of a group extending it) as keyword arguments."""
-    return {f.name: getattr(settings, f.name) for f in fields(PolicyLossSettings)}
+    return PolicyLossKwargs(
+        clip_low=settings.clip_low,
+        clip_high=settings.clip_high,
+        dual_clip=settings.dual_clip,
+        sapo_tau_pos=settings.sapo_tau_pos,
+        sapo_tau_neg=settings.sapo_tau_neg,
+        vespo_k_pos=settings.vespo_k_pos,
+        vespo_lambda_pos=settings.vespo_lambda_pos,
+        vespo_k_neg=settings.vespo_k_neg,
+        vespo_lambda_neg=settings.vespo_lambda_neg,
+    )
 
 
 @dataclass(frozen=True)
@@ -458,11 +485,14 @@ def vespo_loss(inputs: PolicyLossInputs) -> tuple[Tensor, dict[str, float]]:
         log_w = tok_log_ratio.clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP).sum(dim=-1)  # (B,)
         log_w = log_w.clamp(math.log(1e-8), _LOG_RATIO_CLAMP)[:, None]  # (B, 1)
         nonneg = adv >= 0
-        pick = lambda pos, neg: torch.where(
-            nonneg,
-            torch.full_like(adv, _param(inputs, pos)),
-            torch.full_like(adv, _param(inputs, neg)),
-        )
+
+        def pick(pos: str, neg: str) -> Tensor:
+            return torch.where(
+                nonneg,
+                torch.full_like(adv, _param(inputs, pos)),
+                torch.full_like(adv, _param(inputs, neg)),
+            )
+
         k, lam = pick("vespo_k_pos", "vespo_k_neg"), pick("vespo_lambda_pos", "vespo_lambda_neg")  # (B, T)
         phi = torch.exp(lam + k * log_w - lam * log_w.exp())  # (B, T), finite by the clamps
     loss = -phi * adv * lp

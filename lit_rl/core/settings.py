@@ -127,7 +127,7 @@ def flat_settings(groups: Iterable[type], *, before: int = 1) -> Callable[[type]
     ``Args:`` section (which must be the docstring's last section)."""
     groups = tuple(groups)
 
-    def decorate(cls: type) -> type:
+    def decorate(cls: type[Any]) -> type[Any]:
         init = cls.__init__
         own = [p for p in inspect.signature(init).parameters.values() if p.kind is not p.VAR_KEYWORD]
         head, tail = own[: before + 1], own[before + 1 :]  # +1: self

@@ -90,7 +90,7 @@ class CriticModule(nn.Module, LossTerm):
     """A value head for PPO: a loss term of ``PolicyModule(critic=...)`` (see the module doc).
 
     Args:
-    """
+    """  # noqa: D414 - flat_settings appends each setting's doc to this Args section
 
     def __init__(self, **settings: Any):
         super().__init__()
@@ -297,7 +297,9 @@ class CriticModule(nn.Module, LossTerm):
 
     # ------------------------------------------------------------------ loss
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, Tensor]:
-        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation (a LossTerm, docs/architecture.md "Contracts")."""
+        """``{"value": vf_coef · agg(L_t)}`` with the module's aggregation.
+
+        A LossTerm (docs/architecture.md "Contracts")."""
         if micro.returns is None or micro.values is None:
             raise RuntimeError(
                 "CriticModule needs Experience.values and .returns: use a return-producing advantage "

@@ -462,7 +462,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     # True = every forward materialises the (b, C, V) logits (the pre-chunking path): the reference the tests
     # compare the chunked path against. Not a user option.
     materialize_logits: bool = False
-    _last_metrics: dict[str, float] = {}
+    _last_metrics: dict[str, float]  # the last micro-batch's loss metrics (set by _micro_loss)
     _old_logprob_s: float = 0.0
 
 

@@ -62,7 +62,9 @@ class CosineDecay(torch.optim.lr_scheduler.LRScheduler):
 
 class WarmupLinearDecay(CosineDecay):
     """Linear warmup from 0, then linear decay to base · m at step T (TRL's and transformers' default
-    schedule, ``lr_scheduler_type="linear"``); constant at base · m from step T on. With W warmup steps:
+    schedule, ``lr_scheduler_type="linear"``); constant at base · m from step T on.
+
+    With W warmup steps:
 
         factor(t) = t / W                                    for t < W,
         factor(t) = m + (1 − m) · (T − t) / max(T − W, 1)    for W ≤ t ≤ T,   and m for t > T.

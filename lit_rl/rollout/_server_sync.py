@@ -52,7 +52,7 @@ class WeightPush:
                 except ValueError as exc:
                     raise ValueError(
                         f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))"
-                    )
+                    ) from None
                 if self._lora is not None:
                     self._lora.push(self.pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
                     self.last_sync_bytes = self._lora.bytes_written

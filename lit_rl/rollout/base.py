@@ -8,16 +8,21 @@ else given as an engine is refused in one line (``check_engine``).
 | member | default | who calls it |
 |---|---|---|
 | ``bind(module, rollout=None)`` (the ``RolloutSettings``) | abstract | ``RolloutCallback.setup``, validate |
-| ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``rollout.generate.Generator`` |
+| ``generate(prompt_ids, n, sampling)`` | abstract; engines call ``_count`` on the result | ``Generator`` |
 | ``update_weights(named_tensors)`` | abstract; engines bump ``policy_version`` | weight sync (sync, async, resume) |
 | ``sync_items(model)`` | ``merged_state_items(model)`` | the same, to build ``named_tensors`` |
-| ``share_weights`` | False: the engine holds its own weights (a resumed run pushes the restored ones) | ``RolloutCallback`` |
-| ``collective_sync`` | False; True when ``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the same point of the training loop, with none of its own generation in flight | ``RolloutCallback`` (async: loads in the trainer thread) |
+| ``share_weights`` | False: the engine holds its own weights (see [1]) | ``RolloutCallback`` |
+| ``collective_sync`` | False; True: see [2] | ``RolloutCallback`` (async: loads in the trainer thread) |
 | ``metrics()`` | ``rollout/engine_*`` counters | logged every step |
 | ``state_dict()`` / ``load_state_dict()`` | the counters (a dict) | checkpoint entry ``engine``, evaluation |
 | ``limits()`` | ``{"max_model_len": None}`` | the renderer (prompt length), tests |
 | ``close()`` / ``teardown()`` | nothing / nothing (owners of processes: ``close()``) | CLI exit / teardown |
 | ``tokenizer`` | set by ``bind`` | decoding completions |
+
+[1] A resumed run pushes the restored weights into such an engine. [2] ``collective_sync`` is True when
+``update_weights`` is a collective over the DDP ranks (servers shared by URL): every rank must call it at the
+same point of the training loop, with none of its own generation in flight. ``Generator`` is
+``rollout.generate.Generator``.
 
 ``RequestSeeds`` is the one per-request seed rule (both vLLM engines and the fake: a cursor from
 ``rank_seed(seed, rank)``); ``HFEngine`` seeds each prompt's generate call from ``stable_seed``.
@@ -124,10 +129,10 @@ class EngineBase(abc.ABC):
     def load_state_dict(self, state: dict) -> None:
         self.counters.update({k: int(v) for k, v in (state.get("counters") or {}).items() if k in COUNTERS})
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: engines holding nothing need not override it
         """Free what the engine holds (processes, memory); it may be bound again afterwards."""
 
-    def teardown(self) -> None:
+    def teardown(self) -> None:  # noqa: B027 - an optional hook, a no-op by design (see the docstring)
         """End of a fit (``RolloutCallback.teardown``). Default: nothing, so an engine can serve the next fit or
         validate of the same process without a restart; engines owning processes (launched servers) stop them
         here (``VLLMServerEngine``: ``close``)."""

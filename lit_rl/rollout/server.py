@@ -101,7 +101,8 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
         sync_timeout_s: a weight sync slower than this raises.
         weight_transport: ``file`` (safetensors in ``sync_dir``; servers must see that path) | ``nccl``.
         sync_dir: where weight files go; null = a fresh directory in ``/dev/shm``.
-        seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
+        seed: base of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's
+            ``seed_everything``.
         max_concurrency: requests in flight from this engine at once (threads).
         lora_sync: ``auto`` (a LoRA policy syncs only its adapter when every server accepts it, else merged
             weights) | ``adapter`` (the adapter path or an error at setup) | ``merged`` (always merged weights).
@@ -377,7 +378,10 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
                 )
             futures = [self._executor.submit(self.pool.complete, b, n) for b in bodies]
             result: list[list[Completion]] = [[] for _ in prompt_ids]
-            decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
+
+            def decode(toks: list[int]) -> str:
+                return self.tokenizer.decode(toks, skip_special_tokens=True)
+
             for i, fut in enumerate(futures):
                 result[i] = [
                     Completion(*cut_at_stop(t, lp, fr, decode, sampling.stops), version)

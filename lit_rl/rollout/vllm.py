@@ -115,7 +115,8 @@ class VLLMEngine(RequestSeeds, EngineBase):
         max_model_len: context length (prompt + completion); None = the model config's.
         enforce_eager: skip CUDA graphs / torch.compile. None = True on CPU (compiling costs minutes there and
             buys little), False on GPU.
-        seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the run's ``seed_everything``.
+        seed: base seed of the per-request sampling seeds when ``SamplingConfig.seed`` is None; None = the
+            run's ``seed_everything``.
         kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache). None
             on CPU: room for 2 sequences of ``max_model_len`` tokens, at least 256 MiB.
         sync_timeout_s: a weight sync (including reading ``named_tensors``) slower than this raises
@@ -350,7 +351,10 @@ class VLLMEngine(RequestSeeds, EngineBase):
         prompts = [vllm.inputs.TokensPrompt(prompt_token_ids=ids) for ids in sent]
         outs = self.llm.generate(prompts, params, use_tqdm=False) if prompts else []
         result: list[list[Completion]] = [[] for _ in prompt_ids]
-        decode = lambda toks: self.tokenizer.decode(toks, skip_special_tokens=True)
+
+        def decode(toks: list[int]) -> str:
+            return self.tokenizer.decode(toks, skip_special_tokens=True)
+
         for i, out in enumerate(outs):
             comps = [
                 Completion(*cut_at_stop(*_completion(c), decode, sampling.stops))

@@ -73,8 +73,8 @@ def test_wrong_fixes_score_zero_binary_and_fraction_partial(sandbox, source, par
         ["write_file tests/test_retry.py\ndef test_ok():\n    assert True\n"],
         [
             (
-                "write_file conftest.py\nimport pytest\n@pytest.hookimpl(tryfirst=True)\ndef pytest_runtest_call(item):\n"
-                "    return True\n"
+                "write_file conftest.py\nimport pytest\n@pytest.hookimpl(tryfirst=True)\n"
+                "def pytest_runtest_call(item):\n    return True\n"
             ),
             "write_file tests/conftest.py\nraise SystemExit(0)\n",
         ],

@@ -406,7 +406,7 @@ def test_async_with_vllm_engine(tiny_model_dir):
         max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
     )
     try:
-        module, rc, rec = _fit(
+        module, _, rec = _fit(
             tiny_model_dir,
             steps=4,
             mode="async",
@@ -430,9 +430,9 @@ def test_async_with_vllm_engine(tiny_model_dir):
 def test_async_staleness_2_with_tis_learns_the_quickstart_task(tiny_model_dir):
     """The quickstart task (three tally-mark operands, GRPO, 16 prompts x 16 samples, lr 1e-3) in async mode with
     max_staleness=2 and token-level TIS (cap 2): held-out greedy accuracy rises by >= 30 points and the
-    training reward clearly rises, while rows really are up to 2 versions old. (Async runs are not bit-
-    reproducible for k > 0: which snapshot generates which batch depends on thread timing; observed peaks
-    0.36-0.82 held-out accuracy at 200 steps.)"""
+    training reward clearly rises, while rows really are up to 2 versions old. Async runs are not bit-
+    reproducible for k > 0 (which snapshot generates which batch depends on thread timing); observed peaks:
+    0.36-0.82 held-out accuracy at 200 steps."""
     ev = HeldoutEval(every_n_steps=25)
     _, _, rec = _fit(
         tiny_model_dir,

@@ -44,7 +44,9 @@ def ranks(tiny_model_dir, tmp_path_factory):
         log = proc.communicate(timeout=300)[0]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("2-rank controller run did not finish in 300 s (a rank skipped the all-reduce?)")
+        raise AssertionError(
+            "2-rank controller run did not finish in 300 s (a rank skipped the all-reduce?)"
+        ) from None
     assert proc.returncode == 0, log[-4000:]
     return [json.loads((d / f"rank{r}.json").read_text()) for r in (0, 1)]
 

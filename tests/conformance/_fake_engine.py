@@ -57,7 +57,10 @@ class FakeEngine(RequestSeeds, EngineBase):
                     lps.append(float(lp[t]))
                     if t == self.tokenizer.eos_token_id:
                         break
-                decode = lambda t: self.tokenizer.decode(t, skip_special_tokens=True)
+
+                def decode(t):
+                    return self.tokenizer.decode(t, skip_special_tokens=True)
+
                 end, why = end_of_completion(toks, self.tokenizer.eos_token_id, decode, sampling.stops)
                 group.append(Completion(toks[:end], lps[:end], why))
             out.append(group)

@@ -1,9 +1,10 @@
 """One conformance suite for every rollout engine (the contract: ``lit_rl/rollout/base.py``).
 
 Adding an engine = one module + one line in ``ENGINES``. Every engine, constructed only (fast: nothing starts),
-must be an ``EngineBase`` with every abstract method implemented, take the rollout's settings (``RolloutSettings``:
-``group_size``, ``sampling.max_new_tokens``) in ``bind``, and refuse the removed arguments naming their replacement. Bound to the same tiny
-model (hidden 64, 2 heads: head dim 32, which vLLM's CPU attention supports), each engine must:
+must be an ``EngineBase`` with every abstract method implemented, take the rollout's settings
+(``RolloutSettings``: ``group_size``, ``sampling.max_new_tokens``) in ``bind``, and refuse the removed
+arguments naming their replacement. Bound to the same tiny model (hidden 64, 2 heads: head dim 32, which
+vLLM's CPU attention supports), each engine must:
 
 - return completions whose log-probs are the trainer's recomputation, ``log softmax(logits / T)`` of a float64
   teacher-forced forward (default sampling: no processing);

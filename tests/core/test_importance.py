@@ -294,7 +294,8 @@ def test_rollout_correction_padding_invariance(mode, level):
 
 
 def band_example():
-    """Five rows, cap 2 (default low 1/2). Token log-ratios (log 0.5 = -0.693, log 2 = 0.693):
+    """Five rows, cap 2 (default low 1/2), with these token log-ratios (log 0.5 = -0.693, log 2 = 0.693).
+
     r0 [-1.0, 0.2, 1.0]   tokens below / inside / above;  sum 0.2 inside;   mean 0.0667 inside
     r1 [-0.6, -0.5, pad]  tokens inside;                  sum -1.1 below;   mean -0.55 inside
     r2 [0.4, 0.4, 0.4]    tokens inside;                  sum 1.2 above;    mean 0.4 inside

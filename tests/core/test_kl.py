@@ -259,7 +259,10 @@ def test_kl_from_logits_errors():
 # ---------------------------------------------------------------------------------------------
 def _jsd_by_hand(p, q, beta):
     m = [beta * b + (1 - beta) * a for a, b in zip(p, q)]
-    kl = lambda x, y: sum(a * math.log(a / b) for a, b in zip(x, y) if a > 0)
+
+    def kl(x, y):
+        return sum(a * math.log(a / b) for a, b in zip(x, y) if a > 0)
+
     return beta * kl(q, m) + (1 - beta) * kl(p, m)
 
 

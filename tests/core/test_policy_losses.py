@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 
 import pytest
 import torch
 
-from lit_rl.core.policy_losses import POLICY_LOSSES, PolicyLossInputs, compute_policy_loss
+from lit_rl.core.policy_losses import (
+    POLICY_LOSSES,
+    PolicyLossInputs,
+    PolicyLossKwargs,
+    PolicyLossSettings,
+    compute_policy_loss,
+    loss_settings,
+)
 
 F64 = torch.float64
 LN = math.log
@@ -202,7 +210,10 @@ def test_padding_invariance(name):
         name, PolicyLossInputs(lp, old, adv, mask, clip_low=0.1, clip_high=0.1, **kw)
     )
     pad = torch.randn(3, 4, generator=g, dtype=F64) * 50
-    cat = lambda x: torch.cat([x, pad], dim=1)
+
+    def cat(x):
+        return torch.cat([x, pad], dim=1)
+
     kw = {"rollout_logprobs": cat(roll)} if name == "reinforce" else {}
     padded = PolicyLossInputs(
         cat(lp),
@@ -372,3 +383,13 @@ def test_bad_settings_raise(kw, msg):
 def test_non_finite_masked_in_value_raises():
     with pytest.raises(ValueError, match="advantages holds NaN or Inf"):
         make([[0.0, 0.0]], [[1.0, float("nan")]])
+
+
+def test_loss_settings_kwargs_list_every_setting():
+    # PolicyLossKwargs repeats PolicyLossSettings' names for the type checker: a setting added to one
+    # only would silently not reach the losses (or fail at construction).
+    assert list(PolicyLossKwargs.__annotations__) == [f.name for f in fields(PolicyLossSettings)]
+    s = PolicyLossSettings(clip_low=0.1, clip_high=0.3, dual_clip=3.0, vespo_k_neg=4.0)
+    kw = loss_settings(s)
+    assert kw["clip_low"] == 0.1 and kw["clip_high"] == 0.3 and kw["dual_clip"] == 3.0
+    assert kw["vespo_k_neg"] == 4.0 and kw["sapo_tau_pos"] is None

@@ -90,7 +90,10 @@ def test_value_loss_vectorised_matches_loop_and_padding_invariance():
     close(m["vf_clipfrac"], n_clip / int(mask.sum()))
     assert 0 < n_clip < int(mask.sum())
     pad = torch.randn(4, 3, generator=g, dtype=F64) * 100
-    cat = lambda x: torch.cat([x, pad], 1)
+
+    def cat(x):
+        return torch.cat([x, pad], 1)
+
     loss2, m2 = clipped_value_loss(
         cat(v), cat(old), cat(ret), torch.cat([mask, torch.zeros(4, 3, dtype=torch.bool)], 1), clip=0.3
     )

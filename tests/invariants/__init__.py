@@ -31,6 +31,7 @@ Files:
 - ``test_slow_vllm.py``  VLLMEngine (``slow``, ``vllm``).
 
 Rows with top_p < 1, top_k > 0, min_p > 0 or repetition_penalty != 1 check the truncated-sampling rule (ratios
-compare the sampler's distribution with itself, KL the full softmax on both sides; issue 36). The table of rows and results: docs/invariants.md.
+compare the sampler's distribution with itself, KL the full softmax on both sides; issue 36). The table of
+rows and results: docs/invariants.md.
 Run ``pytest tests/invariants -s`` to print the arrays.
 """

@@ -123,7 +123,8 @@ NETWORK = [
         import ctypes, socket, struct
         libc = ctypes.CDLL(None, use_errno=True)
         fd = libc.socket(socket.AF_INET, socket.SOCK_STREAM, 0)
-        addr = struct.pack("<H", socket.AF_INET) + struct.pack(">H", @TCP_PORT@) + socket.inet_aton("127.0.0.1") + bytes(8)
+        port = struct.pack(">H", @TCP_PORT@)
+        addr = struct.pack("<H", socket.AF_INET) + port + socket.inet_aton("127.0.0.1") + bytes(8)
         buf = ctypes.create_string_buffer(addr, len(addr))
         if fd >= 0 and libc.connect(fd, buf, len(addr)) == 0:
             print("ESCAPED! ctypes connect")
@@ -209,7 +210,9 @@ SECRETS = [
         for d in ("/usr", "/usr/local", "/usr/src", "/usr/share", sys.prefix, "@REPO@"):
             if os.path.exists(d + "/.git"):
                 print("ESCAPED! git dir", d)
-        r = subprocess.run(["git", "log", "--all", "-p"], capture_output=True, text=True) if os.path.exists("/usr/bin/git") else None
+        r = None
+        if os.path.exists("/usr/bin/git"):
+            r = subprocess.run(["git", "log", "--all", "-p"], capture_output=True, text=True)
         if r is not None and r.returncode == 0 and r.stdout:
             print("ESCAPED! git log", r.stdout[:200])
     """,
@@ -292,8 +295,10 @@ PRIVILEGE = [
             except OSError as e:
                 print(e)
         print(f"uid={os.getuid()} euid={os.geteuid()}")
-        if os.geteuid() == 0 and os.getuid() == 0 and open("/proc/self/status").read().count("CapEff:\\t0000000000000000") == 0:
-            print("ESCAPED! privileged")
+        if os.geteuid() == 0 and os.getuid() == 0:
+            status = open("/proc/self/status").read()
+            if status.count("CapEff:\\t0000000000000000") == 0:
+                print("ESCAPED! privileged")
     """,
         check=_not_root,
     ),
@@ -344,7 +349,9 @@ PRIVILEGE = [
         """
         import posix
         posix.system("cat @SECRET_PATH@ /proc/1/environ 2>&1; echo uid=$(id -u)")
-        posix.system("python3 -c \\"import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); print('ESCAPED! shell tcp')\\" 2>&1")
+        connect = "import socket; socket.create_connection(('127.0.0.1', @TCP_PORT@), 1); "
+        connect += "print('ESCAPED! shell tcp')"
+        posix.system(f'python3 -c "{connect}" 2>&1')
     """,
     ),
     _c(

@@ -47,7 +47,10 @@ ADD_TESTS = [
     {"call": "add", "args": [-7, 4], "expected": -3},
     {"stdin": "2 3\n", "stdout": "5\n"},
 ]
-ADD_SOLUTION = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
+ADD_SOLUTION = (
+    "def add(a, b):\n    return a + b\n\n"
+    "if __name__ == '__main__':\n    print(add(*map(int, input().split())))\n"
+)
 
 
 class Ctx:
