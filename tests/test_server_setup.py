@@ -114,6 +114,8 @@ if __name__ == "__main__":
 """
 
 
+# slow: launches a server and kills its trainer (~40 s); the default suite keeps under its 20 minutes
+@pytest.mark.slow
 def test_sigkill_of_the_trainer_takes_its_servers_down(tiny_model_dir, tmp_path):
     """kill -9 of a process that launched a server: the server's whole process group is gone within seconds."""
     script = tmp_path / "trainer.py"
@@ -160,6 +162,8 @@ def _readme_commands():
     return [c for c in mod.readme_commands() if "grpo_server" in c]
 
 
+# slow: runs README's server commands end to end (~75 s); CI runs the slow suite too
+@pytest.mark.slow
 def test_readme_server_commands(tiny_model_dir, tmp_path, monkeypatch):
     """The README's server section as a user types it (a few small steps): the launched-server recipe, then
     `vllm serve` on a 'rollout node' and the trainer job pointed at it by URL."""
