@@ -22,7 +22,7 @@ from typing import Any
 
 from lit_rl.core.advantages import ADVANTAGES, AdvantageSettings
 from lit_rl.core.objective import ObjectiveSettings
-from lit_rl.core.policy_losses import LOSS_PARAMS, POLICY_LOSSES, loss_param_error
+from lit_rl.core.policy_losses import ADVANTAGE_LINEAR, LOSS_PARAMS, POLICY_LOSSES, loss_param_error
 from lit_rl.core.settings import check_choices, flat_values, setting, split_settings
 from lit_rl.models.loading import DTYPES, check_model_source
 
@@ -109,6 +109,13 @@ class StepSettings:
         "rank.",
     )
     max_grad_norm: float = setting(1.0, "Gradient clipping; a non-finite norm skips the step.")
+    skip_zero_advantage_rows: bool | None = setting(
+        None,
+        "Forward only the rows with a nonzero advantage on some trainable token (the others add exactly 0 to "
+        "the gradient; the denominators stay the minibatch's); null = on where exact: policy_loss in "
+        "core.policy_losses.ADVANTAGE_LINEAR and no active loss term (critic, reference KL or entropy in the "
+        "loss, distillation); true = on, refused where not exact; false = off.",
+    )
     max_nonfinite_steps: int = setting(5, "This many skipped (non-finite) steps in a row raise.")
 
 
@@ -189,6 +196,12 @@ class PolicyConfig:
             )
         if not s.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {s.max_grad_norm}")
+        if not isinstance(s.skip_zero_advantage_rows, bool | None):
+            raise ValueError(
+                f"skip_zero_advantage_rows must be true, false or null, got {s.skip_zero_advantage_rows!r}"
+            )
+        if s.skip_zero_advantage_rows and (why := not_advantage_linear(o.policy_loss)) is not None:
+            raise ValueError(f"skip_zero_advantage_rows=true is not exact here: {why}; set it to null or false")
         _validate_objective(o)
         for name, v in (("gamma", a.gamma), ("lam", a.lam)):
             if not 0 <= v <= 1:
@@ -223,6 +236,13 @@ def _frame_without_callers() -> FrameType:
     gen = suspended()
     next(gen)
     return gen.gi_frame
+
+
+def not_advantage_linear(policy_loss: str) -> str | None:
+    """Why a zero-advantage row of ``policy_loss`` may add to the gradient (None: it adds exactly 0)."""
+    if policy_loss in ADVANTAGE_LINEAR:
+        return None
+    return f"policy_loss={policy_loss!r} is not in core.policy_losses.ADVANTAGE_LINEAR"
 
 
 def _positive_int_or_null(name: str, v: Any, unit: str) -> None:

@@ -33,6 +33,7 @@ from lit_rl.learners.config import (
     ModelSettings,
     PolicyConfig,
     PrecisionSettings,
+    not_advantage_linear,
     record_settings,
 )
 from lit_rl.learners.critic import CriticModule
@@ -301,18 +302,21 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
         loss) over its micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step
         the scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
+        The RL loss forwards only the rows with advantage signal where that is exact (``skips_zero_advantage_rows``).
         """
         h = self.config.step
+        skip = micro_loss is None and self.skips_zero_advantage_rows()
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
-        common = self._denominators(mb)
+        common = self._denominators(mb)  # of every row: a left-out row is in the denominators all the same
+        signal = signal_rows(mb) if skip else None
         self._last_metrics = {}
         stepper = self._stepper
         stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
-        return stepper.run(
+        stats = stepper.run(
             opt,
             sched,
-            self.train_micro_batches(mb),
+            self.train_micro_batches(mb, signal),
             lambda micro: micro_loss(micro, common),
             lambda: micro_loss(self._zero_weight_micro(mb), common),
             self.manual_backward,
@@ -320,20 +324,50 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             ds=_deepspeed_engine(self),
             uncount=lambda: _uncount_optimizer_step(self.trainer),
         )
+        if signal is not None:  # a rank with no signal row forwarded nothing: its policy loss is exactly 0
+            stats.setdefault("loss/policy", 0.0)
+            stats["actor/signal_rows"] = float(len(signal))
+            stats["actor/signal_frac"] = len(signal) / max(mb.batch_size, 1)
+        return stats
 
-    def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
+    def skips_zero_advantage_rows(self) -> bool:
+        """Whether a step leaves out the rows whose advantages are 0 on every trainable token
+        (``skip_zero_advantage_rows``). Exact only when the whole loss is the policy loss and that is A_t times a
+        finite factor (``core.policy_losses.ADVANTAGE_LINEAR``): a loss term (critic, reference KL or entropy in
+        the loss, distillation) trains such rows too, so any active term turns it off."""
+        want = self.config.step.skip_zero_advantage_rows
+        if want is False:
+            return False
+        why = not_advantage_linear(self.config.objective.policy_loss)
+        if why is None and (terms := self.active_loss_terms()):
+            why = f"the loss term {type(terms[0]).__name__} trains zero-advantage rows too"
+        if why is not None and want:
+            raise ValueError(f"skip_zero_advantage_rows=true is not exact here: {why}; set it to null or false")
+        return why is None
+
+    def train_micro_batches(self, mb: Experience, rows: list[int] | None = None) -> list[Experience | None]:
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
         ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
-        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks."""
+        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks.
+        ``rows``: only these rows are forwarded (the signal rows); ranks then differ in count too, and when no
+        rank has a row the step is one zero-weight pass (every parameter gets its exact zero gradient, so the
+        optimizer steps as it would have: a skipped step would not move AdamW's momentum)."""
         h = self.config.step
         budget = h.micro_batch_tokens
-        if budget is None:
+        if rows is None and budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
-        plens, clens = mb.row_extents()
-        groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
-        n = int(self._all_reduce_sum(torch.tensor([float(len(groups))]), op="max")[0])
-        micros: list[Experience | None] = [mb.select(g).trim(prompt=True) for g in groups]
-        return micros + [None] * (n - len(micros))
+        if rows is not None:
+            mb = mb.select(rows).trim(prompt=True) if rows else None
+        if mb is None:
+            micros: list[Experience | None] = []
+        elif budget is None:
+            micros = list(mb.micro_batches(h.micro_batch_size))
+        else:
+            plens, clens = mb.row_extents()
+            groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
+            micros = [mb.select(g).trim(prompt=True) for g in groups]
+        n = int(self._all_reduce_sum(torch.tensor([float(len(micros))]), op="max")[0])
+        return micros + [None] * (max(n, 1) - len(micros))
 
     @staticmethod
     def _zero_weight_micro(mb: Experience) -> Experience:
@@ -464,6 +498,13 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     materialize_logits: bool = False
     _last_metrics: dict[str, float]  # the last micro-batch's loss metrics (set by _micro_loss)
     _old_logprob_s: float = 0.0
+
+
+def signal_rows(mb: Experience) -> list[int]:
+    """The rows whose advantage is nonzero on some trainable token: the only ones an advantage-linear policy
+    loss gets a gradient from."""
+    has = ((mb.advantages != 0) & mb.train_mask).any(-1)
+    return has.nonzero().flatten().tolist()
 
 
 def _loss_parts(parts: dict[str, Tensor]) -> LossParts:
