@@ -1,13 +1,19 @@
-"""``skip_zero_advantage_rows``: a step forwards only the rows whose advantage is nonzero on some trainable token,
-and that changes nothing: one (or two) AdamW steps with skipping on and off leave the same parameters and the
-same optimizer state (float64, ≤ 1e-12), for every registered policy loss and loss aggregation, with and without
-importance weights; a step with no signal row anywhere is one zero-weight pass, so AdamW's momentum moves the
-weights exactly as without skipping. Where it would not be exact (a loss term, a loss outside
-``ADVANTAGE_LINEAR``) null turns it off and true is refused with the reason."""
+"""``skip_zero_advantage_rows``: a step forwards only the rows whose advantage is nonzero on some trainable
+token, and that changes nothing: one (or two) AdamW steps with skipping on and off leave the same parameters
+and the same optimizer state (float64, ≤ 1e-12), for every registered policy loss and loss aggregation, with
+and without importance weights; a step with no signal row anywhere is one zero-weight pass, so AdamW's
+momentum moves the weights exactly as without skipping. Where it would not be exact (a loss term, a loss
+outside ``ADVANTAGE_LINEAR``) null turns it off and true is refused with the reason."""
 
 from __future__ import annotations
 
 import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import lightning as L
@@ -20,6 +26,7 @@ from lit_rl.data.experience import Experience
 from lit_rl.learners import LossTerm, PolicyModule
 from tests._float64 import float64_rmsnorm
 
+HERE = Path(__file__).resolve().parent
 AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 LENS = [3, 1, 5, 2, 4, 2, 3, 5, 2, 4, 1, 3]  # completion tokens of the 12 rows (3 groups of 4)
 # Row 0 and group 1 (rows 4-7): advantage 0; row 9: no reward (valid False) but a nonzero advantage; row 10:
@@ -34,7 +41,7 @@ def _rmsnorm_float64():
 
 
 class Probe(L.Callback, LossTerm):
-    """A loss term of the objective (Σ log π over the trainable tokens, coefficient 0.1): it trains every row."""
+    """A loss term of the objective (0.1 Σ log π over the trainable tokens): it trains every row."""
 
     def loss_terms(self, module, micro, fwd):
         return {"probe": 0.1 * (fwd["logprobs"] * fwd["mask"]).sum() / fwd["num_tokens"]}
@@ -98,12 +105,12 @@ def _experience(m: PolicyModule, seed: int = 0, zero_all: bool = False) -> Exper
 
 
 def _train(m: PolicyModule, exps: list[Experience], **settings):
-    """AdamW steps from the initial weights, one per Experience: (parameters, AdamW state, each step's stats)."""
+    """AdamW steps from the initial weights, one per Experience: (parameters, AdamW state, steps' stats)."""
     m.load_state_dict(m.initial)
     m.update_settings(**settings)
     params = [p for p in m.parameters() if p.requires_grad]
-    # eps 1e-5, not 1e-8: Adam's first step is lr * g / (|g| + eps), which turns the last-bit difference of a
-    # gradient entry near 0 (another summation order: other micro-batches) into ~lr / eps times that difference
+    # eps 1e-5, not 1e-8: Adam's first step is lr * g / (|g| + eps), which turns the last-bit difference of
+    # a gradient entry near 0 (another summation order: other micro-batches) into ~lr / eps times it
     opt = torch.optim.AdamW(params, lr=1e-2, eps=1e-5, weight_decay=0.1)
     stats = [m._optimizer_step(opt, None, copy.deepcopy(e)) for e in exps]
     state = [opt.state[p][k] for p in params for k in ("exp_avg", "exp_avg_sq")]
@@ -203,19 +210,25 @@ def test_a_loss_term_turns_it_off_and_true_is_refused(module):
         assert "actor/signal_rows" not in auto[2][0]
         _assert_same_run(auto, off)
         module.update_settings(skip_zero_advantage_rows=True)
-        with pytest.raises(ValueError, match=r"^skip_zero_advantage_rows=true is not exact here: the loss term "
-                           r"Probe trains zero-advantage rows too; set it to null or false$"):
+        with pytest.raises(
+            ValueError,
+            match=r"^skip_zero_advantage_rows=true is not exact here: the loss term "
+            r"Probe trains zero-advantage rows too; set it to null or false$",
+        ):
             module._optimizer_step(torch.optim.AdamW(module.parameters()), None, copy.deepcopy(exp))
     finally:
         _attach(module)
 
 
 def test_a_loss_outside_the_set_is_off_and_true_refused(tiny_model_dir, monkeypatch):
-    import lit_rl.learners.config as config
+    import lit_rl.core.signal_rows as config
 
     monkeypatch.setattr(config, "ADVANTAGE_LINEAR", ADVANTAGE_LINEAR - {"cispo"})
-    with pytest.raises(ValueError, match=r"^skip_zero_advantage_rows=true is not exact here: policy_loss='cispo' "
-                       r"is not in core.policy_losses.ADVANTAGE_LINEAR; set it to null or false$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^skip_zero_advantage_rows=true is not exact here: policy_loss='cispo' "
+        r"is not in core.policy_losses.ADVANTAGE_LINEAR; set it to null or false$",
+    ):
         PolicyModule(model=str(tiny_model_dir), policy_loss="cispo", skip_zero_advantage_rows=True)
     m = _attach(PolicyModule(model=str(tiny_model_dir), policy_loss="cispo"))
     assert not m.skips_zero_advantage_rows()
@@ -231,3 +244,69 @@ def test_a_critic_turns_it_off(tiny_model_dir):
     m.update_settings(skip_zero_advantage_rows=True)
     with pytest.raises(ValueError, match="the loss term CriticModule trains zero-advantage rows too"):
         m.skips_zero_advantage_rows()
+
+
+# ------------------------------------------------------------------ through the Trainer (tests/conformance)
+def _conformance():
+    sys.path.insert(0, str(HERE / "conformance"))
+    import _conformance
+    from signal_rows_runner import no_signal_in_group_1
+
+    return _conformance, no_signal_in_group_1
+
+
+@pytest.mark.parametrize("plan", [{"micro_batch_tokens": 10}, {"micro_batch_size": 2}])
+def test_minibatches_and_epochs_each_filter_their_own_rows(tiny_model_dir, plan):
+    """grpo recipe, 2 minibatches of 4 shuffled rows x 2 epochs (old log-probs computed once): each of the 4
+    optimizer steps' gradients is the same with skipping on and off; 4 signal rows forwarded per epoch."""
+    c, no_signal_in_group_1 = _conformance()
+    kw = {"minibatch_size": 4, "ppo_epochs": 2, "loss_agg": "token_mean", **plan}
+    got = {}
+    for skip in (None, False):
+        module = c.build_module("grpo", str(tiny_model_dir), skip_zero_advantage_rows=skip, **kw)
+        got[skip] = [c.flat(g) for g in c.run_step(module, no_signal_in_group_1(module))]
+        logged = module.trainer.callback_metrics
+        if skip is None:
+            assert float(logged["actor/signal_rows"]) == 8.0  # rows 0-3, once per epoch
+            assert float(logged["actor/signal_frac"]) == 0.5
+        else:
+            assert "actor/signal_rows" not in logged
+    assert len(got[None]) == 4
+    for on, off in zip(got[None], got[False]):
+        assert float(off.abs().max()) > 0
+        assert c.max_rel_diff(on, off) <= 1e-12
+
+
+def test_two_ddp_ranks_one_without_signal(tiny_model_dir, tmp_path):
+    """Rank 1 has no signal row: it runs zero-weight passes while rank 0 runs its 4 rows; the averaged gradient
+    equals one process on all 8 rows without skipping."""
+    c, no_signal_in_group_1 = _conformance()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "PYTHONPATH": os.pathsep.join(
+            [str(HERE / "conformance"), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    out = tmp_path / "g.pt"
+    runner = str(HERE / "conformance" / "signal_rows_runner.py")
+    r = subprocess.run(
+        [sys.executable, runner, str(out), str(tiny_model_dir), "2", "null"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ran = [json.loads(Path(f"{out}.rank{k}.json").read_text()) for k in range(2)]
+    assert ran == [[{"real": 4, "zero_weight": 0}], [{"real": 0, "zero_weight": 4}]]
+    module = c.build_module(
+        "grpo", str(tiny_model_dir), loss_agg="token_mean", skip_zero_advantage_rows=False
+    )
+    single = c.flat(c.run_step(module, no_signal_in_group_1(module))[0])
+    assert float(single.abs().max()) > 0
+    assert c.max_rel_diff(torch.load(out), single) <= 1e-10

@@ -22,8 +22,9 @@ from typing import Any
 
 from lit_rl.core.advantages import ADVANTAGES, AdvantageSettings
 from lit_rl.core.objective import ObjectiveSettings
-from lit_rl.core.policy_losses import ADVANTAGE_LINEAR, LOSS_PARAMS, POLICY_LOSSES, loss_param_error
+from lit_rl.core.policy_losses import LOSS_PARAMS, POLICY_LOSSES, loss_param_error
 from lit_rl.core.settings import check_choices, flat_values, setting, split_settings
+from lit_rl.core.signal_rows import skips_rows
 from lit_rl.models.loading import DTYPES, check_model_source
 
 
@@ -200,8 +201,7 @@ class PolicyConfig:
             raise ValueError(
                 f"skip_zero_advantage_rows must be true, false or null, got {s.skip_zero_advantage_rows!r}"
             )
-        if s.skip_zero_advantage_rows and (why := not_advantage_linear(o.policy_loss)) is not None:
-            raise ValueError(f"skip_zero_advantage_rows=true is not exact here: {why}; set it to null or false")
+        skips_rows(s.skip_zero_advantage_rows, o.policy_loss)  # true with a loss outside ADVANTAGE_LINEAR
         _validate_objective(o)
         for name, v in (("gamma", a.gamma), ("lam", a.lam)):
             if not 0 <= v <= 1:
@@ -236,13 +236,6 @@ def _frame_without_callers() -> FrameType:
     gen = suspended()
     next(gen)
     return gen.gi_frame
-
-
-def not_advantage_linear(policy_loss: str) -> str | None:
-    """Why a zero-advantage row of ``policy_loss`` may add to the gradient (None: it adds exactly 0)."""
-    if policy_loss in ADVANTAGE_LINEAR:
-        return None
-    return f"policy_loss={policy_loss!r} is not in core.policy_losses.ADVANTAGE_LINEAR"
 
 
 def _positive_int_or_null(name: str, v: Any, unit: str) -> None:

@@ -25,6 +25,7 @@ from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import flat_settings
+from lit_rl.core.signal_rows import signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.learners.assembly import PolicyAssembly, store_dtype
@@ -33,7 +34,6 @@ from lit_rl.learners.config import (
     ModelSettings,
     PolicyConfig,
     PrecisionSettings,
-    not_advantage_linear,
     record_settings,
 )
 from lit_rl.learners.critic import CriticModule
@@ -102,7 +102,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
         self.critic = (
-            critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
+            critic  # PPO critics attach here (CriticModule): a submodule, so its params are optimized
         )
         step = self.config.step
         self._stepper = OptimizerStep(step.max_grad_norm, step.max_nonfinite_steps)  # the non-finite counters
@@ -302,14 +302,13 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
         loss) over its micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step
         the scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
-        The RL loss forwards only the rows with advantage signal where that is exact (``skips_zero_advantage_rows``).
-        """
+        The RL loss forwards only the rows with advantage signal where exact (skip_zero_advantage_rows)."""
         h = self.config.step
         skip = micro_loss is None and self.skips_zero_advantage_rows()
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
         common = self._denominators(mb)  # of every row: a left-out row is in the denominators all the same
-        signal = signal_rows(mb) if skip else None
+        signal = signal_rows(mb.advantages, mb.train_mask) if skip else None
         self._last_metrics = {}
         stepper = self._stepper
         stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
@@ -331,27 +330,17 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         return stats
 
     def skips_zero_advantage_rows(self) -> bool:
-        """Whether a step leaves out the rows whose advantages are 0 on every trainable token
-        (``skip_zero_advantage_rows``). Exact only when the whole loss is the policy loss and that is A_t times a
-        finite factor (``core.policy_losses.ADVANTAGE_LINEAR``): a loss term (critic, reference KL or entropy in
-        the loss, distillation) trains such rows too, so any active term turns it off."""
-        want = self.config.step.skip_zero_advantage_rows
-        if want is False:
-            return False
-        why = not_advantage_linear(self.config.objective.policy_loss)
-        if why is None and (terms := self.active_loss_terms()):
-            why = f"the loss term {type(terms[0]).__name__} trains zero-advantage rows too"
-        if why is not None and want:
-            raise ValueError(f"skip_zero_advantage_rows=true is not exact here: {why}; set it to null or false")
-        return why is None
+        """``skip_zero_advantage_rows`` resolved (``core.signal_rows``): on where exact, i.e. an
+        advantage-linear policy loss and no active loss term; ``true`` where not exact raises naming why."""
+        terms = [type(t).__name__ for t in self.active_loss_terms()]
+        return skips_rows(self.config.step.skip_zero_advantage_rows, self.config.objective.policy_loss, terms)
 
     def train_micro_batches(self, mb: Experience, rows: list[int] | None = None) -> list[Experience | None]:
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
         ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
-        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks.
-        ``rows``: only these rows are forwarded (the signal rows); ranks then differ in count too, and when no
-        rank has a row the step is one zero-weight pass (every parameter gets its exact zero gradient, so the
-        optimizer steps as it would have: a skipped step would not move AdamW's momentum)."""
+        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks. With
+        ``rows`` (the signal rows) only those are forwarded; no row on any rank = one zero-weight pass, so
+        every parameter gets its exact zero gradient and AdamW steps as it would have (momentum moves)."""
         h = self.config.step
         budget = h.micro_batch_tokens
         if rows is None and budget is None:
@@ -498,13 +487,6 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     materialize_logits: bool = False
     _last_metrics: dict[str, float]  # the last micro-batch's loss metrics (set by _micro_loss)
     _old_logprob_s: float = 0.0
-
-
-def signal_rows(mb: Experience) -> list[int]:
-    """The rows whose advantage is nonzero on some trainable token: the only ones an advantage-linear policy
-    loss gets a gradient from."""
-    has = ((mb.advantages != 0) & mb.train_mask).any(-1)
-    return has.nonzero().flatten().tolist()
 
 
 def _loss_parts(parts: dict[str, Tensor]) -> LossParts:
