@@ -345,7 +345,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         budget = h.micro_batch_tokens
         if rows is None and budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
-        if rows is not None:
+        if rows is not None and len(rows) < mb.batch_size:  # all rows: the plan without skipping
             mb = mb.select(rows).trim(prompt=True) if rows else None
         if mb is None:
             micros: list[Experience | None] = []
