@@ -4,7 +4,7 @@ groups whose rewards are all equal (GRPO advantage 0: no gradient signal).
 A tiny local model, a hand-built Experience of ``--prompts`` x ``--group`` rows (completions of random length),
 GRPO-style per-row advantages with the chosen fraction of groups zeroed, ppo_clip / token_mean, AdamW, one
 ``PolicyModule`` optimizer step (forward, backward, clipping, the AdamW step) per measurement. Skip on and off
-alternate and the table reports medians.
+alternate (in both orders) and the table reports medians.
 
     python scripts/bench_signal_rows.py
     python scripts/bench_signal_rows.py --quick
@@ -91,8 +91,8 @@ def main() -> None:
     for frac in (0.0, 0.5, 1.0):
         exp = experience(args, vocab, round(frac * args.prompts))
         times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(args.reps):
-            for skip in (False, True):
+        for r in range(args.reps):
+            for skip in (False, True) if r % 2 == 0 else (True, False):  # neither always second
                 times[skip].append(step_seconds(m, exp, skip))
         off, on = statistics.median(times[False]), statistics.median(times[True])
         print(f"| {frac:.0%} | {off:.3f} | {on:.3f} | {on / off:.2f} |")

@@ -239,6 +239,8 @@ def test_a_loss_outside_the_set_is_off_and_true_refused(tiny_model_dir, monkeypa
 def test_a_critic_turns_it_off(tiny_model_dir):
     from lit_rl.learners import CriticModule
 
+    with pytest.raises(ValueError, match="the loss term CriticModule trains zero-advantage rows too"):
+        PolicyModule(model=str(tiny_model_dir), critic=CriticModule(), skip_zero_advantage_rows=True)
     m = _attach(PolicyModule(model=str(tiny_model_dir), critic=CriticModule(), advantage="gae"))
     assert not m.skips_zero_advantage_rows()
     m.update_settings(skip_zero_advantage_rows=True)

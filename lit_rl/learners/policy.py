@@ -112,6 +112,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self._build()
         for term in self.own_loss_terms:  # terms built against the policy (a critic's head, its own backbone)
             term.bind(self)
+        self.skips_zero_advantage_rows()  # skip_zero_advantage_rows=true with a critic: refused before training
 
     def update_settings(self, **settings: Any) -> None:
         """Change flat settings of a built module (tests switch a forward path this way): the config is
