@@ -102,7 +102,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self.automatic_optimization = False
         self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
         self.critic = (
-            critic  # PPO critics attach here (CriticModule): a submodule, so its params are optimized
+            critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
         )
         step = self.config.step
         self._stepper = OptimizerStep(step.max_grad_norm, step.max_nonfinite_steps)  # the non-finite counters
