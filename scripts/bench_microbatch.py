@@ -127,7 +127,8 @@ def main() -> None:
     class TrimmedFixed(PolicyModule):
         """Fixed rows per micro-batch, each trimmed to its own width (not a lit_rl option: the comparison row)."""
 
-        def train_micro_batches(self, mb):
+        def train_micro_batches(self, mb, rows=None):
+            mb = mb if rows is None else mb.select(rows)  # the signal rows (all of them: random rewards)
             return [m.trim() for m in mb.micro_batches(self.config.step.micro_batch_size)]
 
     plans = {

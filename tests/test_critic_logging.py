@@ -25,8 +25,8 @@ from lit_rl.rollout import SamplingConfig
 class PaddedPolicy(PolicyModule):
     """A rank whose peer formed one more micro-batch: its step ends with one zero-weight pass."""
 
-    def train_micro_batches(self, mb):
-        return super().train_micro_batches(mb) + [None]
+    def train_micro_batches(self, mb, rows=None):
+        return super().train_micro_batches(mb, rows) + [None]
 
 
 class Capture(L.Callback):

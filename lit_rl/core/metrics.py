@@ -101,6 +101,7 @@ METRICS = MetricRegistry(
         Metric("actor/ratio_max", "max"),
         Metric("actor/ratio_min", "min"),  # core.policy_losses, per micro-batch
         Metric("is/max_weight", "max"),  # core.importance.rollout_correction, per micro-batch
+        Metric("actor/signal_rows", "sum"),  # PolicyModule: rows forwarded, per optimizer step and rank
         Metric("adv/max", "max"),
         Metric("adv/min", "min"),  # core.advantages, per rank
         # rollout.stats (via rollout.build), per rank:

@@ -36,9 +36,22 @@ from torch import Tensor
 from lit_rl.core.registry import Registry
 from lit_rl.core.settings import setting
 
-__all__ = ["LOSS_PARAMS", "POLICY_LOSSES", "PolicyLossInputs", "PolicyLossSettings", "compute_policy_loss"]
+__all__ = [
+    "ADVANTAGE_LINEAR",
+    "LOSS_PARAMS",
+    "POLICY_LOSSES",
+    "PolicyLossInputs",
+    "PolicyLossSettings",
+    "compute_policy_loss",
+]
 
 POLICY_LOSSES: Registry = Registry("policy_loss")
+# The losses whose per-token value is A_t times a finite factor (is_weights included): a row whose advantages
+# are 0 on every masked-in token adds exactly 0 to the loss and to its gradient, so a step may leave it out of
+# the forward (PolicyModule's skip_zero_advantage_rows). A user's loss is outside the set (its rows are never
+# skipped) until its registration also declares ``ADVANTAGE_LINEAR.add(name)``; tests/test_signal_rows.py
+# checks the property numerically for every registered loss against membership.
+ADVANTAGE_LINEAR: set[str] = {"ppo_clip", "gspo", "cispo", "sapo", "vespo", "reinforce"}
 
 # Bound on |log r| inside the losses; e^20 ~ 4.85e8 is far outside any useful clip range yet far from overflow.
 _LOG_RATIO_CLAMP = 20.0

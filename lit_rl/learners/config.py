@@ -24,6 +24,7 @@ from lit_rl.core.advantages import ADVANTAGES, AdvantageSettings
 from lit_rl.core.objective import ObjectiveSettings
 from lit_rl.core.policy_losses import LOSS_PARAMS, POLICY_LOSSES, loss_param_error
 from lit_rl.core.settings import check_choices, flat_values, setting, split_settings
+from lit_rl.core.signal_rows import skips_rows
 from lit_rl.models.loading import DTYPES, check_model_source
 
 
@@ -109,6 +110,13 @@ class StepSettings:
         "rank.",
     )
     max_grad_norm: float = setting(1.0, "Gradient clipping; a non-finite norm skips the step.")
+    skip_zero_advantage_rows: bool | None = setting(
+        None,
+        "Forward only the rows with a nonzero advantage on some trainable token (the others add exactly 0 to "
+        "the gradient; the denominators stay the minibatch's); null = on where exact: policy_loss in "
+        "core.policy_losses.ADVANTAGE_LINEAR and no active loss term (critic, reference KL or entropy in the "
+        "loss, distillation); true = on, refused where not exact; false = off.",
+    )
     max_nonfinite_steps: int = setting(5, "This many skipped (non-finite) steps in a row raise.")
 
 
@@ -189,6 +197,11 @@ class PolicyConfig:
             )
         if not s.max_grad_norm > 0:
             raise ValueError(f"max_grad_norm must be > 0, got {s.max_grad_norm}")
+        if not isinstance(s.skip_zero_advantage_rows, bool | None):
+            raise ValueError(
+                f"skip_zero_advantage_rows must be true, false or null, got {s.skip_zero_advantage_rows!r}"
+            )
+        skips_rows(s.skip_zero_advantage_rows, o.policy_loss)  # true with a loss outside ADVANTAGE_LINEAR
         _validate_objective(o)
         for name, v in (("gamma", a.gamma), ("lam", a.lam)):
             if not 0 <= v <= 1:

@@ -25,6 +25,7 @@ from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import flat_settings
+from lit_rl.core.signal_rows import signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.learners.assembly import PolicyAssembly, store_dtype
@@ -111,6 +112,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         self._build()
         for term in self.own_loss_terms:  # terms built against the policy (a critic's head, its own backbone)
             term.bind(self)
+        self.skips_zero_advantage_rows()  # skip_zero_advantage_rows=true with a critic: refused before training
 
     def update_settings(self, **settings: Any) -> None:
         """Change flat settings of a built module (tests switch a forward path this way): the config is
@@ -301,18 +303,20 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         """One optimizer step on minibatch ``mb`` (``OptimizerStep``): accumulate ``micro_loss`` (default: the RL
         loss) over its micro-batches with the minibatch's global denominators, clip, skip a non-finite step, step
         the scheduler. Every optimizer step of the module (DistillModule's teacher-data step too) goes through here.
-        """
+        The RL loss forwards only the rows with advantage signal where exact (skip_zero_advantage_rows)."""
         h = self.config.step
+        skip = micro_loss is None and self.skips_zero_advantage_rows()
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
-        common = self._denominators(mb)
+        common = self._denominators(mb)  # of every row: a left-out row is in the denominators all the same
+        signal = signal_rows(mb.advantages, mb.train_mask) if skip else None
         self._last_metrics = {}
         stepper = self._stepper
         stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
-        return stepper.run(
+        stats = stepper.run(
             opt,
             sched,
-            self.train_micro_batches(mb),
+            self.train_micro_batches(mb, signal),
             lambda micro: micro_loss(micro, common),
             lambda: micro_loss(self._zero_weight_micro(mb), common),
             self.manual_backward,
@@ -320,20 +324,40 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
             ds=_deepspeed_engine(self),
             uncount=lambda: _uncount_optimizer_step(self.trainer),
         )
+        if signal is not None:  # a rank with no signal row forwarded nothing: its policy loss is exactly 0
+            stats.setdefault("loss/policy", 0.0)
+            stats["actor/signal_rows"] = float(len(signal))
+            stats["actor/signal_frac"] = len(signal) / max(mb.batch_size, 1)
+        return stats
 
-    def train_micro_batches(self, mb: Experience) -> list[Experience | None]:
+    def skips_zero_advantage_rows(self) -> bool:
+        """``skip_zero_advantage_rows`` resolved (``core.signal_rows``): on where exact, i.e. an
+        advantage-linear policy loss and no active loss term; ``true`` where not exact raises naming why."""
+        terms = [type(t).__name__ for t in self.active_loss_terms()]
+        return skips_rows(self.config.step.skip_zero_advantage_rows, self.config.objective.policy_loss, terms)
+
+    def train_micro_batches(self, mb: Experience, rows: list[int] | None = None) -> list[Experience | None]:
         """The micro-batches of one optimizer step: ``micro_batch_size`` rows each, or with
         ``micro_batch_tokens`` token-budget groups (``core.microbatch.token_budget_groups``), each trimmed to
-        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks."""
+        its own width, padded with ``None`` (a zero-weight pass) up to the largest count over the ranks. With
+        ``rows`` (the signal rows) only those are forwarded; no row on any rank = one zero-weight pass, so
+        every parameter gets its exact zero gradient and AdamW steps as it would have (momentum moves)."""
         h = self.config.step
         budget = h.micro_batch_tokens
-        if budget is None:
+        if rows is None and budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
-        plens, clens = mb.row_extents()
-        groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
-        n = int(self._all_reduce_sum(torch.tensor([float(len(groups))]), op="max")[0])
-        micros: list[Experience | None] = [mb.select(g).trim(prompt=True) for g in groups]
-        return micros + [None] * (n - len(micros))
+        if rows is not None and len(rows) < mb.batch_size:  # all rows: the plan without skipping
+            mb = mb.select(rows).trim(prompt=True) if rows else None
+        if mb is None:
+            micros: list[Experience | None] = []
+        elif budget is None:
+            micros = list(mb.micro_batches(h.micro_batch_size))
+        else:
+            plens, clens = mb.row_extents()
+            groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
+            micros = [mb.select(g).trim(prompt=True) for g in groups]
+        n = int(self._all_reduce_sum(torch.tensor([float(len(micros))]), op="max")[0])
+        return micros + [None] * (max(n, 1) - len(micros))
 
     @staticmethod
     def _zero_weight_micro(mb: Experience) -> Experience:
