@@ -1,4 +1,4 @@
-"""Time to accuracy: lit_rl's SmolLM2 chat-addition recipe against TRL 1.16's ``GRPOTrainer`` on the same task.
+"""Time to accuracy: lit_rl's SmolLM2 chat-addition recipe against TRL 1.16's ``GRPOTrainer``, same task.
 
     lit-rl models smollm2 runs/smollm2                      # once: the checkpoint the recipe names
     OMP_NUM_THREADS=1 python scripts/bench_time_to_accuracy.py              # both sides, target 0.7
@@ -24,18 +24,19 @@ once, each with ``--threads`` torch threads (and ``OMP_NUM_THREADS``).
 
 The one scorer (``GreedyScorer``): the first ``--heldout`` held-out prompts of the task, rendered as lit_rl
 renders them, greedy ``transformers`` ``generate`` of the recipe's new tokens, correct when LastIntReward
-gives >= 1. Each worker holds its own fresh copy of the checkpoint's model and, to evaluate, loads the policy's
-current weights into it: the same code, class and batching on both sides; only the weights differ. So the
-step-0 accuracies of the two sides must be equal, and the bench prints whether they are.
+gives >= 1. Each worker holds its own fresh copy of the checkpoint's model and, to evaluate, loads the
+policy's current weights into it: the same code, class and batching on both sides; only the weights differ. So
+the step-0 accuracies of the two sides must be equal, and the bench prints whether they are.
 
 How evaluation stays out of the timing: each worker evaluates between iterations with its training clock
 stopped: once before the first iteration (lit_rl: ``on_train_start``, after the engine has started; TRL:
 ``on_train_begin``), then after every ``--eval-every``-th iteration and after its last one (lit_rl:
 ``on_train_batch_end``; TRL: ``on_step_end``), and restarts the clock after each. A row's training time is the
 wall time of the training loop only: start-up (imports, model load, vLLM start; printed apart) and every
-evaluation (its seconds in the ``eval s`` column) are left out. A side stops at ``--max-minutes`` of training
-time, after ``--hold`` evaluations in a row at or above the target, or at its last iteration; the process then
-exits at once (lit_rl's final saves and engine shutdown are not run).
+evaluation (its seconds in the ``eval s`` column; run with ``--eval-threads``, default all CPUs) are left out.
+A side stops at ``--max-minutes`` of training time, after ``--hold`` evaluations in a row at or above the
+target, or at its last iteration; the process then exits at once (lit_rl's final saves and engine shutdown are
+not run).
 """
 
 from __future__ import annotations
@@ -148,7 +149,14 @@ class GreedyScorer:
     """Greedy held-out accuracy of a policy's weights, loaded into this scorer's own copy of the model."""
 
     def __init__(
-        self, model_dir: str, task: str, task_args: dict, heldout: int, new_tokens: int, batch: int = 50
+        self,
+        model_dir: str,
+        task: str,
+        task_args: dict,
+        heldout: int,
+        new_tokens: int,
+        threads: int = 1,
+        batch: int = 50,
     ):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -161,6 +169,7 @@ class GreedyScorer:
         if heldout > len(held):
             raise SystemExit(f"--heldout {heldout}: the task has {len(held)} held-out prompts; lower it")
         self.prompts, self.batch, self.reward = held[:heldout], batch, LastIntReward()
+        self.threads = threads
         self.tok = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
@@ -175,7 +184,9 @@ class GreedyScorer:
         import torch
 
         self.model.load_state_dict(state_dict, strict=True)
-        correct = 0
+        correct, training_threads = 0, torch.get_num_threads()
+        # Outside the training clock, so every core may help (the same count on both sides); then training's.
+        torch.set_num_threads(self.threads)
         with torch.inference_mode():
             for i in range(0, len(self.ids), self.batch):
                 rows = self.ids[i : i + self.batch]
@@ -186,11 +197,19 @@ class GreedyScorer:
                 for p, row in zip(self.prompts[i : i + self.batch], out[:, width:]):
                     text = self.tok.decode(row, skip_special_tokens=True)
                     correct += self.reward(p, text) >= 1
+        torch.set_num_threads(training_threads)
         return correct / len(self.ids)
 
 
 def make_scorer(spec: dict) -> GreedyScorer:
-    return GreedyScorer(spec["model"], spec["task"], spec["task_args"], spec["heldout"], spec["new_tokens"])
+    return GreedyScorer(
+        spec["model"],
+        spec["task"],
+        spec["task_args"],
+        spec["heldout"],
+        spec["new_tokens"],
+        spec["eval_threads"],
+    )
 
 
 class Clock:
@@ -225,7 +244,7 @@ class Clock:
         self.evaluate(0, weights)
 
     def after(self, k: int, weights) -> None:
-        """Iteration ``k`` has ended: evaluate when due; stop when the time, the iterations or the target say so."""
+        """Iteration ``k`` has ended: evaluate when due; stop when time, iterations or the target say so."""
         s = self.spec
         out_of_time, last = self.train_s() >= s["max_s"], k >= s["max_iterations"]
         if k % s["eval_every"] == 0 or out_of_time or last:
@@ -244,10 +263,10 @@ class Clock:
 
 # ------------------------------------------------------------------ workers
 class LitClock(L.Callback):
-    """The clock inside ``lit-rl fit``. Its hooks are the training loop's outer edges, so they need no place
-    in the callback order: ``on_train_start`` runs after every callback's set-up (engine start, first sync) and
-    before the first rollout; ``on_train_batch_end`` of iteration k after its update (a weight sync of
-    RolloutCallback's own ``on_train_batch_end`` may fall either side: timed either way)."""
+    """The clock inside ``lit-rl fit``. Its hooks are the training loop's outer edges, so its place in the
+    callback order does not matter: ``on_train_start`` comes after every ``setup`` (the engine is bound) and
+    before the first rollout, ``on_train_batch_end`` of iteration k after its update. RolloutCallback's own
+    hooks there (the first weight push, each sync) fall on either side of an evaluation: timed either way."""
 
     def __init__(self, spec: str):
         spec = json.loads(Path(spec).read_text())
@@ -457,6 +476,9 @@ def main() -> None:
     )
     p.add_argument("--lr", type=float, default=None, help="AdamW lr on both sides (default: the recipe's)")
     p.add_argument("--threads", type=int, default=1, help="torch threads of each side")
+    p.add_argument(
+        "--eval-threads", type=int, default=0, help="torch threads of the (untimed) evaluations; 0 = all CPUs"
+    )
     p.add_argument("--smoke", action="store_true", help="a tiny local model, 2 iterations a side, 8 held-out")
     p.add_argument(
         "--workdir", default=None, help="where specs, logs and lit_rl's run go (default: a temp dir)"
@@ -474,8 +496,17 @@ def main() -> None:
     sides = [s for s in a.sides.split(",") if s]
     if not sides or set(sides) - set(SIDES):
         p.error(f"--sides {a.sides!r}: a comma list of lit, trl")
-    if not 0 < a.target <= 1 or a.hold < 1 or a.eval_every < 1 or a.threads < 1 or a.heldout < 1:
-        p.error("--target must be in (0, 1]; --hold, --eval-every, --threads and --heldout >= 1")
+    if (
+        not 0 < a.target <= 1
+        or a.hold < 1
+        or a.eval_every < 1
+        or a.threads < 1
+        or a.heldout < 1
+        or a.eval_threads < 0
+    ):
+        p.error(
+            "--target must be in (0, 1]; --hold, --eval-every, --threads, --heldout >= 1; --eval-threads >= 0"
+        )
     if a.max_minutes <= 0 or (a.max_iterations is not None and a.max_iterations < 1):
         p.error("--max-minutes must be > 0 and --max-iterations >= 1")
     import yaml
@@ -508,6 +539,7 @@ def main() -> None:
         "heldout": a.heldout,
         "new_tokens": knobs["new_tokens"],
         "threads": a.threads,
+        "eval_threads": a.eval_threads or os.cpu_count() or 1,
         "eval_every": a.eval_every,
         "target": a.target,
         "hold": a.hold,
@@ -523,7 +555,8 @@ def main() -> None:
     print(
         f"model {model}; task {knobs['task']} {knobs['task_args']}; {knobs['prompts']} prompts x "
         f"{knobs['group']} samples, {knobs['new_tokens']} new tokens, sampling {knobs['sampling']}, AdamW lr "
-        f"{a.lr or knobs['lr']}; scorer: {a.heldout} held-out, greedy; eval every {a.eval_every}; threads "
+        f"{a.lr or knobs['lr']}; scorer: {a.heldout} held-out, greedy; eval every {a.eval_every} "
+        f"with {base['eval_threads']} threads; training threads "
         f"{a.threads}; workdir {work}" + ("; lit_rl on HFEngine (no vLLM here)" if hf_engine else ""),
         flush=True,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from bench_time_to_accuracy import Clock, lit_config, recipe_knobs, report, train_order
+from bench_time_to_accuracy import Clock, GreedyScorer, lit_config, recipe_knobs, report, train_order
 
 from lit_rl.data import PromptDataModule
 from lit_rl.data.tasks import get_task
@@ -110,8 +110,30 @@ def test_trl_gets_the_prompts_in_lit_rls_order():
     assert order != train_order(len(train), seed=4, prompts=6, iterations=3)  # the seed matters
 
 
+def test_scorer_scores_the_completions_of_the_first_heldout_prompts(tmp_path):
+    import torch
+
+    from lit_rl.models.tiny import ensure_tiny_model
+
+    model = ensure_tiny_model(tmp_path / "tiny")
+    scorer = GreedyScorer(str(model), "chat_addition", {"heldout": 100}, heldout=4, new_tokens=3, threads=2)
+    held = get_task("chat_addition", heldout=100)[1][:4]
+    assert [p.uid for p in scorer.prompts] == [p.uid for p in held]
+    seen = []
+
+    def reward(prompt, text):  # correct for the first two prompts only
+        seen.append(text)
+        return float(prompt.uid in (held[0].uid, held[1].uid))
+
+    scorer.reward = reward
+    torch.set_num_threads(1)
+    assert scorer(scorer.model.state_dict()) == 0.5
+    assert torch.get_num_threads() == 1  # the training's thread count is back after the evaluation
+    assert len(seen) == 4 and all(len(t) <= 3 and "What is" not in t for t in seen)  # completions only
+
+
 class FakeScorer:
-    """Hands out fixed accuracies, taking ``cost`` seconds each time (an evaluation the clock must leave out)."""
+    """Hands out fixed accuracies, taking ``cost`` seconds each (an evaluation the clock must leave out)."""
 
     def __init__(self, accuracies, cost):
         self.accuracies, self.cost, self.calls = list(accuracies), cost, 0
