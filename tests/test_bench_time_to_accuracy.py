@@ -236,3 +236,27 @@ def test_smoke_runs_both_sides_and_prints_the_table(tmp_path):
         assert float(rows[0][0]) == 0.0 < float(rows[1][0]) < float(rows[2][0]), table
     assert "step-0 accuracy:" in out and "(equal: the same weights" in out
     assert "lit_rl / TRL: n/a" in out or "ratio lit_rl / TRL:" in out
+
+
+def test_the_real_recipe_is_one_the_bench_can_match():
+    """configs/smollm2_addition.yaml as it is now: TRL can be told its work, and only evaluation is dropped."""
+    import yaml
+
+    recipe = yaml.safe_load((ROOT / "configs" / "smollm2_addition.yaml").read_text())
+    k = recipe_knobs(recipe)
+    assert k["task"] == "chat_addition" and k["prompts"] >= 1 and k["group"] >= 2 and k["lr"] > 0
+    cfg = lit_config(
+        recipe,
+        model="/m",
+        root="/r",
+        seed=0,
+        max_steps=k["max_steps"],
+        lr=None,
+        clock_spec="/c",
+        hf_engine=False,
+    )
+    names = [c["class_path"] for c in cfg["trainer"]["callbacks"]]
+    assert names[0] == "bench_time_to_accuracy.LitClock" and not any(n.endswith("HeldoutEval") for n in names)
+    assert len(names) == len(recipe["trainer"]["callbacks"]) + 1 - sum(
+        c["class_path"].endswith("HeldoutEval") for c in recipe["trainer"]["callbacks"]
+    )
