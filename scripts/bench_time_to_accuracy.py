@@ -203,12 +203,7 @@ class GreedyScorer:
 
 def make_scorer(spec: dict) -> GreedyScorer:
     return GreedyScorer(
-        spec["model"],
-        spec["task"],
-        spec["task_args"],
-        spec["heldout"],
-        spec["new_tokens"],
-        spec["eval_threads"],
+        *(spec[k] for k in ("model", "task", "task_args", "heldout", "new_tokens", "eval_threads"))
     )
 
 
@@ -331,6 +326,7 @@ def run_trl(spec: dict) -> None:
         num_iterations=1,
         gradient_accumulation_steps=1,
         gradient_checkpointing=False,
+        model_init_kwargs={"dtype": "float32"},  # TRL's default too; said here, as lit_rl's fp32 is
         shuffle_dataset=False,  # the prompts come in lit_rl's order
         max_steps=spec["max_iterations"],
         use_cpu=True,
@@ -479,6 +475,7 @@ def main() -> None:
     p.add_argument(
         "--eval-threads", type=int, default=0, help="torch threads of the (untimed) evaluations; 0 = all CPUs"
     )
+    p.add_argument("--json", default=None, help="also write every side's rows and its stop record here")
     p.add_argument("--smoke", action="store_true", help="a tiny local model, 2 iterations a side, 8 held-out")
     p.add_argument(
         "--workdir", default=None, help="where specs, logs and lit_rl's run go (default: a temp dir)"
@@ -577,6 +574,8 @@ def main() -> None:
         results[side] = run_side(side, python, spec_path, env, work / f"{side}.log")
     if results:
         report(results, a.target)
+    if a.json:
+        Path(a.json).write_text(json.dumps({SIDES[k]: v for k, v in results.items()}, indent=1))
 
 
 if __name__ == "__main__":

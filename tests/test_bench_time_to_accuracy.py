@@ -217,13 +217,8 @@ def test_report_prints_times_to_target_and_the_ratio(capsys):
 @pytest.mark.slow
 def test_smoke_runs_both_sides_and_prints_the_table(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "bench_time_to_accuracy.py"),
-        "--smoke",
-        "--workdir",
-        str(tmp_path),
-    ]
+    script = str(ROOT / "scripts" / "bench_time_to_accuracy.py")
+    cmd = [sys.executable, script, "--smoke", "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json")]
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=840)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     out = run.stdout
@@ -235,7 +230,9 @@ def test_smoke_runs_both_sides_and_prints_the_table(tmp_path):
         assert [int(r[1]) for r in rows] == [0, 1, 2], table
         assert float(rows[0][0]) == 0.0 < float(rows[1][0]) < float(rows[2][0]), table
     assert "step-0 accuracy:" in out and "(equal: the same weights" in out
-    assert "lit_rl / TRL: n/a" in out or "ratio lit_rl / TRL:" in out
+    saved = json.loads((tmp_path / "r.json").read_text())
+    assert [r["iteration"] for r in saved["TRL"]["rows"]] == [0, 1, 2] and saved["lit_rl"]["iterations"] == 2
+    assert "ratio lit_rl / TRL: n/a (a side did not reach the target)" in out  # an untrained tiny model
 
 
 def test_the_real_recipe_is_one_the_bench_can_match():
