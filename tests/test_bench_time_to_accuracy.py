@@ -236,7 +236,7 @@ def test_smoke_runs_both_sides_and_prints_the_table(tmp_path):
 
 
 def test_the_real_recipe_is_one_the_bench_can_match():
-    """configs/smollm2_addition.yaml as it is now: TRL can be told its work, and only evaluation is dropped."""
+    """configs/smollm2_addition.yaml as it is now: TRL can be told its work; only evaluation is dropped."""
     import yaml
 
     recipe = yaml.safe_load((ROOT / "configs" / "smollm2_addition.yaml").read_text())
