@@ -34,6 +34,8 @@ class HeldoutEval(L.Callback):
     - ``eval/accuracy``: fraction of prompts whose greedy completion is correct: the run's own reward (the
       RolloutCallback's reward pool total) ``>= correct_threshold`` (1.0), a row without a valid reward being
       incorrect; with ``scorer`` set, that scorer's value ``>= correct_threshold`` instead (the user chose it);
+    - ``eval/accuracy/<domain>``: the same per prompt ``domain``, when the held-out prompts carry more than one
+      (``chat_mixed``); a domain none of whose prompts were scored (``max_prompts``) is not logged;
     - ``eval/reward_mean``: mean valid reward of the RolloutCallback's reward pool;
     - ``eval/critic_explained_variance`` (a PPO critic, ``critic_eval``): the critic's values against the
       returns of ``group_size`` sampled rollouts per held-out prompt (a memorising critic scores ~0).
@@ -67,6 +69,7 @@ class HeldoutEval(L.Callback):
         self.scorer, self.correct_threshold = scorer, float(correct_threshold)
         self.history: list[dict[str, float]] = []
         self._metrics: dict[str, Any] = {}
+        self._domains: list[str] = []  # of the held-out prompts, when more than one: per-domain accuracy
         self._seen = 0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -93,6 +96,13 @@ class HeldoutEval(L.Callback):
         self._metrics = {
             k: MeanMetric(nan_strategy="ignore").to(dev) for k in ("eval/accuracy", "eval/reward_mean")
         }
+        # The domain list comes from the datamodule's whole held-out set, identical on every rank (a rank's
+        # batches may lack a domain), so every rank syncs the same per-domain counts.
+        dm = getattr(pl_module.trainer, "datamodule", None)
+        domains = sorted({p.domain for p in getattr(dm, "heldout_prompts", None) or []})
+        self._domains = domains if len(domains) > 1 else []
+        for d in self._domains:
+            self._metrics[f"eval/accuracy/{d}"] = MeanMetric().to(dev)
         # Explained variance is not a mean of per-batch values: accumulate its sufficient statistics (n, Σr, Σr²,
         # Σe, Σe² with e = r − v over the trainable tokens) across batches and ranks, then form 1 − Var[e]/Var[r].
         self._ev = [
@@ -139,6 +149,10 @@ class HeldoutEval(L.Callback):
                 device=dev,
             )
         self._metrics["eval/accuracy"].update(correct.float())
+        # every domain on every batch (weight 0 off the domain): the same number of updates on every rank
+        for d in self._domains:
+            here = torch.tensor([p.domain == d for p in prompts], device=dev, dtype=torch.float32)
+            self._metrics[f"eval/accuracy/{d}"].update(correct.float(), weight=here)
         ok = rb.total[rb.valid]
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))
