@@ -73,7 +73,7 @@ class _CharTok:
         return "".join(map(chr, ids))
 
 
-def _harness(heldout: list[Prompt], answers: dict[str, str]):
+def _harness(heldout: list[Prompt], answers: dict[str, str], root: str = "."):
     """A HeldoutEval's collaborators, faked: the RolloutCallback renders nothing, its engine answers each prompt
     with ``answers[uid]``, and the run's reward is the last integer (LastIntReward)."""
     order: list[Prompt] = []
@@ -96,7 +96,12 @@ def _harness(heldout: list[Prompt], answers: dict[str, str]):
         engine_lock=threading.Lock(),
         engine=engine,
     )
-    trainer = SimpleNamespace(datamodule=SimpleNamespace(heldout_prompts=heldout), global_step=0)
+    trainer = SimpleNamespace(
+        datamodule=SimpleNamespace(heldout_prompts=heldout),
+        global_step=0,
+        global_rank=0,
+        default_root_dir=root,
+    )
     module = SimpleNamespace(
         trainer=trainer,
         device=torch.device("cpu"),
@@ -163,3 +168,35 @@ def test_one_domain_logs_no_per_domain_keys_and_an_unscored_domain_is_left_out()
     ev.score_batch(trainer, module, ADD + MUL)
     out = ev.finish(trainer, module)
     assert out["eval/accuracy/addition"] == pytest.approx(2 / 3) and "eval/accuracy/multiplication" not in out
+
+
+def test_history_keeps_what_the_run_spent_wall_time_without_evaluations_and_tokens(tmp_path, monkeypatch):
+    """A fake clock: fitting starts at t=0; evaluations run 10..13 and 20..25; 5 + 7 completion tokens are
+    sampled before the first evaluation, 3 more before the second. The second evaluation's wall time is
+    20 - 3 (the first evaluation's 3 s are not the run's budget)."""
+    import json
+
+    import lit_rl.callbacks.eval as ev_mod
+
+    clock = iter([0.0, 10.0, 13.0, 20.0, 25.0, 30.0])
+    monkeypatch.setattr(ev_mod.time, "perf_counter", lambda: next(clock))
+    ev = HeldoutEval(history_path="e2s/history.json")
+    trainer, module = _harness(ADD + MUL, ANSWERS, root=str(tmp_path))
+    ev.on_fit_start(trainer, module)
+
+    def batch(*rows):
+        return SimpleNamespace(
+            experience=SimpleNamespace(loss_mask=torch.tensor([[1] * n + [0] * (8 - n) for n in rows]))
+        )
+
+    ev.on_train_batch_end(trainer, module, None, batch(5, 7), 0)
+    ev.evaluate(trainer, module)
+    ev.on_train_batch_end(trainer, module, None, batch(3), 1)
+    ev.evaluate(trainer, module)
+    assert [(h["wall_s"], h["student_tokens"]) for h in ev.history] == [(10.0, 12.0), (17.0, 15.0)]
+    assert json.loads((tmp_path / "e2s/history.json").read_text()) == ev.history
+    state = ev.state_dict()  # at t=30: a resumed run continues the spending from the checkpoint
+    assert (state["wall_s"], state["student_tokens"]) == (30.0 - 3 - 5, 15)
+    again = HeldoutEval()
+    again.load_state_dict(state)
+    assert again.state_dict() == state
