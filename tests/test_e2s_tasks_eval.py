@@ -62,6 +62,13 @@ def test_chat_mixed_balances_domains_and_keeps_each_domains_held_out_split():
         ValueError, match=r"domains=\['poetry'\]; each must be one of addition, multiplication"
     ):
         get_task("chat_mixed", domains=["poetry"])
+    train, held2 = get_task(
+        "chat_mixed", domains=["addition", "multiplication"], heldout=16, train_domains=["multiplication"]
+    )  # an expert's prompts: one domain trained, every domain measured
+    assert {p.domain for p in train} == {"multiplication"} and len(train) == 720 - 16
+    assert [p.uid for p in held2] == [p.uid for p in held]
+    with pytest.raises(ValueError, match=r"train_domains=\['compare'\] must be a non-empty subset"):
+        get_task("chat_mixed", domains=["addition"], train_domains=["compare"])
     with pytest.raises(ValueError, match="names a domain twice"):
         get_task("chat_mixed", domains=["compare", "compare"])
 

@@ -232,6 +232,7 @@ def chat_mixed(
     heldout: int = 64,
     seed: int = 1234,
     system: str | None = None,
+    train_domains: list[str] | tuple[str, ...] | None = None,
     **_,
 ) -> tuple[list, list]:
     """The chat tasks of several ``domains`` in one prompt set, each ``Prompt.domain`` set (TeacherRouter
@@ -241,7 +242,9 @@ def chat_mixed(
     ``seed``, so a domain's held-out prompts here are exactly those of its single-domain task: an expert
     trained on ``chat_multiply_digit`` with ``heldout: 64`` never saw the mixed task's held-out products.
     Training prompts are cut to the smallest domain's count (a seeded choice), so every domain is drawn equally
-    often; the held-out set is ``heldout`` prompts per domain.
+    often; the held-out set is ``heldout`` prompts per domain. ``train_domains`` (a subset of ``domains``) keeps
+    the training prompts of those only, the held-out set still covering every domain: an expert trained on one
+    domain is then measured on the others too (what it forgets).
     """
     domains = list(domains)
     unknown = [d for d in domains if d not in DOMAIN_TASKS]
@@ -251,11 +254,16 @@ def chat_mixed(
         )
     if len(set(domains)) != len(domains):
         raise ValueError(f"chat_mixed: domains={domains!r} names a domain twice")
-    splits = [TASKS[DOMAIN_TASKS[d]](heldout=heldout, seed=seed, system=system) for d in domains]
-    n = min(len(train) for train, _ in splits)
+    trained = domains if train_domains is None else list(train_domains)
+    if not trained or set(trained) - set(domains):
+        raise ValueError(
+            f"chat_mixed: train_domains={trained!r} must be a non-empty subset of domains={domains!r}"
+        )
+    splits = {d: TASKS[DOMAIN_TASKS[d]](heldout=heldout, seed=seed, system=system) for d in domains}
+    n = min(len(splits[d][0]) for d in trained)
     rng = random.Random(seed)
-    train = [p for tr, _ in splits for p in rng.sample(tr, n)]
-    return train, [p for _, held in splits for p in held]
+    train = [p for d in domains if d in trained for p in rng.sample(splits[d][0], n)]
+    return train, [p for d in domains for p in splits[d][1]]
 
 
 def get_task(name: str, **kwargs) -> tuple[list[Prompt], list[Prompt]]:
