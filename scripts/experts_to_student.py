@@ -32,6 +32,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -114,7 +115,7 @@ def _router(cfg: dict) -> dict:
     ]
 
 
-def student_variants(a, experts: dict[str, str]) -> dict[str, callable]:
+def student_variants(a, experts: dict[str, str]) -> dict[str, Callable[[dict], dict]]:
     """name -> function(recipe) -> recipe: each variant's change to configs/e2s/student.yaml."""
     first = a.domains[0]
 

@@ -42,7 +42,8 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     first = capsys.readouterr().out
     assert first.count("[run ] ") == len(STUDENTS) + len(EXPERTS) and "[skip]" not in first
 
-    table = (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    table, forgetting = report.split("Forgetting")
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
     head = "| run | addition | multiplication | mean | mean @ "
     assert next(line for line in table.splitlines() if line.startswith("| run | addition")).startswith(head)
@@ -52,7 +53,8 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     for name in STUDENTS:  # every student sampled tokens and has a measured peak memory
         cells = [c.strip() for c in rows[name].strip("|").split("|")]
         assert float(cells[6]) > 0 and float(cells[7]) > 0.1, (name, cells)
-    assert "| addition_then_multiplication | multiplication |" in table  # the forgetting table
+    assert "| expert_multiplication | multiplication |" in forgetting  # addition while multiplication trains
+    assert "| addition_then_multiplication | multiplication |" in forgetting
     assert (out / "e2s.png").stat().st_size > 10_000
 
     # the OPSD student's teacher read the privileged prompt; the multi-teacher run routed both domains
