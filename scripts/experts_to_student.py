@@ -1,26 +1,28 @@
-"""From experts to a student: the lecture's pipeline in one resumable command (README "From experts to a student").
+"""From experts to a student: the lecture's pipeline in one resumable command (README "From experts to a
+student").
 
-1. **Experts**: one per domain, by GRPO from ``--model`` on that domain's chat prompts (``configs/e2s/expert.yaml``,
-   task ``chat_mixed`` with ``train_domains: [<domain>]``), measured on every domain's held-out prompts; then
-   **forgetting**: GRPO on the second domain starting from the first domain's expert (what RL on one domain
-   does to another).
-2. **Students**: a fresh ``--model`` on all domains at once (``configs/e2s/student.yaml``), the same iterations,
-   prompts and seeds for every variant:
-   ``opd_multi`` on-policy distillation from every expert (TeacherRouter by domain); ``grpo`` GRPO alone;
-   ``opd_single`` the first domain's expert for every domain (the coverage gap); ``opsd`` self-distillation, the
-   student's own weights with the answer in the teacher's prompt (no external teacher); ``opd_lora_r<R>`` /
-   ``grpo_lora_r<R>`` a LoRA student at each ``--lora-ranks`` rank under OPD and under GRPO.
-3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end and at the smallest final wall time
-   of all students, wall time, student tokens, peak memory; forgetting) and ``<out>/e2s.png`` (accuracy against
-   wall time and against student tokens, one panel per domain).
+1. **Experts**: one per domain, by GRPO from ``--model`` on that domain's chat prompts
+   (``configs/e2s/expert.yaml``, task ``chat_mixed`` with ``train_domains: [<domain>]``), measured on every
+   domain's held-out prompts; then **forgetting**: GRPO on the second domain starting from the first domain's
+   expert (what RL on one domain does to another).
+2. **Students**: a fresh ``--model`` on all domains at once (``configs/e2s/student.yaml``), the same
+   iterations, prompts and seeds for every variant: ``opd_multi`` on-policy distillation from every expert
+   (TeacherRouter by domain); ``grpo`` GRPO alone; ``opd_single`` the first domain's expert for every domain
+   (the coverage gap); ``opsd`` self-distillation, the student's own weights with the answer in the teacher's
+   prompt (no external teacher); ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each
+   ``--lora-ranks`` rank under OPD and under GRPO.
+3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end and at the smallest final wall
+   time of all students, wall time, student tokens, peak memory; forgetting) and ``<out>/e2s.png`` (accuracy
+   against wall time and against student tokens, one panel per domain).
 
 Every run is ``lit-rl fit -c <run dir>/recipe.yaml --ckpt_path last_or_new`` in its own process (the recipe is
 the stage's template with the run's model, domains, budget and seed filled in). A finished run writes
 ``DONE.json`` (its held-out history, elapsed time, peak resident memory) and is skipped when the command runs
-again; an interrupted one resumes from its last checkpoint. The report is rebuilt from the ``DONE.json`` files.
+again; an interrupted one resumes from its last checkpoint. The report is rebuilt from the ``DONE.json``
+files.
 
     lit-rl models smollm2 runs/smollm2
-    OMP_NUM_THREADS=1 python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s
+    OMP_NUM_THREADS=1 python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
 """
 
@@ -184,7 +186,8 @@ def run(name: str, run_dir: Path, cfg: dict) -> dict:
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         raise SystemExit(
-            f"{name} failed (exit {proc.returncode}); see {run_dir / 'log.txt'}. Run the command again to resume it."
+            f"{name} failed (exit {proc.returncode}); see {run_dir / 'log.txt'}. "
+            "Run the command again to resume it."
         )
     summary = {
         "name": name,
@@ -257,8 +260,8 @@ def report(a, expert_runs: dict, students: dict) -> str:
     head = ["run", *ds, "mean", f"mean @ {wall:.0f} s", "wall s", "student tokens", "peak RSS GB"]
     lines = [
         f"Held-out greedy accuracy per domain ({a.heldout} prompts each), mean over seeds {a.seeds} (range);",
-        f"students: {a.iterations} iterations each; `mean @ {wall:.0f} s`: at the smallest final wall time of",
-        "all students (evaluation time excluded).",
+        f"students: {a.iterations} iterations each; `mean @ {wall:.0f} s`: at the smallest final wall time",
+        "of all students (evaluation time excluded).",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -1,6 +1,6 @@
-"""scripts/experts_to_student.py --tiny end to end (every stage through `lit-rl fit` processes on a tiny model):
-the table has every run and column, and a second invocation skips every finished run and resumes only the one
-whose done-marker is gone. Slow: ~12 separate `lit-rl fit` processes (~3-4 min on 2 busy cores)."""
+"""scripts/experts_to_student.py --tiny end to end (every stage through `lit-rl fit` processes on a tiny
+model): the table has every run and column, and a second invocation skips every finished run and resumes only
+the one whose done-marker is gone. Slow: 12 + 1 `lit-rl fit` processes (~3 min on 2 quiet cores, 7 busy)."""
 
 from __future__ import annotations
 

@@ -81,8 +81,8 @@ class _CharTok:
 
 
 def _harness(heldout: list[Prompt], answers: dict[str, str], root: str = "."):
-    """A HeldoutEval's collaborators, faked: the RolloutCallback renders nothing, its engine answers each prompt
-    with ``answers[uid]``, and the run's reward is the last integer (LastIntReward)."""
+    """A HeldoutEval's collaborators, faked: the RolloutCallback renders nothing, its engine answers each
+    prompt with ``answers[uid]``, and the run's reward is the last integer (LastIntReward)."""
     order: list[Prompt] = []
 
     def render(tok, prompts, max_new_tokens, count):
@@ -146,8 +146,8 @@ def test_per_domain_accuracy_is_summed_over_batches_not_averaged_per_batch():
 
 
 def test_per_domain_counts_merge_across_ranks_as_sums():
-    """What torchmetrics' sync does across ranks (sum every state), done here by merging two ranks' metrics: rank
-    0 scored a0 a1 m0, rank 1 a2 m1 m2; the merged accuracy is the whole set's, 2/3 and 1/3."""
+    """What torchmetrics' sync does across ranks (sum every state), done here by merging two ranks' metrics:
+    rank 0 scored a0 a1 m0, rank 1 a2 m1 m2; the merged accuracy is the whole set's, 2/3 and 1/3."""
     ranks = []
     for batch in ([ADD[0], ADD[1], MUL[0]], [ADD[2], MUL[1], MUL[2]]):
         ev = HeldoutEval()

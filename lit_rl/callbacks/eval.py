@@ -36,8 +36,8 @@ class HeldoutEval(L.Callback):
     - ``eval/accuracy``: fraction of prompts whose greedy completion is correct: the run's own reward (the
       RolloutCallback's reward pool total) ``>= correct_threshold`` (1.0), a row without a valid reward being
       incorrect; with ``scorer`` set, that scorer's value ``>= correct_threshold`` instead (the user chose it);
-    - ``eval/accuracy/<domain>``: the same per prompt ``domain``, when the held-out prompts carry more than one
-      (``chat_mixed``); a domain none of whose prompts were scored (``max_prompts``) is not logged;
+    - ``eval/accuracy/<domain>``: the same per prompt ``domain``, when the held-out prompts carry more than
+      one (``chat_mixed``); a domain none of whose prompts were scored (``max_prompts``) is not logged;
     - ``eval/reward_mean``: mean valid reward of the RolloutCallback's reward pool;
     - ``eval/critic_explained_variance`` (a PPO critic, ``critic_eval``): the critic's values against the
       returns of ``group_size`` sampled rollouts per held-out prompt (a memorising critic scores ~0).

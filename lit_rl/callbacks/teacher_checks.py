@@ -1,6 +1,6 @@
-"""Setup checks of a ``TeacherRouter``'s teachers (split from ``teachers.py``): a teacher that cannot be read or
-whose tokenizer the student's losses cannot use is refused before any rollout, in one line naming the teacher
-(``TeacherRouter.teachers.<domain> (<path>)``), what is wrong and the fix.
+"""Setup checks of a ``TeacherRouter``'s teachers (split from ``teachers.py``): a teacher that cannot be read
+or whose tokenizer the student's losses cannot use is refused before any rollout, in one line naming the
+teacher (``TeacherRouter.teachers.<domain> (<path>)``), what is wrong and the fix.
 """
 
 from __future__ import annotations
@@ -35,22 +35,22 @@ def special_difference(tok, student) -> str | None:
 
 def refuse_tokenizer(who: str, tok, student, full_vocab_loss: str | None) -> None:
     """Raise ``ValueError`` when teacher ``who``'s tokenizer ``tok`` cannot serve a student with tokenizer
-    ``student``: another vocabulary under a loss comparing full distributions (``full_vocab_loss``; the sampled
-    reverse KL re-tokenises the student's text instead), or the same vocabulary with another eos / bos (such a
-    teacher is scored token for token: the student's stop would be an ordinary token to it)."""
+    ``student``: another vocabulary under a loss comparing full distributions (``full_vocab_loss``; the
+    sampled reverse KL re-tokenises the student's text instead), or the same vocabulary with another eos / bos
+    (such a teacher is scored token for token: the student's stop would be an ordinary token to it)."""
     vocab = vocab_difference(tok, student)
     if vocab is not None and full_vocab_loss is not None:
         raise ValueError(
-            f"{who}: its tokenizer differs from the student's ({vocab}), and loss {full_vocab_loss!r} compares "
-            "full next-token distributions. Use losses: {reverse_kl_sampled: 1.0} (the student's text is "
-            "re-tokenised for the teacher) or a teacher trained from the student's model"
+            f"{who}: its tokenizer differs from the student's ({vocab}), and loss {full_vocab_loss!r} "
+            "compares full next-token distributions. Use losses: {reverse_kl_sampled: 1.0} (the student's "
+            "text is re-tokenised for the teacher) or a teacher trained from the student's model"
         )
     special = special_difference(tok, student) if vocab is None else None
     if special is not None:
         raise ValueError(
-            f"{who}: same vocabulary as the student but {special}; scored token for token, the student's stop "
-            "would be an ordinary token to the teacher. If the teacher was trained from the student's model, "
-            "save the student's tokenizer into the teacher's directory"
+            f"{who}: same vocabulary as the student but {special}; scored token for token, the student's "
+            "stop would be an ordinary token to the teacher. If the teacher was trained from the student's "
+            "model, save the student's tokenizer into the teacher's directory"
         )
 
 

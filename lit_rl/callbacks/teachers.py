@@ -192,10 +192,11 @@ class TeacherRouter(L.Callback):
 
     def check_teachers(self, module, full_vocab_loss: str | None) -> None:
         """Refuse, before any rollout, a teacher that cannot be loaded or whose tokenizer the student's losses
-        cannot use: each path-based teacher's config, weights and tokenizer are read now (the weights themselves
-        still load on first use). ``full_vocab_loss``: a loss comparing full next-token distributions, which
-        needs the student's exact vocabulary (None: only ``reverse_kl_sampled``, which re-tokenises).
-        A same-vocabulary teacher is scored token for token, so its eos / bos must be the student's too."""
+        cannot use: each path-based teacher's config, weights and tokenizer are read now (the weights
+        themselves still load on first use). ``full_vocab_loss``: a loss comparing full next-token
+        distributions, which needs the student's exact vocabulary (None: only ``reverse_kl_sampled``, which
+        re-tokenises). A same-vocabulary teacher is scored token for token, so its eos / bos must be the
+        student's too."""
         named = [(f"teachers.{d}", t) for d, t in self.teachers.items()]
         if self.fallback is not None and self.fallback not in self.teachers.values():
             named.append(("fallback", self.fallback))

@@ -171,8 +171,8 @@ def chat_multiply_digit(
     **_,
 ) -> tuple[list, list]:
     """Chat prompts ``"What is A x D? Reply with only the number."`` for A in ``low..high`` and a digit D in
-    2..9 (domain ``multiplication``); the answer is ``str(A * D)``. ``heldout`` pairs (seeded) are never trained
-    on: with the defaults 100 of the 720. Score with ``LastIntReward``."""
+    2..9 (domain ``multiplication``); the answer is ``str(A * D)``. ``heldout`` pairs (seeded) are never
+    trained on: with the defaults 100 of the 720. Score with ``LastIntReward``."""
     if not low <= high:
         raise ValueError(f"chat_multiply_digit: low={low} must be <= high={high}")
     pairs = list(itertools.product(range(low, high + 1), range(2, 10)))
@@ -241,10 +241,10 @@ def chat_mixed(
     Each domain's prompts come from its own task (``DOMAIN_TASKS``) called with the same ``heldout`` and
     ``seed``, so a domain's held-out prompts here are exactly those of its single-domain task: an expert
     trained on ``chat_multiply_digit`` with ``heldout: 64`` never saw the mixed task's held-out products.
-    Training prompts are cut to the smallest domain's count (a seeded choice), so every domain is drawn equally
-    often; the held-out set is ``heldout`` prompts per domain. ``train_domains`` (a subset of ``domains``) keeps
-    the training prompts of those only, the held-out set still covering every domain: an expert trained on one
-    domain is then measured on the others too (what it forgets).
+    Training prompts are cut to the smallest domain's count (a seeded choice), so every domain is drawn
+    equally often; the held-out set is ``heldout`` prompts per domain. ``train_domains`` (a subset of
+    ``domains``) keeps the training prompts of those only, the held-out set still covering every domain: an
+    expert trained on one domain is then measured on the others too (what it forgets).
     """
     domains = list(domains)
     unknown = [d for d in domains if d not in DOMAIN_TASKS]
