@@ -257,7 +257,7 @@ def _cell(xs: list[float]) -> str:
 def report(a, expert_runs: dict, students: dict) -> str:
     ds = a.domains
     wall = min(s["history"][-1]["wall_s"] for runs in students.values() for s in runs)
-    head = ["run", *ds, "mean", f"mean @ {wall:.0f} s", "wall s", "student tokens", "peak RSS GB"]
+    head = ["run", *ds, "mean", f"mean @ {wall:.0f} s", "wall s", "student tokens", "peak RSS GiB"]
     lines = [
         f"Held-out greedy accuracy per domain ({a.heldout} prompts each), mean over seeds {a.seeds} (range);",
         f"students: {a.iterations} iterations each; `mean @ {wall:.0f} s`: at the smallest final wall time",
