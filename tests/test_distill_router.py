@@ -94,7 +94,7 @@ def test_teachers_load_lazily_and_offload(student, two_teachers):
 
 
 def test_missing_teacher_path_fails_at_construction(tmp_path):
-    with pytest.raises(FileNotFoundError, match="Teacher.source"):
+    with pytest.raises(FileNotFoundError, match="TeacherRouter.teachers.addition="):
         TeacherRouter({"addition": str(tmp_path / "nope")})
 
 

@@ -123,6 +123,11 @@ ELSEWHERE = {
         "--trainer.num_nodes 2"
     ): "SLURM",
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
+    (
+        "OMP_NUM_THREADS=1 python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s "
+        "--seeds 0,1"
+    ): "hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
+    "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
     "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml": (
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)"
     ),

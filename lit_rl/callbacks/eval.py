@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -34,6 +36,8 @@ class HeldoutEval(L.Callback):
     - ``eval/accuracy``: fraction of prompts whose greedy completion is correct: the run's own reward (the
       RolloutCallback's reward pool total) ``>= correct_threshold`` (1.0), a row without a valid reward being
       incorrect; with ``scorer`` set, that scorer's value ``>= correct_threshold`` instead (the user chose it);
+    - ``eval/accuracy/<domain>``: the same per prompt ``domain``, when the held-out prompts carry more than
+      one (``chat_mixed``); a domain none of whose prompts were scored (``max_prompts``) is not logged;
     - ``eval/reward_mean``: mean valid reward of the RolloutCallback's reward pool;
     - ``eval/critic_explained_variance`` (a PPO critic, ``critic_eval``): the critic's values against the
       returns of ``group_size`` sampled rollouts per held-out prompt (a memorising critic scores ~0).
@@ -43,7 +47,11 @@ class HeldoutEval(L.Callback):
     on the steps they were measured. ``baseline`` also evaluates the untrained policy (through Lightning's
     sanity check, all held-out batches) and logs it at step 0. ``lit-rl validate --ckpt_path ...`` runs the
     same evaluation on a checkpoint. ``history`` keeps every evaluation (``step`` = RL iteration) for
-    ``RewardCurvePlot`` and ``RLHealthMonitor``.
+    ``RewardCurvePlot`` and ``RLHealthMonitor``; while fitting each entry also has what the run had spent:
+    ``wall_s`` (seconds since fitting started, evaluation time excluded, continued across a resume) and
+    ``student_tokens`` (completion tokens the policy sampled on this rank), so runs compare at equal cost.
+    ``history_path`` (a relative path is under the run directory) gets the history as JSON after every
+    evaluation (rank 0).
     """
 
     def __init__(
@@ -55,6 +63,7 @@ class HeldoutEval(L.Callback):
         critic_eval: bool = True,
         baseline: bool = True,
         correct_threshold: float = 1.0,
+        history_path: str | None = None,
     ):
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1 or null, got {every_n_steps}")
@@ -67,7 +76,11 @@ class HeldoutEval(L.Callback):
         self.scorer, self.correct_threshold = scorer, float(correct_threshold)
         self.history: list[dict[str, float]] = []
         self._metrics: dict[str, Any] = {}
+        self._domains: list[str] = []  # of the held-out prompts, when more than one: per-domain accuracy
         self._seen = 0
+        self.history_path = history_path
+        # the run's spending: tokens sampled, wall seconds of earlier processes (resume) and of this one
+        self._tokens, self._wall_before, self._t0, self._eval_s = 0, 0.0, None, 0.0
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Explicit wiring: the module's validation_step evaluates with this object, and the datamodule yields
@@ -85,14 +98,39 @@ class HeldoutEval(L.Callback):
         # (and a validation batch before the first training batch would consume the restored RNG state).
         trainer.num_sanity_val_steps = math.inf if self.baseline and trainer.ckpt_path is None else 0
 
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self._t0, self._eval_s = (
+            time.perf_counter(),
+            0.0,
+        )  # before the baseline, which is excluded as all evals
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if batch.experience is not None:
+            self._tokens += int(batch.experience.loss_mask.sum())
+
+    def _wall_s(self, now: float | None = None) -> float:
+        if self._t0 is None:
+            return self._wall_before
+        return self._wall_before + (time.perf_counter() if now is None else now) - self._t0 - self._eval_s
+
     # ------------------------------------------------------------ the validation loop's pieces
     def start(self, pl_module) -> None:
         from torchmetrics import MeanMetric, SumMetric
+
+        self._eval_t0 = time.perf_counter()
+        self._eval_wall = self._wall_s(self._eval_t0)  # what the run had spent when this evaluation started
 
         dev = pl_module.device
         self._metrics = {
             k: MeanMetric(nan_strategy="ignore").to(dev) for k in ("eval/accuracy", "eval/reward_mean")
         }
+        # The domain list comes from the datamodule's whole held-out set, identical on every rank (a rank's
+        # batches may lack a domain), so every rank syncs the same per-domain counts.
+        dm = getattr(pl_module.trainer, "datamodule", None)
+        domains = sorted({p.domain for p in getattr(dm, "heldout_prompts", None) or []})
+        self._domains = domains if len(domains) > 1 else []
+        for d in self._domains:
+            self._metrics[f"eval/accuracy/{d}"] = MeanMetric().to(dev)
         # Explained variance is not a mean of per-batch values: accumulate its sufficient statistics (n, Σr, Σr²,
         # Σe, Σe² with e = r − v over the trainable tokens) across batches and ranks, then form 1 − Var[e]/Var[r].
         self._ev = [
@@ -139,6 +177,10 @@ class HeldoutEval(L.Callback):
                 device=dev,
             )
         self._metrics["eval/accuracy"].update(correct.float())
+        # every domain on every batch (weight 0 off the domain): the same number of updates on every rank
+        for d in self._domains:
+            here = torch.tensor([p.domain == d for p in prompts], device=dev, dtype=torch.float32)
+            self._metrics[f"eval/accuracy/{d}"].update(correct.float(), weight=here)
         ok = rb.total[rb.valid]
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))
@@ -161,8 +203,21 @@ class HeldoutEval(L.Callback):
                 torch.stack([m.compute() for m in self._ev]).double()
             )
         self._metrics = {}
+        if self._t0 is not None:  # fitting: evaluation time is not the run's budget
+            self._eval_s += time.perf_counter() - self._eval_t0
         if out:
-            self.history.append({"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out})
+            spent = (
+                {"wall_s": self._eval_wall, "student_tokens": float(self._tokens)}
+                if self._t0 is not None
+                else {}
+            )
+            self.history.append(
+                {"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out, **spent}
+            )
+            if self.history_path is not None and trainer.global_rank == 0:
+                path = run_path(trainer, self.history_path)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(self.history, indent=1) + "\n")
         return out
 
     # ------------------------------------------------------------ outside the loop
@@ -210,10 +265,12 @@ class HeldoutEval(L.Callback):
             dm.heldout_in_fit = False
 
     def state_dict(self) -> dict[str, Any]:
-        return {"history": self.history}
+        return {"history": self.history, "wall_s": self._wall_s(), "student_tokens": self._tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.history = list(state["history"])
+        # checkpoints from before the spending was kept start it at 0
+        self._wall_before, self._tokens = float(state.get("wall_s", 0.0)), int(state.get("student_tokens", 0))
 
 
 @contextmanager

@@ -21,6 +21,7 @@ from typing import Any
 import lightning as L
 import torch
 
+from lit_rl.callbacks.teacher_checks import readable_teacher, refuse_tokenizer, same_tokenizer
 from lit_rl.callbacks.teacher_inputs import cross_tokenizer_view, privileged_prompt, teacher_view
 from lit_rl.core.distill import teacher_topk
 from lit_rl.core.fused_logprobs import linear_logprobs
@@ -30,10 +31,6 @@ from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 SELF_SOURCES = ("self", "self_frozen")
-
-
-def same_tokenizer(a, b) -> bool:
-    return a is b or (len(a) == len(b) and a.get_vocab() == b.get_vocab())
 
 
 class Teacher:
@@ -142,11 +139,13 @@ class TeacherRouter(L.Callback):
             raise ValueError(f"micro_batch_size must be >= 1 or null, got {micro_batch_size}")
         if teacher_samples < 1:
             raise ValueError(f"teacher_samples must be >= 1, got {teacher_samples}")
-        self.teachers = {str(d): self._as_teacher(t, f"teachers.{d}") for d, t in teachers.items()}
+        self.teachers = {
+            str(d): self._as_teacher(t, f"TeacherRouter.teachers.{d}") for d, t in teachers.items()
+        }
         if isinstance(fallback, str) and fallback in self.teachers:
             self.fallback: Teacher | None = self.teachers[fallback]
         else:
-            self.fallback = None if fallback is None else self._as_teacher(fallback, "fallback")
+            self.fallback = None if fallback is None else self._as_teacher(fallback, "TeacherRouter.fallback")
         self.device, self.offload, self.micro_batch_size = device, offload, micro_batch_size
         self.teacher_samples, self.success_threshold = teacher_samples, success_threshold
         self.rows_total: dict[str, int] = {}  # domain -> rows scored over the run
@@ -157,11 +156,15 @@ class TeacherRouter(L.Callback):
         if isinstance(t, Teacher):
             return t
         if isinstance(t, str):
+            if t not in SELF_SOURCES:  # the error names the domain: teachers.<domain>='path'
+                from lit_rl.models.loading import check_model_source
+
+                check_model_source(t, field)
             return Teacher(source=t)
         if isinstance(t, torch.nn.Module):
             return Teacher(model=t.eval().requires_grad_(False))
         raise TypeError(
-            f"TeacherRouter.{field}: expected a model path, 'self', 'self_frozen', a Teacher or a "
+            f"{field}: expected a model path, 'self', 'self_frozen', a Teacher or a "
             f"torch.nn.Module, got {type(t).__name__}"
         )
 
@@ -186,6 +189,24 @@ class TeacherRouter(L.Callback):
                 t.snapshot(
                     pl_module
                 )  # self_frozen: the initial student, before any checkpoint restore/update
+
+    def check_teachers(self, module, full_vocab_loss: str | None) -> None:
+        """Refuse, before any rollout, a teacher that cannot be loaded or whose tokenizer the student's losses
+        cannot use: each path-based teacher's config, weights and tokenizer are read now (the weights
+        themselves still load on first use). ``full_vocab_loss``: a loss comparing full next-token
+        distributions, which needs the student's exact vocabulary (None: only ``reverse_kl_sampled``, which
+        re-tokenises). A same-vocabulary teacher is scored token for token, so its eos / bos must be the
+        student's too."""
+        named = [(f"teachers.{d}", t) for d, t in self.teachers.items()]
+        if self.fallback is not None and self.fallback not in self.teachers.values():
+            named.append(("fallback", self.fallback))
+        for field, teacher in named:
+            if teacher.is_self:
+                continue
+            who = f"TeacherRouter.{field} ({teacher.source if teacher.model is None else repr(teacher)})"
+            if teacher.model is None and teacher.tokenizer is None:
+                teacher.tokenizer = readable_teacher(teacher.source, who)
+            refuse_tokenizer(who, teacher.tokenizer or module.tokenizer, module.tokenizer, full_vocab_loss)
 
     # ---------------------------------------------------------------- placement
     def _acquire(self, module, teacher: Teacher):

@@ -21,4 +21,6 @@ CorrectionLevel = Literal["token", "sequence", "geometric"]
 OverlongPrompts = Literal["truncate", "drop", "error"]
 RolloutMode = Literal["sync", "async"]
 StalePolicy = Literal["drop", "regenerate"]
-TaskName = Literal["addition", "chat_addition", "reverse"]
+TaskName = Literal[
+    "addition", "chat_addition", "chat_compare", "chat_mixed", "chat_multiply_digit", "reverse"
+]

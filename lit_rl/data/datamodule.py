@@ -96,8 +96,9 @@ class PromptDataModule(L.LightningDataModule):
     """Prompt batches for RL.
 
     Args:
-        task: a built-in task name (``addition``, ``chat_addition``, ``reverse``); used when neither ``train_files`` nor
-            ``dataset`` is set.
+        task: a built-in task name (``addition``, ``reverse``, the chat tasks ``chat_addition``,
+            ``chat_multiply_digit``, ``chat_compare`` and their mix ``chat_mixed``); used when neither
+            ``train_files`` nor ``dataset`` is set.
         task_args: keyword arguments of the task (e.g. ``{max_operand: 9}``).
         train_files / heldout_files: JSONL files of prompt records (README "Your data": ``prompt`` text or a
             TRL-style conversation, ``answer``, optional ``domain``, ``uid``, ``metadata``, anything else).

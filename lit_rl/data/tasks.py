@@ -147,6 +147,125 @@ def chat_addition(
     return [rec(*p) for p in train], [rec(*p) for p in held]
 
 
+def _chat(template: str, system: str | None, **fields) -> list[dict[str, str]]:
+    """One user turn (after an optional system turn) filled from ``template``."""
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": template.format(**fields)}
+    ]
+
+
+def _held_count(task: str, heldout: int, total: int) -> float:
+    if not 1 <= heldout < total:
+        raise ValueError(f"{task}: heldout={heldout} must be in [1, {total - 1}]")
+    return heldout / total
+
+
+@_task("chat_multiply_digit")
+def chat_multiply_digit(
+    low: int = 10,
+    high: int = 99,
+    heldout: int = 100,
+    seed: int = 1234,
+    template: str = "What is {a} x {b}? Reply with only the number.",
+    system: str | None = None,
+    **_,
+) -> tuple[list, list]:
+    """Chat prompts ``"What is A x D? Reply with only the number."`` for A in ``low..high`` and a digit D in
+    2..9 (domain ``multiplication``); the answer is ``str(A * D)``. ``heldout`` pairs (seeded) are never
+    trained on: with the defaults 100 of the 720. Score with ``LastIntReward``."""
+    if not low <= high:
+        raise ValueError(f"chat_multiply_digit: low={low} must be <= high={high}")
+    pairs = list(itertools.product(range(low, high + 1), range(2, 10)))
+    train, held = _split(pairs, _held_count("chat_multiply_digit", heldout, len(pairs)), seed)
+
+    def rec(a, b):
+        return Prompt(
+            messages=_chat(template, system, a=a, b=b),
+            answer=str(a * b),
+            domain="multiplication",
+            uid=f"chatmul-{a}-{b}",
+        )
+
+    return [rec(*p) for p in train], [rec(*p) for p in held]
+
+
+@_task("chat_compare")
+def chat_compare(
+    low: int = 10,
+    high: int = 99,
+    heldout: int = 200,
+    seed: int = 1234,
+    template: str = "Which is larger, {a} or {b}? Reply with only the number.",
+    system: str | None = None,
+    **_,
+) -> tuple[list, list]:
+    """Chat prompts ``"Which is larger, A or B? Reply with only the number."`` for every ordered pair of
+    distinct A, B in ``low..high`` (domain ``compare``); the answer is ``str(max(A, B))``, first or second
+    equally often. ``heldout`` pairs (seeded) are never trained on. Score with ``LastIntReward``."""
+    if not low < high:
+        raise ValueError(f"chat_compare: low={low} must be < high={high} (two distinct numbers)")
+    pairs = [(a, b) for a, b in itertools.product(range(low, high + 1), repeat=2) if a != b]
+    train, held = _split(pairs, _held_count("chat_compare", heldout, len(pairs)), seed)
+
+    def rec(a, b):
+        return Prompt(
+            messages=_chat(template, system, a=a, b=b),
+            answer=str(max(a, b)),
+            domain="compare",
+            uid=f"chatcmp-{a}-{b}",
+        )
+
+    return [rec(*p) for p in train], [rec(*p) for p in held]
+
+
+# domain -> the single-domain task that makes its prompts (chat_mixed draws from these)
+DOMAIN_TASKS = {
+    "addition": "chat_addition",
+    "multiplication": "chat_multiply_digit",
+    "compare": "chat_compare",
+}
+
+
+@_task("chat_mixed")
+def chat_mixed(
+    domains: list[str] | tuple[str, ...] = ("addition", "multiplication"),
+    heldout: int = 64,
+    seed: int = 1234,
+    system: str | None = None,
+    train_domains: list[str] | tuple[str, ...] | None = None,
+    **_,
+) -> tuple[list, list]:
+    """The chat tasks of several ``domains`` in one prompt set, each ``Prompt.domain`` set (TeacherRouter
+    routes by it; HeldoutEval logs ``eval/accuracy/<domain>``).
+
+    Each domain's prompts come from its own task (``DOMAIN_TASKS``) called with the same ``heldout`` and
+    ``seed``, so a domain's held-out prompts here are exactly those of its single-domain task: an expert
+    trained on ``chat_multiply_digit`` with ``heldout: 64`` never saw the mixed task's held-out products.
+    Training prompts are cut to the smallest domain's count (a seeded choice), so every domain is drawn
+    equally often; the held-out set is ``heldout`` prompts per domain. ``train_domains`` (a subset of
+    ``domains``) keeps the training prompts of those only, the held-out set still covering every domain: an
+    expert trained on one domain is then measured on the others too (what it forgets).
+    """
+    domains = list(domains)
+    unknown = [d for d in domains if d not in DOMAIN_TASKS]
+    if unknown or not domains:
+        raise ValueError(
+            f"chat_mixed: domains={domains!r}; each must be one of {', '.join(DOMAIN_TASKS)} (at least one)"
+        )
+    if len(set(domains)) != len(domains):
+        raise ValueError(f"chat_mixed: domains={domains!r} names a domain twice")
+    trained = domains if train_domains is None else list(train_domains)
+    if not trained or set(trained) - set(domains):
+        raise ValueError(
+            f"chat_mixed: train_domains={trained!r} must be a non-empty subset of domains={domains!r}"
+        )
+    splits = {d: TASKS[DOMAIN_TASKS[d]](heldout=heldout, seed=seed, system=system) for d in domains}
+    n = min(len(splits[d][0]) for d in trained)
+    rng = random.Random(seed)
+    train = [p for d in domains if d in trained for p in rng.sample(splits[d][0], n)]
+    return train, [p for d in domains for p in splits[d][1]]
+
+
 def get_task(name: str, **kwargs) -> tuple[list[Prompt], list[Prompt]]:
     if name not in TASKS:
         raise ValueError(f"task={name!r} is not a built-in task; valid names: {', '.join(sorted(TASKS))}")

@@ -51,6 +51,8 @@ from lit_rl.learners.policy import OptimizerFactory, PolicyModule, SchedulerFact
 from lit_rl.learners.protocols import LossTerm
 
 KD_ON = ("student", "teacher", "both")
+# losses that compare the teacher's and the student's full next-token distributions: one vocabulary
+FULL_VOCAB_LOSSES = ("reverse_kl_full", "topk_reverse_kl", "forward_kl", "jsd")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,8 +159,9 @@ class DistillModule(PolicyModule):
         )
 
     def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self.router()  # fail before the first rollout, not in the middle of it
+        if stage == "fit":  # fail before the first rollout, not in the middle of it
+            full = [n for n in FULL_VOCAB_LOSSES if n in self.losses]
+            self.router().check_teachers(self, full[0] if full else None)
 
     # ---------------------------------------------------------- advantages
     def compute_advantages(self, exp: Experience) -> dict[str, float]:

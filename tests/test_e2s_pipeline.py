@@ -1,0 +1,72 @@
+"""scripts/experts_to_student.py --tiny end to end (every stage through `lit-rl fit` processes on a tiny
+model): the table has every run and column, and a second invocation skips every finished run and resumes only
+the one whose done-marker is gone. Slow: 12 + 1 `lit-rl fit` processes (~3 min on 2 quiet cores, 7 busy)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location(
+        "experts_to_student", ROOT / "scripts/experts_to_student.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+STUDENTS = [
+    "opd_multi",
+    "grpo",
+    "opd_single",
+    "opsd",
+    "opd_lora_r2",
+    "grpo_lora_r2",
+    "opd_lora_r8",
+    "grpo_lora_r8",
+]
+EXPERTS = ["expert_addition", "expert_multiplication", "addition_then_multiplication"]
+
+
+def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
+    e2s, out = _script(), tmp_path / "e2s"
+    e2s.main(["--tiny", "--out", str(out)])
+    first = capsys.readouterr().out
+    assert first.count("[run ] ") == len(STUDENTS) + len(EXPERTS) and "[skip]" not in first
+
+    report = (out / "report.md").read_text()
+    table, forgetting = report.split("Forgetting")
+    rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
+    head = "| run | addition | multiplication | mean | mean @ "
+    assert next(line for line in table.splitlines() if line.startswith("| run | addition")).startswith(head)
+    for name in ["start (step 0)", *EXPERTS, *STUDENTS]:
+        cells = rows[name].strip("|").split("|")
+        assert len(cells) == 8, (name, cells)  # run, 2 domains, mean, mean @ wall, wall, tokens, peak RSS
+    for name in STUDENTS:  # every student sampled tokens and has a measured peak memory
+        cells = [c.strip() for c in rows[name].strip("|").split("|")]
+        assert float(cells[6]) > 0 and float(cells[7]) > 0.1, (name, cells)
+    assert "| expert_multiplication | multiplication |" in forgetting  # addition while multiplication trains
+    assert "| addition_then_multiplication | multiplication |" in forgetting
+    assert (out / "e2s.png").stat().st_size > 10_000
+
+    # the OPSD student's teacher read the privileged prompt; the multi-teacher run routed both domains
+    opsd = (out / "students/opsd/seed0/recipe.yaml").read_text()
+    assert "(The correct answer is {answer}.)" in opsd and "source: self" in opsd
+    multi = json.loads((out / "students/opd_multi/seed0/DONE.json").read_text())
+    assert {"eval/accuracy/addition", "eval/accuracy/multiplication"} <= set(multi["history"][-1])
+
+    # resume: finished runs are skipped; a run without its done-marker runs again (from its last checkpoint)
+    (out / "students/opsd/seed0/DONE.json").unlink()
+    e2s.main(["--tiny", "--out", str(out)])
+    again = capsys.readouterr().out
+    assert again.count("[skip] ") == len(STUDENTS) + len(EXPERTS) - 1
+    assert again.count("[run ] ") == 1 and "[run ] student opsd seed 0" in again
+    assert (out / "students/opsd/seed0/DONE.json").exists()
