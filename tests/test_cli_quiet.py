@@ -30,12 +30,19 @@ NOISE = [
     r"Invalid process group",
     r"\[rank\d+\]: Traceback",
     r"Traceback \(most recent call last\)",
+    r"NUMA binding",  # vLLM's CPU worker, through c10's log (TORCH_CPP_LOG_LEVEL)
 ]
 
 
 def _env() -> dict:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
-    for k in ("PYTHONWARNINGS", "LIT_RL_VERBOSE", "VLLM_LOGGING_LEVEL", "HF_DATASETS_DISABLE_PROGRESS_BARS"):
+    for k in (
+        "PYTHONWARNINGS",
+        "LIT_RL_VERBOSE",
+        "VLLM_LOGGING_LEVEL",
+        "HF_DATASETS_DISABLE_PROGRESS_BARS",
+        "TORCH_CPP_LOG_LEVEL",
+    ):
         env.pop(k, None)
     # a fresh shell's environment: an in-process vLLM engine of an earlier test in this pytest process exports
     # VLLM_DIST_IDENT, which a new vLLM process then warns about as unknown (seen in the slow suite's order)

@@ -36,6 +36,10 @@ _ENV = {
     # datasets' own bars ("Generating train split", "Map") over a local file or a loaded hub dataset; the hub
     # download bars are huggingface_hub's and stay.
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
+    # c10's own log below ERROR: vLLM's CPU worker prints "NUMA binding: Using MEMBIND policy ..." through it at
+    # every engine start. C++ warnings raised inside a Python call still reach Python's warnings module. torch is
+    # imported before --verbose is parsed, so only LIT_RL_VERBOSE=1 shows these lines.
+    "TORCH_CPP_LOG_LEVEL": "ERROR",
 }
 
 # (logger name, regex matched at the start of the formatted message) dropped
