@@ -128,7 +128,10 @@ ELSEWHERE = {
         "--seeds 0,1"
     ): "hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
-    "OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml": (
+    "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
+        "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
+    ),
+    "lit-rl fit -c configs/smollm2_addition.yaml": (
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)"
     ),
     (
