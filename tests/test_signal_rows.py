@@ -312,3 +312,13 @@ def test_two_ddp_ranks_one_without_signal(tiny_model_dir, tmp_path):
     single = c.flat(c.run_step(module, no_signal_in_group_1(module))[0])
     assert float(single.abs().max()) > 0
     assert c.max_rel_diff(torch.load(out), single) <= 1e-10
+
+
+def test_by_prompt_orders_rows_by_group_stably():
+    from lit_rl.core.signal_rows import by_prompt
+
+    gid = torch.tensor([2, 0, 2, 1, 0, 1])  # a shuffled minibatch: rows of three prompts interleaved
+    assert by_prompt(gid, None) == [1, 4, 3, 5, 0, 2]
+    assert by_prompt(gid, [0, 3, 4]) == [4, 3, 0]  # the signal rows only, same rule
+    assert by_prompt(torch.tensor([0, 0, 1, 1]), None) == [0, 1, 2, 3]  # grouped rows: unchanged plan
+    assert by_prompt(gid, []) == []

@@ -26,6 +26,20 @@ def signal_rows(advantages: Tensor, mask: Tensor) -> list[int]:
     return ((advantages != 0) & mask).any(-1).nonzero().flatten().tolist()
 
 
+def by_prompt(group_ids: Tensor, rows: list[int] | None) -> list[int]:
+    """``rows`` (default: every row) ordered by prompt group, stably: a shuffled minibatch's rows of one prompt
+    then share micro-batches, where the policy's forward computes each distinct prompt once
+    (``share_prompt_forward``). The minibatch's gradient is a sum over its rows, so the order changes only the
+    floating-point summation order. Rows already grouped come back unchanged.
+
+    Shapes:
+        group_ids: (B,) int. returns: a list of row indices.
+    """
+    order = range(len(group_ids)) if rows is None else rows
+    gid = group_ids.tolist()
+    return sorted(order, key=lambda r: gid[r])
+
+
 def not_exact(policy_loss: str, terms: Sequence[str] = ()) -> str | None:
     """Why leaving zero-advantage rows out would change the gradient (None: it would not). ``terms``: the
     class names of the objective's active loss terms."""

@@ -25,7 +25,7 @@ from lit_rl.core.microbatch import token_budget_groups
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import flat_settings
-from lit_rl.core.signal_rows import signal_rows, skips_rows
+from lit_rl.core.signal_rows import by_prompt, signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.learners.assembly import PolicyAssembly, store_dtype
@@ -310,13 +310,14 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         mb = mb.trim()
         common = self._denominators(mb)  # of every row: a left-out row is in the denominators all the same
         signal = signal_rows(mb.advantages, mb.train_mask) if skip else None
+        rows = by_prompt(mb.group_ids, signal)
         self._last_metrics = {}
         stepper = self._stepper
         stepper.max_grad_norm, stepper.max_nonfinite_steps = h.max_grad_norm, h.max_nonfinite_steps
         stats = stepper.run(
             opt,
             sched,
-            self.train_micro_batches(mb, signal),
+            self.train_micro_batches(mb, rows),
             lambda micro: micro_loss(micro, common),
             lambda: micro_loss(self._zero_weight_micro(mb), common),
             self.manual_backward,
@@ -346,7 +347,7 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         budget = h.micro_batch_tokens
         if rows is None and budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
-        if rows is not None and len(rows) < mb.batch_size:  # all rows: the plan without skipping
+        if rows is not None and rows != list(range(mb.batch_size)):  # all rows in order: the plain plan
             mb = mb.select(rows).trim(prompt=True) if rows else None
         if mb is None:
             micros: list[Experience | None] = []
