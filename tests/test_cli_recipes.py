@@ -195,7 +195,8 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
     # dapo: dynamic sampling needs its own 16 prompts x 8 samples (and its preset's refill tries)
     small = SMALL if recipe != "dapo" else []
     # one iteration; max_steps counts optimizer steps: ppo_epochs 2 (gspo, cispo, ppo's one minibatch of 8) take 2
-    steps = "2" if recipe in ("gspo", "cispo", "ppo") else "1"
+    # (the SmolLM2 recipe's two minibatches: 4 rows each of SMALL's 8)
+    steps = "2" if recipe in ("gspo", "cispo", "ppo", *REAL) else "1"
     printed = _print_config(
         capsys,
         [
@@ -208,6 +209,7 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
             str(tmp_path / "run"),
             *small,
             *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else []),
+            *(["--model.init_args.minibatch_size", "4"] if recipe in REAL else []),
         ],
     )
     assert "Unable to serialize" not in printed
