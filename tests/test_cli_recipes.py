@@ -209,7 +209,11 @@ def test_print_config_output_re_runs(recipe, tmp_path, monkeypatch, capsys, tiny
             str(tmp_path / "run"),
             *small,
             *(["--model.init_args.minibatch_size", "8"] if recipe == "ppo" else []),
-            *(["--model.init_args.minibatch_size", "4"] if recipe in REAL else []),
+            *(
+                ["--model.init_args.minibatch_size", "4", "--model.init_args.micro_batch_size", "4"]
+                if recipe in REAL
+                else []
+            ),
         ],
     )
     assert "Unable to serialize" not in printed

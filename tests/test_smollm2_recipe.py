@@ -194,6 +194,8 @@ def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, t
         "1e-3",
         "--model.init_args.minibatch_size",
         "4",
+        "--model.init_args.micro_batch_size",
+        "4",
         "--data.init_args.batch_size",
         "2",
         "--rollout.group_size",
