@@ -135,6 +135,8 @@ def test_trl_loss_types_train_through_the_cli(loss, extra, tmp_path, monkeypatch
             "1",
             "--model.init_args.policy_loss",
             loss,
+            "--model.init_args.skip_zero_advantage_rows",  # the loss runs on every row, whatever the rewards
+            "false",
             *extra,
         ]
     )

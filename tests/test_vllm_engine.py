@@ -501,7 +501,11 @@ def test_policy_rollout_correction_with_vllm_logprobs(bound, model_dir, correcti
     engine, _ = bound
     L.seed_everything(0)
     policy = PolicyModule(
-        model=str(model_dir), rollout_correction=correction, correction_level=level, correction_cap=2.0
+        model=str(model_dir),
+        rollout_correction=correction,
+        correction_level=level,
+        correction_cap=2.0,
+        skip_zero_advantage_rows=False,  # every row's weights and metrics, whatever the rewards
     )
     rc = RolloutCallback(
         engine=engine, group_size=4, sampling=SamplingConfig(max_new_tokens=3), rewards=ExactAnswerReward()
