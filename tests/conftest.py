@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 import pytest
 
@@ -87,3 +88,21 @@ def _no_inherited_run_seed(monkeypatch):
     """A component's ``seed=None`` means the run's ``seed_everything`` (``PL_GLOBAL_SEED``, lit_rl.core.seeds):
     one test's seed_everything must not become the next test's default seed."""
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+
+
+@pytest.fixture(autouse=True)
+def _thread_count_kept():
+    """A test that changes torch's thread count must put it back: the tests after it in this process would
+    otherwise run other reduction orders than the subprocesses they compare with bit for bit (test_resume's
+    in-process reference against its killed and resumed `lit-rl fit`s, test_device_placement's stand-in)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is None or before is None or torch.get_num_threads() == before:
+        return
+    after = torch.get_num_threads()
+    torch.set_num_threads(before)
+    pytest.fail(
+        f"the test changed torch's thread count from {before} to {after} and left it so", pytrace=False
+    )

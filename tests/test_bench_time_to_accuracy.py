@@ -136,9 +136,13 @@ def test_scorer_scores_the_completions_of_the_first_heldout_prompts(tmp_path):
         return float(prompt.uid in (held[0].uid, held[1].uid))
 
     scorer.reward = reward
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    assert scorer(scorer.model.state_dict()) == 0.5
-    assert torch.get_num_threads() == 1  # the training's thread count is back after the evaluation
+    try:
+        assert scorer(scorer.model.state_dict()) == 0.5
+        assert torch.get_num_threads() == 1  # the training's thread count is back after the evaluation
+    finally:
+        torch.set_num_threads(threads)
     assert len(seen) == 4 and all(len(t) <= 3 and "What is" not in t for t in seen)  # completions only
 
 
