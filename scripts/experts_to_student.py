@@ -81,16 +81,23 @@ def _load(name: str) -> dict:
 def _recipe(cfg: dict, a, run_dir: Path, model: str, steps: int, seed: int, task_args: dict) -> dict:
     """The stage template with one run's model, budget, seed, prompts and run directory filled in."""
     cfg["seed_everything"] = seed
-    t = cfg["trainer"]
-    t.update(default_root_dir=str(run_dir), max_steps=steps, val_check_interval=min(a.eval_every, steps))
-    cfg["checkpoint"]["every_n_iterations"] = min(a.eval_every, steps)
-    cfg["model"]["init_args"]["model"] = model
-    cfg["data"]["init_args"]["task_args"] = {"domains": a.domains, "heldout": a.heldout, **task_args}
     if a.tiny:  # seconds per run: a few rows, a few tokens, generation in the trainer's process
         cfg["rollout"].update(engine={"class_path": "lit_rl.rollout.HFEngine"}, group_size=2)
         cfg["rollout"]["sampling"]["max_new_tokens"] = 4
         cfg["data"]["init_args"]["batch_size"] = 2
-        cfg["model"]["init_args"]["micro_batch_size"] = None
+        cfg["model"]["init_args"].update(micro_batch_size=None, minibatch_size=None)
+    t = cfg["trainer"]
+    # `steps` counts RL iterations; the trainer counts optimizer steps (one per minibatch of an iteration's rows)
+    rows = cfg["data"]["init_args"]["batch_size"] * cfg["rollout"]["group_size"]
+    per_iteration = -(-rows // (cfg["model"]["init_args"].get("minibatch_size") or rows))
+    t.update(
+        default_root_dir=str(run_dir),
+        max_steps=steps * per_iteration,
+        val_check_interval=min(a.eval_every, steps),
+    )
+    cfg["checkpoint"]["every_n_iterations"] = min(a.eval_every, steps)
+    cfg["model"]["init_args"]["model"] = model
+    cfg["data"]["init_args"]["task_args"] = {"domains": a.domains, "heldout": a.heldout, **task_args}
     return cfg
 
 
@@ -167,7 +174,6 @@ def run(name: str, run_dir: Path, cfg: dict) -> dict:
     env.setdefault(
         "OMP_NUM_THREADS", "1"
     )  # two cores: OpenMP spin-waits cost more than a second thread gives
-    env.setdefault("MALLOC_MMAP_THRESHOLD_", "65536")  # freed weight copies go back to the OS (README memory)
     cmd = [
         sys.executable,
         "-m",
