@@ -9,7 +9,8 @@ student").
    iterations, prompts and seeds for every variant: ``opd_multi`` on-policy distillation from every expert
    (TeacherRouter by domain); ``grpo`` GRPO alone; ``opd_single`` the first domain's expert for every domain
    (the coverage gap); ``opsd`` self-distillation, the student's own weights with the answer in the teacher's
-   prompt (no external teacher); ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each
+   prompt (no external teacher); ``opsd_frozen`` the same with the student's starting weights as the teacher;
+   ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each
    ``--lora-ranks`` rank under OPD and under GRPO.
 3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end and at the smallest final wall
    time of all students, wall time, student tokens, peak memory; forgetting) and ``<out>/e2s.png`` (accuracy
@@ -22,7 +23,8 @@ again; an interrupted one resumes from its last checkpoint. The report is rebuil
 files.
 
     lit-rl models smollm2 runs/smollm2
-    OMP_NUM_THREADS=1 python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1
+    python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 \
+        --iterations 16 --expert-iterations 20 --eval-every 4      # the README's table: ~2.5 h on 2 cores
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
 """
 
@@ -113,9 +115,10 @@ def _as_grpo(cfg: dict) -> dict:
     return cfg
 
 
-def _self_teacher() -> dict:
-    """OPSD: the student's current weights, reading its prompt with the answer appended."""
-    return {"class_path": "lit_rl.callbacks.Teacher", "init_args": {"source": "self", "template": PRIVILEGED}}
+def _self_teacher(source: str = "self") -> dict:
+    """OPSD: the student's own weights (``self``: current; ``self_frozen``: as at the start), reading its prompt
+    with the answer appended."""
+    return {"class_path": "lit_rl.callbacks.Teacher", "init_args": {"source": source, "template": PRIVILEGED}}
 
 
 def _router(cfg: dict) -> dict:
@@ -149,6 +152,8 @@ def student_variants(a, experts: dict[str, str]) -> dict[str, Callable[[dict], d
         "grpo": _as_grpo,
         "opd_single": teachers({first: experts[first]}, fallback=first),
         "opsd": teachers({d: _self_teacher() for d in a.domains}),
+        # one frozen copy serves every domain (the fallback): a copy per domain would hold the same weights twice
+        "opsd_frozen": teachers({first: _self_teacher("self_frozen")}, fallback=first),
     }
     for r in a.lora_ranks:
         out[f"opd_lora_r{r}"] = lora(r, out["opd_multi"])
@@ -171,9 +176,8 @@ def run(name: str, run_dir: Path, cfg: dict) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env.setdefault(
-        "OMP_NUM_THREADS", "1"
-    )  # two cores: OpenMP spin-waits cost more than a second thread gives
+    # One run at a time: torch's own thread count (all cores) is the fastest on an idle machine; a user who
+    # shares the cores sets OMP_NUM_THREADS, which the runs inherit.
     cmd = [
         sys.executable,
         "-m",

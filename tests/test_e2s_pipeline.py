@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -28,6 +29,7 @@ STUDENTS = [
     "grpo",
     "opd_single",
     "opsd",
+    "opsd_frozen",
     "opd_lora_r2",
     "grpo_lora_r2",
     "opd_lora_r8",
@@ -59,7 +61,11 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
 
     # the OPSD student's teacher read the privileged prompt; the multi-teacher run routed both domains
     opsd = (out / "students/opsd/seed0/recipe.yaml").read_text()
-    assert "(The correct answer is {answer}.)" in opsd and "source: self" in opsd
+    assert "(The correct answer is {answer}.)" in opsd and "source: self\n" in opsd
+    frozen = yaml.safe_load((out / "students/opsd_frozen/seed0/recipe.yaml").read_text())
+    router = next(c for c in frozen["trainer"]["callbacks"] if c["class_path"].endswith("TeacherRouter"))
+    assert router["init_args"]["fallback"] == "addition"  # one frozen copy for both domains
+    assert router["init_args"]["teachers"]["addition"]["init_args"]["source"] == "self_frozen"
     multi = json.loads((out / "students/opd_multi/seed0/DONE.json").read_text())
     assert {"eval/accuracy/addition", "eval/accuracy/multiplication"} <= set(multi["history"][-1])
 
