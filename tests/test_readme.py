@@ -124,9 +124,9 @@ ELSEWHERE = {
     ): "SLURM",
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
     (
-        "OMP_NUM_THREADS=1 python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s "
-        "--seeds 0,1"
-    ): "hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
+        "python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 --iterations 16 "
+        "--expert-iterations 20 --eval-every 4"
+    ): "2.5 hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
     "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
         "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
