@@ -11,13 +11,19 @@ sample's median, with the longest row exactly at the cap. The same Experience tr
 * ``fixed+trim``: the same rows, each micro-batch trimmed to its own longest row (what trimming alone buys);
 * ``tokens``: ``micro_batch_tokens`` = ``micro_batch_size`` x the longest row, i.e. the padded area of one fixed
   micro-batch, so the peak activation size is the same bound; rows sorted by length and cut at the budget;
-* ``packed``: ``padding_free`` with the same fixed rows: each micro-batch's real tokens only, each prompt once
-  (``models/packed.py``);
+* ``packed``: ``padding_free: true`` with the same fixed rows: each micro-batch's real tokens only, each prompt
+  once (``models/packed.py``);
+* ``auto``: the default ``padding_free: null``, the same fixed rows (packed where the model allows it: the same
+  as ``packed`` for a float32 model that takes a packed forward);
 * ``all packed``: ``padding_free`` with the whole minibatch in one micro-batch (no ``micro_batch_size``).
 
     python scripts/bench_microbatch.py [--rows 32 --median 32 --micro-batch-size 4 --layers 4 --hidden 256 --reps 3]
     python scripts/bench_microbatch.py --model ~/.cache/lit_rl/smollm2-135m-instruct --group 4 --median 19 \
         --micro-batch-size 8 --prompt 12 --reps 2
+    python scripts/bench_microbatch.py --sigma 0 --cap 1.5 --plans fixed,packed,auto   # one completion fill
+
+``--sigma 0 --cap X``: every row at the median but one at X times it, a completion fill of about 1 / X: the sweep
+behind ``padding_free``'s default (README "No padding at all").
 
 ``--group G``: rows of a group share their prompt (the RL layout; 1 = every prompt distinct). ``--model``: a
 checkpoint directory instead of the tiny model (token ids stay in 5..59, inside any vocabulary).
@@ -34,6 +40,8 @@ import statistics
 import tempfile
 import time
 
+PLANS = ["fixed", "fixed+trim", "tokens", "packed", "auto", "all packed"]
+
 
 def _cpu_s() -> float:
     import resource
@@ -42,9 +50,10 @@ def _cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def lengths(rows: int, median: int, sigma: float, seed: int) -> list[int]:
-    """Log-normal completion lengths around ``median``, capped at 8x the sample's median; the longest row is set
-    to that cap, so the mix's max is exactly 8x its median."""
+def lengths(rows: int, median: int, sigma: float, seed: int, cap_x: float = 8.0) -> list[int]:
+    """Log-normal completion lengths around ``median``, capped at ``cap_x`` times the sample's median; the longest
+    row is set to that cap, so the mix's max is exactly ``cap_x`` x its median (``sigma`` 0: every row at the
+    median but one at the cap, so the completion fill is about 1 / cap_x)."""
     import statistics
 
     import torch
@@ -54,7 +63,7 @@ def lengths(rows: int, median: int, sigma: float, seed: int) -> list[int]:
         (median * torch.exp(sigma * torch.randn(rows, generator=g, dtype=torch.float64))).round().clamp(min=1)
     )
     out = raw.long().tolist()
-    cap = int(8 * statistics.median_low(out))
+    cap = max(1, round(cap_x * statistics.median_low(out)))
     out = [min(n, cap) for n in out]
     out[max(range(rows), key=lambda i: out[i])] = cap
     return out
@@ -73,7 +82,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--group", type=int, default=1, help="rows per prompt (1: every prompt distinct)")
     ap.add_argument("--model", default=None, help="a checkpoint directory (default: a tiny qwen2 built here)")
+    ap.add_argument("--cap", type=float, default=8.0, help="the longest row, in multiples of the median")
+    ap.add_argument("--plans", default=None, help=f"comma list of plans to run (default: all of {PLANS})")
     args = ap.parse_args()
+    chosen = PLANS if args.plans is None else args.plans.split(",")
+    if not chosen or any(c not in PLANS for c in chosen):
+        ap.error(f"--plans: a comma list of {PLANS}, got {args.plans!r}")
     if args.group < 1 or args.rows % args.group:
         ap.error(f"--group must be >= 1 and divide --rows ({args.rows}), got {args.group}")
 
@@ -97,7 +111,7 @@ def main() -> None:
             seed=0,
         )
     )
-    lens = lengths(args.rows, args.median, args.sigma, args.seed)
+    lens = lengths(args.rows, args.median, args.sigma, args.seed, args.cap)
     B, P, C = args.rows, args.prompt, max(lens)
     g = torch.Generator().manual_seed(args.seed)
     ids = torch.randint(5, 60, (B, P + C), generator=g)
@@ -131,20 +145,27 @@ def main() -> None:
             mb = mb if rows is None else mb.select(rows)  # the signal rows (all of them: random rewards)
             return [m.trim() for m in mb.micro_batches(self.config.step.micro_batch_size)]
 
-    plans = {
-        "fixed": PolicyModule(model=model, micro_batch_size=mbs, optimizer=sgd),
-        "fixed+trim": TrimmedFixed(model=model, micro_batch_size=mbs, optimizer=sgd),
-        "tokens": PolicyModule(model=model, micro_batch_tokens=budget, optimizer=sgd),
-        "packed": PolicyModule(model=model, micro_batch_size=mbs, padding_free=True, optimizer=sgd),
-        "all packed": PolicyModule(model=model, padding_free=True, optimizer=sgd),
+    make = {
+        "fixed": lambda: PolicyModule(model=model, micro_batch_size=mbs, padding_free=False, optimizer=sgd),
+        "fixed+trim": lambda: TrimmedFixed(
+            model=model, micro_batch_size=mbs, padding_free=False, optimizer=sgd
+        ),
+        "tokens": lambda: PolicyModule(
+            model=model, micro_batch_tokens=budget, padding_free=False, optimizer=sgd
+        ),
+        "packed": lambda: PolicyModule(model=model, micro_batch_size=mbs, padding_free=True, optimizer=sgd),
+        # the default, padding_free null: packed wherever the model allows it (not a float64 model)
+        "auto": lambda: PolicyModule(model=model, micro_batch_size=mbs, optimizer=sgd),
+        "all packed": lambda: PolicyModule(model=model, padding_free=True, optimizer=sgd),
     }
+    plans = {name: make[name]() for name in chosen}
     shape = {}
     for name, mod in plans.items():
         micros = mod.train_micro_batches(exp.trim())
-        packed = [mod._packed(m, mod.model) for m in micros] if mod.config.forward.padding_free else None
+        packed = [mod._packed(m, mod.model) for m in micros]
         shape[name] = (
             len(micros),
-            sum(p.computed_tokens for p in packed) if packed else sum(m.input_ids.numel() for m in micros),
+            sum(p.computed_tokens if p is not None else m.input_ids.numel() for p, m in zip(packed, micros)),
         )
 
     times: dict[str, list[tuple[float, float]]] = {k: [] for k in plans}
@@ -181,8 +202,9 @@ def main() -> None:
 
     print(
         f"\none update step: {B} rows, prompt {P}, completion lengths log-normal (median {args.median}, sigma "
-        f"{args.sigma}, cap 8x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
-        f"max {max(lens)}; {real_tokens} real tokens; "
+        f"{args.sigma}, cap {args.cap:g}x the sample median): min {min(lens)}, median {statistics.median_low(lens)}, "
+        f"max {max(lens)}; {real_tokens} real tokens; completion fill "
+        f"{sum(lens) / (len(lens) * max(lens)):.2f}; "
         f"{args.model or f'qwen2 {args.layers} layers x {args.hidden}'}, groups of "
         f"{args.group}, float32, CPU, "
         f"median of {args.reps} interleaved repetitions; token budget {budget} = {mbs} rows x {P + C}"
@@ -192,7 +214,7 @@ def main() -> None:
     )
     print(
         f"{'plan':<12}{'micro':>7}{'padded tok':>12}{'wall s':>9}{'CPU s':>9}{'tok/s wall':>12}{'tok/s CPU':>11}"
-        f"{'x fixed (wall)':>16}{'x fixed (CPU)':>15}"
+        f"{'x ' + chosen[0] + ' (wall)':>16}{'x ' + chosen[0] + ' (CPU)':>15}"
     )
     base = None
     for name in plans:

@@ -63,6 +63,7 @@ CACHE = Path(os.environ.get("LIT_RL_BENCH_CACHE", "~/.cache/lit_rl")).expanduser
 TRL_VERSION = "1.16.0"
 MODEL_SHAPE = {"hidden": 512, "layers": 4, "heads": 8, "intermediate": 2304}  # 18.4M parameters
 PROMPTS, GROUP, NEW_TOKENS, LR = 8, 4, 32, 1e-6
+PADDING_FREE = {"null": None, "true": True, "false": False}  # --padding-free: lit_rl's setting
 
 
 # ------------------------------------------------------------------ shared setup (both sides)
@@ -181,7 +182,7 @@ def run_lit(
     new_tokens: int = NEW_TOKENS,
     gc: bool = False,
     micro_batch_tokens: int | None = None,
-    padding_free: bool = False,
+    padding_free: bool | None = None,
 ) -> None:
     import functools
 
@@ -395,7 +396,7 @@ def measure(engine: str, beta: float, args, model_dir: Path, prompts_file: Path,
         ]
         + (["--gc"] if args.gc else [])
         + (["--micro-batch-tokens", str(args.micro_batch_tokens)] if args.micro_batch_tokens else [])
-        + (["--padding-free"] if args.padding_free else [])
+        + ["--padding-free", args.padding_free]
     )
     me = [os.path.abspath(__file__)]
     workers = {
@@ -477,9 +478,11 @@ def main() -> None:
     )
     p.add_argument(
         "--padding-free",
-        action="store_true",
-        help="lit_rl only: PolicyModule(padding_free=True): forwards on the real tokens only, each prompt "
-        "once (the same gradient; TRL 1.16's GRPOTrainer has no such setting). Default: off",
+        choices=list(PADDING_FREE),
+        default="null",
+        help="lit_rl only: PolicyModule(padding_free=...): true / null (lit_rl's default: where the model allows "
+        "it) = forwards on the real tokens only, each prompt once (the same gradient; TRL 1.16's GRPOTrainer has "
+        "no such setting); false = padded. Default: null",
     )
     # worker mode (internal)
     p.add_argument("--worker", choices=["lit", "trl"], help=argparse.SUPPRESS)
@@ -529,7 +532,7 @@ def main() -> None:
                 a.new_tokens,
                 a.gc if a.mode == "like-for-like" else False,
                 a.micro_batch_tokens,
-                a.padding_free,
+                PADDING_FREE[a.padding_free],
             )
         else:
             run_trl(a.model, a.engine, a.beta, a.total, a.prompts_file, a.profile, a.new_tokens, a.mode, a.gc)
@@ -558,7 +561,7 @@ def main() -> None:
         f"{a.new_tokens} new tokens, fp32, threads={a.threads}, torch {torch.__version__}; medians of {a.iters} "
         f"iterations after {a.warmup}\nmode: {a.mode}: {gc_txt}"
         + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else "")
-        + ("; lit_rl padding_free" if a.padding_free else "")
+        + f"; lit_rl padding_free {a.padding_free}"
     )
     results = []
     for engine in engines:

@@ -102,7 +102,7 @@ def _logprobs_and_grads(module, exp, padding_free: bool, row_tokens=None):
 def test_packed_equals_padded_float64(tiny_model_dir, float64_norm, attn):
     """Log-probs, the hidden states a value head reads, and every parameter's gradient: packed (one row, and
     rows of 6 tokens: 3 packed rows) against the padded forward, float64, to summation-order rounding."""
-    m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False)
+    m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False, padding_free=False)
     m.model.double()
     m.temperature = 0.7
     exp = _experience(PROMPTS, COMPLETIONS)
@@ -138,7 +138,7 @@ def test_padding_free_settings_are_checked(tiny_model_dir, tmp_path):
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="pack_row_tokens"):
             PolicyModule(model=str(tiny_model_dir), padding_free=True, pack_row_tokens=bad)
-    with pytest.raises(ValueError, match="padding_free must be true or false"):
+    with pytest.raises(ValueError, match="padding_free must be true, false or null"):
         PolicyModule(model=str(tiny_model_dir), padding_free="yes")
     # a real model with sliding-window layers: refused when it loads, before any rollout
     from lit_rl.models.tiny import build_tiny_model
@@ -162,7 +162,7 @@ def test_padding_free_settings_are_checked(tiny_model_dir, tmp_path):
 def test_packed_materialised_logits_equal_padded_float64(tiny_model_dir, float64_norm):
     """The materialised path (the test reference; ZeRO-3, whose head weight the chunked path cannot read) packs
     too: the packed rows' logits gathered back equal the padded forward's, and so do its hidden states."""
-    m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False)
+    m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False, padding_free=False)
     m.model.double()
     exp = _experience(PROMPTS, COMPLETIONS)
     real = exp.attention_mask[:, exp.prompt_len :].bool()
@@ -173,3 +173,41 @@ def test_packed_materialised_logits_equal_padded_float64(tiny_model_dir, float64
     assert seen == [(6, exp.prompt_len + exp.completion_len), (1, 17)]
     torch.testing.assert_close(z1[real], z0[real], rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(h1[real], h0[real], rtol=1e-10, atol=1e-12)
+
+
+def test_padding_free_null_packs_where_the_model_allows(tiny_model_dir, tmp_path):
+    """The default (null): uneven and full-length rows both run packed, the decoder input of ``true``; a float64
+    model runs padded, as ``false`` (transformers' RMSNorm computes in float32 inside, so the exact float64
+    checks compare layouts); a model the packed mask cannot drive loads and runs padded instead of being
+    refused."""
+    full = [[11, 12, 13, 14, 15]] * 6
+
+    def seen_for(module, completions):
+        with embedding_inputs(module.model) as seen, torch.no_grad():
+            module.completion_logprobs(_experience(PROMPTS, completions))
+        return seen
+
+    auto, on, off = (PolicyModule(model=str(tiny_model_dir), padding_free=v) for v in (None, True, False))
+    for m in (auto, on, off):
+        lm_head_projection(m.model)
+    assert PolicyModule(model=str(tiny_model_dir)).config.forward.padding_free is None  # the default
+    assert seen_for(auto, COMPLETIONS) == seen_for(on, COMPLETIONS) == [(1, 17)]
+    assert seen_for(auto, full) == seen_for(on, full) == [(1, 30)]  # [5 6 7 8] + 3 rows x 4, [9 10] + 3 x 4
+    assert seen_for(off, full) == [(2, 4), (6, 4)]  # distinct prompts once, then the rows (shared prompt)
+    auto.model.double()
+    off.model.double()
+    assert seen_for(auto, COMPLETIONS) == seen_for(off, COMPLETIONS) == [(6, 9)]  # float64: plain padded
+    # a model the packed mask cannot drive (sliding-window layers): loads, and runs padded
+    from lit_rl.models.tiny import build_tiny_model
+
+    d = build_tiny_model(tmp_path / "sliding", arch="qwen2", layers=2, hidden=32, heads=2, tokenizer="char")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(
+        use_sliding_window=True, sliding_window=4, max_window_layers=0, layer_types=["sliding_attention"] * 2
+    )
+    (d / "config.json").write_text(json.dumps(cfg))
+    sliding, sliding_off = PolicyModule(model=str(d)), PolicyModule(model=str(d), padding_free=False)
+    for m in (sliding, sliding_off):
+        lm_head_projection(m.model)
+    assert unsupported_reason(sliding.model) is not None
+    assert seen_for(sliding, COMPLETIONS) == seen_for(sliding_off, COMPLETIONS) != [(1, 17)]

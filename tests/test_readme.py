@@ -128,6 +128,14 @@ ELSEWHERE = {
         "--expert-iterations 20 --eval-every 4"
     ): "2.5 hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
+    (
+        "python scripts/bench_time_to_accuracy.py --sides lit --threads 2 --heldout 200 --eval-every 4 "
+        "--max-minutes 20 --hold 1"
+    ): "minutes on the real checkpoint; tests/test_bench_time_to_accuracy.py (its --smoke run: slow)",
+    (
+        "python scripts/bench_time_to_accuracy.py --sides trl --threads 2 --heldout 200 --eval-every 4 "
+        "--max-minutes 25 --hold 1"
+    ): "half an hour on the real checkpoint; tests/test_bench_time_to_accuracy.py (its --smoke run: slow)",
     "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
         "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
     ),

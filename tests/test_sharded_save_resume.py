@@ -197,8 +197,9 @@ def test_micro_batch_tokens_equals_one_process(single, tmp_path, strategy, packe
     max-reduce, a rank with fewer runs zero-weight passes, under ZeRO through ``engine.backward``) end where the
     1-process run with one full-batch pass ends, within 3e-5 (why not test_distributed.py's 1e-5: below).
     Measured max |diff| on an AMD EPYC: DDP 9.6e-7, FSDP2 4.4e-6, ZeRO-2 1.6e-6, ZeRO-3 1.7e-6. ``padding_free``:
-    each micro-batch packed (models/packed.py) under every strategy, against the same padded 1-process run;
-    measured on an Intel Xeon: DDP 3.2e-6, FSDP2 2.6e-6, ZeRO-2 2.6e-6, ZeRO-3 3.3e-6."""
+    each micro-batch packed (models/packed.py) under every strategy, against the same 1-process run, padded
+    until 2026-12-05 (measured on an Intel Xeon: DDP 3.2e-6, FSDP2 2.6e-6, ZeRO-2 2.6e-6, ZeRO-3 3.3e-6), since
+    then at the default padding_free (null: packed), so the ``padded`` case now crosses layouts instead."""
     cfg, ref, _ = single
     out = tmp_path / f"{strategy}.pt"
     cmd = [

@@ -98,8 +98,11 @@ def _plain_and_shared(module, exp, backward: bool):
 
 
 def test_auto_keeps_float64_models_on_the_plain_forward(tiny_model_dir):
-    """share_prompt_forward=None: float32 shares the prompt pass, float64 (exact invariance checks) does not."""
-    m = PolicyModule(model=str(tiny_model_dir))
+    """share_prompt_forward=None: float32 shares the prompt pass, float64 (exact invariance checks) does not.
+
+    padding_free false: these uneven rows would otherwise be packed, which shares the prompt its own way.
+    """
+    m = PolicyModule(model=str(tiny_model_dir), padding_free=False)
     lm_head_projection(m.model)  # the head's one-time numerical check (one small forward) is not counted here
     exp = _experience(PROMPTS, COMPLETIONS)
     for dtype, expect in (
@@ -252,7 +255,9 @@ def test_default_float32_path_shares_the_prompt_and_never_builds_logits(tiny_mod
     log-probs come chunk by chunk through the head (no (B, C, V) logits read), equal to the plain forward's."""
     from lit_rl.learners.heads import LazyLogits
 
-    m = PolicyModule(model=str(tiny_model_dir))  # float32, share_prompt_forward=None (auto: on)
+    # float32, share_prompt_forward=None (auto: on); padding_free false: the padded path (full-length rows take
+    # it by default; these uneven ones would be packed, tests/test_packed.py)
+    m = PolicyModule(model=str(tiny_model_dir), padding_free=False)
     lm_head_projection(m.model)  # the head's one-time numerical check (one small forward) is not counted here
     exp = _experience(PROMPTS, COMPLETIONS)
     seen = []

@@ -73,11 +73,13 @@ class ForwardSettings:
     gradient_checkpointing: bool = setting(
         False, "Recompute decoder layers in backward (non-reentrant; no shared-prompt pass)."
     )
-    padding_free: bool = setting(
-        False,
+    padding_free: bool | None = setting(
+        None,
         "Run the policy, reference and old-log-prob forwards on real tokens only: each prompt once, "
         "then its rows' completions, packed into rows of pack_row_tokens with a 4-D mask (models/packed.py); "
-        "needs sdpa or eager attention and no sliding-window layer.",
+        "needs sdpa or eager attention and no sliding-window layer. null = packed wherever the model allows "
+        "it (same function, faster at every completion fill measured), padded for a float64 model (as "
+        "share_prompt_forward) or one it cannot pack; true = packed, refusing a model it cannot pack.",
     )
     pack_row_tokens: int | None = setting(None, "Tokens per packed row of padding_free; null = 256.")
     share_prompt_forward: bool | None = setting(
@@ -210,8 +212,8 @@ class PolicyConfig:
         if H is not None and (isinstance(H, bool) or not H >= 1):
             raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {H!r}")
         _positive_int_or_null("pack_row_tokens", fw.pack_row_tokens, "tokens per packed row")
-        if not isinstance(fw.padding_free, bool):
-            raise ValueError(f"padding_free must be true or false, got {fw.padding_free!r}")
+        if not isinstance(fw.padding_free, bool | None):
+            raise ValueError(f"padding_free must be true, false or null, got {fw.padding_free!r}")
         if fw.logprob_chunk_size is not None and fw.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1 or null, got {fw.logprob_chunk_size}")
         if source and self.load.tiny_if_missing is None:

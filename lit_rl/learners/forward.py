@@ -182,11 +182,17 @@ class PolicyForward:
         )
 
     def _packed(self, micro: Experience, model):
-        """The micro-batch packed padding-free (``models/packed.py``) when ``padding_free`` is on and the model
-        takes a packed forward (the policy is checked when it is built; a reference or teacher that cannot
-        runs padded); None = the padded forward."""
+        """The micro-batch packed padding-free (``models/packed.py``), or None for the padded forward. ``true``:
+        packed (the policy was checked when it was built; a reference or teacher that cannot be packed runs
+        padded); ``null`` (the default): packed wherever the model takes a packed forward, except a float64
+        model, as ``share_prompt_forward``: transformers' RMSNorm computes in float32 inside, so there the two
+        layouts differ by ~1e-7, and the exact float64 checks compare layouts. Both layouts compute the same
+        function (float64-equal with an exact RMSNorm, tests/test_packed.py); packed measured faster at every
+        completion fill (README "No padding at all"). ``false``: padded."""
         fw = self.config.forward
-        if not fw.padding_free or unsupported_reason(model) is not None:
+        if fw.padding_free is False or unsupported_reason(model) is not None:
+            return None
+        if fw.padding_free is None and next(model.parameters()).dtype == torch.float64:
             return None
         # the Experience may still be on the CPU (the no-grad passes run before ``training_step`` moves it)
         return pack_rows(
