@@ -4,12 +4,12 @@
 A long-tailed length mix: completion lengths log-normal (median ``--median``, sigma ``--sigma``), capped at 8x the
 sample's median, with the longest row exactly at the cap. The same Experience trains one update step
 (forward + backward + a stateless SGD step at lr 0, so every repetition sees the same weights) of a real
-``PolicyModule`` in a real Lightning Trainer under three plans, interleaved in one process:
+``PolicyModule`` in a real Lightning Trainer under each plan (``--plans``), interleaved in one process:
 
-* ``fixed``: ``micro_batch_size`` rows per micro-batch, as rows come (today's path: every micro-batch has the
-  width of the minibatch's longest row);
-* ``fixed+trim``: the same rows, each micro-batch trimmed to its own longest row (what trimming alone buys);
-* ``tokens``: ``micro_batch_tokens`` = ``micro_batch_size`` x the longest row, i.e. the padded area of one fixed
+* ``fixed``: ``micro_batch_size`` rows per micro-batch, as rows come, padded (``padding_free: false``: every
+  micro-batch has the width of the minibatch's longest row);
+* ``fixed+trim``: the same rows, each micro-batch trimmed to its own longest row (what trimming alone buys), padded;
+* ``tokens``: padded ``micro_batch_tokens`` = ``micro_batch_size`` x the longest row, i.e. the padded area of one fixed
   micro-batch, so the peak activation size is the same bound; rows sorted by length and cut at the budget;
 * ``packed``: ``padding_free: true`` with the same fixed rows: each micro-batch's real tokens only, each prompt
   once (``models/packed.py``);
