@@ -40,6 +40,22 @@ def by_prompt(group_ids: Tensor, rows: list[int] | None) -> list[int]:
     return sorted(order, key=lambda r: gid[r])
 
 
+def old_logprob_rows(
+    batch_size: int, signal: list[int] | None, first_step: list[int], epochs: int
+) -> list[int]:
+    """The rows whose log π_old a deferred pass computes (``learners/old_logprobs.py``): the rows some optimizer
+    step reads, i.e. ``signal`` (every row when None: no row is left out of the steps), less the first step's
+    rows when each row is trained once (``epochs`` 1): that step runs on the rollout's weights and takes its own
+    forward's detached log-probs.
+
+    Shapes:
+        signal, first_step: row indices. returns: a list of row indices, ascending.
+    """
+    rows = range(batch_size) if signal is None else signal
+    first = set(first_step) if epochs == 1 else set()
+    return sorted(r for r in rows if r not in first)
+
+
 def not_exact(policy_loss: str, terms: Sequence[str] = ()) -> str | None:
     """Why leaving zero-advantage rows out would change the gradient (None: it would not). ``terms``: the
     class names of the objective's active loss terms."""

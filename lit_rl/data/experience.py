@@ -172,25 +172,38 @@ class Experience:
                 kw[f.name] = v
         return Experience(**kw)
 
-    def minibatches(
+    def minibatch_orders(
         self, size: int | None, shuffle: bool = True, generator: torch.Generator | None = None
+    ) -> list[Tensor]:
+        """The row indices of each minibatch ``minibatches`` yields (one ``randperm`` draw when shuffled):
+        a step's rows can be known before the minibatches are cut (the deferred old log-probs)."""
+        B = self.batch_size
+        if size is not None and size <= 0 and size < B:
+            raise ValueError(f"minibatch size must be positive, got {size}")
+        order = torch.randperm(B, generator=generator) if shuffle else torch.arange(B)
+        if size is None or size >= B:
+            return [order]
+        return [order[start : start + size] for start in range(0, B, size)]
+
+    def minibatches(
+        self,
+        size: int | None,
+        shuffle: bool = True,
+        generator: torch.Generator | None = None,
+        orders: list[Tensor] | None = None,
     ) -> Iterator[Experience]:
         """Split into minibatches of ``size`` rows (one optimizer step each); every row exactly once.
 
         ``size=None`` yields the whole Experience. The last minibatch may be smaller when ``size`` does
         not divide B (PolicyModule rejects that configuration at construction; data-dependent batch sizes,
-        e.g. after dynamic sampling, still work).
+        e.g. after dynamic sampling, still work). ``orders``: ``minibatch_orders``' draw, taken earlier.
         """
-        B = self.batch_size
-        if size is None or size >= B:
-            order = torch.randperm(B, generator=generator) if shuffle else torch.arange(B)
-            yield self.select(order) if shuffle else self
+        orders = self.minibatch_orders(size, shuffle, generator) if orders is None else orders
+        if len(orders) == 1 and not shuffle:
+            yield self
             return
-        if size <= 0:
-            raise ValueError(f"minibatch size must be positive, got {size}")
-        order = torch.randperm(B, generator=generator) if shuffle else torch.arange(B)
-        for start in range(0, B, size):
-            yield self.select(order[start : start + size])
+        for order in orders:
+            yield self.select(order)
 
     def micro_batches(self, size: int | None) -> Iterator[Experience]:
         """Consecutive chunks of ``size`` rows for gradient accumulation (no shuffling)."""

@@ -28,7 +28,7 @@ from lit_rl.core.settings import flat_settings
 from lit_rl.core.signal_rows import by_prompt, signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
-from lit_rl.learners.assembly import PolicyAssembly, store_dtype
+from lit_rl.learners.assembly import PolicyAssembly
 from lit_rl.learners.config import (
     POLICY_GROUPS,
     ModelSettings,
@@ -39,6 +39,7 @@ from lit_rl.learners.config import (
 from lit_rl.learners.critic import CriticModule
 from lit_rl.learners.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.old_logprobs import OldLogprobs
 from lit_rl.learners.optim_step import LossParts, OptimizerStep
 from lit_rl.learners.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
 from lit_rl.learners.step_metrics import StepMetricsOnly
@@ -65,7 +66,9 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
 
 
 @flat_settings(POLICY_GROUPS)
-class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyForward, L.LightningModule):
+class PolicyModule(
+    StepMetricsOnly, HeldoutValidation, PolicyAssembly, OldLogprobs, PolicyForward, L.LightningModule
+):
     """Policy-gradient RL on a causal LM.
 
     Every setting is a keyword argument of the flat name users write in recipes
@@ -199,28 +202,14 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
         return optimizer_steps_per_iteration(rows, step.ppo_epochs, step.minibatch_size)
 
     # ------------------------------------------------------------ experience
-    @property
-    def needs_old_logprobs(self) -> bool:
-        """Several optimizer steps per Experience make later steps off-policy: the ratio's denominator
-        must then be the pre-update policy, computed once before any update."""
-        return self.config.step.ppo_epochs > 1 or self.config.step.minibatch_size is not None
-
     @torch.no_grad()
     def on_experience(self, trainer, module, exp: Experience) -> None:
-        """ExperienceHook of the module itself: old log-probs (when needed), then each of its own loss terms'
+        """ExperienceHook of the module itself: old log-probs (when needed; deferred to the training step where
+        nothing reads them before it, ``learners/old_logprobs.py``), then each of its own loss terms'
         ``on_experience`` (a critic's values; a callback term's runs as the rollout's ExperienceHook)."""
-        if self.needs_old_logprobs:
-            t0 = time.perf_counter()
-            # on the Experience's device (the CPU here, before training_step moves it), like every other field:
-            # a field left on the model's device breaks the next select (index_select with a CPU index)
-            dev = exp.input_ids.device
-            pairs = [self.old_logprobs_pair(m) for m in exp.micro_batches(self.config.step.micro_batch_size)]
-            exp.old_logprobs = store_dtype(
-                torch.cat([p[0].to(dev) for p in pairs])
-            )  # the sampler's (core.processed)
-            if pairs and pairs[0][1] is not None:  # processed sampling: the model's full softmax for KL terms
-                exp.old_full_logprobs = store_dtype(torch.cat([p[1].to(dev) for p in pairs]))
-            self._old_logprob_s = time.perf_counter() - t0
+        self._old_logprob_s = 0.0
+        if self.needs_old_logprobs and not self.defers_old_logprobs(trainer):
+            self.fill_old_logprobs(exp)
         for term in self.own_loss_terms:
             term.on_experience(trainer, self, exp)
 
@@ -256,13 +245,19 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
                 "trainer.callbacks (it generates the rollouts each step)"
             )
         exp = exp.to(self.device)
-        h, t0 = self.config.step, time.perf_counter()
+        h = self.config.step
         opt = self.optimizers()
         sched = self.lr_schedulers()
         gen = torch.Generator().manual_seed(self.seed + self.iteration)
+        shuffle = h.minibatch_size is not None
+        epochs = [exp.minibatch_orders(h.minibatch_size, shuffle, gen) for _ in range(h.ppo_epochs)]
+        own_first = self.deferred_old_logprobs(exp, epochs[0][0].tolist())
+        t0 = time.perf_counter()  # the update's time: the deferred pass is perf/old_logprob_s
         sums: dict[str, list[float]] = {}
-        for _ in range(h.ppo_epochs):
-            for mb in exp.minibatches(h.minibatch_size, shuffle=h.minibatch_size is not None, generator=gen):
+        for e, orders in enumerate(epochs):
+            for i, mb in enumerate(exp.minibatches(h.minibatch_size, shuffle, orders=orders)):
+                if own_first and e == i == 0:  # on the rollout's weights: its own detached log-probs
+                    mb.old_logprobs = mb.old_full_logprobs = None
                 stats = self._optimizer_step(opt, sched, mb)
                 for k, v in stats.items():
                     sums.setdefault(k, []).append(v)
@@ -488,7 +483,6 @@ class PolicyModule(StepMetricsOnly, HeldoutValidation, PolicyAssembly, PolicyFor
     # compare the chunked path against. Not a user option.
     materialize_logits: bool = False
     _last_metrics: dict[str, float]  # the last micro-batch's loss metrics (set by _micro_loss)
-    _old_logprob_s: float = 0.0
 
 
 def _loss_parts(parts: dict[str, Tensor]) -> LossParts:

@@ -3,10 +3,12 @@ float64) on the hand-built Experience with group 1's rewards made all equal: ran
 rows), rank 1 group 1 (no signal row), so with ``skip_zero_advantage_rows`` rank 1 forwards nothing and pads
 with zero-weight passes to rank 0's count. Transformers' RMSNorm computes in float64 (``tests/_float64.py``).
 
-    python tests/conformance/signal_rows_runner.py OUT.pt MODEL_DIR WORLD SKIP   # SKIP: null | false
+    python tests/conformance/signal_rows_runner.py OUT.pt MODEL_DIR WORLD SKIP [MINIBATCH]   # SKIP: null | false
 
-Rank 0 saves the averaged gradient of the step to OUT.pt; every rank r writes OUT.pt.rank{r}.json with the
-micro-batches it ran. Used by tests/test_signal_rows.py.
+Rank 0 saves the averaged gradient of the first step to OUT.pt; every rank r writes OUT.pt.rank{r}.json with the
+micro-batches it ran. With MINIBATCH (``minibatch_size``: several steps, so old log-probs, deferred to the
+training step) OUT.pt.old{r}.json lists the rows of each old-log-prob forward (0: a zero-weight one). Used by
+tests/test_signal_rows.py and tests/test_old_logprobs.py.
 """
 
 import json
@@ -36,7 +38,16 @@ if __name__ == "__main__":
         loss_agg="token_mean",
         micro_batch_size=1,
         skip_zero_advantage_rows={"null": None, "false": False}[skip],
+        minibatch_size=int(sys.argv[5]) if len(sys.argv) > 5 else None,
     )
+    old_rows = []
+    pair = module.old_logprobs_pair
+
+    def counting(micro):
+        old_rows.append(int(micro.train_mask.any(-1).sum()))  # a zero-weight forward trains no row
+        return pair(micro)
+
+    module.old_logprobs_pair = counting
     ran = []
     plan = module.train_micro_batches
 
@@ -62,5 +73,7 @@ if __name__ == "__main__":
     )
     with open(f"{out}.rank{module.trainer.global_rank}.json", "w") as f:
         json.dump(ran, f)
+    with open(f"{out}.old{module.trainer.global_rank}.json", "w") as f:
+        json.dump(old_rows, f)
     if module.trainer.global_rank == 0:
         torch.save(flat(grads[0]), out)
