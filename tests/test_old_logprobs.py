@@ -8,9 +8,6 @@ rows pad with zero-weight forwards (a sharded forward is a collective)."""
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -111,26 +108,10 @@ def test_a_rank_without_rows_pads_the_deferred_pass(tiny_model_dir, tmp_path):
     """2 DDP ranks, 4 rows each, minibatches of 2 (micro-batches of 1): rank 0's group has signal, so its
     deferred pass forwards the 2 signal rows outside its first step; rank 1 has none and runs 2 zero-weight
     forwards to match (under FSDP / ZeRO-3 a missing forward would hang the other rank)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
-        "PYTHONPATH": os.pathsep.join(
-            [str(HERE / "conformance"), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
+    _conformance()  # tests/conformance on sys.path
+    from signal_rows_runner import run_ranks
+
     out = tmp_path / "g.pt"
-    runner = str(HERE / "conformance" / "signal_rows_runner.py")
-    r = subprocess.run(
-        [sys.executable, runner, str(out), str(tiny_model_dir), "2", "null", "2"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_ranks(out, tiny_model_dir, 2, "null", "2")
     old = [json.loads(Path(f"{out}.old{k}.json").read_text()) for k in range(2)]
     assert old == [[1, 1], [0, 0]]

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -283,27 +280,10 @@ def test_two_ddp_ranks_one_without_signal(tiny_model_dir, tmp_path):
     """Rank 1 has no signal row: it runs zero-weight passes while rank 0 runs its 4 rows; the averaged gradient
     equals one process on all 8 rows without skipping."""
     c, no_signal_in_group_1 = _conformance()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {
-        **os.environ,
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": port,
-        "PYTHONPATH": os.pathsep.join(
-            [str(HERE / "conformance"), str(HERE.parent), os.environ.get("PYTHONPATH", "")]
-        ),
-    }
+    from signal_rows_runner import run_ranks
+
     out = tmp_path / "g.pt"
-    runner = str(HERE / "conformance" / "signal_rows_runner.py")
-    r = subprocess.run(
-        [sys.executable, runner, str(out), str(tiny_model_dir), "2", "null"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    run_ranks(out, tiny_model_dir, 2, "null")
     ran = [json.loads(Path(f"{out}.rank{k}.json").read_text()) for k in range(2)]
     assert ran == [[{"real": 4, "zero_weight": 0}], [{"real": 0, "zero_weight": 4}]]
     module = c.build_module(

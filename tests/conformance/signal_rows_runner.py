@@ -12,7 +12,11 @@ tests/test_signal_rows.py and tests/test_old_logprobs.py.
 """
 
 import json
+import os
+import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from _conformance import build_module, flat, hand_experience, run_step
@@ -23,6 +27,29 @@ def no_signal_in_group_1(module):
     exp = hand_experience(module.tokenizer.pad_token_id, module.model.config.vocab_size, horizon=8)
     exp.rewards[[4, 6, 7]] = 1.0
     return exp
+
+
+def run_ranks(out: Path, model_dir, world: int, *args: str) -> None:
+    """This runner as ``world`` gloo DDP processes on a free local port (what the tests call); raises with the
+    output's tail when it fails."""
+    here = Path(__file__).resolve().parent
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {
+        **os.environ,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "PYTHONPATH": os.pathsep.join([str(here), str(here.parent.parent), os.environ.get("PYTHONPATH", "")]),
+    }
+    r = subprocess.run(
+        [sys.executable, __file__, str(out), str(model_dir), str(world), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
 
 
 if __name__ == "__main__":
