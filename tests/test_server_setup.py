@@ -73,6 +73,20 @@ def test_cpu_launch_default_keeps_prefills_whole_unless_the_user_sets_the_budget
     assert _whole_prefills(extra) == added
 
 
+@pytest.mark.parametrize(
+    "extra, block, backend",
+    [
+        ([], ["--block-size", "32"], ["--distributed-executor-backend", "uni"]),
+        (["--block-size", "128"], [], ["--distributed-executor-backend", "uni"]),
+        (["--block-size=64", "--distributed-executor-backend=mp"], [], []),
+    ],
+)
+def test_cpu_launch_flags_default_to_blocks_of_32_unless_the_user_sets_them(extra, block, backend):
+    from lit_rl.rollout._server_http import _cpu_flags
+
+    assert _cpu_flags(extra) == ["--enforce-eager", "--no-enable-chunked-prefill", *block, *backend]
+
+
 def test_unreachable_url_names_the_setting_and_url(tiny_model_dir):
     from lit_rl.rollout._server_launch import free_port
     from lit_rl.rollout.server import VLLMServerEngine

@@ -82,9 +82,7 @@ def bound(model_dir):
     from lit_rl.rollout.vllm import VLLMEngine
 
     module = _module(model_dir)
-    engine = VLLMEngine(
-        max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60, llm_kwargs={"block_size": 32}
-    )
+    engine = VLLMEngine(max_model_len=96, kv_cache_memory_bytes=32 << 20, sync_timeout_s=60)
     engine.bind(module)
     yield engine, module
     engine.close()
@@ -116,6 +114,9 @@ def test_missing_vllm_names_the_extras(monkeypatch):
         ({"sync_timeout_s": 0}, "sync_timeout_s"),
         ({"dtype": "int8"}, "dtype"),
         ({"kv_cache_memory_bytes": 0}, "kv_cache_memory_bytes"),
+        ({"block_size": 0}, "block_size"),
+        ({"block_size": "32"}, "block_size"),
+        ({"block_size": 32, "llm_kwargs": {"block_size": 64}}, "block_size"),
     ],
 )
 def test_config_is_validated_at_construction(kwargs, field):
@@ -141,6 +142,17 @@ def test_unknown_architecture_fails_before_start_and_names_hfengine(model_dir, t
 
 
 # ------------------------------------------------------------------- CPU only
+@pytest.mark.vllm
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the multiple-of-32 rule is vLLM's CPU attention kernel's"
+)
+def test_cpu_block_size_must_be_a_multiple_of_32():
+    from lit_rl.rollout.vllm import VLLMEngine
+
+    with pytest.raises(ValueError, match=r"block_size=48: on CPU .* multiples of 32"):
+        VLLMEngine(block_size=48)
+
+
 @pytest.mark.vllm
 @pytest.mark.skipif(
     torch.cuda.is_available(), reason="head dim 16 is supported by the GPU attention backends"
@@ -248,6 +260,14 @@ def test_quickstart_learns_through_vllm(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------ shared engine
+@pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's own default applies on GPU")
+def test_cpu_engine_pages_the_kv_cache_in_blocks_of_32(bound):
+    """Not vLLM's CPU default of 128: short RL rows would each hold and scan 128 slots (rollout/_vllm_memory)."""
+    engine, _ = bound
+    assert engine.llm.llm_engine.vllm_config.cache_config.block_size == 32
+
+
 @pytest.mark.vllm
 def test_generate_before_bind_raises():
     from lit_rl.rollout.vllm import VLLMEngine

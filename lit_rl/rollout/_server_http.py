@@ -15,6 +15,8 @@ from pathlib import Path
 
 import requests
 
+from lit_rl.rollout._vllm_memory import CPU_BLOCK_SIZE
+
 PROCESSED = "processed_logprobs"
 RESET_TRIES = 5  # /reset_prefix_cache attempts per server and sync (the later ones preempt running requests)
 
@@ -426,11 +428,7 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
                 cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
             extra = [str(a) for a in launch.get("extra_args") or []]
             on_cpu = not _cuda()
-            if on_cpu:
-                cmd += ["--enforce-eager", *_whole_prefills(extra)]
-                if not any(a.startswith("--distributed-executor-backend") for a in extra):
-                    cmd += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
-            cmd += extra
+            cmd += [*(_cpu_flags(extra) if on_cpu else []), *extra]
             env = {
                 **compile_env(),
                 **os.environ,
@@ -453,6 +451,17 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
 
 
 _CHUNK_FLAGS = ("--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
+
+
+def _cpu_flags(extra: list[str]) -> list[str]:
+    """The flags a launched CPU server gets before the user's ``extra_args`` (each unless ``extra`` sets it)."""
+    given = {a.split("=")[0] for a in extra}
+    flags = ["--enforce-eager", *_whole_prefills(extra)]
+    if "--block-size" not in given:
+        flags += ["--block-size", str(CPU_BLOCK_SIZE)]  # not vLLM's 128 (rollout/_vllm_memory.py)
+    if "--distributed-executor-backend" not in given:
+        flags += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
+    return flags
 
 
 def _whole_prefills(extra_args: list[str]) -> list[str]:

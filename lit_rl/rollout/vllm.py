@@ -67,7 +67,7 @@ from lit_rl.rollout._vllm_common import (
 from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
 )
-from lit_rl.rollout._vllm_memory import cpu_kv_cache_bytes
+from lit_rl.rollout._vllm_memory import CPU_BLOCK_SIZE, check_block_size, cpu_kv_cache_bytes
 from lit_rl.rollout.base import EngineBase, RequestSeeds
 from lit_rl.rollout.engine import Completion, SamplingConfig
 from lit_rl.rollout.sampling import check_generation_kwargs, cut_at_stop
@@ -119,6 +119,8 @@ class VLLMEngine(RequestSeeds, EngineBase):
             run's ``seed_everything``.
         kv_cache_memory_bytes: explicit KV-cache size (overrides ``gpu_memory_utilization`` for the cache). None
             on CPU: room for 2 sequences of ``max_model_len`` tokens, at least 256 MiB.
+        block_size: tokens per KV-cache block. None = 32 on CPU (vLLM's CPU default of 128 makes short RL rows
+            several times slower: ``_vllm_memory``), vLLM's own on GPU. On CPU a multiple of 32.
         sync_timeout_s: a weight sync (including reading ``named_tensors``) slower than this raises
             ``TimeoutError``.
         sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
@@ -136,6 +138,7 @@ class VLLMEngine(RequestSeeds, EngineBase):
         enforce_eager: bool | None = None,
         seed: int | None = None,
         kv_cache_memory_bytes: int | None = None,
+        block_size: int | None = None,
         sync_timeout_s: float = 300.0,
         sync_transport: str = "auto",
         llm_kwargs: dict[str, Any] | None = None,
@@ -169,6 +172,7 @@ class VLLMEngine(RequestSeeds, EngineBase):
             kv_cache_memory_bytes,
         )
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
+        self.block_size = block_size
         self.llm_kwargs = dict(llm_kwargs or {})
         self.llm = None
         self.tokenizer = None
@@ -231,6 +235,10 @@ class VLLMEngine(RequestSeeds, EngineBase):
             _log.info(
                 "VLLMEngine on CPU: %d MiB of KV cache (set kv_cache_memory_bytes to change it)", kv >> 20
             )
+        if self.block_size is not None:
+            kw["block_size"] = self.block_size
+        elif on_cpu and "block_size" not in self.llm_kwargs:
+            kw["block_size"] = CPU_BLOCK_SIZE  # not vLLM's 128 (rollout/_vllm_memory.py)
         kw.update(self.llm_kwargs)
         saved = _HostState.save()
         # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.
