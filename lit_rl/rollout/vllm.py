@@ -153,6 +153,7 @@ class VLLMEngine(RequestSeeds, EngineBase):
             raise ValueError(f"max_model_len must be >= 2 or null, got {max_model_len}")
         if kv_cache_memory_bytes is not None and kv_cache_memory_bytes < 1:
             raise ValueError(f"kv_cache_memory_bytes must be >= 1 or null, got {kv_cache_memory_bytes}")
+        check_block_size(block_size, llm_kwargs, on_cpu=not torch.cuda.is_available())
         if sync_transport not in TRANSPORTS:
             raise ValueError(f"sync_transport={sync_transport!r}; valid values: {', '.join(TRANSPORTS)}")
         if not sync_timeout_s > 0:
