@@ -54,6 +54,10 @@ _LOG_MESSAGES = (
     ("vllm.triton_utils.importing", r"Triton is installed, but doesn't include CPU backend"),
     ("vllm.platforms.cpu", r"Triton is not installed\. triton-cpu is expected"),
     ("vllm.config.vllm", r"Model Runner V2 requires Triton; using the V1 model runner"),
+    # On CPUs with AVX-512 BF16 (AMX Xeons, recent EPYCs) vLLM resets the Mamba SSM state's dtype at every start;
+    # with backend 'none' the model has no SSM layers and no SSM cache, so nothing changes. A hybrid model's
+    # (another backend name) still shows.
+    ("vllm.platforms.cpu", r"Reset SSM cache type to float32 for accelerated GDN mamba backend 'none'\.$"),
     # VLLMEngine's own choice (enforce_eager: null = eager on CPU), restated twice by vLLM.
     ("vllm.config.vllm", r"Enforce eager set, disabling torch\.compile"),
     ("vllm.config.vllm", r"Inductor compilation was disabled by user settings"),
