@@ -68,9 +68,9 @@ def test_config_is_validated_at_construction(kwargs, field):
     ],
 )
 def test_cpu_launch_default_keeps_prefills_whole_unless_the_user_sets_the_budget(extra, added):
-    from lit_rl.rollout._server_http import _whole_prefills
+    from lit_rl.rollout._vllm_common import whole_prefill_flags
 
-    assert _whole_prefills(extra) == added
+    assert whole_prefill_flags(extra) == added
 
 
 @pytest.mark.parametrize(
@@ -82,9 +82,9 @@ def test_cpu_launch_default_keeps_prefills_whole_unless_the_user_sets_the_budget
     ],
 )
 def test_cpu_launch_flags_default_to_blocks_of_32_unless_the_user_sets_them(extra, block, backend):
-    from lit_rl.rollout._server_http import _cpu_flags
+    from lit_rl.rollout._vllm_common import cpu_server_flags
 
-    assert _cpu_flags(extra) == ["--enforce-eager", "--no-enable-chunked-prefill", *block, *backend]
+    assert cpu_server_flags(extra) == ["--enforce-eager", "--no-enable-chunked-prefill", *block, *backend]
 
 
 def test_unreachable_url_names_the_setting_and_url(tiny_model_dir):

