@@ -24,18 +24,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from pathlib import Path
 
 
 def _time(fn, repeats: int) -> list[float]:
-    fn()  # warm-up: first-call allocations and the prefix cache's first fill
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
+    """One untimed warm-up (first-call allocations, the prefix cache's first fill), then bench_rollout's timer."""
+    from bench_rollout import _timed  # scripts/ is on sys.path when this runs as a script
+
+    fn()
+    return _timed(fn, repeats)
 
 
 def _engine(module, block: int, max_len: int, kv_bytes: int):

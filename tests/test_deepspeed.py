@@ -5,7 +5,6 @@ optional ``deepspeed`` extra is not installed.
 """
 
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -121,9 +120,9 @@ def test_zero3_weight_sync_gathers_each_parameter_exactly(tmp_path, tiny_model_d
     """A real ZeRO-3 engine (1 process, gloo): the partitioned model's ``merged_state_items`` equals the weights
     before partitioning, bit for bit, gathering one parameter at a time; a LoRA policy under ZeRO-3 merges to
     PEFT's own merge of it before partitioning (within 1e-6)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    from lit_rl.rollout._server_launch import free_port
+
+    port = str(free_port())
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",

@@ -13,7 +13,6 @@ tests/test_signal_rows.py and tests/test_old_logprobs.py.
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +32,9 @@ def run_ranks(out: Path, model_dir, world: int, *args: str) -> None:
     """This runner as ``world`` gloo DDP processes on a free local port (what the tests call); raises with the
     output's tail when it fails."""
     here = Path(__file__).resolve().parent
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
+    from lit_rl.rollout._server_launch import free_port
+
+    port = str(free_port())
     env = {
         **os.environ,
         "MASTER_ADDR": "127.0.0.1",
