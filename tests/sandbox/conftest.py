@@ -22,6 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 USER = "litrl_sbx"
 STDLIB_FILES = [
     "lit_rl/rewards/sandbox.py",
+    "lit_rl/rewards/_sandbox_rules.py",
     "lit_rl/rewards/sandbox_launcher.py",
     "lit_rl/rewards/cgroups.py",
     "lit_rl/rewards/code.py",
