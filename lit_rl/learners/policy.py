@@ -2,6 +2,7 @@
 
 One Lightning training step = one RL iteration over the Experience RolloutCallback attached to the batch
 (docs/architecture.md "Data flow"). Manual optimisation: ``ppo_epochs`` × minibatches steps, each accumulated.
+The loss of one micro-batch (``_micro_loss``) is the ``MicroLoss`` mixin's (``learners/micro_loss.py``).
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from torch import Tensor
 
 from lit_rl.checkpoint import RNG_KEY, PendingRNG, rng_checkpoint_state
 from lit_rl.core.group_size import check_group_size
-from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.metrics import METRICS
 from lit_rl.core.microbatch import token_budget_groups
-from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import flat_settings
 from lit_rl.core.signal_rows import by_prompt, signal_rows, skips_rows
@@ -38,10 +36,10 @@ from lit_rl.learners.config import (
 )
 from lit_rl.learners.critic import CriticModule
 from lit_rl.learners.forward import PolicyForward, enable_gradient_checkpointing
-from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.micro_loss import MicroLoss
 from lit_rl.learners.old_logprobs import OldLogprobs
-from lit_rl.learners.optim_step import LossParts, OptimizerStep
-from lit_rl.learners.protocols import ForwardNeeds, LossTerm, forward_needs, loss_term_providers
+from lit_rl.learners.optim_step import OptimizerStep
+from lit_rl.learners.protocols import LossTerm, loss_term_providers
 from lit_rl.learners.step_metrics import StepMetricsOnly
 from lit_rl.learners.validation import HeldoutValidation
 from lit_rl.models.dropout import disable_dropout
@@ -67,7 +65,13 @@ def _default_optimizer(params) -> torch.optim.Optimizer:
 
 @flat_settings(POLICY_GROUPS)
 class PolicyModule(
-    StepMetricsOnly, HeldoutValidation, PolicyAssembly, OldLogprobs, PolicyForward, L.LightningModule
+    StepMetricsOnly,
+    HeldoutValidation,
+    PolicyAssembly,
+    OldLogprobs,
+    PolicyForward,
+    MicroLoss,
+    L.LightningModule,
 ):
     """Policy-gradient RL on a causal LM.
 
@@ -385,75 +389,6 @@ class PolicyModule(
             "horizon": self.horizon_for(mb),
         }
 
-    def _micro_loss(self, micro: Experience, common: dict[str, Any]) -> LossParts:
-        """L = L_policy + Σ_terms L_term on one micro-batch: its loss parts (``{"policy": ..., <part>: ...}``)
-        with their metrics attached. One shared forward that every part reads, the policy objective
-        (``core.objective``), then each active loss term; a term that trains alone zeroes every other part."""
-        terms = self.active_loss_terms()
-        fwd, sampled = self._training_forward(micro, common, forward_needs(terms))
-        loss = self._policy_loss(micro, fwd, sampled)
-        alone: set[str] = set()
-        for term in terms:
-            parts = _loss_parts(term.loss_terms(self, micro, fwd))
-            _add_parts(loss, parts, term)
-            if term.trains_alone(self):  # e.g. a critic's value-only warmup
-                alone.update(parts)
-        loss = _train_alone(loss, alone)
-        self._last_metrics = loss.metrics
-        return loss
-
-    def _training_forward(
-        self, micro: Experience, common: dict[str, Any], needs: ForwardNeeds
-    ) -> tuple[LazyLogits, Tensor | None]:
-        """The micro-batch's one forward as every part of the loss reads it (``fwd``, ``protocols.py``): the
-        model's full-softmax log-probs (KL terms read them) and entropy, the train mask, what the terms
-        need (hidden states for a shared value head, or its key/value cache), the minibatch denominators.
-        Also the rollout sampler's log-probs (``core.processed``; None while they are the full softmax's)."""
-        out = self.forward_outputs(micro, hidden=needs.hidden, cache=needs.cache)
-        logprobs, entropy, sampled = self.logprobs_of(micro, out, entropy=True)
-        mask = micro.train_mask  # the one training mask: valid, trainable rows' generated tokens
-        # ``logits`` stay unmaterialised unless a consumer reads them (LazyLogits)
-        fwd = LazyLogits(
-            common,
-            logprobs=logprobs,
-            entropy=entropy,
-            mask=mask,
-            hidden=out["hidden"],
-            head=out["head"],
-            cache=out["cache"],
-        )
-        if out["head"] is None:
-            fwd["logits"] = out["logits"]
-        return fwd, sampled
-
-    def _policy_loss(self, micro: Experience, fwd: LazyLogits, sampled: Tensor | None) -> LossParts:
-        """L_policy (``core.objective.policy_objective``) and its metrics. The ratio and the mismatch
-        correction compare the sampler's distribution with itself (``sampled``, core.processed); the entropy
-        metric reads the model's full softmax, from the logits on the materialised path (no gradient: a term
-        computes its own)."""
-        entropy, mask = fwd["entropy"], fwd["mask"]
-        if entropy is None and mask.any():
-            with torch.no_grad():
-                entropy = entropy_from_logits(
-                    fwd["logits"].detach(), self.config.forward.logprob_chunk_size, self.temperature
-                )
-        parts, metrics = policy_objective(
-            ObjectiveInputs(
-                logprobs=fwd["logprobs"] if sampled is None else sampled,
-                mask=mask,
-                advantages=micro.advantages,
-                num_tokens=fwd["num_tokens"],
-                num_seqs=fwd["num_seqs"],
-                horizon=fwd.get("horizon"),
-                old_logprobs=micro.old_logprobs,
-                rollout_logprobs=micro.rollout_logprobs,
-                is_weights=micro.is_weights,
-                entropy=entropy,
-            ),
-            self.config.objective,
-        )
-        return LossParts(parts, metrics)
-
     # ------------------------------------------------------------ checkpoint
     # Exact resume (lit_rl/checkpoint.py): ``iteration`` seeds the minibatch shuffles and the critic warmup,
     # the non-finite counters keep max_nonfinite_steps honest, and every rank's RNG states drive sampling.
@@ -483,29 +418,3 @@ class PolicyModule(
     # compare the chunked path against. Not a user option.
     materialize_logits: bool = False
     _last_metrics: dict[str, float]  # the last micro-batch's loss metrics (set by _micro_loss)
-
-
-def _loss_parts(parts: dict[str, Tensor]) -> LossParts:
-    """A term's return as ``LossParts``: a plain dict carries no metrics or shares."""
-    return parts if isinstance(parts, LossParts) else LossParts(parts)
-
-
-def _add_parts(loss: LossParts, parts: LossParts, term: LossTerm) -> None:
-    """Add one term's parts (and their metrics, shares) to the micro-batch's loss. Two parts of one name would
-    silently replace each other in the sum: an error instead."""
-    if clash := sorted(loss.keys() & parts.keys()):
-        raise ValueError(
-            f"{type(term).__name__} adds the loss part {clash[0]!r}, which another term (or the "
-            "policy objective) already added; give one of the two terms another part name"
-        )
-    loss.update(parts)
-    loss.metrics.update(parts.metrics)
-    loss.shares.update(parts.shares)
-
-
-def _train_alone(loss: LossParts, alone: set[str]) -> LossParts:
-    """While some term trains alone (a critic's warmup), every other part is multiplied by 0: still logged and
-    backpropagated (the same graph every step), adding nothing to the gradient."""
-    if not alone:
-        return loss
-    return LossParts({k: v if k in alone else v * 0.0 for k, v in loss.items()}, loss.metrics, loss.shares)
