@@ -146,7 +146,7 @@ def cpu_server_flags(extra: list[str]) -> list[str]:
     if "--block-size" not in given:
         flags += ["--block-size", str(CPU_BLOCK_SIZE)]  # not vLLM's 128 (rollout/_vllm_memory.py)
     if "--distributed-executor-backend" not in given:
-        flags += ["--distributed-executor-backend", "uni"]  # see _server_http.CPU_SERVER_ENV
+        flags += ["--distributed-executor-backend", "uni"]  # see _server_start.CPU_SERVER_ENV
     return flags
 
 
