@@ -134,6 +134,21 @@ def test_resume_last_continues_the_same_logs(tmp_path, monkeypatch):
     assert not list(tmp_path.glob("run/logs/version_*"))
 
 
+def test_resume_from_a_ckpt_file_into_another_run_directory(tmp_path, monkeypatch):
+    """`--ckpt_path <run>/checkpoints/iter=2.ckpt` (a file, not `last`) resumes exactly: the same weights after
+    iteration 3 as the uninterrupted run, written under the new run directory. Lightning's own handling of a
+    file path re-read the checkpoint's hyperparameters as the model's settings and refused every lit_rl run."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "run"
+    full = _quickstart(run, "--checkpoint.every_n_iterations", "1", "--checkpoint.save_top_k", "-1", steps=3)
+    again = _quickstart(tmp_path / "again", "--ckpt_path", str(run / "checkpoints/iter=2.ckpt"), steps=3)
+    assert again.model.iteration == 3
+    assert _steps(tmp_path / "again") == [3]
+    want, got = full.model.state_dict(), again.model.state_dict()
+    assert want.keys() == got.keys()
+    assert all(torch.equal(want[k], got[k]) for k in want)
+
+
 def test_resume_requested_with_nothing_to_resume_is_an_error(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ConfigError, match=r"nothing to resume.*last_or_new"):
