@@ -38,12 +38,15 @@ evaluation (its seconds in the ``eval s`` column; run with ``--eval-threads``, d
 A side stops at ``--max-minutes`` of training time, after ``--hold`` evaluations in a row at or above the
 target, or at its last iteration; the process then exits at once (lit_rl's final saves and engine shutdown are
 not run).
+
+Files: this script holds the workers (``LitClock``, ``run_lit``, ``run_trl``), the controller, the report and
+the command line; next to it, ``_tta_recipe.py`` reads the recipe (what each side is told to run) and
+``_tta_scorer.py`` holds the scorer and the clock both workers use.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -55,220 +58,16 @@ import types
 from pathlib import Path
 
 import lightning as L
-from bench_vs_trl import CACHE, ensure_trl_venv  # this directory: the same TRL virtualenv
 
-from lit_rl.core.steps import optimizer_steps_per_iteration
+# Loaded by file path (importlib), this directory need not be on sys.path; the modules below live in it.
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tta_recipe import lit_config, recipe_knobs, train_order
+from _tta_scorer import Clock, GreedyScorer, make_scorer  # noqa: F401 - GreedyScorer re-exported (tests)
+from bench_vs_trl import CACHE, ensure_trl_venv  # this directory: the same TRL virtualenv
 
 REPO = Path(__file__).resolve().parent.parent
 SIDES = {"lit": "lit_rl", "trl": "TRL"}
-
-
-# ------------------------------------------------------------------ the recipe, read at run time
-def _get(cfg: dict, dotted: str, default=KeyError):
-    """``cfg["a"]["b"]`` for ``"a.b"``; a missing key is a one-line error naming the recipe field."""
-    node = cfg
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            if default is KeyError:
-                raise SystemExit(f"recipe: no `{dotted}`; the bench reads it to tell TRL what to match")
-            return default
-        node = node[key]
-    return node
-
-
-def recipe_knobs(cfg: dict) -> dict:
-    """What TRL must be told to do the recipe's work, and the task both sides train and are scored on."""
-    from lit_rl.rollout import SamplingConfig
-
-    opt = _get(cfg, "model.init_args.optimizer")
-    if not str(opt.get("class_path", "")).endswith("AdamW"):
-        raise SystemExit(
-            f"recipe: model.init_args.optimizer is {opt.get('class_path')}; the bench needs AdamW"
-        )
-    refs = [
-        c for c in _get(cfg, "trainer.callbacks", []) if str(c.get("class_path", "")).endswith("ReferenceKL")
-    ]
-    if refs:
-        raise SystemExit(
-            "recipe: a ReferenceKL callback (beta > 0); this bench compares at beta 0: remove it"
-        )
-    sampling = SamplingConfig(**_get(cfg, "rollout.sampling", {}))
-    rows = int(_get(cfg, "data.init_args.batch_size")) * int(_get(cfg, "rollout.group_size"))
-    epochs, minibatch = (
-        int(_get(cfg, "model.init_args.ppo_epochs", 1)),
-        _get(cfg, "model.init_args.minibatch_size", None),
-    )
-    steps = optimizer_steps_per_iteration(rows, epochs, minibatch)
-    if epochs != 1 or not steps:
-        raise SystemExit(
-            f"recipe: ppo_epochs={epochs}, minibatch_size={minibatch} over {rows} rows; the bench matches "
-            "one pass over the rows in equal minibatches (TRL's steps_per_generation)"
-        )
-    return {
-        "prompts": int(_get(cfg, "data.init_args.batch_size")),
-        "group": int(_get(cfg, "rollout.group_size")),
-        "new_tokens": sampling.max_new_tokens,
-        "sampling": {
-            k: getattr(sampling, k) for k in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-        },
-        "lr": float(_get(opt, "init_args.lr")),
-        "weight_decay": float(_get(opt, "init_args.weight_decay", 0.01)),  # torch's AdamW default
-        "task": _get(cfg, "data.init_args.task"),
-        "task_args": _get(cfg, "data.init_args.task_args", {}) or {},
-        "model": _get(cfg, "model.init_args.model"),
-        "max_steps": int(_get(cfg, "trainer.max_steps")),
-        "steps_per_iteration": steps,  # optimizer steps per generated batch: TRL's steps_per_generation
-    }
-
-
-def lit_config(
-    recipe: dict,
-    *,
-    model: str,
-    root: str,
-    seed: int,
-    max_steps: int,
-    lr: float | None,
-    clock_spec: str,
-    hf_engine: bool,
-) -> dict:
-    """The recipe as ``lit-rl fit`` runs it here: the bench's clock first, HeldoutEval out, nothing else."""
-    cfg = copy.deepcopy(recipe)
-    cfg["seed_everything"] = seed
-    trainer = cfg["trainer"]
-    trainer.update(default_root_dir=root, max_steps=max_steps)
-    kept = [
-        c for c in trainer.get("callbacks", []) if not str(c.get("class_path", "")).endswith("HeldoutEval")
-    ]
-    # First in the list: its final evaluation runs before SaveHFModel & co. at the end of training.
-    clock = {"class_path": "bench_time_to_accuracy.LitClock", "init_args": {"spec": clock_spec}}
-    trainer["callbacks"] = [clock] + kept
-    cfg["model"]["init_args"]["model"] = model
-    if lr is not None:
-        cfg["model"]["init_args"]["optimizer"]["init_args"]["lr"] = lr
-    if hf_engine:
-        cfg["rollout"]["engine"] = {"class_path": "lit_rl.rollout.HFEngine"}
-    return cfg
-
-
-def train_order(n_train: int, seed: int, prompts: int, iterations: int) -> list[int]:
-    """The training-prompt indices lit_rl's datamodule yields over ``iterations`` (one rank), in order."""
-    from lit_rl.data.datamodule import _InfiniteShuffle
-
-    stream = iter(_InfiniteShuffle(n_train, seed, prompts))
-    return [next(stream) for _ in range(prompts * iterations)]
-
-
-# ------------------------------------------------------------------ the one scorer (both workers)
-class GreedyScorer:
-    """Greedy held-out accuracy of a policy's weights, loaded into this scorer's own copy of the model."""
-
-    def __init__(
-        self,
-        model_dir: str,
-        task: str,
-        task_args: dict,
-        heldout: int,
-        new_tokens: int,
-        threads: int = 1,
-        batch: int = 50,
-    ):
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-
-        from lit_rl.data.prompts import render_prompt
-        from lit_rl.data.tasks import get_task
-        from lit_rl.rewards import LastIntReward
-
-        held = get_task(task, **task_args)[1]
-        if heldout > len(held):
-            raise SystemExit(f"--heldout {heldout}: the task has {len(held)} held-out prompts; lower it")
-        self.prompts, self.batch, self.reward = held[:heldout], batch, LastIntReward()
-        self.threads = threads
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else self.tok.eos_token_id
-        # A fresh config: nothing from the checkpoint's generation_config.json (sampling flags) applies.
-        self.gen = GenerationConfig(
-            do_sample=False, max_new_tokens=new_tokens, eos_token_id=self.tok.eos_token_id, pad_token_id=pad
-        )
-        self.ids = [render_prompt(p, self.tok) for p in self.prompts]
-        self.pad = pad
-
-    def __call__(self, state_dict) -> float:
-        import torch
-
-        self.model.load_state_dict(state_dict, strict=True)
-        correct, training_threads = 0, torch.get_num_threads()
-        # Outside the training clock, so every core may help (the same count on both sides); then training's.
-        torch.set_num_threads(self.threads)
-        with torch.inference_mode():
-            for i in range(0, len(self.ids), self.batch):
-                rows = self.ids[i : i + self.batch]
-                width = max(map(len, rows))  # left padding: every prompt ends where generation starts
-                ids = torch.tensor([[self.pad] * (width - len(r)) + r for r in rows])
-                mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
-                out = self.model.generate(input_ids=ids, attention_mask=mask, generation_config=self.gen)
-                for p, row in zip(self.prompts[i : i + self.batch], out[:, width:]):
-                    text = self.tok.decode(row, skip_special_tokens=True)
-                    correct += self.reward(p, text) >= 1
-        torch.set_num_threads(training_threads)
-        return correct / len(self.ids)
-
-
-def make_scorer(spec: dict) -> GreedyScorer:
-    return GreedyScorer(
-        *(spec[k] for k in ("model", "task", "task_args", "heldout", "new_tokens", "eval_threads"))
-    )
-
-
-class Clock:
-    """A worker's training clock: evaluates between iterations with the clock stopped, says when to stop.
-
-    ``start`` before the first iteration (evaluates the initial weights, then starts the clock), ``after`` at
-    the end of each iteration. Prints ``EVAL {"train_s", "iteration", "accuracy", "eval_s"}`` per evaluation
-    and ``DONE {"iterations", "reason"}`` last (the controller reads them), then calls ``exit``."""
-
-    def __init__(self, spec: dict, scorer, exit=os._exit):
-        self.spec, self.scorer, self.exit = spec, scorer, exit
-        self.trained = 0.0  # training seconds before the last resume
-        self.resumed: float | None = None  # when the clock last started; None before start()
-        self.accuracies: list[float] = []
-        self.evaluated_at = -1
-
-    def train_s(self) -> float:
-        return self.trained + (time.perf_counter() - self.resumed if self.resumed is not None else 0.0)
-
-    def evaluate(self, k: int, weights) -> None:
-        now = time.perf_counter()
-        self.trained = self.train_s()
-        acc = self.scorer(weights())
-        eval_s = time.perf_counter() - now
-        self.accuracies.append(acc)
-        self.evaluated_at = k
-        row = {"train_s": self.trained, "iteration": k, "accuracy": acc, "eval_s": eval_s}
-        print("EVAL " + json.dumps(row), flush=True)
-        self.resumed = time.perf_counter()
-
-    def start(self, weights) -> None:
-        self.evaluate(0, weights)
-
-    def after(self, k: int, weights) -> None:
-        """Iteration ``k`` has ended: evaluate when due; stop when time, iterations or the target say so."""
-        s = self.spec
-        out_of_time, last = self.train_s() >= s["max_s"], k >= s["max_iterations"]
-        if k % s["eval_every"] == 0 or out_of_time or last:
-            self.evaluate(k, weights)
-        recent = self.accuracies[-s["hold"] :]
-        held = len(recent) == s["hold"] and min(recent) >= s["target"]
-        if held or out_of_time or last:
-            self.done(k, "target held" if held else "max minutes" if out_of_time else "max iterations")
-
-    def done(self, k: int, reason: str, weights=None) -> None:
-        if weights is not None and self.evaluated_at != k:
-            self.evaluate(k, weights)
-        print("DONE " + json.dumps({"iterations": k, "reason": reason}), flush=True)
-        self.exit(0)  # os._exit: skip teardown (vLLM shutdown, final saves); nothing after this is measured
 
 
 # ------------------------------------------------------------------ workers
