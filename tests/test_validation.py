@@ -59,11 +59,13 @@ def test_eval_metrics_appear_only_on_the_steps_they_were_measured(run):
         assert acc * HELD_OUT == pytest.approx(round(acc * HELD_OUT), abs=1e-4)
 
 
-@pytest.mark.parametrize("batch_size", [8, 44])
-def test_validate_subcommand_evaluates_the_checkpoint(run, batch_size):
-    """`lit-rl validate --ckpt_path last` on the run directory gives the fit's final held-out accuracy, with
-    any batch size (6 uneven batches or 1)."""
+@pytest.mark.parametrize("batch_size, ckpt", [(8, "last"), (44, "last"), (8, "file")])
+def test_validate_subcommand_evaluates_the_checkpoint(run, batch_size, ckpt):
+    """`lit-rl validate --ckpt_path last` (or the checkpoint file's path) on the run directory gives the fit's
+    final held-out accuracy, with any batch size (6 uneven batches or 1)."""
     root, _ = run
+    if ckpt == "file":
+        ckpt = str((root / "checkpoints" / "last.ckpt").resolve())
     final = [r["eval/accuracy"] for r in log_rows(root / "logs" / "metrics.csv") if "eval/accuracy" in r][-1]
     cli = main(
         [
@@ -73,7 +75,7 @@ def test_validate_subcommand_evaluates_the_checkpoint(run, batch_size):
             "--trainer.default_root_dir",
             str(root),
             "--ckpt_path",
-            "last",
+            ckpt,
             "--data.init_args.batch_size",
             str(batch_size),
             *COMMON,
