@@ -169,6 +169,7 @@ def test_distill_recipe_runs_through_cli(tmp_path, monkeypatch, tiny_model_dir):
     assert any(isinstance(cb, TeacherRouter) for cb in cli.trainer.callbacks)
     m = cli.trainer.callback_metrics
     assert "loss/reverse_kl_full" in m and "distill/addition/reverse_kl" in m and "distill/addition/rows" in m
+    assert float(m["perf/teacher_s"]) > 0  # the iteration's time scoring rows with teachers
 
 
 # ---------------------------------------------------------------------------------------- print_config

@@ -93,6 +93,49 @@ def test_teachers_load_lazily_and_offload(student, two_teachers):
     assert next(router.teachers["addition"].model.parameters()).device.type == "cpu"
 
 
+def test_router_dtype_loads_path_teachers_in_it_and_scores_with_them(student, two_teachers):
+    """`TeacherRouter(dtype="bfloat16")`: teachers from a path (and `self_frozen` copies) that set no dtype of
+    their own are loaded in bfloat16; a Teacher's own dtype wins and `self` (the student's live weights) is not
+    copied. The attached log-probs are the bfloat16 teacher's: equal to its own forward, off the float32 one's
+    by its rounding only."""
+    tok = student.tokenizer
+    own = Teacher(source=str(two_teachers[1]), dtype="float32")
+    router = TeacherRouter(
+        {"addition": str(two_teachers[0]), "reverse": own, "poetry": "self", "chess": "self_frozen"},
+        dtype="bfloat16",
+    )
+    got = {d: t.dtype for d, t in router.teachers.items()}
+    assert got == {"addition": "bfloat16", "reverse": "float32", "poetry": None, "chess": "bfloat16"}
+    frozen = router.teachers["chess"]
+    frozen.snapshot(student)
+    assert {p.dtype for p in frozen.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in student.model.parameters()} == {
+        torch.float32
+    }  # the copy was cast, not the student
+
+    exp = _exp(tok, [(ADD[0], "3"), (ADD[1], "5"), (ADD[0], "12")])
+    router.on_experience(None, student, exp)
+    model, m = router.teachers["addition"].model, exp.loss_mask
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    bf16 = token_logprobs(student.forward_logits(exp, model=model), exp.completion_ids).float()
+    f32 = token_logprobs(
+        student.forward_logits(exp, model=load_causal_lm(str(two_teachers[0]))), exp.completion_ids
+    )
+    to_bf16, to_f32 = (
+        (exp.teacher_logprobs - bf16)[m].abs().max(),
+        (exp.teacher_logprobs - f32)[m].abs().max(),
+    )
+    # measured: 0 and 1.4e-3 (the tiny teacher); a float32 load would make the second 0
+    assert to_bf16 < 1e-5 and 1e-4 < to_f32 < 0.05, (to_bf16, to_f32)
+
+
+def test_a_teacher_dtype_is_checked_where_it_is_declared(two_teachers):
+    with pytest.raises(ValueError, match=r"^TeacherRouter\.dtype='bfloat'; valid values: .*bfloat16"):
+        TeacherRouter({"addition": str(two_teachers[0])}, dtype="bfloat")
+    with pytest.raises(ValueError, match=r"^Teacher\.dtype='half'; valid values: .*float16"):
+        Teacher(source=str(two_teachers[0]), dtype="half")
+
+
 def test_missing_teacher_path_fails_at_construction(tmp_path):
     with pytest.raises(FileNotFoundError, match="TeacherRouter.teachers.addition="):
         TeacherRouter({"addition": str(tmp_path / "nope")})

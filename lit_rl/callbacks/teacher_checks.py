@@ -93,3 +93,11 @@ def readable_teacher(source: str, who: str):
 def _first_line(e: Exception) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_dtype(dtype: str | None, field: str) -> None:
+    """A teacher dtype is checked when the teacher is declared, not at its first load mid-run."""
+    from lit_rl.models.loading import DTYPES
+
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"{field}={dtype!r}; valid values: {', '.join(DTYPES)}, or null (the student's)")

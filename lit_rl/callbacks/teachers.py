@@ -15,13 +15,14 @@ student log-probs stay aligned token for token (Experience layout: entry t of ev
 from __future__ import annotations
 
 import copy
+import time
 from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
 import torch
 
-from lit_rl.callbacks.teacher_checks import readable_teacher, refuse_tokenizer, same_tokenizer
+from lit_rl.callbacks.teacher_checks import check_dtype, readable_teacher, refuse_tokenizer, same_tokenizer
 from lit_rl.callbacks.teacher_inputs import cross_tokenizer_view, privileged_prompt, teacher_view
 from lit_rl.core.distill import teacher_topk
 from lit_rl.core.fused_logprobs import linear_logprobs
@@ -41,7 +42,8 @@ class Teacher:
             (copy of the student at setup). Ignored when ``model`` is given.
         template: privileged-context prompt template (``str.format`` fields from the prompt record); None keeps
             the student's prompt tokens.
-        dtype: dtype when loading ``source`` (default: the student's).
+        dtype: dtype of the teacher's weights, loaded from ``source`` or copied from the student for
+            ``self_frozen`` (``bfloat16`` halves a float32 teacher's memory; default: the student's dtype).
         model, tokenizer: an in-memory teacher (Python API); ``tokenizer`` defaults to the student's.
     """
 
@@ -59,6 +61,7 @@ class Teacher:
             from lit_rl.models.loading import check_model_source
 
             check_model_source(source, "Teacher.source")
+        check_dtype(dtype, "Teacher.dtype")
         self.source, self.template, self.dtype = source, template, dtype
         self.model, self.tokenizer = model, tokenizer
 
@@ -70,6 +73,10 @@ class Teacher:
         """``self_frozen``: copy the student's weights now (called at setup, before any optimizer step)."""
         if self.model is None and self.source == "self_frozen":
             self.model = copy.deepcopy(module.model).eval().requires_grad_(False)
+            if self.dtype:
+                from lit_rl.models.loading import resolve_dtype
+
+                self.model.to(resolve_dtype(self.dtype))
             self.tokenizer = module.tokenizer
 
     def get(self, module) -> tuple[torch.nn.Module, Any]:
@@ -112,6 +119,8 @@ class TeacherRouter(L.Callback):
             None = an unknown domain is an error naming it and the known ones.
         device: where loaded teachers live (``cpu`` keeps them off the accelerator); None = the student's device.
         offload: keep loaded teachers on CPU between uses, moving each to the student's device only to score.
+        dtype: dtype of every teacher loaded from a path or copied as ``self_frozen`` that does not set its own
+            (``Teacher.dtype``); ``bfloat16`` halves float32 teachers' memory. None = the student's dtype.
         micro_batch_size: rows per teacher forward; None = the student's ``micro_batch_size``.
         teacher_samples: teacher rollouts per prompt for ``sft_on_success`` (DistillModule asks for them).
         success_threshold: a teacher rollout survives when its reward is valid and >= this.
@@ -132,6 +141,7 @@ class TeacherRouter(L.Callback):
         micro_batch_size: int | None = None,
         teacher_samples: int = 4,
         success_threshold: float = 1.0,
+        dtype: str | None = None,
     ):
         if not isinstance(teachers, dict) or not teachers:
             raise ValueError("TeacherRouter.teachers must be a non-empty mapping domain -> teacher")
@@ -146,10 +156,15 @@ class TeacherRouter(L.Callback):
             self.fallback: Teacher | None = self.teachers[fallback]
         else:
             self.fallback = None if fallback is None else self._as_teacher(fallback, "TeacherRouter.fallback")
+        check_dtype(dtype, "TeacherRouter.dtype")
+        for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
+            if t.model is None and t.source != "self" and t.dtype is None:
+                t.dtype = dtype  # "self" is the student's live weights: no copy to cast
         self.device, self.offload, self.micro_batch_size = device, offload, micro_batch_size
         self.teacher_samples, self.success_threshold = teacher_samples, success_threshold
         self.rows_total: dict[str, int] = {}  # domain -> rows scored over the run
         self._kl: dict[str, list[float]] = {}  # domain -> [sum, count, rows] of the current iteration
+        self._score_s = 0.0  # wall seconds spent scoring this iteration's rows (perf/teacher_s)
 
     @staticmethod
     def _as_teacher(t, field: str) -> Teacher:
@@ -290,6 +305,7 @@ class TeacherRouter(L.Callback):
 
     @torch.no_grad()
     def on_experience(self, trainer, module, exp: Experience) -> None:
+        t0 = time.perf_counter()
         k = getattr(module, "teacher_topk_k", None)
         B, C = exp.batch_size, exp.completion_len
         dev = exp.input_ids.device
@@ -348,6 +364,7 @@ class TeacherRouter(L.Callback):
         if k:
             exp.extras.update(teacher_topk_logprobs=tk_lp, teacher_topk_ids=tk_id, teacher_tail_logprob=tail)
         self._accumulate(exp)
+        self._score_s += time.perf_counter() - t0
 
     def _cross_logprobs(self, module, teacher, micro, model, tok) -> torch.Tensor:
         view, owner = cross_tokenizer_view(teacher.template, micro, module.tokenizer, tok)
@@ -380,7 +397,9 @@ class TeacherRouter(L.Callback):
             if n:
                 pl_module.log(f"distill/{d}/reverse_kl", s / n, on_step=True, on_epoch=False, batch_size=rows)
             pl_module.log(f"distill/{d}/rows", float(rows), on_step=True, on_epoch=False, batch_size=1)
-        self._kl = {}
+        if self._kl:  # loading a teacher on first use counts: it is time the iteration spends on teachers
+            pl_module.log("perf/teacher_s", self._score_s, on_step=True, on_epoch=False, batch_size=1)
+        self._kl, self._score_s = {}, 0.0
 
     # -------------------------------------------------------- teacher rollouts
     @torch.no_grad()
