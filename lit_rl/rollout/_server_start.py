@@ -29,11 +29,21 @@ PROCESSED = "processed_logprobs"
 # the trainer shares the host, and pinning would put both on the same cores.
 CPU_SERVER_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
+# A free port is chosen here but bound by the server only after its imports (seconds later); another process
+# (an in-process vLLM engine opens ~9 sockets on random ports) can take it in between. With free ports chosen
+# by us (launch.port null) a server that dies of that is started again on a new port, at most this many times.
+PORT_RETRIES = 3
+
+
+class PortTaken(RuntimeError):
+    """A launched server exited during start-up because its port was taken after it was chosen."""
+
 
 def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[str], list]:
     """Start ``launch['num_servers']`` vLLM servers on ``model``; returns (urls, ServerProcess list) once every
-    server answers ``/health``. Raises naming ``launch.port`` when a port is taken, and with the server's log
-    tail when one dies or does not come up within ``launch.timeout_s``."""
+    server answers ``/health``. Raises naming ``launch.port`` when a given port is taken (free ports, chosen
+    here, are chosen again: ``PORT_RETRIES``), and with the server's log tail when one dies or does not come up
+    within ``launch.timeout_s``."""
     from lit_rl.rollout._server_launch import ServerProcess, free_port, port_in_use
     from lit_rl.rollout._vllm_common import compile_env, cpu_server_flags
 
@@ -41,54 +51,67 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
     host, port = launch.get("host", "127.0.0.1"), launch.get("port")
     timeout = float(launch.get("timeout_s", 600))
     ports = [free_port(host) for _ in range(num)] if port is None else [int(port) + i for i in range(num)]
-    for p in ports:
+    for p in ports if port is not None else []:
         if port_in_use(host, p):
             raise ValueError(
                 f"VLLMServerEngine.launch.port: port {p} on {host} is in use; choose a free port or "
                 "port: null (free ports)"
             )
+
+    def start(p: int) -> ServerProcess:
+        cmd = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            host,
+            "--port",
+            str(p),
+            "--dtype",
+            str(launch.get("dtype") or policy_dtype),
+            "--logprobs-mode",
+            PROCESSED,
+            "--seed",
+            "0",
+            "--disable-log-stats",
+        ]
+        if launch.get("max_model_len"):
+            cmd += ["--max-model-len", str(launch["max_model_len"])]
+        if launch.get("max_num_seqs"):
+            cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
+        extra = [str(a) for a in launch.get("extra_args") or []]
+        on_cpu = not _cuda()
+        cmd += [*(cpu_server_flags(extra) if on_cpu else []), *extra]
+        env = {
+            **compile_env(),
+            **os.environ,
+            "VLLM_SERVER_DEV_MODE": "1",
+            "OMP_NUM_THREADS": str(threads),
+            "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
+            **(CPU_SERVER_ENV if on_cpu else {}),
+            **{k: str(v) for k, v in (launch.get("env") or {}).items()},
+        }
+        log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
+        return ServerProcess(cmd, env, log)
+
     procs, urls = [], []
     try:
-        for _i, p in enumerate(ports):
-            cmd = [
-                sys.executable,
-                "-m",
-                "vllm.entrypoints.openai.api_server",
-                "--model",
-                model,
-                "--host",
-                host,
-                "--port",
-                str(p),
-                "--dtype",
-                str(launch.get("dtype") or policy_dtype),
-                "--logprobs-mode",
-                PROCESSED,
-                "--seed",
-                "0",
-                "--disable-log-stats",
-            ]
-            if launch.get("max_model_len"):
-                cmd += ["--max-model-len", str(launch["max_model_len"])]
-            if launch.get("max_num_seqs"):
-                cmd += ["--max-num-seqs", str(launch["max_num_seqs"])]
-            extra = [str(a) for a in launch.get("extra_args") or []]
-            on_cpu = not _cuda()
-            cmd += [*(cpu_server_flags(extra) if on_cpu else []), *extra]
-            env = {
-                **compile_env(),
-                **os.environ,
-                "VLLM_SERVER_DEV_MODE": "1",
-                "OMP_NUM_THREADS": str(threads),
-                "VLLM_CPU_KVCACHE_SPACE": str(launch.get("kv_cache_gb", 1)),
-                **(CPU_SERVER_ENV if on_cpu else {}),
-                **{k: str(v) for k, v in (launch.get("env") or {}).items()},
-            }
-            log = os.path.join(_log_dir(), f"vllm_server_{p}.log")
-            procs.append(ServerProcess(cmd, env, log))
+        for p in ports:  # all start at once: their start-ups overlap
+            procs.append(start(p))
             urls.append(f"http://{host}:{p}")
-        for proc, url in zip(procs, urls):
-            _wait_healthy(proc, url, time.monotonic() + timeout, timeout)
+        for i in range(num):
+            for attempt in range(PORT_RETRIES + 1):
+                try:
+                    _wait_healthy(procs[i], urls[i], time.monotonic() + timeout, timeout)
+                    break
+                except PortTaken:
+                    if port is not None or attempt == PORT_RETRIES:
+                        raise
+                    procs[i].stop()
+                    p = free_port(host)
+                    procs[i], urls[i] = start(p), f"http://{host}:{p}"
     except BaseException:
         for proc in procs:
             proc.stop()
@@ -99,9 +122,10 @@ def launch_servers(model: str, launch: dict, policy_dtype: str) -> tuple[list[st
 def _wait_healthy(proc, url: str, deadline: float, timeout: float) -> None:
     while True:
         if not proc.alive():
-            raise RuntimeError(
+            tail = proc.log_tail()
+            raise (PortTaken if "Address already in use" in tail else RuntimeError)(
                 f"VLLMServerEngine.launch: the server for {url} exited during start-up; log "
-                f"{proc.log_path}:\n{proc.log_tail()}"
+                f"{proc.log_path}:\n{tail}"
             )
         try:
             if requests.get(url + "/health", timeout=5).status_code == 200:
