@@ -206,10 +206,8 @@ class LitRLCLI(LightningCLI):
             self.config = parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
-        """Off: the config (``-c``, e.g. the run's own config.yaml) says what the model is; a checkpoint restores
-        state. Lightning's version re-reads a .ckpt file's hyperparameters as the model's settings, which
-        without the class path fails for every lit_rl module ("Parsing of ckpt_path hyperparameters failed"),
-        and loads the whole file (weights and optimizer state) before any check; ``last`` never went that way."""
+        """Off: the ``-c`` config says what the model is, a checkpoint file restores state (as ``last`` does).
+        Lightning's re-read of the file's hyperparameters as model settings refused every lit_rl module."""
 
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
