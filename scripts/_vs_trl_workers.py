@@ -113,6 +113,19 @@ def token_counts(exp) -> dict[str, float]:
     }
 
 
+# TRL GRPOConfig settings both benches share: on the CPU in float32, no logging backends, checkpoints or
+# dataloader workers (bench_time_to_accuracy.py imports it, so the two TRL sides cannot drift apart).
+TRL_CPU_ARGS = {
+    "use_cpu": True,
+    "bf16": False,
+    "fp16": False,
+    "logging_steps": 1,
+    "report_to": "none",
+    "save_strategy": "no",
+    "dataloader_num_workers": 0,
+}
+
+
 def run_lit(
     model_dir: str,
     engine: str,
@@ -247,13 +260,7 @@ def run_trl(
         num_iterations=1,
         gradient_accumulation_steps=1,
         max_steps=total + 1,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
+        **TRL_CPU_ARGS,
         seed=0,
         disable_tqdm=True,
         **extra,

@@ -64,6 +64,7 @@ if str(Path(__file__).resolve().parent) not in sys.path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _tta_recipe import lit_config, recipe_knobs, train_order
 from _tta_scorer import Clock, GreedyScorer, make_scorer  # noqa: F401 - GreedyScorer re-exported (tests)
+from _vs_trl_workers import TRL_CPU_ARGS  # the GRPOConfig settings both benches share
 from bench_vs_trl import CACHE, ensure_trl_venv  # this directory: the same TRL virtualenv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -149,13 +150,7 @@ def run_trl(spec: dict) -> None:
         model_init_kwargs={"dtype": "float32"},  # TRL's default too; said here, as lit_rl's fp32 is
         shuffle_dataset=False,  # the prompts come in lit_rl's order
         max_steps=spec["max_iterations"] * per,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        logging_steps=1,
-        report_to="none",
-        save_strategy="no",
-        dataloader_num_workers=0,
+        **TRL_CPU_ARGS,
         seed=spec["seed"],
         disable_tqdm=True,
     )

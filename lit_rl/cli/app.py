@@ -206,8 +206,7 @@ class LitRLCLI(LightningCLI):
             self.config = parser.parse_args(args)
 
     def _parse_ckpt_path(self) -> None:
-        """Off: the ``-c`` config says what the model is, a checkpoint file restores state (as ``last`` does).
-        Lightning's re-read of the file's hyperparameters as model settings refused every lit_rl module."""
+        """Off: ``-c`` says what the model is; Lightning re-read a .ckpt file's hparams and refused every module."""
 
     # ------------------------------------------------------------ before instantiation
     def before_instantiate_classes(self) -> None:
