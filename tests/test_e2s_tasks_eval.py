@@ -1,5 +1,5 @@
 """The experts-to-student pieces without training: the chat tasks of several domains (chat_multiply_digit,
-chat_compare, their mix chat_mixed) and HeldoutEval's per-domain accuracy (fake engine, hand-counted)."""
+chat_compare, chat_largest, their mix chat_mixed) and HeldoutEval's per-domain accuracy (fake engine, hand-counted)."""
 
 from __future__ import annotations
 
@@ -45,6 +45,47 @@ def test_chat_multiply_digit_and_compare_prompts_answers_and_fixed_splits():
         get_task("chat_multiply_digit", low=50, high=20)
 
 
+def test_chat_largest_prompts_answers_and_fixed_splits():
+    train, held = get_task("chat_largest")
+    assert len(held) == 200 and len(train) + len(held) == 8100  # `size` distinct ordered 4-tuples
+    assert {p.uid for p in train}.isdisjoint({p.uid for p in held}) and len({p.uid for p in train}) == 7900
+    for q in held[:50]:
+        t = [int(x) for x in q.uid.split("-")[1:]]
+        assert len(t) == len(set(t)) == 4 and all(10 <= x <= 99 for x in t)
+        assert q.answer == str(max(t)) and q.domain == "largest"
+        assert q.messages == [
+            {
+                "role": "user",
+                "content": f"Which is the largest of {t[0]}, {t[1]}, {t[2]} and {t[3]}? Reply with only the number.",
+            }
+        ]
+    # the maximum sits in every position: the answer is not "the last number"
+    positions = {[int(x) for x in q.uid.split("-")[1:]].index(int(q.answer)) for q in held}
+    assert positions == {0, 1, 2, 3}
+    assert [q.uid for q in get_task("chat_largest")[1]] == [q.uid for q in held]  # seeded
+    train2, held2 = get_task("chat_largest", count=2, low=1, high=3, size=6, heldout=2)
+    assert sorted(q.uid for q in train2 + held2) == [
+        "chatmax-1-2",
+        "chatmax-1-3",
+        "chatmax-2-1",
+        "chatmax-2-3",
+        "chatmax-3-1",
+        "chatmax-3-2",
+    ]  # every ordered pair of distinct numbers when size is the whole space
+    a, b = held2[0].uid.split("-")[1:]
+    assert (
+        held2[0].messages[0]["content"] == f"Which is the largest of {a} and {b}? Reply with only the number."
+    )
+    with pytest.raises(ValueError, match=r"chat_largest: size=7 must be in \[2, 6\]"):
+        get_task("chat_largest", count=2, low=1, high=3, size=7)
+    with pytest.raises(ValueError, match="chat_largest: count=1 must be >= 2"):
+        get_task("chat_largest", count=1)
+    with pytest.raises(ValueError, match="fewer than count=4 numbers"):
+        get_task("chat_largest", low=1, high=3)
+    with pytest.raises(ValueError, match="chat_largest: heldout=8100 must be in"):
+        get_task("chat_largest", heldout=8100)
+
+
 def test_chat_mixed_balances_domains_and_keeps_each_domains_held_out_split():
     train, held = get_task("chat_mixed", domains=["addition", "multiplication"], heldout=16)
     by = {d: [p for p in train if p.domain == d] for d in ("addition", "multiplication")}
@@ -69,6 +110,12 @@ def test_chat_mixed_balances_domains_and_keeps_each_domains_held_out_split():
     assert [p.uid for p in held2] == [p.uid for p in held]
     with pytest.raises(ValueError, match=r"train_domains=\['compare'\] must be a non-empty subset"):
         get_task("chat_mixed", domains=["addition"], train_domains=["compare"])
+    train, held = get_task("chat_mixed", domains=["addition", "largest"], heldout=16)
+    assert [p.domain for p in held] == ["addition"] * 16 + ["largest"] * 16
+    assert [p.uid for p in held[16:]] == [p.uid for p in get_task("chat_largest", heldout=16)[1]]
+    assert (
+        sum(p.domain == "largest" for p in train) == sum(p.domain == "addition" for p in train) == 8100 - 16
+    )
     with pytest.raises(ValueError, match="names a domain twice"):
         get_task("chat_mixed", domains=["compare", "compare"])
 

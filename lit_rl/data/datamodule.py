@@ -97,7 +97,7 @@ class PromptDataModule(L.LightningDataModule):
 
     Args:
         task: a built-in task name (``addition``, ``reverse``, the chat tasks ``chat_addition``,
-            ``chat_multiply_digit``, ``chat_compare`` and their mix ``chat_mixed``); used when neither
+            ``chat_multiply_digit``, ``chat_compare``, ``chat_largest`` and their mix ``chat_mixed``); used when neither
             ``train_files`` nor ``dataset`` is set.
         task_args: keyword arguments of the task (e.g. ``{max_operand: 9}``).
         train_files / heldout_files: JSONL files of prompt records (README "Your data": ``prompt`` text or a
