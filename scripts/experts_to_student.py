@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -62,6 +63,13 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--lora-lr", type=float, default=2e-4, help="learning rate of the LoRA students")
     ap.add_argument("--variants", default=None, help="comma list of student variants (default: all)")
     ap.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time (each with OMP_NUM_THREADS = cores // jobs unless set): on 2 cores, 2 jobs finish "
+        "the pipeline sooner; wall times then compare only within one --jobs setting",
+    )
+    ap.add_argument(
         "--tiny", action="store_true", help="smoke mode: a tiny random model, 2 iterations, HFEngine"
     )
     a = ap.parse_args(argv)
@@ -70,6 +78,8 @@ def _args(argv=None) -> argparse.Namespace:
     a.lora_ranks = [int(r) for r in a.lora_ranks.split(",")]
     if a.tiny:
         a.iterations, a.heldout, a.eval_every, a.lora_ranks = 2, 4, 2, [2, 8]
+    if a.jobs < 1:
+        ap.error(f"--jobs={a.jobs} must be >= 1")
     a.expert_iterations = a.expert_iterations or a.iterations
     a.out = Path(a.out).resolve()
     return a
@@ -167,8 +177,9 @@ def student_variants(a, experts: dict[str, str]) -> dict[str, Callable[[dict], d
 
 
 # ------------------------------------------------------------------------------------------------ running
-def run(name: str, run_dir: Path, cfg: dict) -> dict:
-    """One ``lit-rl fit`` in its own process, skipped when its DONE.json exists (resumed when interrupted)."""
+def run(name: str, run_dir: Path, cfg: dict, threads: int | None = None) -> dict:
+    """One ``lit-rl fit`` in its own process, skipped when its DONE.json exists (resumed when interrupted).
+    ``threads`` sets the run's OMP_NUM_THREADS where the user has not (several runs side by side)."""
     done = run_dir / DONE
     if done.exists():
         print(f"[skip] {name}: done ({done})", flush=True)
@@ -176,6 +187,8 @@ def run(name: str, run_dir: Path, cfg: dict) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if threads and "OMP_NUM_THREADS" not in os.environ:
+        env["OMP_NUM_THREADS"] = str(threads)
     # One run at a time: torch's own thread count (all cores) is the fastest on an idle machine; a user who
     # shares the cores sets OMP_NUM_THREADS, which the runs inherit.
     cmd = [
@@ -215,30 +228,53 @@ def _fmt(h: dict) -> str:
 
 
 def pipeline(a) -> tuple[dict, dict]:
-    """Stages 1 and 2; returns (expert-stage summaries, student summaries: variant -> one per seed)."""
+    """Stages 1 and 2; returns (expert-stage summaries, student summaries: variant -> one per seed).
+
+    With ``--jobs N`` up to N runs go at once: the experts together, then the forgetting run and every
+    student (they need the experts' final models). The first failure cancels the runs not yet started."""
     model = a.model
     if a.tiny:
         from lit_rl.models.tiny import ensure_tiny_model
 
         model = str(ensure_tiny_model(a.out / "tiny_model", hidden=64, heads=2))
-    expert_runs, experts = {}, {}
-    for d in a.domains:
-        cfg = _recipe(_load("expert.yaml"), a, a.out / "experts" / d, model, a.expert_iterations, 0, {})
-        cfg["data"]["init_args"]["task_args"]["train_domains"] = [d]
-        expert_runs[f"expert_{d}"] = run(f"expert {d}", a.out / "experts" / d, cfg)
-        experts[d] = str(a.out / "experts" / d / "final_model")
-    if len(a.domains) > 1:  # forgetting: the first domain's expert trained on the second domain
-        first, second = a.domains[:2]
-        run_dir = a.out / "experts" / f"{first}_then_{second}"
-        cfg = _recipe(_load("expert.yaml"), a, run_dir, experts[first], a.expert_iterations, 0, {})
-        cfg["data"]["init_args"]["task_args"]["train_domains"] = [second]
-        expert_runs[f"{first}_then_{second}"] = run(f"expert {first}, then GRPO on {second}", run_dir, cfg)
-    students: dict[str, list[dict]] = {}
-    for seed in a.seeds:
-        for name, change in student_variants(a, experts).items():
-            run_dir = a.out / "students" / name / f"seed{seed}"
-            cfg = change(_recipe(_load("student.yaml"), a, run_dir, model, a.iterations, seed, {}))
-            students.setdefault(name, []).append(run(f"student {name} seed {seed}", run_dir, cfg))
+    threads = max(1, (os.cpu_count() or 1) // a.jobs) if a.jobs > 1 else None
+    with ThreadPoolExecutor(a.jobs) as pool:
+
+        def start(name: str, run_dir: Path, cfg: dict):
+            return pool.submit(run, name, run_dir, cfg, threads)
+
+        try:
+            experts, pending = {}, {}
+            for d in a.domains:
+                cfg = _recipe(
+                    _load("expert.yaml"), a, a.out / "experts" / d, model, a.expert_iterations, 0, {}
+                )
+                cfg["data"]["init_args"]["task_args"]["train_domains"] = [d]
+                pending[f"expert_{d}"] = start(f"expert {d}", a.out / "experts" / d, cfg)
+                experts[d] = str(a.out / "experts" / d / "final_model")
+            expert_runs = {k: f.result() for k, f in pending.items()}
+            pending = {}
+            if len(a.domains) > 1:  # forgetting: the first domain's expert trained on the second domain
+                first, second = a.domains[:2]
+                run_dir = a.out / "experts" / f"{first}_then_{second}"
+                cfg = _recipe(_load("expert.yaml"), a, run_dir, experts[first], a.expert_iterations, 0, {})
+                cfg["data"]["init_args"]["task_args"]["train_domains"] = [second]
+                pending[f"{first}_then_{second}"] = start(
+                    f"expert {first}, then GRPO on {second}", run_dir, cfg
+                )
+            later = []
+            for seed in a.seeds:
+                for name, change in student_variants(a, experts).items():
+                    run_dir = a.out / "students" / name / f"seed{seed}"
+                    cfg = change(_recipe(_load("student.yaml"), a, run_dir, model, a.iterations, seed, {}))
+                    later.append((name, start(f"student {name} seed {seed}", run_dir, cfg)))
+            expert_runs.update({k: f.result() for k, f in pending.items()})
+            students: dict[str, list[dict]] = {}
+            for name, f in later:
+                students.setdefault(name, []).append(f.result())
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return expert_runs, students
 
 
@@ -272,6 +308,13 @@ def report(a, expert_runs: dict, students: dict) -> str:
         f"Held-out greedy accuracy per domain ({a.heldout} prompts each), mean over seeds {a.seeds} (range);",
         f"students: {a.iterations} iterations each; `mean @ {wall:.0f} s`: at the smallest final wall time",
         "of all students (evaluation time excluded).",
+        *(
+            [
+                f"Runs went {a.jobs} at a time (`--jobs {a.jobs}`), so wall times compare within this table only."
+            ]
+            if a.jobs > 1
+            else []
+        ),
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),

@@ -1,6 +1,7 @@
 """scripts/experts_to_student.py --tiny end to end (every stage through `lit-rl fit` processes on a tiny
 model): the table has every run and column, and a second invocation skips every finished run and resumes only
-the one whose done-marker is gone. Slow: 12 + 1 `lit-rl fit` processes (~3 min on 2 quiet cores, 7 busy)."""
+the one whose done-marker is gone. Slow: 12 + 1 `lit-rl fit` processes, the first 12 two at a time (`--jobs 2`;
+~2 min on 2 quiet cores)."""
 
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ EXPERTS = ["expert_addition", "expert_multiplication", "addition_then_multiplica
 
 def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     e2s, out = _script(), tmp_path / "e2s"
-    e2s.main(["--tiny", "--out", str(out)])
+    e2s.main(["--tiny", "--out", str(out), "--jobs", "2"])  # two runs at a time (the resume below: one)
     first = capsys.readouterr().out
     assert first.count("[run ] ") == len(STUDENTS) + len(EXPERTS) and "[skip]" not in first
+    assert first.count("[done] ") == len(STUDENTS) + len(EXPERTS)
 
     report = (out / "report.md").read_text()
     table, forgetting = report.split("Forgetting")
@@ -58,6 +60,7 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     assert "| expert_multiplication | multiplication |" in forgetting  # addition while multiplication trains
     assert "| addition_then_multiplication | multiplication |" in forgetting
     assert (out / "e2s.png").stat().st_size > 10_000
+    assert "Runs went 2 at a time (`--jobs 2`)" in report
 
     # the OPSD student's teacher read the privileged prompt; the multi-teacher run routed both domains
     opsd = (out / "students/opsd/seed0/recipe.yaml").read_text()
@@ -76,3 +79,10 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     assert again.count("[skip] ") == len(STUDENTS) + len(EXPERTS) - 1
     assert again.count("[run ] ") == 1 and "[run ] student opsd seed 0" in again
     assert (out / "students/opsd/seed0/DONE.json").exists()
+    assert "at a time" not in (out / "report.md").read_text()
+
+
+def test_jobs_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        _script()._args(["--jobs", "0"])
+    assert "--jobs=0 must be >= 1" in capsys.readouterr().err
