@@ -245,7 +245,7 @@ def chat_largest(
         space *= high - low + 1 - k
     if not 2 <= size <= space:
         raise ValueError(f"chat_largest: size={size} must be in [2, {space}] (distinct ordered tuples)")
-    rng, seen = random.Random(seed), set()
+    rng, seen = random.Random(seed), set[tuple[int, ...]]()
     while len(seen) < size:
         seen.add(tuple(rng.sample(range(low, high + 1), count)))
     tuples = sorted(seen)
