@@ -1,6 +1,6 @@
 """scripts/experts_to_student.py --tiny end to end (every stage through `lit-rl fit` processes on a tiny
 model): the table has every run and column, and a second invocation skips every finished run and resumes only
-the one whose done-marker is gone. Slow: 12 + 1 `lit-rl fit` processes, the first 12 two at a time (`--jobs 2`;
+the one whose done-marker is gone. Slow: 13 + 1 `lit-rl fit` processes, the first 13 two at a time (`--jobs 2`;
 ~2 min on 2 quiet cores)."""
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow
 
 
 def _script():
@@ -35,10 +34,12 @@ STUDENTS = [
     "grpo_lora_r2",
     "opd_lora_r8",
     "grpo_lora_r8",
+    "grpo_x2",
 ]
-EXPERTS = ["expert_addition", "expert_multiplication", "addition_then_multiplication"]
+EXPERTS = ["expert_addition", "expert_largest", "addition_then_largest"]
 
 
+@pytest.mark.slow
 def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     e2s, out = _script(), tmp_path / "e2s"
     e2s.main(["--tiny", "--out", str(out), "--jobs", "2"])  # two runs at a time (the resume below: one)
@@ -49,16 +50,19 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     report = (out / "report.md").read_text()
     table, forgetting = report.split("Forgetting")
     rows = {line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")}
-    head = "| run | addition | multiplication | mean | mean @ "
+    head = "| run | addition | largest | mean | mean @ "
     assert next(line for line in table.splitlines() if line.startswith("| run | addition")).startswith(head)
     for name in ["start (step 0)", *EXPERTS, *STUDENTS]:
         cells = rows[name].strip("|").split("|")
-        assert len(cells) == 8, (name, cells)  # run, 2 domains, mean, mean @ wall, wall, tokens, peak RSS
+        assert len(cells) == 9, (name, cells)  # run, 2 domains, mean, 2 x mean @ wall, wall, tokens, peak RSS
     for name in STUDENTS:  # every student sampled tokens and has a measured peak memory
         cells = [c.strip() for c in rows[name].strip("|").split("|")]
-        assert float(cells[6]) > 0 and float(cells[7]) > 0.1, (name, cells)
-    assert "| expert_multiplication | multiplication |" in forgetting  # addition while multiplication trains
-    assert "| addition_then_multiplication | multiplication |" in forgetting
+        assert float(cells[7]) > 0 and float(cells[8]) > 0.1, (name, cells)
+    # at opd_multi's own wall time its mean is its final mean (the second "mean @" column is its budget)
+    opd = [c.strip() for c in rows["opd_multi"].strip("|").split("|")]
+    assert opd[5] == opd[3], opd
+    assert "| expert_largest | largest |" in forgetting  # addition while largest trains
+    assert "| addition_then_largest | largest |" in forgetting
     assert (out / "e2s.png").stat().st_size > 10_000
     assert "Runs went 2 at a time (`--jobs 2`)" in report
 
@@ -69,8 +73,11 @@ def test_tiny_pipeline_table_and_resume(tmp_path, capsys):
     router = next(c for c in frozen["trainer"]["callbacks"] if c["class_path"].endswith("TeacherRouter"))
     assert router["init_args"]["fallback"] == "addition"  # one frozen copy for both domains
     assert router["init_args"]["teachers"]["addition"]["init_args"]["source"] == "self_frozen"
+    x2 = yaml.safe_load((out / "students/grpo_x2/seed0/recipe.yaml").read_text())
+    grpo = yaml.safe_load((out / "students/grpo/seed0/recipe.yaml").read_text())
+    assert x2["trainer"]["max_steps"] == 2 * grpo["trainer"]["max_steps"] and "Router" not in str(x2)
     multi = json.loads((out / "students/opd_multi/seed0/DONE.json").read_text())
-    assert {"eval/accuracy/addition", "eval/accuracy/multiplication"} <= set(multi["history"][-1])
+    assert {"eval/accuracy/addition", "eval/accuracy/largest"} <= set(multi["history"][-1])
 
     # resume: finished runs are skipped; a run without its done-marker runs again (from its last checkpoint)
     (out / "students/opsd/seed0/DONE.json").unlink()
@@ -86,3 +93,36 @@ def test_jobs_must_be_positive(capsys):
     with pytest.raises(SystemExit):
         _script()._args(["--jobs", "0"])
     assert "--jobs=0 must be >= 1" in capsys.readouterr().err
+
+
+def _done(name: str, evals: list[tuple[float, float, float]]) -> dict:
+    """A run's DONE.json with (wall_s, addition, largest) evaluations."""
+    history = [
+        {"wall_s": w, "student_tokens": 100.0 * k, "eval/accuracy/addition": x, "eval/accuracy/largest": y}
+        for k, (w, x, y) in enumerate(evals)
+    ]
+    return {"name": name, "elapsed_s": evals[-1][0], "peak_rss_mb": 5120.0, "history": history}
+
+
+def test_report_compares_at_the_shortest_students_time_and_at_opd_multis():
+    e2s = _script()
+    a = e2s._args(["--out", "/tmp/unused", "--domains", "addition,largest", "--iterations", "16"])
+    experts = {"expert_addition": _done("expert_addition", [(0, 0.2, 0.3), (50, 0.7, 0.3)])}
+    students = {
+        "grpo": [_done("grpo", [(0, 0.2, 0.3), (40, 0.5, 0.5), (80, 0.6, 0.6)])],
+        "opd_multi": [_done("opd_multi", [(0, 0.2, 0.3), (60, 0.4, 0.4), (120, 0.8, 1.0)])],
+        "grpo_x2": [_done("grpo_x2", [(0, 0.2, 0.3), (40, 0.5, 0.5), (80, 0.6, 0.6), (120, 0.7, 0.7)])],
+    }
+    table = e2s.report(a, experts, students).split("Forgetting")[0]
+    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if "|" in ln}
+    assert "| mean | mean @ 80 s | mean @ 120 s | wall s |" in rows["run"]
+    # opd_multi: its 60 s evaluation is the last within 80 s (0.40), its final one within its own 120 s (0.90)
+    assert rows["opd_multi"] == "| opd_multi | 0.80 | 1.00 | 0.90 | 0.40 | 0.90 | 120 | 200 | 5.00 |"
+    assert rows["grpo_x2"] == "| grpo_x2 | 0.70 | 0.70 | 0.70 | 0.60 | 0.70 | 120 | 300 | 5.00 |"
+    assert rows["expert_addition"] == "| expert_addition | 0.70 | 0.30 | 0.50 | | | 50 | 100 | 5.00 |"
+    # without opd_multi (a --variants subset) there is one equal-time column, not a crash
+    del students["opd_multi"]
+    table = e2s.report(a, experts, students).split("Forgetting")[0]
+    rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if "|" in ln}
+    assert "| mean | mean @ 80 s | wall s |" in rows["run"]
+    assert rows["grpo_x2"] == "| grpo_x2 | 0.70 | 0.70 | 0.70 | 0.60 | 120 | 300 | 5.00 |"

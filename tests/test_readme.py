@@ -125,8 +125,8 @@ ELSEWHERE = {
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
     (
         "python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 --iterations 16 "
-        "--expert-iterations 20 --eval-every 4"
-    ): "2.5 hours on the real checkpoint; its --tiny mode is tests/test_e2s_pipeline.py (slow)",
+        "--expert-iterations 32 --eval-every 4 --jobs 2"
+    ): "1.5 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
     (
         "python scripts/bench_time_to_accuracy.py --sides lit --threads 2 --heldout 200 --eval-every 4 "

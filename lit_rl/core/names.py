@@ -22,5 +22,11 @@ OverlongPrompts = Literal["truncate", "drop", "error"]
 RolloutMode = Literal["sync", "async"]
 StalePolicy = Literal["drop", "regenerate"]
 TaskName = Literal[
-    "addition", "chat_addition", "chat_compare", "chat_mixed", "chat_multiply_digit", "reverse"
+    "addition",
+    "chat_addition",
+    "chat_compare",
+    "chat_largest",
+    "chat_mixed",
+    "chat_multiply_digit",
+    "reverse",
 ]
