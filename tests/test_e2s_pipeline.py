@@ -126,3 +126,6 @@ def test_report_compares_at_the_shortest_students_time_and_at_opd_multis():
     rows = {ln.split("|")[1].strip(): ln for ln in table.splitlines() if "|" in ln}
     assert "| mean | mean @ 80 s | wall s |" in rows["run"]
     assert rows["grpo_x2"] == "| grpo_x2 | 0.70 | 0.70 | 0.70 | 0.60 | 120 | 300 | 5.00 |"
+    # a run whose step-0 evaluation came after that time (its set-up) is read at that baseline, not dropped
+    late = _done("grpo", [(90, 0.2, 0.3), (200, 0.9, 0.9)])["history"]
+    assert e2s._at_wall(late, 80) is late[0] and e2s._at_wall(late, 200) is late[1]
