@@ -126,7 +126,7 @@ ELSEWHERE = {
     (
         "python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 --iterations 16 "
         "--expert-iterations 32 --eval-every 4 --jobs 2"
-    ): "1.5 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
+    ): "1.6 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
     (
         "python scripts/bench_time_to_accuracy.py --sides lit --threads 2 --heldout 200 --eval-every 4 "
