@@ -5,17 +5,17 @@ student").
    (``configs/e2s/expert.yaml``, task ``chat_mixed`` with ``train_domains: [<domain>]``), measured on every
    domain's held-out prompts; then **forgetting**: GRPO on the second domain starting from the first domain's
    expert (what RL on one domain does to another).
-2. **Students**: a fresh ``--model`` on all domains at once (``configs/e2s/student.yaml``), the same
-   iterations, prompts and seeds for every variant: ``opd_multi`` on-policy distillation from every expert
-   (TeacherRouter by domain); ``grpo`` GRPO alone; ``opd_single`` the first domain's expert for every domain
-   (the coverage gap); ``opsd`` self-distillation, the student's own weights with the answer in the teacher's
-   prompt (no external teacher); ``opsd_frozen`` the same with the student's starting weights as the teacher;
-   ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each
-   ``--lora-ranks`` rank under OPD and under GRPO; ``grpo_x2`` GRPO alone for twice the iterations (an OPD
-   iteration costs more: this is GRPO at about OPD's wall time).
-3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end and at the smallest final wall
-   time of all students, wall time, student tokens, peak memory; forgetting) and ``<out>/e2s.png`` (accuracy
-   against wall time and against student tokens, one panel per domain).
+2. **Students**: a fresh ``--model`` on all domains at once (``configs/e2s/student.yaml``), the same iterations,
+   prompts and seeds for every variant but ``grpo_x2``: ``opd_multi`` on-policy distillation from every expert
+   (TeacherRouter by domain); ``grpo`` GRPO alone; ``opd_single`` the first domain's expert for every domain (the
+   coverage gap); ``opsd`` self-distillation, the student's own weights with the answer in the teacher's prompt
+   (no external teacher); ``opsd_frozen`` the same with the student's starting weights as the teacher;
+   ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each ``--lora-ranks`` rank under OPD and under GRPO;
+   ``grpo_x2`` GRPO alone for twice the iterations (an OPD iteration costs more: this is GRPO at about OPD's wall
+   time).
+3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end, at the smallest final wall
+   time of all students and at ``opd_multi``'s, wall time, student tokens, peak memory; forgetting) and
+   ``<out>/e2s.png`` (accuracy against wall time and against student tokens, one panel per domain).
 
 Every run is ``lit-rl fit -c <run dir>/recipe.yaml --ckpt_path last_or_new`` in its own process (the recipe is
 the stage's template with the run's model, domains, budget and seed filled in). A finished run writes
@@ -25,7 +25,7 @@ files.
 
     lit-rl models smollm2 runs/smollm2
     python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 \
-        --iterations 16 --expert-iterations 20 --eval-every 4      # the README's table: ~2.5 h on 2 cores
+        --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # the README's table: ~1.6 h on 2 cores
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
 """
 
@@ -199,8 +199,8 @@ def run(name: str, run_dir: Path, cfg: dict, threads: int | None = None) -> dict
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     if threads and "OMP_NUM_THREADS" not in os.environ:
         env["OMP_NUM_THREADS"] = str(threads)
-    # One run at a time: torch's own thread count (all cores) is the fastest on an idle machine; a user who
-    # shares the cores sets OMP_NUM_THREADS, which the runs inherit.
+    # One run at a time (--jobs 1): torch's own thread count (all cores) is the fastest on an idle machine; a
+    # user who shares the cores sets OMP_NUM_THREADS, which the runs inherit (and which --jobs never overrides).
     cmd = [
         sys.executable,
         "-m",
@@ -331,7 +331,9 @@ def report(a, expert_runs: dict, students: dict) -> str:
     blank = " |" * len(walls)
     lines = [
         f"Held-out greedy accuracy per domain ({a.heldout} prompts each), mean over seeds {a.seeds} (range);",
-        f"students: {a.iterations} iterations each (grpo_x2: {2 * a.iterations}); `mean @ <s>`: the last evaluation",
+        f"students: {a.iterations} iterations each"
+        + (f" (grpo_x2: {2 * a.iterations})" if "grpo_x2" in students else "")
+        + "; `mean @ <s>`: the last evaluation",
         "within the smallest final wall time of all students, and within opd_multi's (evaluation time excluded).",
         *(
             [
