@@ -142,3 +142,34 @@ def test_trl_loss_types_train_through_the_cli(loss, extra, tmp_path, monkeypatch
     )
     assert cli.model.iteration == 1 and cli.model.hparams.policy_loss == loss
     assert "actor/ratio_mean" in cli.trainer.callback_metrics
+
+
+@pytest.mark.parametrize(
+    "optimizer,listed",
+    [
+        (None, False),  # the modules' own default optimizer: fused AdamW
+        ({"class_path": "torch.optim.AdamW", "init_args": {"fused": True}}, False),
+        ({"class_path": "torch.optim.AdamW", "init_args": {"fused": None}}, True),  # torch's loop on a CPU
+        ({"class_path": "torch.optim.SGD", "init_args": {"lr": 0.1}}, True),
+    ],
+)
+def test_an_unfused_optimizer_step_is_a_difference(optimizer, listed):
+    """TRL steps with adamw_torch_fused; a run whose optimizer step is not fused is told so."""
+    cfg = {"model": {"init_args": {"optimizer": optimizer}}}
+    lines = [line for line in trl_diff.differences(cfg) if line.startswith("fused optimizer step")]
+    want = ['fused optimizer step: False here, True under TRL 1.16\'s optim="adamw_torch_fused"']
+    assert lines == (want if listed else [])
+
+
+def test_the_modules_default_optimizer_is_fused_adamw():
+    """PolicyModule, RewardModelModule and CriticPretrainModule step with fused AdamW when no optimizer is
+    named (TRL's adamw_torch_fused), at their documented learning rates and without weight decay."""
+    import torch
+
+    from lit_rl.learners import critic_pretrain, policy, reward_model
+
+    params = [torch.nn.Parameter(torch.zeros(3))]
+    for module, lr in ((policy, 1e-5), (reward_model, 1e-5), (critic_pretrain, 1e-4)):
+        opt = module._default_optimizer(params)
+        assert type(opt) is torch.optim.AdamW
+        assert (opt.defaults["fused"], opt.defaults["lr"], opt.defaults["weight_decay"]) == (True, lr, 0.0)

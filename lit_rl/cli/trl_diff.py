@@ -54,11 +54,21 @@ def _warmup(cfg: dict) -> Any:
     return args.get("warmup_steps") or args.get("warmup_ratio") or 0
 
 
+def _fused(cfg: dict) -> Any:
+    """Whether the optimizer step is fused: the modules' own default optimizer is (``default_adamw``); a named
+    optimizer is when its ``fused`` says so."""
+    opt = _get(cfg, _OPT)
+    if not isinstance(opt, dict):
+        return True
+    return bool((opt.get("init_args") or {}).get("fused"))
+
+
 # (where in the run's config, or a reader of it; TRL's argument and default; that default in lit_rl's terms)
 TRL_DEFAULTS: list[tuple[str, str | Callable[[dict], Any], str, Any]] = [
     ("seed_everything", "seed_everything", "seed=42", 42),
     ("learning rate", f"{_OPT}.init_args.lr", "learning_rate=1e-6", 1e-6),
     ("optimizer", f"{_OPT}.class_path", 'optim="adamw_torch_fused"', "torch.optim.AdamW"),
+    ("fused optimizer step", _fused, 'optim="adamw_torch_fused"', True),
     ("weight decay", f"{_OPT}.init_args.weight_decay", "weight_decay=0.0", 0.0),
     ("Adam betas", f"{_OPT}.init_args.betas", "adam_beta1=0.9, adam_beta2=0.999", [0.9, 0.999]),
     ("Adam eps", f"{_OPT}.init_args.eps", "adam_epsilon=1e-8", 1e-8),

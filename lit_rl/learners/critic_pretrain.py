@@ -20,6 +20,7 @@ import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.learners.critic import CriticModule
+from lit_rl.learners.optim_step import default_adamw
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 CRITIC_FILE = "critic.pt"
@@ -52,7 +53,7 @@ def records_to_experience(tokenizer, records: list[dict[str, Any]]) -> Experienc
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.0)
+    return default_adamw(params, lr=1e-4)
 
 
 class CriticPretrainModule(L.LightningModule):

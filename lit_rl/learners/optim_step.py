@@ -141,3 +141,11 @@ class OptimizerStep:
         if not math.isfinite(norm):
             uncount()
         return norm
+
+
+def default_adamw(params: Iterable[Tensor], lr: float) -> torch.optim.AdamW:
+    """The modules' optimizer when a recipe names none: AdamW without weight decay, ``fused`` (each parameter's
+    whole update in one kernel, on CPU as on GPU; what TRL steps with, transformers' ``adamw_torch_fused``).
+    Same update as torch's default per-parameter loop up to float32 rounding, about 3x faster on a CPU, and
+    without the loop's temporaries (``scripts/bench_optimizer.py``)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)

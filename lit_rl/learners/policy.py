@@ -38,7 +38,7 @@ from lit_rl.learners.critic import CriticModule
 from lit_rl.learners.forward import PolicyForward, enable_gradient_checkpointing
 from lit_rl.learners.micro_loss import MicroLoss
 from lit_rl.learners.old_logprobs import OldLogprobs
-from lit_rl.learners.optim_step import OptimizerStep
+from lit_rl.learners.optim_step import OptimizerStep, default_adamw
 from lit_rl.learners.protocols import LossTerm, loss_term_providers
 from lit_rl.learners.step_metrics import StepMetricsOnly
 from lit_rl.learners.validation import HeldoutValidation
@@ -60,7 +60,7 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LR
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+    return default_adamw(params, lr=1e-5)
 
 
 @flat_settings(POLICY_GROUPS)

@@ -21,11 +21,12 @@ from lit_rl.core.seeds import run_seed
 from lit_rl.core.settings import check_choices, flat_settings, flat_values, setting, split_settings
 from lit_rl.data.preferences import PreferencePair
 from lit_rl.learners.config import ModelSettings, PrecisionSettings, record_settings
+from lit_rl.learners.optim_step import default_adamw
 from lit_rl.models.reward_head import load_reward_model, score_texts  # moved below: rewards use them too
 
 
 def _default_optimizer(params) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(params, lr=1e-5, weight_decay=0.0)
+    return default_adamw(params, lr=1e-5)
 
 
 @dataclass(frozen=True)
