@@ -24,8 +24,8 @@ again; an interrupted one resumes from its last checkpoint. The report is rebuil
 files.
 
     lit-rl models smollm2 runs/smollm2
-    python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 \
-        --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # the README's table: ~1.6 h on 2 cores
+    python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1 \
+        --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # the README's table: ~2.7 h on 2 cores
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
 """
 
@@ -187,12 +187,18 @@ def student_variants(a, experts: dict[str, str]) -> dict[str, Callable[[dict], d
 
 
 # ------------------------------------------------------------------------------------------------ running
+def _say(line: str) -> None:
+    # one write per line: with --jobs N, N threads report at once and print()'s separate newline interleaves
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def run(name: str, run_dir: Path, cfg: dict, threads: int | None = None) -> dict:
     """One ``lit-rl fit`` in its own process, skipped when its DONE.json exists (resumed when interrupted).
     ``threads`` sets the run's OMP_NUM_THREADS where the user has not (several runs side by side)."""
     done = run_dir / DONE
     if done.exists():
-        print(f"[skip] {name}: done ({done})", flush=True)
+        _say(f"[skip] {name}: done ({done})")
         return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "recipe.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -211,7 +217,7 @@ def run(name: str, run_dir: Path, cfg: dict, threads: int | None = None) -> dict
         "--ckpt_path",
         "last_or_new",
     ]
-    print(f"[run ] {name}: {' '.join(cmd[1:])}", flush=True)
+    _say(f"[run ] {name}: {' '.join(cmd[1:])}")
     t0 = time.perf_counter()
     with (run_dir / "log.txt").open("a") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -229,7 +235,7 @@ def run(name: str, run_dir: Path, cfg: dict, threads: int | None = None) -> dict
         "history": json.loads((run_dir / "heldout_history.json").read_text()),
     }
     done.write_text(json.dumps(summary, indent=1) + "\n")
-    print(f"[done] {name}: {summary['elapsed_s']:.0f}s, final {_fmt(summary['history'][-1])}", flush=True)
+    _say(f"[done] {name}: {summary['elapsed_s']:.0f}s, final {_fmt(summary['history'][-1])}")
     return summary
 
 

@@ -124,9 +124,9 @@ ELSEWHERE = {
     ): "SLURM",
     "lit-rl models smollm2 runs/smollm2": "tests/test_smollm2_checkpoint.py (the real checkpoint, marker real_ckpt)",
     (
-        "python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0 --iterations 16 "
+        "python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1 --iterations 16 "
         "--expert-iterations 32 --eval-every 4 --jobs 2"
-    ): "1.6 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
+    ): "2.7 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
     (
         "python scripts/bench_time_to_accuracy.py --sides lit --threads 2 --heldout 200 --eval-every 4 "
