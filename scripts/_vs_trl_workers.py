@@ -104,12 +104,14 @@ class Gate:
 
 def token_counts(exp) -> dict[str, float]:
     """Real (unpadded) tokens of one rollout: each prompt once (one row per group: lit_rl's shared prompt
-    forward, and what a prefix cache prefills), and every generated completion token."""
+    forward, and what a prefix cache prefills), every generated completion token, and the decode steps the
+    rollout needed at least (its longest completion: one step per token of it)."""
     P = exp.prompt_len
     first = [int((exp.group_ids == g).nonzero()[0]) for g in exp.group_ids.unique()]
     return {
         "work_prompt_tokens": float(exp.attention_mask[first, :P].sum()),
         "work_completion_tokens": float(exp.attention_mask[:, P:].sum()),
+        "work_decode_steps": float(exp.attention_mask[:, P:].sum(1).max()),
     }
 
 

@@ -17,6 +17,11 @@ Generation: ``model.generate`` of ``--completion`` new tokens for ``--rows`` row
     python scripts/bench_mfu.py --model tiny18m                 # the 18M Qwen2 of bench_vs_trl
     python scripts/bench_mfu.py --model ~/.cache/lit_rl/smollm2-135m-instruct   # SmolLM2-135M (lit-rl models smollm2)
 
+Decode floor: a decode step reads every weight once (``weight_read_seconds``: the memory bandwidth) and does
+2 · N · rows FLOPs; it cannot take less than the larger of the two. Generation cannot take less than the
+prompts' prefill at the peak plus that per new token. ``decode_sweep_seconds`` (one step's matmuls alone, at
+their real shapes) says how close torch's own kernels come to it at a few rows.
+
 Prints a table: phase, seconds (median of --reps), achieved GFLOP/s, the matmul peak, the fraction. Threads:
 ``--threads`` (default: torch's). The machine is shared: run it quiet, and read the fraction, not the seconds.
 """
@@ -58,6 +63,49 @@ def matmul_peak(cfg, tokens: int, reps: int) -> tuple[float, str]:
         if g > best:
             best, where = g, f"{tokens}x{k} @ {k}x{n}"
     return best, where
+
+
+def decode_shapes(cfg) -> list[tuple[int, int]]:
+    """(in, out) of every weight one decode step multiplies, as vLLM fuses them: per layer q|k|v in one
+    projection, o, gate|up in one, down; then the LM head."""
+    H, F, V, L = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.num_hidden_layers
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or H // heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    layer = [(H, (heads + 2 * kv) * head_dim), (heads * head_dim, H), (H, 2 * F), (F, H)]
+    return layer * L + [(H, V)]
+
+
+def decode_sweep_seconds(cfg, rows: int, reps: int) -> float:
+    """Seconds of one decode step's matmuls alone: ``rows`` x in @ in x out over every weight of the model at
+    its real (fused) shape, each layer with its own weights, so they stream from memory as a real decode step's
+    do (the model's weights are far larger than the caches: at a few rows a decode step reads every weight once
+    for few FLOPs each, and the GEMM peak above does not apply). No attention, sampling or framework: the least
+    one decode step of ``rows`` rows can take on this machine. Median of ``reps`` after one warm-up."""
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(o, i, generator=g) * 0.02 for i, o in decode_shapes(cfg)]
+    xs = {i: torch.randn(rows, i, generator=g) for i, _ in decode_shapes(cfg)}
+    times = []
+    with torch.no_grad():
+        for _ in range(reps + 1):
+            t = time.perf_counter()
+            for w in weights:
+                torch.nn.functional.linear(xs[w.shape[1]], w)
+            times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
+
+
+def weight_read_seconds(n_params: int, reps: int) -> float:
+    """Seconds to read ``n_params`` float32 values once from memory (a sum over a tensor that size: far larger
+    than the caches, so it runs at the memory bandwidth). A decode step reads every weight at least once, so
+    no decode step can take less, however few rows it has. Median of ``reps`` after one warm-up."""
+    x = torch.ones(int(n_params))
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        x.sum()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times[1:])
 
 
 def update_seconds(model, rows: int, prompt: int, completion: int, reps: int) -> float:
@@ -154,6 +202,21 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, s, f in (("update (fwd+bwd)", upd, upd_flops), ("generation", gen, gen_flops)):
         print(f"| {name} | {s:.3f} | {f / 1e9:.1f} | {f / s / 1e9:.1f} | {f / s / 1e9 / peak:.2f} |")
+    # Decoding is not GEMM-bound: each step reads every weight for 2 x rows FLOPs. Its own floor, the matmuls
+    # of one step at their real shapes, times the steps, plus the prompts' prefill at the peak.
+    sweep = decode_sweep_seconds(cfg, args.rows, args.reps)
+    read = weight_read_seconds(N, args.reps)
+    step_floor = max(
+        read, 2 * N * args.rows / (peak * 1e9)
+    )  # memory-bound or compute-bound, whichever is more
+    gen_floor = 2 * N * args.rows * args.prompt / (peak * 1e9) + args.completion * step_floor
+    print(
+        f"one decode step at {args.rows} rows: reading the weights once {read * 1e3:.1f} ms "
+        f"({4 * N / read / 1e9:.1f} GB/s), its FLOPs at the peak {2 * N * args.rows / peak / 1e6:.1f} ms, torch's "
+        f"own matmuls at those shapes (decode_sweep_seconds) {sweep * 1e3:.1f} ms "
+        f"({2 * N * args.rows / sweep / 1e9 / peak:.2f} of peak); generation floor {gen_floor:.3f} s, "
+        f"generation / floor {gen / gen_floor:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -33,7 +33,10 @@ iterations after ``--warmup``. After the table, lit_rl's own phase timers (its `
 update, weight sync, rewards) for the same iterations say where its side of the time goes. Last, lit_rl's compute
 floor: its matmul FLOPs (``bench_mfu``'s count, on the real tokens of the measured iterations) at this machine's
 fp32 ``torch.mm`` peak, and the fraction of that peak the whole iteration would need to run at to take half
-TRL's time (above 1: no implementation can, on this machine).
+TRL's time (above 1: no implementation can, on this machine). Then the machine floor: the same, but decoding priced
+as what it costs on a CPU, where each decode step reads every weight from memory however few rows are left
+(``bench_mfu.weight_read_seconds``, the memory bandwidth) unless its FLOPs at the peak take longer; and lit_rl's
+generation against that floor's generation part.
 
 TRL runs in its own virtualenv (``~/.cache/lit_rl/trl_venv``, created on first use with
 ``--system-site-packages``, so it reuses this environment's CPU ``torch``, ``transformers`` and ``vllm`` and
@@ -75,27 +78,76 @@ from _vs_trl_workers import (  # noqa: F401 - token_counts re-exported (tests)
     run_trl,
     token_counts,
 )
-from bench_mfu import matmul_peak  # this directory: the same FLOP peak as bench_mfu
+from bench_mfu import (  # this directory: bench_mfu's peak, decode sweep and weight read
+    decode_shapes,
+    decode_sweep_seconds,
+    matmul_peak,
+    weight_read_seconds,
+)
 
 PADDING_FREE = {"null": None, "true": True, "false": False}  # --padding-free: lit_rl's setting
 
 
 # ------------------------------------------------------------------ compute floor (the controller's)
-def compute_floor(phases: dict[str, float], beta: float, peak_gflops: float) -> dict[str, float] | None:
+def compute_floor(
+    phases: dict[str, float], beta: float, peak_gflops: float, read_s: float | None = None
+) -> dict[str, float] | None:
     """Seconds lit_rl's iteration cannot go below on this machine: its matmul FLOPs at the measured fp32 matmul
     peak. update 6·N·t (forward + backward), generation 2·N·t, the reference forward 2·N·t when beta > 0, with
     t = the real prompt (once per group) + completion tokens; attention, the optimizer, weight sync and every
     overhead are left out, so the true floor is higher. ``strict``: completion tokens only (a bound no one
-    can argue with: it drops even the prompt's share)."""
+    can argue with: it drops even the prompt's share).
+
+    ``read_s`` (``bench_mfu.weight_read_seconds``: every weight read once at the memory bandwidth) adds
+    ``machine_s``: the same floor with decoding priced as what it is on a CPU. Each decode step reads all the
+    weights however few rows are left, so the rollout's ``work_decode_steps`` (its longest completion) cost at
+    least that many reads; its completion tokens' FLOPs at the peak are the other bound, and the larger one
+    counts (a sum over steps of max(read, FLOPs) is at least the max of the two sums). The prompts' prefill,
+    the update and the reference stay at the peak. ``gen_floor_s``: that floor's generation part."""
     if "work_matmul_params" not in phases:
         return None
     n, tp, tc = phases["work_matmul_params"], phases["work_prompt_tokens"], phases["work_completion_tokens"]
+    peak = peak_gflops * 1e9
     per_token = (6 + 2 + (2 if beta > 0 else 0)) * n  # FLOPs of one token over every pass
-    return {
+    out = {
         "gflop": per_token * (tp + tc) / 1e9,
-        "floor_s": per_token * (tp + tc) / (peak_gflops * 1e9),
-        "strict_s": per_token * tc / (peak_gflops * 1e9),
+        "floor_s": per_token * (tp + tc) / peak,
+        "strict_s": per_token * tc / peak,
         "tokens": tp + tc,
+    }
+    if read_s is not None and "work_decode_steps" in phases:
+        decode = max(phases["work_decode_steps"] * read_s, 2 * n * tc / peak)
+        out["gen_floor_s"] = 2 * n * tp / peak + decode
+        out["machine_s"] = (per_token - 2 * n) * (tp + tc) / peak + out["gen_floor_s"]
+    return out
+
+
+def _n_params(results: list[dict]) -> float:
+    """The matmul parameter count the workers reported (0 if none did)."""
+    return next(
+        (
+            r["lit_rl"]["phases"]["work_matmul_params"]
+            for r in results
+            if "work_matmul_params" in r["lit_rl"]["phases"]
+        ),
+        0.0,
+    )
+
+
+def machine_limits(cfg, threads: int) -> dict:
+    """This machine's limits at the workers' thread count: the fp32 GEMM peak at the model's shapes, the
+    seconds to read every matmul weight once (the memory bandwidth: a decode step's least), and torch's own
+    matmuls of one full decode step (``bench_mfu``'s functions)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    peak, shape = matmul_peak(cfg, 1024, reps=5)
+    n = sum(i * o for i, o in decode_shapes(cfg))  # = matmul_params of the model (tests/test_bench_vs_trl.py)
+    return {
+        "peak": peak,
+        "shape": shape,
+        "read": weight_read_seconds(n, reps=5),
+        "sweep": decode_sweep_seconds(cfg, PROMPTS * GROUP, reps=5),
     }
 
 
@@ -312,6 +364,7 @@ def main() -> None:
 
     model_dir = Path(a.model).expanduser() if a.model else ensure_model()
     prompts_file = CACHE / "bench_vs_trl" / "prompts.jsonl"
+    prompts_file.parent.mkdir(parents=True, exist_ok=True)  # --model skips ensure_model, which made it
     prompts_file.write_text("".join(json.dumps(r) + "\n" for r in prompt_records()))
     trl_py = ensure_trl_venv()
     import torch
@@ -335,6 +388,7 @@ def main() -> None:
         + (f"; lit_rl micro_batch_tokens={a.micro_batch_tokens}" if a.micro_batch_tokens else "")
         + f"; lit_rl padding_free {a.padding_free}"
     )
+    limits = [machine_limits(cfg, a.threads)]  # again after the runs: the best of the two is the machine's
     results = []
     for engine in engines:
         for beta in [float(b) for b in a.betas.split(",")]:
@@ -370,8 +424,19 @@ def main() -> None:
             + ", ".join(f"{k} {v:.2f}" for k, v in sorted(ph.items()) if not k.startswith("work_"))
         )
     # How far 0.5x TRL is from physics: lit_rl's matmul work at this machine's fp32 matmul peak (bench_mfu's).
-    torch.set_num_threads(a.threads)  # the workers' thread count
-    peak, shape = matmul_peak(cfg, 1024, reps=5)
+    limits.append(machine_limits(cfg, a.threads))
+    peak, shape = max((x["peak"], x["shape"]) for x in limits)
+    read = min(x["read"] for x in limits)
+    sweep = min(x["sweep"] for x in limits)
+    n = _n_params(results)
+    print(
+        "machine, before and after the runs (the best of the two is used: a shared machine only slows down): "
+        + "; ".join(
+            f"peak {x['peak']:.0f} GFLOP/s, weights read in {x['read'] * 1e3:.1f} ms, a {PROMPTS * GROUP}-row "
+            f"decode step's matmuls {x['sweep'] * 1e3:.1f} ms"
+            for x in limits
+        )
+    )
     print(
         f"compute floor of lit_rl's iteration at this machine's fp32 matmul peak ({peak:.0f} GFLOP/s at {shape}; "
         "matmul FLOPs of the real tokens only; 'needs' = the fraction of that peak the whole iteration, decode "
@@ -385,7 +450,28 @@ def main() -> None:
         print(
             f"  {r['engine']} beta={r['beta']:.2f}: {f['tokens']:.0f} tokens, {f['gflop']:.0f} GFLOP, floor "
             f"{f['floor_s']:.2f} s (completion tokens only: {f['strict_s']:.2f} s); half TRL {half:.2f} s; "
-            f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f})"
+            f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f}); "
+            f"iteration / floor {r['lit_rl']['wall'] / f['floor_s']:.2f}"
+        )
+    if read:
+        rows = PROMPTS * GROUP
+        print(
+            f"machine floor: the same, with decoding priced as reading every weight once per decode step "
+            f"({read * 1e3:.1f} ms, {4 * n / read / 1e9:.1f} GB/s) or its FLOPs at the peak, whichever is more "
+            f"(a full {rows}-row step: {2 * n * rows / (peak * 1e9) * 1e3:.1f} ms at the peak; torch's own matmuls "
+            f"of that step, bench_mfu.decode_sweep_seconds: {sweep * 1e3:.1f} ms):"
+        )
+    for r in results:
+        f = compute_floor(r["lit_rl"]["phases"], r["beta"], peak, read)
+        if f is None or "machine_s" not in f:
+            continue
+        ph, wall = r["lit_rl"]["phases"], r["lit_rl"]["wall"]
+        gen = ph.get("generate")
+        print(
+            f"  {r['engine']} beta={r['beta']:.2f}: {ph['work_decode_steps']:.0f} decode steps; machine floor "
+            f"{f['machine_s']:.2f} s, iteration / machine floor {wall / f['machine_s']:.2f}; generation floor "
+            f"{f['gen_floor_s']:.2f} s"
+            + (f", lit_rl's generation {gen:.2f} s ({gen / f['gen_floor_s']:.2f}x)" if gen else "")
         )
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2))
