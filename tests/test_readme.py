@@ -149,6 +149,12 @@ ELSEWHERE = {
     ): "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
     "read from the README, in-process and shortened; the environment variables act at process start)",
     (
+        "OMP_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=65536 lit-rl fit -c configs/smollm2_addition.yaml "
+        "--model.init_args.optimizer '{class_path: torch.optim.Adafactor, init_args: {lr: 5.0e-5}}' "
+        "--rollout.engine.init_args.dtype bfloat16 --rollout.engine.init_args.kv_cache_memory_bytes 134217728"
+    ): "tests/test_smollm2_recipe.py::test_adafactor_fit_keeps_factored_state_and_a_bfloat16_engine (its flags, "
+    "read from the README, in-process and shortened; the environment variables act at process start)",
+    (
         "python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 4 --group 4 "
         "--new-tokens 16 --iterations 2 --configs lora_mb8,lora_mb8_arena2,lora_mb8_trim,lora_mb8_mmap,"
         "lora_mb8_kv64_bf16_trim,lora_mb8_kv64_bf16_mmap"

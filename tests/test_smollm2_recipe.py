@@ -43,6 +43,18 @@ def _steps_per_iteration() -> int:
     return optimizer_steps_per_iteration(rows, a.get("ppo_epochs", 1), a.get("minibatch_size"))
 
 
+def _readme_flags(marker: str) -> list[str]:
+    """The flags after the recipe of the README's one `... lit-rl fit -c configs/smollm2_addition.yaml ...`
+    command (environment variables first) that contains ``marker``."""
+    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    (args,) = [
+        shlex.split(line)
+        for line in readme.splitlines()
+        if "lit-rl fit -c configs/smollm2_addition.yaml" in line and marker in line
+    ]
+    return args[args.index("configs/smollm2_addition.yaml") + 1 :]
+
+
 def _cb(cli, name):
     (cb,) = [c for c in cli.trainer.callbacks if type(c).__name__ == name]
     return cb
@@ -172,15 +184,7 @@ def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, t
     from transformers import AutoModelForCausalLM
 
     # the README's low-memory LoRA command (LoRA on every linear, bfloat16 engine, 64 MiB KV cache), shortened
-    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
-    cmd = next(
-        line
-        for line in readme.splitlines()
-        if line.startswith(
-            "MALLOC_MMAP_THRESHOLD_=65536 OMP_NUM_THREADS=1 lit-rl fit -c configs/smollm2_addition.yaml"
-        )
-    )
-    flags = shlex.split(cmd)[6:]
+    flags = _readme_flags("--model.init_args.lora")
     assert "--model.init_args.lora" in flags and "--rollout.engine.init_args.kv_cache_memory_bytes" in flags
     cli = _fit(
         tmp_path,
@@ -216,3 +220,51 @@ def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, t
     for n, p in out.named_parameters():  # the export is the merged policy (W + BA * scale), name for name
         torch.testing.assert_close(p, merged[n].detach().float().cpu(), rtol=0, atol=1e-6, msg=n)
     assert set(dict(out.named_parameters())) == set(dict(base.named_parameters()))
+
+
+def test_adafactor_fit_keeps_factored_state_and_a_bfloat16_engine(smollm2_dir, tmp_path):
+    # the README's lower-memory full fine-tune (Adafactor, bfloat16 engine copy, 128 MiB KV cache), shortened
+    flags = _readme_flags("torch.optim.Adafactor")
+    assert "--model.init_args.optimizer" in flags and "--rollout.engine.init_args.dtype" in flags
+    n_tensors = sum(1 for _ in _load(smollm2_dir).parameters())
+    cli = _fit(
+        tmp_path,
+        smollm2_dir,
+        *flags,
+        "--trainer.max_steps",
+        "2",  # one iteration of two minibatches
+        "--trainer.val_check_interval",
+        "100",
+        "--data.init_args.batch_size",
+        "2",
+        "--rollout.group_size",
+        "4",
+        "--model.init_args.minibatch_size",
+        "4",
+        "--model.init_args.micro_batch_size",
+        "4",
+        "--rollout.sampling.max_new_tokens",
+        "8",
+        *QUIET,
+    )
+    (opt,) = cli.trainer.optimizers
+    assert type(opt).__name__ == "Adafactor"
+    params = [p for p in cli.model.model.parameters() if p.requires_grad]
+    assert len(params) == n_tensors  # a full fine-tune
+    state = sum(t.numel() for s in opt.state.values() for t in s.values() if torch.is_tensor(t))
+    n = sum(p.numel() for p in params)
+    assert 0 < state < 0.05 * n  # factored second moments and no first moment: not AdamW's 2 x n
+    # both minibatches stepped every parameter (whether they move depends on the sampled rewards' signal)
+    assert len(opt.state) == len(params)
+    assert {float(s["step"]) for s in opt.state.values()} == {2.0}
+    assert cli.model.iteration == 1
+    assert (
+        _cb(cli, "RolloutCallback").engine.dtype == "bfloat16"
+    )  # the sampler's copy; the trainer stays float32
+    assert all(p.dtype == torch.float32 for p in params)
+
+
+def _load(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
