@@ -80,8 +80,9 @@ def decode_sweep_seconds(cfg, rows: int, reps: int) -> float:
     """Seconds of one decode step's matmuls alone: ``rows`` x in @ in x out over every weight of the model at
     its real (fused) shape, each layer with its own weights, so they stream from memory as a real decode step's
     do (the model's weights are far larger than the caches: at a few rows a decode step reads every weight once
-    for few FLOPs each, and the GEMM peak above does not apply). No attention, sampling or framework: the least
-    one decode step of ``rows`` rows can take on this machine. Median of ``reps`` after one warm-up."""
+    for few FLOPs each, and the GEMM peak above does not apply). No attention, sampling or framework: what this
+    torch build's float32 kernels need for one decode step of ``rows`` rows (not a floor: see
+    ``weight_read_seconds``). Median of ``reps`` after one warm-up."""
     g = torch.Generator().manual_seed(0)
     weights = [torch.randn(o, i, generator=g) * 0.02 for i, o in decode_shapes(cfg)]
     xs = {i: torch.randn(rows, i, generator=g) for i, _ in decode_shapes(cfg)}
@@ -202,13 +203,11 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for name, s, f in (("update (fwd+bwd)", upd, upd_flops), ("generation", gen, gen_flops)):
         print(f"| {name} | {s:.3f} | {f / 1e9:.1f} | {f / s / 1e9:.1f} | {f / s / 1e9 / peak:.2f} |")
-    # Decoding is not GEMM-bound: each step reads every weight for 2 x rows FLOPs. Its own floor, the matmuls
-    # of one step at their real shapes, times the steps, plus the prompts' prefill at the peak.
+    # Decoding is not GEMM-bound: each step reads every weight for 2 x rows FLOPs, so a step takes at least the
+    # longer of one read of the weights and its FLOPs at the peak; torch's own matmuls of it show what kernels reach.
     sweep = decode_sweep_seconds(cfg, args.rows, args.reps)
     read = weight_read_seconds(N, args.reps)
-    step_floor = max(
-        read, 2 * N * args.rows / (peak * 1e9)
-    )  # memory-bound or compute-bound, whichever is more
+    step_floor = max(read, 2 * N * args.rows / (peak * 1e9))
     gen_floor = 2 * N * args.rows * args.prompt / (peak * 1e9) + args.completion * step_floor
     print(
         f"one decode step at {args.rows} rows: reading the weights once {read * 1e3:.1f} ms "

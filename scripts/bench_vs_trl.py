@@ -122,22 +122,10 @@ def compute_floor(
     return out
 
 
-def _n_params(results: list[dict]) -> float:
-    """The matmul parameter count the workers reported (0 if none did)."""
-    return next(
-        (
-            r["lit_rl"]["phases"]["work_matmul_params"]
-            for r in results
-            if "work_matmul_params" in r["lit_rl"]["phases"]
-        ),
-        0.0,
-    )
-
-
 def machine_limits(cfg, threads: int) -> dict:
     """This machine's limits at the workers' thread count: the fp32 GEMM peak at the model's shapes, the
-    seconds to read every matmul weight once (the memory bandwidth: a decode step's least), and torch's own
-    matmuls of one full decode step (``bench_mfu``'s functions)."""
+    model's matmul parameters ``n``, the seconds to read every one of them once (the memory bandwidth: a
+    decode step's least), and torch's own matmuls of one full decode step (``bench_mfu``'s functions)."""
     import torch
 
     torch.set_num_threads(threads)
@@ -146,6 +134,7 @@ def machine_limits(cfg, threads: int) -> dict:
     return {
         "peak": peak,
         "shape": shape,
+        "n": n,
         "read": weight_read_seconds(n, reps=5),
         "sweep": decode_sweep_seconds(cfg, PROMPTS * GROUP, reps=5),
     }
@@ -428,11 +417,11 @@ def main() -> None:
     peak, shape = max((x["peak"], x["shape"]) for x in limits)
     read = min(x["read"] for x in limits)
     sweep = min(x["sweep"] for x in limits)
-    n = _n_params(results)
+    n, rows = limits[0]["n"], PROMPTS * GROUP
     print(
         "machine, before and after the runs (the best of the two is used: a shared machine only slows down): "
         + "; ".join(
-            f"peak {x['peak']:.0f} GFLOP/s, weights read in {x['read'] * 1e3:.1f} ms, a {PROMPTS * GROUP}-row "
+            f"peak {x['peak']:.0f} GFLOP/s, weights read in {x['read'] * 1e3:.1f} ms, a {rows}-row "
             f"decode step's matmuls {x['sweep'] * 1e3:.1f} ms"
             for x in limits
         )
@@ -453,14 +442,12 @@ def main() -> None:
             f"needs {f['floor_s'] / half:.2f} of peak (now {f['floor_s'] / r['lit_rl']['wall']:.2f}); "
             f"iteration / floor {r['lit_rl']['wall'] / f['floor_s']:.2f}"
         )
-    if read:
-        rows = PROMPTS * GROUP
-        print(
-            f"machine floor: the same, with decoding priced as reading every weight once per decode step "
-            f"({read * 1e3:.1f} ms, {4 * n / read / 1e9:.1f} GB/s) or its FLOPs at the peak, whichever is more "
-            f"(a full {rows}-row step: {2 * n * rows / (peak * 1e9) * 1e3:.1f} ms at the peak; torch's own matmuls "
-            f"of that step, bench_mfu.decode_sweep_seconds: {sweep * 1e3:.1f} ms):"
-        )
+    print(
+        f"machine floor: the same, with decoding priced as reading every weight once per decode step "
+        f"({read * 1e3:.1f} ms, {4 * n / read / 1e9:.1f} GB/s) or its FLOPs at the peak, whichever is more "
+        f"(a full {rows}-row step: {2 * n * rows / (peak * 1e9) * 1e3:.1f} ms at the peak; torch's own matmuls "
+        f"of that step, bench_mfu.decode_sweep_seconds: {sweep * 1e3:.1f} ms):"
+    )
     for r in results:
         f = compute_floor(r["lit_rl"]["phases"], r["beta"], peak, read)
         if f is None or "machine_s" not in f:
