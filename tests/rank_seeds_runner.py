@@ -10,7 +10,8 @@ the checkpoint are what is under test, with the real rank from torch.distributed
 
 ``HFEngine`` (tiny model at MODEL_DIR) samples the same prompt unseeded after ``torch.manual_seed(0)`` on every
 rank (what ``seed_everything`` does), twice: its global-generator stream must differ per rank and replay on a
-rank whose generators are restored.
+rank whose generators are restored; seeded (``sampling.seed``) it must differ per rank too and replay at the
+same generate call.
 """
 
 import json
@@ -26,21 +27,26 @@ from lit_rl.rollout.server import VLLMServerEngine
 from lit_rl.rollout.vllm import VLLMEngine
 
 N = 4  # samples per prompt: each prompt steps the cursor by N
+SEED = 5  # sampling.seed of the seeded HFEngine runs
 
 
 def _callback(engine) -> RolloutCallback:
     return RolloutCallback(engine=engine, rewards=lambda prompt, completion: 0.0, group_size=N)
 
 
-def _hf_samples(model_dir: str) -> list[list[list[int]]]:
+def _hf_samples(model_dir: str, seed: int | None = None) -> list[list[list[int]]]:
+    """Unseeded: one engine twice from the same global generator state (a resumed rank). Seeded
+    (``sampling.seed``): two fresh engines, so both runs are at the same generate call."""
     module = PolicyModule(model=model_dir)
     engine = HFEngine()
-    engine.bind(module)
     ids = module.tokenizer.encode("abcdef")
     out = []
-    for _ in range(2):  # the second run from the same global generator state: a resumed rank
+    for _ in range(2):
+        if seed is not None:
+            engine = HFEngine()
+        engine.bind(module)
         torch.manual_seed(0)
-        groups = engine.generate([ids], N, SamplingConfig(max_new_tokens=8, temperature=1.0))
+        groups = engine.generate([ids], N, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=seed))
         out.append([c.token_ids for c in groups[0]])
     return out
 
@@ -70,6 +76,7 @@ def main(out_dir: str, model_dir: str) -> None:
                 "local_seeds": local_seeds,
                 "restored": restored,
                 "hf": _hf_samples(model_dir),
+                "hf_seeded": _hf_samples(model_dir, seed=SEED),
             },
             f,
         )

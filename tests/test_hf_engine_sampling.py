@@ -143,3 +143,30 @@ def test_private_copy_of_a_lora_policy_takes_merged_weights(tmp_path):
     assert c.token_ids == want[: len(c.token_ids)] and (c.finish_reason == "stop" or len(c.token_ids) == 4)
     with pytest.raises(ValueError, match="unknown"):
         engine.update_weights([("not.a.weight", torch.zeros(1))])
+
+
+def _seeded(engine, prompts, seed=5, n=4):
+    groups = engine.generate(prompts, n, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=seed))
+    return [[c.token_ids for c in g] for g in groups]
+
+
+def test_seeded_duplicate_prompts_get_their_own_samples_and_reruns_replay(bound):
+    """``sampling.seed``: the same prompt twice in one batch is two independent groups (the seed folds in the
+    row's occurrence), and an engine at the same call count replays every group exactly. Before, both
+    occurrences were seeded by (seed, call, tokens) alone, so the second group copied the first."""
+    module, _ = bound
+    ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
+    other = module.tokenizer("hello", add_special_tokens=False)["input_ids"]
+    runs = []
+    for _ in range(2):  # two fresh engines: same seed, rank and batch
+        engine = HFEngine()
+        engine.bind(module)
+        torch.manual_seed(123)  # the global stream must not matter to seeded sampling
+        runs.append(_seeded(engine, [ids, other, ids]))
+    a, _, b = runs[0]
+    assert a != b, "the duplicate prompt's group copied the first occurrence's samples"
+    assert len({tuple(t) for t in a + b}) > 4  # 8 samples of 8 tokens at T = 1: not one repeated draw
+    assert runs[0] == runs[1]  # reproducible
+    solo = HFEngine()
+    solo.bind(module)
+    assert _seeded(solo, [ids])[0] == a  # the first occurrence does not depend on its batch neighbours

@@ -97,3 +97,13 @@ def test_hf_unseeded_sampling_differs_per_rank_and_replays(ranks):
     (a0, a1), (b0, b1) = ranks[0]["hf"], ranks[1]["hf"]
     assert a0 == a1 and b0 == b1  # reproducible from the (checkpointed) per-rank generator state
     assert a0 != b0  # same prompt, same global seed, different ranks: different samples
+
+
+@pytest.mark.slow
+def test_hf_seeded_sampling_differs_per_rank_and_replays(ranks):
+    """``sampling.seed`` with HFEngine: the seed folds in the rank, so the same prompt at the same generate call
+    gets other samples on rank 1 than on rank 0; each rank replays its own exactly. Before, the seed was
+    (seed, call, prompt tokens) alone and every rank sampled the same groups."""
+    (a0, a1), (b0, b1) = ranks[0]["hf_seeded"], ranks[1]["hf_seeded"]
+    assert a0 == a1 and b0 == b1
+    assert a0 != b0, "rank 1 sampled rank 0's group"

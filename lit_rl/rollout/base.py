@@ -201,7 +201,10 @@ def rank_seed(seed: int, rank: int) -> int:
     return int.from_bytes(h, "little") % SEED_MOD
 
 
-def stable_seed(seed: int, call: int, tokens: list[int]) -> int:
-    """A 63-bit seed from (seed, call, prompt tokens), stable across processes (unlike ``hash``)."""
-    h = hashlib.blake2b(repr((seed, call, tuple(tokens))).encode(), digest_size=8).digest()
+def stable_seed(seed: int, call: int, tokens: list[int], occurrence: int = 0) -> int:
+    """A 63-bit seed from (seed, call, prompt tokens, occurrence of the prompt in its batch), stable across
+    processes (unlike ``hash``). Occurrence 0 hashes the triple alone: the keys seeded runs had before the
+    occurrence was folded in."""
+    key = (seed, call, tuple(tokens)) + ((occurrence,) if occurrence else ())
+    h = hashlib.blake2b(repr(key).encode(), digest_size=8).digest()
     return int.from_bytes(h, "little") & (2**63 - 1)

@@ -11,6 +11,7 @@ policy's, and ``PolicyModule(rollout_correction=...)`` corrects the gap to the t
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 from collections.abc import Iterable
@@ -139,8 +140,14 @@ class HFEngine(EngineBase):
         self._calls += 1
         try:
             if sampling.seed is not None and sampling.temperature > 0:
-                for p in prompt_ids:  # one generate per prompt, under its own seed (see SamplingConfig.seed)
-                    key = stable_seed(sampling.seed, self._calls, p)
+                # one generate per prompt, under its own seed (see SamplingConfig.seed): the rank's base (every
+                # rank gets the same seed and call count) and the prompt's occurrence in this batch (a prompt
+                # listed twice is two groups), so neither another rank nor a duplicate replays its samples
+                base = rank_seed(sampling.seed, global_rank())
+                seen: collections.Counter[tuple[int, ...]] = collections.Counter()
+                for p in prompt_ids:
+                    key = stable_seed(base, self._calls, p, seen[tuple(p)])
+                    seen[tuple(p)] += 1
                     with torch.random.fork_rng(devices=[] if not torch.cuda.is_available() else None):
                         torch.manual_seed(key)
                         flat.extend(self._generate([p] * n, sampling))

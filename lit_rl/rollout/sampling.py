@@ -135,11 +135,12 @@ class SamplingConfig:
     max_new_tokens: int = setting(32, "Completion budget (tokens).")
     seed: int | None = setting(
         None,
-        "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, "
-        "engine call, prompt tokens), so they do not depend on which other prompts share the batch or "
-        "the rank; None = the global RNG (one batched generate call; ranks > 0 under a per-rank fork "
-        "of it). The vLLM engines: the base of their per-request seed cursor (per rank, "
-        "rollout.base.RequestSeeds), None = the engine's own seed.",
+        "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, rank, "
+        "engine call, prompt tokens, the prompt's occurrence in the batch), so ranks and a prompt listed "
+        "twice get their own samples, and other prompts in the batch do not change them; None = the "
+        "global RNG (one batched generate call; ranks > 0 under a per-rank fork of it). The vLLM "
+        "engines: the base of their per-request seed cursor (per rank, rollout.base.RequestSeeds), "
+        "None = the engine's own seed.",
     )
     min_p: float = setting(0.0, "In [0, 1]; 0 = off.")
     repetition_penalty: float = setting(1.0, "> 0; 1 = off.")
