@@ -7,24 +7,43 @@ r_t ← r_t − β·k_t, so the critic and the advantages see it) or to the *los
 L ← L + β·agg(k_t), the advantages don't). β is fixed or driven toward a target KL by the adaptive
 controller of Ziegler et al. (``core.controllers``).
 
-Which KL the penalty pushes down depends on the estimator and on where it goes (``core.kl`` docstring;
-checked by exact enumeration in tests/core/test_kl_gradients.py). In the reward, k1 = log π − log π_ref is
-the unbiased per-token estimate of KL(π‖π_ref) and the policy gradient does the rest. In the loss (samples
-from π, the estimator differentiated through log π):
+**The objective** (docs/architecture.md "Truncated sampling"): at every generated position t of the rollouts
+(states s_t reached by the rollout sampler), the per-position KL(π(·|s_t) ‖ π_ref(·|s_t)) of the two models'
+full softmax(z / T) over the whole vocabulary. ``kl/mean`` is its mean over those positions.
+
+``kind="exact"`` computes it exactly: both models' logits, chunk by chunk through their LM heads
+(``core.fused_logprobs.linear_divergence`` / ``core.kl.kl_from_logits``, as the distillation divergences; no
+(B, C, V) tensor), with the reference's forward in the training step. Its value and its gradient are exact
+whatever the sampler. In the loss: β·agg(KL_t(π_θ‖π_ref)), gradient β∇KL_t. In the reward: −β·KL_t(π_old‖π_ref)
+per token *and* the same β·agg(KL_t) in the loss: KL_t is a function of the state, so the reward carries only
+how earlier tokens lead to high-KL states (the return), and the loss part the direct ∇KL_t that no reward on the
+state can (its policy gradient Σ π^s ∇log π^s · KL_t is 0).
+
+The sampled estimators k1/k2/k3 (``core.kl.kl_estimate``) read only the sampled token's two log-probs. They are
+unbiased only for tokens drawn from π itself: with top-k / top-p / min-p / a repetition penalty / greedy the
+tokens come from the sampler π^s ≠ π, the mean is Σ_a π^s(a)·k(a), not KL(π‖π_ref), and no sample can see the
+mass outside the kept set (tests/callbacks/test_reference_kl_truncated.py, top_k 3 of 101 tokens: E_π^s[k3]
+0.208, E_π^s[k1] 0.508, where KL is 0.527). Sampling from π, in the loss (differentiated through log π):
 
 * k1: expected gradient exactly 0 — a noise term; rejected at construction.
 * k2 = ½(log r)²: expected gradient = ∇ KL(π‖π_ref) exactly (the "reverse" KL the reward form targets).
 * k3 = (r − 1) − log r (GRPO's choice): expected gradient = ∇ KL(π_ref‖π), the *forward* KL, exactly. Its
   value estimates KL(π‖π_ref); the two gradients agree only to first order as π → π_ref.
 
-The loss form is on-policy only for the first optimizer step of an Experience; later steps (ppo_epochs > 1,
-minibatches) sample from θ_old, which the estimator does not correct for.
+(checked by exact enumeration in tests/core/test_kl_gradients.py). ``kind="auto"`` (the default) is ``exact``
+when the rollout sampler is not the model's softmax(z / T) and ``k3`` when it is (cheap, GRPO's and TRL's
+choice, unbiased there). An explicit k1/k2/k3 under such a sampler is honoured, with a warning.
+
+The loss form's sampled estimators are on-policy only for the first optimizer step of an Experience; later
+steps (ppo_epochs > 1, minibatches) sample from θ_old, which the estimator does not correct for (``exact`` does
+not need samples of θ: it is exact at every step, at the rollout's states).
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import Any
 
 import lightning as L
@@ -32,11 +51,34 @@ import torch
 
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
-from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate
+from lit_rl.core.fused_logprobs import Projection, linear_divergence
+from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate, kl_from_logits
 from lit_rl.learners.protocols import LossTerm
 from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
+REFERENCE_KL_KINDS = ("auto", "exact", *KL_KINDS)
+
+
+def sampler_differs(module) -> str | None:
+    """Why the rollout sampler is not the model's full softmax(z / T) (the processing settings that make π^s ≠
+    π, e.g. ``"top_k=3"``), or None when it samples from π itself (sampled KL estimators are unbiased there)."""
+    proc = getattr(module, "processing", None)
+    if proc is None:
+        return None
+    if proc.greedy:
+        return "temperature=0 (greedy)"
+    why = [
+        f"{name}={value}"
+        for name, value, off in (
+            ("top_k", proc.top_k, 0),
+            ("top_p", proc.top_p, 1.0),
+            ("min_p", proc.min_p, 0.0),
+            ("repetition_penalty", proc.repetition_penalty, 1.0),
+        )
+        if value != off
+    ]
+    return ", ".join(why) or None
 
 
 class ReferenceKL(L.Callback, LossTerm):
@@ -45,9 +87,14 @@ class ReferenceKL(L.Callback, LossTerm):
     Args:
         path: reference model directory / hub id; None = a frozen copy of the policy taken at ``setup``
             (before any checkpoint is restored, so a resumed run still references the initial weights).
-        kind: KL estimator ``k1|k2|k3`` (``core.kl.kl_estimate``); k1 is the classic reward penalty,
-            k3 GRPO's loss term. ``k1`` with ``where="loss"`` is an error: its expected gradient is zero.
-        where: ``reward`` (−β·KL per token added to ``token_rewards`` before advantages) or ``loss``.
+        kind: ``auto`` (default) | ``exact`` | ``k1`` | ``k2`` | ``k3``. ``exact``: the per-position KL over the
+            whole vocabulary from both models' logits (see the module doc); ``k1|k2|k3``: the sampled estimators
+            (``core.kl.kl_estimate``; k1 the classic reward penalty, k3 GRPO's loss term), unbiased only when
+            the rollout samples from the model's softmax(z / T) (a warning otherwise); ``auto``: ``exact``
+            when the sampler truncates, penalises or is greedy (``sampler_differs``), else ``k3``.
+            ``k1`` with ``where="loss"`` is an error: its expected gradient is zero.
+        where: ``reward`` (−β·KL per token added to ``token_rewards`` before advantages; with ``exact`` also
+            β·agg(KL) in the loss, logged as ``loss/kl``) or ``loss`` (β·agg(KL) in the loss).
         beta: the (initial) coefficient β.
         target_kl: None = fixed β; otherwise β adapts toward this mean per-token KL (Ziegler et al. 2019),
             measured over all ranks' tokens, with ``n_steps`` = the rows of the global batch.
@@ -58,7 +105,7 @@ class ReferenceKL(L.Callback, LossTerm):
         micro_batch_size: rows per reference forward; None = the policy's ``micro_batch_size``.
         log_ratio_clamp: |log π_ref − log π| clamp of the estimator (None disables).
 
-    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL estimate over all ranks' tokens it applies to:
+    Metrics (per RL iteration): ``kl/mean`` (mean per-token KL (estimate) over all ranks' tokens it applies to:
     at rollout time for ``reward``, over ``reward_mask`` (valid rows, filtered ones included), during the update
     for ``loss``, over the trainable tokens), ``kl/beta`` (β used in this
     iteration, the same on every rank).
@@ -67,7 +114,7 @@ class ReferenceKL(L.Callback, LossTerm):
     def __init__(
         self,
         path: str | None = None,
-        kind: str = "k3",
+        kind: str = "auto",
         where: str = "loss",
         beta: float = 0.05,
         target_kl: float | None = None,
@@ -78,15 +125,15 @@ class ReferenceKL(L.Callback, LossTerm):
         micro_batch_size: int | None = None,
         log_ratio_clamp: float | None = DEFAULT_LOG_RATIO_CLAMP,
     ):
-        if kind not in KL_KINDS:
-            raise ValueError(f"kind={kind!r}; valid values: {', '.join(KL_KINDS)}")
+        if kind not in REFERENCE_KL_KINDS:
+            raise ValueError(f"kind={kind!r}; valid values: {', '.join(REFERENCE_KL_KINDS)}")
         if where not in KL_WHERE:
             raise ValueError(f"where={where!r}; valid values: {', '.join(KL_WHERE)}")
         if kind == "k1" and where == "loss":
             raise ValueError(
                 "ReferenceKL(kind='k1', where='loss'): k1 = log π − log π_ref in the loss has zero expected "
                 "gradient (E_π[∇ log π] = 0), so it would not pull the policy toward the reference at all. "
-                "Use kind='k1' with where='reward', or kind='k2' / 'k3' with where='loss'."
+                "Use kind='k1' with where='reward', or kind='exact' / 'k2' / 'k3' with where='loss'."
             )
         if not (math.isfinite(beta) and beta >= 0):
             raise ValueError(f"beta must be a finite number >= 0, got {beta}")
@@ -112,6 +159,27 @@ class ReferenceKL(L.Callback, LossTerm):
         )
         self.ref: torch.nn.Module | None = None
         self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
+        self._warned = False
+
+    def resolved_kind(self, module) -> str:
+        """The KL this callback computes for ``module``'s rollouts: ``exact`` or a sampled ``k1|k2|k3``
+        (``auto`` resolved against the rollout sampler, ``module.processing``). Warns once when an explicit
+        sampled estimator meets a sampler other than the model's softmax (the user's choice is kept)."""
+        differs = sampler_differs(module)
+        if self.kind == "auto":
+            return "exact" if differs else "k3"
+        if self.kind != "exact" and differs and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"ReferenceKL(kind={self.kind!r}) with a rollout sampler other than the model's softmax "
+                f"({differs}): the tokens come from the truncated / processed sampler π^s, so the sampled "
+                f"estimator's mean is Σ_a π^s(a)·{self.kind}(a), biased for KL(π‖π_ref) (and its loss gradient "
+                f"for ∇KL), and it cannot see the probability outside the kept set. kind='exact' (or 'auto', "
+                f"the default) computes the per-position KL over the whole vocabulary instead.",
+                UserWarning,
+                stacklevel=2,
+            )
+        return self.kind
 
     @property
     def beta(self) -> float:
@@ -121,6 +189,11 @@ class ReferenceKL(L.Callback, LossTerm):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit" and self.ref is None:
             self.build_reference(pl_module)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.resolved_kind(
+            pl_module
+        )  # after every setup (the rollout's sets the sampler): warn before rollouts
 
     def build_reference(self, module) -> torch.nn.Module:
         """Create the frozen reference (copy of ``module.model`` or loaded from ``path``)."""
@@ -166,12 +239,22 @@ class ReferenceKL(L.Callback, LossTerm):
 
     # ---------------------------------------------------------- ExperienceHook
     def on_experience(self, trainer, module, exp) -> None:
-        """Attach ``ref_logprobs``; with ``where="reward"`` also add −β·KL_t to ``token_rewards``.
+        """Attach ``ref_logprobs`` (sampled estimators); with ``where="reward"`` also add −β·KL_t to
+        ``token_rewards``.
 
         The policy side of the reward KL is the rollout policy θ_old under the model's full softmax(z / T), as
         the reference side is (``module.kl_policy_logprobs``): with truncated sampling the engine's log-probs are
-        of another distribution, and the KL would not be 0 where the policy equals the reference.
+        of another distribution, and the KL would not be 0 where the policy equals the reference. ``exact``
+        needs no ``ref_logprobs``: in the loss form it runs entirely in the training step, in the reward form
+        KL_t(π_old‖π_ref) comes from a no-grad forward of both models here (``rollout_kl``).
         """
+        kind = self.resolved_kind(module)
+        if kind == "exact":
+            if self.where == "reward":
+                mask = self.reward_mask(exp)
+                kl = self.rollout_kl(module, exp)
+                self._penalise(exp, kl, mask, kl.dtype)
+            return
         exp.ref_logprobs = self.reference_logprobs(module, exp)
         if self.where != "reward":
             return
@@ -179,10 +262,48 @@ class ReferenceKL(L.Callback, LossTerm):
         # float64: the penalty is an exact −β·k on top of whatever rewards are there (B·C values, cheap)
         ref = exp.ref_logprobs.double()
         mask = self.reward_mask(exp)
-        kl = kl_estimate(pol.to(ref), ref, self.kind, mask, self.log_ratio_clamp)  # (B, C), 0 off mask
-        base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(exp.ref_logprobs)
+        kl = kl_estimate(pol.to(ref), ref, kind, mask, self.log_ratio_clamp)  # (B, C), 0 off mask
+        self._penalise(exp, kl, mask, exp.ref_logprobs.dtype)
+
+    def _penalise(self, exp, kl: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> None:
+        """token_rewards −= β·kl (kl (B, C), 0 off ``mask``; new token rewards in ``dtype``: float64 for a float64
+        policy, else float32), and count it in ``kl/mean``."""
+        base = exp.token_rewards if exp.token_rewards is not None else torch.zeros_like(kl, dtype=dtype)
         exp.token_rewards = base - (self.beta * kl).to(base.dtype)
         self._accumulate(kl, mask, exp.batch_size)
+
+    @torch.no_grad()
+    def rollout_kl(self, module, exp) -> torch.Tensor:
+        """(B, C) exact KL(π_old(·|s_t) ‖ π_ref(·|s_t)) at every ``reward_mask`` position, 0 elsewhere: a no-grad
+        forward of the policy (its weights at the rollout, θ_old) and of the reference per micro-batch, the KL
+        chunked through both LM heads. float64 for a float64 policy, else float32."""
+        size = self.micro_batch_size or module.config.step.micro_batch_size
+        chunks = []
+        for micro in exp.micro_batches(size):
+            kl = self.exact_kl(module, micro, module.forward_outputs(micro), self.reward_mask(micro))
+            chunks.append(kl.detach().to(exp.input_ids.device))
+        kl = torch.cat(chunks)  # (B, C)
+        return kl if kl.dtype == torch.float64 else kl.float()
+
+    def exact_kl(self, module, micro, out, mask: torch.Tensor) -> torch.Tensor:
+        """(b, C) KL(π(·|s_t) ‖ π_ref(·|s_t)) over the whole vocabulary at the module's temperature, 0 off
+        ``mask``, differentiable w.r.t. the policy's forward ``out`` (``head`` (a Projection) or materialised
+        ``logits``). The reference runs here, without gradient, on the same micro-batch; its logits are formed
+        chunk by chunk from its own hidden states and LM head when it allows (as a distillation teacher's), so
+        no (b, C, V) tensor is built on the chunked path."""
+        self._place(module)
+        with torch.no_grad():
+            ref_out = module.forward_outputs(micro, model=self.ref)
+        ref = ref_out["head"] if ref_out["head"] is not None else ref_out["logits"]
+        chunk, t = module.config.forward.logprob_chunk_size, module.temperature
+        head = out.get("head")
+        if head is not None:
+            return linear_divergence("reverse", head, ref, mask.to(head.hidden.device), t, chunk_size=chunk)
+        logits = out["logits"]
+        ref_logits = ref.logits() if isinstance(ref, Projection) else ref
+        return kl_from_logits(
+            logits, ref_logits.to(logits.device), mask.to(logits.device), "reverse", chunk, t
+        )
 
     @staticmethod
     def reward_mask(exp) -> torch.Tensor:
@@ -194,7 +315,16 @@ class ReferenceKL(L.Callback, LossTerm):
 
     # ---------------------------------------------------------------- LossTerm
     def loss_terms(self, module, micro, fwd: dict[str, Any]) -> dict[str, torch.Tensor]:
-        """``{"kl": β · agg(KL_t)}`` with the module's loss aggregation (``where="loss"`` only)."""
+        """``{"kl": β · agg(KL_t)}`` with the module's loss aggregation: ``where="loss"``, and with ``exact``
+        also ``where="reward"`` (the direct ∇KL_t the state-valued reward cannot carry; ``kl/mean`` then counts
+        the rollout's KL only)."""
+        kind = self.resolved_kind(module)
+        mask = fwd["mask"]
+        if kind == "exact":
+            kl = self.exact_kl(module, micro, fwd, mask)  # (b, C), differentiable w.r.t. the policy
+            if self.where == "loss":
+                self._accumulate(kl.detach(), mask, micro.batch_size)
+            return {"kl": self.beta * module.aggregate(kl, mask, fwd)}
         if self.where != "loss":
             return {}
         if micro.ref_logprobs is None:
@@ -202,8 +332,8 @@ class ReferenceKL(L.Callback, LossTerm):
                 "ReferenceKL.loss_terms: the micro-batch has no ref_logprobs; ReferenceKL must be "
                 "in trainer.callbacks so its on_experience runs on every Experience"
             )
-        lp, mask = fwd["logprobs"], fwd["mask"]
-        kl = kl_estimate(lp, micro.ref_logprobs.to(lp), self.kind, mask, self.log_ratio_clamp)  # (b, C)
+        lp = fwd["logprobs"]
+        kl = kl_estimate(lp, micro.ref_logprobs.to(lp), kind, mask, self.log_ratio_clamp)  # (b, C)
         self._accumulate(kl.detach(), mask, micro.batch_size)
         return {"kl": self.beta * module.aggregate(kl, mask, fwd)}
 
