@@ -163,3 +163,30 @@ def test_the_renamed_learners_package_is_one_line_naming_the_new_spelling(tmp_pa
     assert _fail(tmp_path, "-c", str(ROOT / "configs/quickstart.yaml"), "-c", str(cfg)) == (
         "model: lit_rl.modules was renamed lit_rl.learners: write class_path: lit_rl.learners.<Class>"
     )
+
+
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        (
+            "--model.init_args.model",
+            "model: no class is set, so model.init_args.model has nowhere to go: name the class first "
+            "(--model lit_rl.learners.PolicyModule, or -c a recipe such as configs/quickstart.yaml)",
+        ),
+        (
+            "--data.init_args.batch_size",
+            "data: no class is set, so data.init_args.batch_size has nowhere to go: name the class first "
+            "(--data lit_rl.data.PromptDataModule, or -c a recipe such as configs/quickstart.yaml)",
+        ),
+    ],
+)
+def test_a_setting_of_a_section_without_a_class_says_to_name_the_class(tmp_path, capsys, flag, expected):
+    """Without -c (no class_path), LightningCLI checks the setting against LightningModule itself, which takes
+    none: the error said "(its settings: )"."""
+    from lit_rl.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["fit", flag, "2", "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"lit-rl: error: {expected}"
+    assert not (tmp_path / "run").exists()

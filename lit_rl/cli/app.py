@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,46 +108,14 @@ class LitRLParser(LightningArgumentParser):
     def error(self, message: str, ex: Exception | None = None):
         if not self.exit_on_error or os.environ.get("LIT_RL_TRACEBACK"):
             return super().error(message, ex)
-        print(f"lit-rl: error: {_pointed_parse_error(self, message)}", file=sys.stderr)
+        from lit_rl.cli.errors import pointed_parse_error
+
+        print(f"lit-rl: error: {pointed_parse_error(self, message, _ARGV)}", file=sys.stderr)
         sys.exit(2)
 
 
 # The arguments being parsed (sys.argv's or main(args=...)'s): an unknown key's error names the -c file and line.
 _ARGV: list[str] = []
-
-
-def _pointed_parse_error(parser, message: str) -> str:
-    """The cause first, on one line: an unknown key with its file:line and the closest valid key, a bad import
-    path with what the module has instead; otherwise jsonargparse's innermost error."""
-    from lit_rl.cli import errors
-
-    flat = " ".join(message.split())
-    unknown = errors.unknown_key_message(flat, parser, _ARGV)
-    if unknown:
-        return unknown
-    condensed = _condense_parse_error(message)
-    option = errors.class_option_message(flat)
-    if option:
-        key = re.match(r'Parser key "([\w.]+)"', flat)
-        return f"{key.group(1)}: {option}" if key else option
-    cause = errors.attribute_error_message(flat)
-    if cause:
-        key = re.match(r'(?:Parser key ")?([\w.]+)"?: ', condensed)
-        return f"{key.group(1)}: {cause}" if key else cause
-    return condensed
-
-
-def _condense_parse_error(message: str) -> str:
-    """jsonargparse nests a subclass field's error in its union's ("Does not validate against any of the Union
-    subtypes ... Problem with given class_path ...: Parser key "loss_agg": ..."): keep the innermost error and
-    name the field by the full key path (``model.loss_agg``)."""
-    flat = " ".join(message.split())
-    keys = re.findall(r'Parser key "([^"]+)"', flat)
-    found = list(re.finditer(r'Parser key "[^"]+": ', flat))
-    if len(found) < 2:
-        return flat
-    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end() :])[0]
-    return f"{'.'.join(dict.fromkeys(keys))}: {body.strip()}"
 
 
 class LitRLCLI(LightningCLI):

@@ -75,9 +75,15 @@ def unknown_key_message(message: str, parser, argv: list[str]) -> str | None:
 
 def unknown_key_text(key: str, keys: list[str], argv: list[str], from_flag: bool) -> str:
     """``FILE:LINE: KEY is not an option; did you mean CLOSE? (...)``, or ``--KEY ...`` for a command-line flag;
-    shared by the full parser's errors and the early check (``precheck.py``), so both read the same."""
-    close = suggest(key, keys)
+    shared by the full parser's errors and the early check (``precheck.py``), so both read the same. A TRL
+    ``GRPOConfig`` name is answered with the lit_rl setting it becomes (``trl_names.py``), not by spelling."""
+    from lit_rl.cli.trl_names import trl_name_text
+
     where = None if from_flag else locate_key(key, argv)
+    trl = trl_name_text(key, as_flag=from_flag)
+    if trl:
+        return (f"{where}: " if where else "") + trl
+    close = suggest(key, keys)
     text = f"{where}: " if where else ""
     text += f"{key} is not an option" if where else f"--{key} is not an option"
     if close:
@@ -88,15 +94,60 @@ def unknown_key_text(key: str, keys: list[str], argv: list[str], from_flag: bool
     return text
 
 
-def class_option_message(message: str) -> str | None:
+def pointed_parse_error(parser, message: str, argv: list[str]) -> str:
+    """The cause first, on one line: an unknown key with its file:line and the closest valid key (or the lit_rl
+    setting a TRL name becomes), a bad import path with what the module has instead; otherwise jsonargparse's
+    innermost error. ``argv``: the arguments being parsed (their ``-c`` files are searched for the key)."""
+    flat = " ".join(message.split())
+    unknown = unknown_key_message(flat, parser, argv)
+    if unknown:
+        return unknown
+    condensed = _condense_parse_error(message)
+    key = re.match(r'Parser key "([\w.]+)"', flat)
+    option = class_option_message(flat, key.group(1) if key else None)
+    if option:
+        if key and not option.startswith(key.group(1) + "."):
+            return f"{key.group(1)}: {option}"
+        return option
+    cause = attribute_error_message(flat)
+    if cause:
+        key = re.match(r'(?:Parser key ")?([\w.]+)"?: ', condensed)
+        return f"{key.group(1)}: {cause}" if key else cause
+    return condensed
+
+
+def _condense_parse_error(message: str) -> str:
+    """jsonargparse nests a subclass field's error in its union's ("Does not validate against any of the Union
+    subtypes ... Problem with given class_path ...: Parser key "loss_agg": ..."): keep the innermost error and
+    name the field by the full key path (``model.loss_agg``)."""
+    flat = " ".join(message.split())
+    keys = re.findall(r'Parser key "([^"]+)"', flat)
+    found = list(re.finditer(r'Parser key "[^"]+": ', flat))
+    if len(found) < 2:
+        return flat
+    body = re.split(r" - Expected a <class 'NoneType'>| Given value type:", flat[found[-1].end() :])[0]
+    return f"{'.'.join(dict.fromkeys(keys))}: {body.strip()}"
+
+
+# The section's base class when no class_path was given (LightningCLI's subclass mode), and a class to name.
+_NO_CLASS = {
+    "LightningModule": ("model", "lit_rl.learners.PolicyModule"),
+    "LightningDataModule": ("data", "lit_rl.data.PromptDataModule"),
+}
+
+
+def class_option_message(message: str, section: str | None = None) -> str | None:
     """``Problem with given class_path 'pkg.Cls': Option 'x' is not accepted`` (inside a union dump) -> one line:
-    the fix when ``Cls`` declared ``x`` removed (``core.settings.removed_settings``), else the closest setting."""
+    the fix when ``Cls`` declared ``x`` removed (``core.settings.removed_settings``), the lit_rl setting when ``x``
+    is a TRL name, that the section has no class yet, else the closest setting. ``section``: where the class
+    is configured (``model``), to name the key in full."""
     m = re.search(r"Problem with given class_path '([\w.]+)': Option '(\w+)' is not accepted", message)
     if not m:
         return None
     import importlib
     import inspect
 
+    from lit_rl.cli.trl_names import trl_name_text
     from lit_rl.core.settings import removed_fix
 
     path, name = m.groups()
@@ -108,8 +159,17 @@ def class_option_message(message: str) -> str | None:
     if (fix := removed_fix(cls, name)) is not None:
         return f"{attr}: {fix}"
     params = [p for p in inspect.signature(cls).parameters if p not in ("self", "args", "kwargs")]
+    if not params and path.startswith("lightning.") and attr in _NO_CLASS:
+        where, example = _NO_CLASS[attr]
+        return (
+            f"no class is set, so {where}.init_args.{name} has nowhere to go: name the class first "
+            f"(--{where} {example}, or -c a recipe such as configs/quickstart.yaml)"
+        )
+    if (trl := trl_name_text(f"{section}.init_args.{name}" if section else name, as_flag=False)) is not None:
+        return trl
     close = difflib.get_close_matches(name, params, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]!r}?" if close else f" (its settings: {', '.join(params)})"
+    its = f" (its settings: {', '.join(params)})" if params else " (it takes no settings)"
+    hint = f"; did you mean {close[0]!r}?" if close else its
     return f"{attr} has no setting {name!r}{hint}"
 
 

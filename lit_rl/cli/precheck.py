@@ -10,7 +10,8 @@ nothing is imported):
   ``model`` / ``data`` class whose ``__init__`` takes no ``**kwargs``: the file and line, and the closest key;
 - a value outside a closed set (a ``Literal`` of ``lit_rl/core/names.py``, e.g. ``loss_agg``); a registry
   name (``advantage``, typed ``Literal[...] | str``) only when no ``--imports`` could register another;
-- ``rollout.group_size`` below 1, or 1 with a group-relative advantage (``lit_rl.core.group_size``).
+- ``rollout.group_size`` below 1, or 1 with a group-relative advantage (``lit_rl.core.group_size``);
+- a TRL ``GRPOConfig`` name, at the top level or in a section (``--learning_rate``): the lit_rl setting it is.
 
 It only reports what it is sure of: anything it does not understand (``--print_config``, an interpolation,
 a class it cannot find, ``key+`` appends) is left to the full parser, which checks everything again.
@@ -29,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from lit_rl.cli.errors import unknown_key_text
+from lit_rl.cli.trl_names import TRL_ARGS
 
 COMMANDS = ("fit", "validate", "test", "predict")
 _NAMES = "lit_rl.core.names"
@@ -373,6 +375,9 @@ def check(argv: list[str]) -> str | None:
     if parsed is None:
         return None
     cfg, origin = parsed
+    for key in cfg:  # no top-level option of lit-rl is a TRL GRPOConfig name (--learning_rate)
+        if key in TRL_ARGS and key in origin:
+            return unknown_key_text(key, [], argv, from_flag=origin[key] == "flag")
     imports = bool(cfg.get("imports"))
     # A RolloutCallback still listed under trainer.callbacks fills what the rollout section leaves unset.
     rollout = dict(cfg.get("rollout") or {}) if isinstance(cfg.get("rollout") or {}, dict) else {}
