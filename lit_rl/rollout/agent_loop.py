@@ -23,6 +23,7 @@ instead of completions), ``EnvRewards`` (the environment's returns instead of a 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -35,12 +36,14 @@ from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder, Rows
+from lit_rl.rollout.chat import ChatRenderer
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
-from lit_rl.rollout.env import Environment
+from lit_rl.rollout.env import Environment, env_tool_schemas
 from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
 from lit_rl.rollout.settings import FilterSettings, RolloutSettings
+from lit_rl.rollout.tools import ERROR_KINDS
 
 
 @dataclass
@@ -103,44 +106,65 @@ class AgentLoop:
             max_obs_tokens,
             max_context_tokens,
         )
+        self._renderers: dict[tuple[int, str], ChatRenderer] = {}
 
     # ------------------------------------------------------------------ text <-> tokens
     def _chat(self, tok) -> bool:
         return getattr(tok, "chat_template", None) is not None
 
-    def prompt_ids(self, tok, observation: str) -> list[int]:
-        """The first observation as a user turn (chat template) or raw text followed by ``Action:``."""
-        if self._chat(tok):
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": observation}], add_generation_prompt=True, tokenize=True
-            )
-            return list(
-                ids if isinstance(ids, list) else ids["input_ids"]
-            )  # BatchEncoding in recent transformers
-        return tok(observation + "\nAction: ", add_special_tokens=False)["input_ids"]
+    def renderer(self, tok, tools: list[dict[str, Any]] | None = None) -> ChatRenderer:
+        """The ``ChatRenderer`` for ``tok`` and a tool set (built once per tool set: it probes the template)."""
+        key = (id(tok), json.dumps(tools or [], sort_keys=True, default=str))
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(tok, tools, self.max_obs_tokens)
+        return self._renderers[key]
 
-    def observation_ids(self, tok, observation: str) -> list[int]:
-        """An observation as the next user turn (its text cut to ``max_obs_tokens``), ending with the prompt
-        for the next action."""
-        body = tok(observation, add_special_tokens=False)["input_ids"]
+    def prompt_ids(self, tok, opening: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None):
+        """The opening observation as the first prompt: a user turn (or the messages an environment returned)
+        through the chat template with the generation prompt; without a template the raw text then
+        ``Action:``."""
+        if self._chat(tok):
+            return self.renderer(tok, tools).prompt_ids(_as_messages(opening))
+        return tok(_as_text(opening) + "\nAction: ", add_special_tokens=False)["input_ids"]
+
+    def observation_ids(
+        self,
+        tok,
+        observation: str | list[dict[str, Any]],
+        action_ids: list[int] | tuple[int, ...] = (),
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
+        """The tokens that follow ``action_ids``: with a chat template the rest of the assistant's end of turn,
+        the observation (a string is a user turn, a list holds messages, e.g. ``tool`` results) and the next
+        generation prompt (``ChatRenderer.observation_ids``: only these new tokens, the history is never
+        re-rendered); without one ``Observation: ... Action:``. Each observation is cut to ``max_obs_tokens``
+        (the tail dropped); an empty message list is no tokens (an episode that ended on a final answer)."""
+        if isinstance(observation, list) and not observation:
+            return []
+        if self._chat(tok):
+            return self.renderer(tok, tools).observation_ids(list(action_ids), _as_messages(observation))
+        text = _as_text(observation)
+        body = tok(text, add_special_tokens=False)["input_ids"]
         if len(body) > self.max_obs_tokens:
-            observation = tok.decode(body[: self.max_obs_tokens]) + " [truncated]"
-        if self._chat(tok):  # rendered like the first turn, so every observation looks alike
-            return tok("\n", add_special_tokens=False)["input_ids"] + self.prompt_ids(tok, observation)
-        return tok(f"\nObservation: {observation}\nAction: ", add_special_tokens=False)["input_ids"]
+            text = tok.decode(body[: self.max_obs_tokens]) + " [truncated]"
+        return tok(f"\nObservation: {text}\nAction: ", add_special_tokens=False)["input_ids"]
 
     # ------------------------------------------------------------------ episodes
     def run(self, prompts: list[Any], n: int, sampling: SamplingConfig) -> list[list[Episode]]:
-        """``n`` episodes per prompt; episode j of prompt i is ``result[i][j]``."""
+        """``n`` episodes per prompt; episode j of prompt i is ``result[i][j]``. Each turn appends the engine's
+        sampled ids and then the observation's ids to the episode's context, which is the next input as is."""
         tok = self.engine.tokenizer
         if tok is None:
             raise RuntimeError("AgentLoop.run: the engine has no tokenizer; bind it to a module first")
-        envs, eps = [], []
+        envs, eps, tools = [], [], []
         for p in prompts:
             for _ in range(n):
                 env = self.env_factory()
                 envs.append(env)
-                eps.append(Episode(self.prompt_ids(tok, env.reset(p))))
+                opening = env.reset(p)
+                schemas = env_tool_schemas(env)
+                tools.append(schemas)
+                eps.append(Episode(list(self.prompt_ids(tok, opening, schemas))))
         context = [list(e.prompt_ids) for e in eps]
         active = list(range(len(eps)))
         for _ in range(self.max_turns):
@@ -151,14 +175,14 @@ class AgentLoop:
             for i, (c,) in zip(active, comps):
                 text = tok.decode(c.token_ids, skip_special_tokens=True)
                 obs, reward, done, info = envs[i].step(text)
-                obs_ids = self.observation_ids(tok, obs)
+                obs_ids = self.observation_ids(tok, obs, c.token_ids, tools[i])
                 eps[i].turns.append(
                     Turn(
                         list(c.token_ids),
                         list(c.logprobs),
                         text,
                         obs_ids,
-                        obs,
+                        _as_text(obs),
                         float(reward),
                         dict(info or {}),
                     )
@@ -255,6 +279,17 @@ class AgentLoop:
         )
 
 
+def _as_messages(obs: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)
+
+
+def _as_text(obs: str | list[dict[str, Any]]) -> str:
+    """An observation as text (the ``Turn.obs_text`` the inspector shows; the raw-text renderer's input)."""
+    if isinstance(obs, str):
+        return obs
+    return "\n".join(str(m.get("content", "")) for m in obs)
+
+
 def _segments(e: Episode) -> tuple[list[int], list[str]]:
     """The interleaved completion of an episode and, per token, "a" (action) or "o" (observation)."""
     ids: list[int] = []
@@ -293,8 +328,9 @@ class EnvRewards:
     """Score stage of the agent path: an episode's reward is its environment return.
 
     An episode with an infrastructure error is invalid (reward NaN, counted in ``reward/infra_errors``, with
-    its reason in ``errors``), never scored 0. Metrics: ``rollout/turns_mean``, ``rollout/episodes_done_frac``
-    and ``reward/hack_detected`` (episodes in which the environment detected a reward hack, ``env.py``).
+    its reason in ``errors``), never scored 0. Metrics: ``rollout/turns_mean``, ``rollout/episodes_done_frac``,
+    ``reward/hack_detected`` (episodes in which the environment detected a reward hack, ``env.py``) and the
+    episode metrics of ``episode_metrics`` (tokens, tool calls, success).
     """
 
     def __call__(self, prompts: list[Any], groups: list[list[Episode]]) -> RewardBatch:
@@ -310,9 +346,34 @@ class EnvRewards:
             "reward/hack_detected": float(
                 sum(any(t.info.get("hack_detected", 0.0) for t in e.turns) for e in rows)
             ),
+            **episode_metrics(rows),
         }
         errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
+
+
+def episode_metrics(rows: list[Episode]) -> dict[str, float]:
+    """Per-batch means over episodes: ``rollout/tokens_per_episode`` (actions + observations, the prompt
+    excluded) and ``rollout/action_tokens_per_episode``; with tools (turn ``info`` from ``tool_env.ToolEnv``)
+    ``tools/calls_per_episode``, ``tools/valid_call_rate`` (calls that ran without error / calls; 0 without
+    calls) and ``tools/errors/<kind>`` (the batch's failed calls of each ``tools.ERROR_KINDS`` kind); with
+    ``info["success"]`` ``rollout/success_frac`` (episodes that succeeded)."""
+    n = max(len(rows), 1)
+    out = {
+        "rollout/tokens_per_episode": sum(len(t.action_ids) + len(t.obs_ids) for e in rows for t in e.turns)
+        / n,
+        "rollout/action_tokens_per_episode": sum(len(t.action_ids) for e in rows for t in e.turns) / n,
+    }
+    infos = [t.info for e in rows for t in e.turns]
+    calls = sum(i.get("tool_calls", 0.0) for i in infos)
+    if calls or any(k.startswith("tool_errors/") for i in infos for k in i):
+        failed = {k: sum(i.get(f"tool_errors/{k}", 0.0) for i in infos) for k in ERROR_KINDS}
+        out["tools/calls_per_episode"] = calls / n
+        out["tools/valid_call_rate"] = (calls - sum(failed.values())) / calls if calls else 0.0
+        out.update({f"tools/errors/{k}": v for k, v in failed.items()})
+    if any("success" in i for i in infos):
+        out["rollout/success_frac"] = sum(any(t.info.get("success", 0.0) for t in e.turns) for e in rows) / n
+    return out
 
 
 def agent_pipeline(

@@ -31,11 +31,22 @@ from lit_rl.rollout.repo_guard import HACK_KINDS, RepoGuard  # noqa: F401 - HACK
 
 @runtime_checkable
 class Environment(Protocol):
-    """What ``AgentLoop`` drives. One instance serves one episode at a time."""
+    """What ``AgentLoop`` drives. One instance serves one episode at a time.
 
-    def reset(self, prompt: Any) -> str: ...
+    An observation (what ``reset`` and ``step`` return) is a string, rendered as a user turn, or a list of chat
+    messages (``{"role": ..., "content": ...}``: the opening conversation from ``reset``, ``tool`` results from
+    ``step``; an empty list adds no tokens). An environment with tools also has ``tool_schemas`` (a list of JSON
+    schemas, ``tools.Tool``), which the prompt carries (``tool_env.ToolEnv`` is one)."""
 
-    def step(self, action_text: str) -> tuple[str, float, bool, dict[str, float]]: ...
+    def reset(self, prompt: Any) -> str | list[dict[str, Any]]: ...
+
+    def step(self, action_text: str) -> tuple[str | list[dict[str, Any]], float, bool, dict[str, float]]: ...
+
+
+def env_tool_schemas(env: Any) -> list[dict[str, Any]]:
+    """The environment's ``tool_schemas`` (the optional member of ``Environment``); [] without tools."""
+    schemas = getattr(env, "tool_schemas", None)
+    return list(schemas) if schemas else []
 
 
 RETRY_SOURCE = '''"""Retry policy for the HTTP client."""
