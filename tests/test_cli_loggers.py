@@ -99,3 +99,21 @@ def test_logger_false_is_no_logger_and_no_lr_monitor(tmp_path, monkeypatch):
     assert cli.trainer.loggers == [] and cli.model.iteration == 1
     assert not any(type(c).__name__ == "LearningRateMonitor" for c in cli.trainer.callbacks)
     assert float(cli.trainer.callback_metrics["tokens_seen"]) > 0
+
+
+def test_a_run_whose_config_sets_no_logging_interval_logs_every_iteration(tmp_path, monkeypatch):
+    """A config without trainer.log_every_n_steps (Lightning's default: every 50 steps) trains 2 iterations:
+    logs/metrics.csv holds both (it was not written at all)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "bare.yaml"
+    cfg.write_text(
+        "trainer: {max_steps: 2, max_epochs: -1, enable_progress_bar: false}\n"
+        "model:\n  class_path: lit_rl.learners.PolicyModule\n  init_args:\n    model: model\n"
+        "    tiny_if_missing: {layers: 1, hidden: 32, heads: 2, tokenizer: char}\n"
+        "data:\n  class_path: lit_rl.data.PromptDataModule\n  init_args: {task: addition, batch_size: 2}\n"
+        "rollout:\n  group_size: 2\n  sampling: {max_new_tokens: 1}\n  rewards: lit_rl.rewards.ExactAnswerReward\n"
+    )
+    cli = main(["fit", "-c", str(cfg), "--trainer.default_root_dir", str(tmp_path / "run")])
+    assert cli.trainer.log_every_n_steps == 1
+    rows = log_rows(tmp_path / "run/logs/metrics.csv")
+    assert sorted({int(r["step"]) for r in rows if "reward/mean" in r}) == [1, 2]

@@ -20,7 +20,8 @@ EXPECTED = {
     "learning_rate": "lit_rl's setting is --model.init_args.optimizer.init_args.lr",
     "num_generations": "lit_rl's setting is --rollout.group_size",
     "loss_type": "lit_rl's settings are --model.init_args.policy_loss and --model.init_args.loss_agg",
-    "scale_rewards": "lit_rl's settings are --model.init_args.std_normalize and --model.init_args.std_scope",
+    "scale_rewards": "lit_rl's settings are --model.init_args.std_normalize, --model.init_args.std_scope and "
+    "--model.init_args.advantage",
     "beta": "lit_rl's setting is the beta of a lit_rl.callbacks.ReferenceKL in trainer.callbacks",
     "num_iterations": "lit_rl's setting is --model.init_args.ppo_epochs",
     "epsilon": "lit_rl's settings are --model.init_args.clip_low and --model.init_args.clip_high",

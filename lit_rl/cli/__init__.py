@@ -121,11 +121,11 @@ def console_main() -> None:
     ``python -m``), so ``--rollout.rewards.rewards '{mine: my_reward.fn}'`` finds ``./my_reward.py``.
     ``--help``, the light commands (``inspect``, ``models``), an unknown command and the configuration errors of
     ``precheck.py`` never import torch or Lightning."""
+    if os.getcwd() not in sys.path and "" not in sys.path:  # before the light commands: explain-trl resolves
+        sys.path.insert(0, os.getcwd())  # the config's reward import paths as fit does
     code = _light_dispatch(sys.argv[1:])
     if code is not None:
         sys.exit(code)
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     from lit_rl.cli.precheck import check
 
     early = check(sys.argv[1:])  # errors that need no model, found in well under 2 s (before Lightning)

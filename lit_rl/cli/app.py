@@ -37,6 +37,9 @@ from lit_rl.runs import (  # noqa: E402
 )
 
 ROLLOUT = "lit_rl.callbacks.RolloutCallback"
+# Lightning's Trainer logs every 50 steps: an RL iteration is one step and takes seconds to minutes, so a short
+# run would write no logs/metrics.csv at all. Every recipe writes 1; a config that does not gets it too.
+TRAINER_DEFAULTS = {"log_every_n_steps": 1}
 _ROLLOUT_PATHS = {ROLLOUT, "lit_rl.callbacks.rollout.RolloutCallback"}
 
 
@@ -463,5 +466,6 @@ def main(args: list[str] | None = None) -> LitRLCLI:
         parser_kwargs={"parser_mode": "omegaconf+"},
         save_config_callback=RunConfig,
         save_config_kwargs={"overwrite": True},
+        trainer_defaults=TRAINER_DEFAULTS,
         args=args,
     )

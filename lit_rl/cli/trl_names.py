@@ -85,8 +85,9 @@ TRL_ARGS: dict[str, TRLArg] = {
     ),
     "scale_rewards": TRLArg(
         '"group"',
-        (_M + "std_normalize", _M + "std_scope"),
-        '"group": true and group, "batch": true and batch, "none": std_normalize false',
+        (_M + "std_normalize", _M + "std_scope", _M + "advantage"),
+        '"group": std_normalize true, std_scope group, advantage grpo; "batch": std_scope batch; '
+        '"none": std_normalize false',
     ),
     "epsilon": TRLArg(
         "0.2", (_M + "clip_low", _M + "clip_high"), "set both: clip_high does not follow clip_low"
@@ -129,8 +130,8 @@ TRL_ARGS: dict[str, TRLArg] = {
     "use_vllm": TRLArg(
         "False",
         ("rollout.engine",),
-        "use_vllm=True: lit_rl.rollout.vllm.VLLMEngine; TRL then also corrects the engine/trainer mismatch, "
-        "which is --model.init_args.rollout_correction mis (lit-rl explain-trl says what differs)",
+        "use_vllm=True: lit_rl.rollout.vllm.VLLMEngine; TRL then also corrects the engine/trainer mismatch: "
+        "--model.init_args.rollout_correction mis, as lit-rl explain-trl details",
     ),
     "vllm_mode": TRLArg(
         '"colocate"',
