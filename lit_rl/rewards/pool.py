@@ -485,9 +485,7 @@ def _warn_at(message: str, fn: Callable | None) -> None:
     reward to point at (every reward returned None), a location with no source line: ``<RewardPool>:0``."""
     code = _reward_code(fn)
     target = fn.fn if isinstance(fn, TRLRewardAdapter) else fn
-    module = (
-        getattr(target, "__module__", None) or getattr(type(target), "__module__", None) or "lit_rl.rewards"
-    )
+    module = getattr(target, "__module__", None) or getattr(type(target), "__module__", None) or __name__
     if code is None:
         warnings.warn_explicit(message, RewardErrorWarning, "<RewardPool>", 0, module=module)
         return
