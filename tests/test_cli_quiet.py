@@ -153,3 +153,34 @@ def test_vllm_run_is_quiet_and_exits_cleanly(tmp_path):
     )
     assert noise(out) == [], "\n" + out[-4000:]
     assert len(progress(out)) == 2 and "Evaluation at iteration 2:" in out, out[-4000:]
+
+
+API = """\
+import lightning as L
+from lit_rl.learners import PolicyModule
+from lit_rl.callbacks import RolloutCallback
+from lit_rl.data import PromptDataModule
+from lit_rl.rewards import ExactAnswerReward
+from lit_rl.rollout.engine import SamplingConfig
+
+tiny = {"layers": 1, "hidden": 32, "heads": 2, "tokenizer": "char"}
+policy = PolicyModule(model="model", tiny_if_missing=tiny, advantage="grpo", loss_agg="token_mean")
+rollout = RolloutCallback(rewards=ExactAnswerReward(), group_size=2, sampling=SamplingConfig(max_new_tokens=1))
+trainer = L.Trainer(max_steps=1, log_every_n_steps=1, enable_progress_bar=False, callbacks=[rollout])
+trainer.fit(policy, datamodule=PromptDataModule(task="addition", batch_size=1))
+"""
+
+
+@pytest.mark.slow  # a fresh interpreter (the filters are installed on import): ~30 s on 2 shared cores
+def test_the_python_api_is_as_quiet_as_the_cli(tmp_path):
+    """README's "As a library" (PolicyModule + RolloutCallback in a plain Lightning Trainer), one iteration:
+    none of the lines the CLI drops (Lightning's two litlogger/litmodels tips, its LeafSpec and NoEvaluation
+    warnings, DeepSpeed's accelerator notice when the tiny model is saved) -- importing lit_rl drops them too."""
+    (tmp_path / "api.py").write_text(API)
+    p = subprocess.run(
+        [sys.executable, "api.py"], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert "`Trainer.fit` stopped: `max_steps=1` reached." in out
+    assert noise(out) == [], "\n" + out[-4000:]

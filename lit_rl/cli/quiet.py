@@ -3,8 +3,10 @@ chatter of the libraries underneath (issues 24 and 40). ``lit-rl fit --verbose .
 for any command) shows it all.
 
 Each filter below drops exactly one known message of a dependency, by logger name (or warning category and
-module) and text, so a new warning, or the same words from another place, still shows. Installed once, by
-``lit_rl.cli.app`` on import, before Lightning / transformers / vLLM / DeepSpeed log anything; ``set_verbose``
+module) and text, so a new warning, or the same words from another place, still shows. Installed once, on
+``import lit_rl`` (so lit_rl used as a library, in a plain Lightning ``Trainer``, is as quiet as the CLI; all but
+transformers' progress-bar hook, which would import transformers) and completed by ``lit_rl.cli.app`` on import,
+before Lightning / transformers / vLLM / DeepSpeed log anything; ``set_verbose``
 (the ``--verbose`` flag, read once the command line is parsed) takes every one of them back.
 ``tests/test_cli_output.py`` (allow-list) and ``tests/test_cli_quiet.py`` (deny-list, ``--verbose``) run
 short fits.
@@ -128,35 +130,41 @@ def verbose_from_env() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def install() -> None:
-    """Install the filters (idempotent); nothing with ``LIT_RL_VERBOSE=1``."""
+def install(transformers_bars: bool = True) -> None:
+    """Install the filters (idempotent); nothing with ``LIT_RL_VERBOSE=1``. ``transformers_bars=False`` leaves
+    transformers' progress bars alone, which needs no import of transformers: ``import lit_rl`` installs the
+    rest that way (the library path, as light as the package), the CLI everything (a later call adds the
+    bars' hook to an earlier install)."""
     global _installed  # noqa: PLW0603 - one process-wide install, taken back by set_verbose(True)
-    if _installed is not None or verbose_from_env():
+    if verbose_from_env():
         return
-    state: dict = {"env": [], "filters": [], "warnings": [], "tqdm_hook": False}
-    for key, value in _ENV.items():
-        if key not in os.environ:
-            os.environ[key] = value
-            state["env"].append(key)
-    by_logger: dict[str, list[str]] = {}
-    for name, pattern in _LOG_MESSAGES:
-        by_logger.setdefault(name, []).append(pattern)
-    for name, patterns in by_logger.items():
-        f = _DropMessages(tuple(patterns))
-        logging.getLogger(name).addFilter(f)
-        state["filters"].append((name, f))
-    for category, message, module in _WARNINGS:
-        warnings.filterwarnings("ignore", message=message, category=category, module=module)
-        state["warnings"].append(warnings.filters[0])
+    if _installed is None:
+        state: dict = {"env": [], "filters": [], "warnings": [], "tqdm_hook": False}
+        for key, value in _ENV.items():
+            if key not in os.environ:
+                os.environ[key] = value
+                state["env"].append(key)
+        by_logger: dict[str, list[str]] = {}
+        for name, pattern in _LOG_MESSAGES:
+            by_logger.setdefault(name, []).append(pattern)
+        for name, patterns in by_logger.items():
+            f = _DropMessages(tuple(patterns))
+            logging.getLogger(name).addFilter(f)
+            state["filters"].append((name, f))
+        for category, message, module in _WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category, module=module)
+            state["warnings"].append(warnings.filters[0])
+        _installed = state
+    if not transformers_bars or _installed["tqdm_hook"]:
+        return
     try:
         from transformers.utils import logging as hf_logging
 
         if getattr(hf_logging, "set_tqdm_hook", None) is not None:
             hf_logging.set_tqdm_hook(_delayed_tqdm)
-            state["tqdm_hook"] = True
+            _installed["tqdm_hook"] = True
     except ImportError:  # transformers is a dependency; a broken install fails later with its own error
         pass
-    _installed = state
 
 
 def set_verbose(verbose: bool | None) -> None:
