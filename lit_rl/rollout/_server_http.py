@@ -1,16 +1,18 @@
-"""HTTP side of `VLLMServerEngine`: the server pool (least-outstanding dispatch, retries, dead servers), setup
-checks against the policy, weight reload + version checks, and the NCCL transport's engines. Launching servers
-on this machine is ``_server_start.py`` (``launch_servers``, ``CPU_SERVER_ENV``, ``PROCESSED``: re-exported
-here)."""
+"""HTTP side of `VLLMServerEngine`: the server pool (least-outstanding dispatch, retries, dead servers, the
+weight version checked after every answer), setup checks against the policy, weight reload + version checks,
+and the NCCL transport's engines. Launching servers on this machine is ``_server_start.py`` (``launch_servers``,
+``CPU_SERVER_ENV``, ``PROCESSED``: re-exported here)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,7 +24,11 @@ from lit_rl.rollout._server_start import (  # noqa: F401 - CPU_SERVER_ENV, launc
     launch_servers,
 )
 
+_log = logging.getLogger(__name__)
 RESET_TRIES = 5  # /reset_prefix_cache attempts per server and sync (the later ones preempt running requests)
+STALE_TRIES = (
+    3  # answers of one server made with other weights, for one request, before that server is dropped
+)
 
 
 class ServerError(RuntimeError):
@@ -43,12 +49,27 @@ class Server:
     why_dead: str = ""
     why_unsynced: str = ""  # the weight version it reported when found unsynced (ServerPool.unsynced)
     info: dict = field(default_factory=dict)
+    version: str | None = None  # the weight version it reported when last asked (ServerPool.complete)
+    sync_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
 
 class ServerPool:
     """The servers of one engine. ``complete`` sends one group request to the live server with the fewest
     requests in flight (ties go round-robin) and retries on another one when that server fails; failures and
-    each server's answered requests (``Server.served``) are counted."""
+    each server's answered requests (``Server.served``) are counted.
+
+    Weight versions: with ``expected`` set (the engine's last sync, ``"N"``), every answer is checked: after
+    answering, its server must report the very version it reported before the request was sent
+    (``Server.version``), and that version must be ours (``ours``: ``"N"``, or ``"N+<token>"`` set by a resync).
+    A resync, by this engine or another DDP rank's, sets a version never used before (a fresh token), so a
+    version string once left never comes back, and "the same version before and after" means no other weights
+    were loaded in between under a version. An answer failing the check was made, at least in part, with other
+    weights (another client synced the server, it restarted, or it was resynced under the request): it is thrown
+    away (``stale_answers``), the server is given our weights again when it reports another client's version
+    (``resync``, through the engine's ``push_again``), and the request is sent again; a server that answers
+    ``STALE_TRIES`` times for one request with other weights is dropped. What no version can show: another
+    client's weights loaded but not yet versioned when we read the version (vLLM reloads weights and sets the
+    version in two calls), or loaded without a version at all."""
 
     def __init__(self, urls: list[str], request_timeout_s: float):
         self.servers = [Server(u) for u in urls]
@@ -57,6 +78,11 @@ class ServerPool:
         self.retries = 0
         self.cache_reset_retries = 0  # /reset_prefix_cache answers of success=false (each retried)
         self.resyncs = 0  # servers found restarted (another weight version) and given the last weights again
+        self.stale_answers = (
+            0  # answers made with other weights than ``expected``'s: thrown away, asked again
+        )
+        self.expected: str | None = None  # the weight version every answer must come from (None: not checked)
+        self.push_again: Callable[[Server], None] | None = None  # our last weights onto one server, or raise
         self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -147,8 +173,10 @@ class ServerPool:
                 s.alive, s.why_dead = False, f"{type(exc).__name__}: {exc}"[:300]
 
     def complete(self, body: dict, n: int) -> list[tuple[list[int], list[float], str]]:
-        """One prompt's ``n`` samples as (token ids, log-probs, finish reason), from whichever server answers."""
+        """One prompt's ``n`` samples as (token ids, log-probs, finish reason), from whichever server answers
+        with the ``expected`` weights (class doc)."""
         first = True
+        stale: dict[str, int] = {}  # url -> answers of other weights for this request
         while True:
             s = self._pick()
             if not first:
@@ -156,10 +184,16 @@ class ServerPool:
                     self.retries += 1
             first = False
             try:
+                before = s.version
                 out = _parse(
                     self._post(s.url, "/v1/completions", {"model": s.model, **body}, self.request_timeout_s),
                     n,
                 )
+                if self.expected is not None:
+                    got = self._get(s.url, "/weight_info", self.request_timeout_s).get("weight_version")
+                    if got != before or not self.ours(got):
+                        self._stale_answer(s, got, stale)
+                        continue
                 with self._lock:
                     s.served += 1
                 return out
@@ -168,6 +202,60 @@ class ServerPool:
             finally:
                 with self._lock:
                     s.outstanding -= 1
+
+    def ours(self, got) -> bool:
+        """``got`` is a weight version of our last sync (``expected``, or a resync's ``expected+<token>``)."""
+        return self.expected is not None and _ours(got, self.expected)
+
+    def _stale_answer(self, s: Server, got, stale: dict[str, int]) -> None:
+        """An answer of ``s`` made with other weights (``complete``): count it; give ``s`` our weights again when
+        it reports another version than ours, or drop it when it did this ``STALE_TRIES`` times for the same
+        request (its weights keep changing)."""
+        with self._lock:
+            self.stale_answers += 1
+        stale[s.url] = stale.get(s.url, 0) + 1
+        if self.ours(got):  # ours again (resynced under the request): later requests compare against it
+            s.version = got
+        if not s.alive:
+            return
+        if stale[s.url] >= STALE_TRIES:
+            self._fail(
+                s,
+                ServerError(
+                    f"its weights changed under {STALE_TRIES} answers to one request (last version {got!r}, "
+                    f"expected {self.expected!r}): another client keeps syncing it?"
+                ),
+            )
+        elif not self.ours(got):
+            self.resync(s)
+
+    def resync(self, s: Server) -> None:
+        """Give server ``s`` our last weights again (``push_again``: it returns the fresh version the server then
+        reports) unless it reports one of ours already (another thread or rank got there first); counted in
+        ``resyncs``. When that is impossible or fails, ``s`` is dropped as a failed request drops it."""
+        with s.sync_lock:
+            try:
+                got = self._get(s.url, "/weight_info", self.request_timeout_s).get("weight_version")
+                s.version = got  # requests sent from now on compare against it (the resync then moves it)
+                if self.ours(got):
+                    return
+                s.why_unsynced = repr(got)
+                if self.push_again is None:
+                    raise ServerError(f"reports weight version {got!r}, not {self.expected!r}")
+                s.version = self.push_again(s)
+            except Exception as exc:  # noqa: BLE001 - the server is dropped with the reason; others go on
+                self._fail(s, exc)
+                _log.warning("VLLMServerEngine: dropped server %s: %s", s.url, exc)
+                return
+            with self._lock:
+                self.resyncs += 1
+        _log.warning(
+            "VLLMServerEngine: server %s reported weight version %s, not %r (restarted, or synced by another "
+            "client?): pushed the last sync's weights to it again",
+            s.url,
+            s.why_unsynced,
+            self.expected,
+        )
 
     # ------------------------------------------------------- weight sync
     def _each_live(self, fn, timeout: float) -> None:
@@ -239,14 +327,15 @@ class ServerPool:
 
     def _check_version(self, s: Server, version: str) -> None:
         got = self._get(s.url, "/weight_info", 30).get("weight_version")
-        if got != version:
+        if not _ours(got, version):
             raise RuntimeError(
                 f"server {s.url} reports weight version {got!r} after a sync, expected {version!r}"
             )
 
     def unsynced(self, version: str) -> list[Server]:
-        """The live servers that do not report weight ``version`` (``Server.why_unsynced``: what they report).
-        One that fails the check (connection, timeout, 5xx) is dropped as a failed request is."""
+        """The live servers that do not report weight ``version`` or a resync's of it (``_ours``;
+        ``Server.why_unsynced``: what they report; ``Server.version``: every server's). One that fails the check
+        (connection, timeout, 5xx) is dropped as a failed request is."""
         out = []
         for s in [s for s in self.servers if s.alive]:
             try:
@@ -254,7 +343,8 @@ class ServerPool:
             except (requests.RequestException, ServerError, ValueError) as exc:
                 self._fail(s, exc)
                 continue
-            if got != version:
+            s.version = got
+            if not _ours(got, version):
                 s.why_unsynced = repr(got)
                 out.append(s)
         return out
@@ -300,6 +390,13 @@ class _Call:
         if self._exc is not None:
             raise self._exc
         return self._value
+
+
+def _ours(got, version: str) -> bool:
+    """``got`` is a weight version of the sync ``version`` names: its ``"N"`` itself, or ``"N+<token>"``, which
+    a resync of that sync sets (``ServerPool.resync``)."""
+    base = version.split("+", 1)[0]
+    return isinstance(got, str) and (got == base or got.startswith(base + "+"))
 
 
 def _gone(exc: BaseException) -> bool:

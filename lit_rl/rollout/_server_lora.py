@@ -139,8 +139,9 @@ class AdapterSync:
         self.current = name
         self._drop_older(pool, timeout)
 
-    def reload(self, pool, s, version: str, sync_dir: str, timeout: float) -> None:
-        """Load the current adapter again on server ``s`` alone (restarted since the last sync: it lost it)."""
+    def reload(self, pool, s, version: str, sync_dir: str, timeout: float, label: str | None = None) -> None:
+        """Load the current adapter (sync ``version``'s) again on server ``s`` alone (restarted since the last
+        sync: it lost it), which then reports weight version ``label`` (default ``version``)."""
         name = self.name(version)
         _post(
             pool,
@@ -149,9 +150,9 @@ class AdapterSync:
             {"lora_name": name, "lora_path": os.path.join(sync_dir, name)},
             timeout,
         )
-        pool._post(s.url, "/update_weight_version", {"new_version": version}, timeout)
+        pool._post(s.url, "/update_weight_version", {"new_version": label or version}, timeout)
         _check_listed(pool, s, name)
-        pool._check_version(s, version)
+        pool._check_version(s, label or version)
 
     def release(self, pool, timeout: float = 10.0) -> None:
         """Unload every adapter this engine loaded (at close: servers given by URL outlive the run)."""

@@ -9,13 +9,11 @@ engine's own gloo group: barrier, rank 0 pushes, broadcast of the outcome, the o
 from __future__ import annotations
 
 import collections
-import logging
 import os
 import time
+import uuid
 
 from lit_rl.rollout._vllm_common import check_weight_names, write_weights_file
-
-_log = logging.getLogger(__name__)
 
 
 class WeightPush:
@@ -109,40 +107,35 @@ class WeightPush:
     def _resync_restarted(self) -> None:
         """Before each generate round (engine lock held): a live server that does not report the last sync's
         weight version was restarted since (it holds its base weights) or synced by another client, and its
-        rows would carry our version's label falsely. With transport ``file`` it is given the last sync's
-        weights again from their files, still in the sync directory until the next sync (merged weights:
-        reload; adapter path: the current adapter), and must report the version back; any rank can do this (the
-        servers read the files; two ranks re-pushing the same files concurrently load the same weights). Else
-        (``nccl``: the tensors are gone) or when that fails, the server is dropped as a failed request drops it.
-        """
+        rows would carry our version's label falsely; it is given our weights again (``_push_again``) or
+        dropped (``ServerPool.resync``). The pool checks the version after every answer of the round as well
+        (``ServerPool.complete``), with the same remedy."""
+        for s in self.pool.unsynced(self.pool.expected):
+            self.pool.resync(s)
+
+    def _push_again(self, s) -> str:
+        """The last sync's weights onto server ``s`` alone, under a version never used before (``"N+<token>"``,
+        returned), which the server must then report (or another resync's of sync N: ``_server_http._ours``);
+        raises when that cannot be done. The fresh version is what lets every rank see that the server's weights
+        were reloaded under its requests in flight (``ServerPool.complete``). With transport ``file`` the weights
+        are still in the sync directory until the next sync (merged weights: reload; adapter path: the current
+        adapter); any rank can do this (the servers read the files; two ranks re-pushing the same files
+        concurrently load the same weights). Transport ``nccl``: the tensors are gone, so it raises and the
+        server is dropped."""
         from lit_rl.rollout._server_http import ServerError
 
         version = str(self._sync_seq)
-        for s in self.pool.unsynced(version):
-            try:
-                if self.weight_transport != "file" or self._push_dir is None:
-                    raise ServerError(
-                        f"reports weight version {s.why_unsynced}, not {version!r} (restarted or "
-                        f"synced by another client) and transport {self.weight_transport} cannot "
-                        "push the last weights again"
-                    )
-                if self._lora is not None:
-                    self._lora.reload(self.pool, s, version, self._push_dir, self.sync_timeout_s)
-                else:
-                    self.pool.reload_one(s, self._push_dir, version, self.sync_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - the server is dropped with the reason; others go on
-                self.pool._fail(s, exc)
-                _log.warning("VLLMServerEngine: dropped server %s: %s", s.url, exc)
-                continue
-            with self.pool._lock:
-                self.pool.resyncs += 1
-            _log.warning(
-                "VLLMServerEngine: server %s reported weight version %s, not %r (restarted?): pushed "
-                "the last sync's weights to it again",
-                s.url,
-                s.why_unsynced,
-                version,
+        if self.weight_transport != "file" or self._push_dir is None:
+            raise ServerError(
+                f"reports weight version {s.why_unsynced}, not {version!r} (restarted or synced by another "
+                f"client) and transport {self.weight_transport} cannot push the last weights again"
             )
+        label = f"{version}+{uuid.uuid4().hex[:8]}"
+        if self._lora is not None:
+            self._lora.reload(self.pool, s, version, self._push_dir, self.sync_timeout_s, label=label)
+        else:
+            self.pool.reload_one(s, self._push_dir, label, self.sync_timeout_s)
+        return label
 
     def _sync_nccl(self, items, version: str) -> None:
         """Transport (b): one NCCL group per server (trainer rank 0 + that server's workers), vLLM's own

@@ -24,9 +24,13 @@ servers' generation overlap for real in async mode. The engine speaks vLLM's own
   dead for the rest of the run (a restarted server would hold the base weights) and its requests go to
   another server (``rollout/server_errors``, ``rollout/retries`` in ``metrics()``). With
   no live server left, ``generate`` raises naming every URL: never a hang.
-* Restarted servers: before each generate round every server must report the last sync's weight version; one
-  that does not (restarted since, on its checkpoint) is given the last sync's weights again from their files
-  (``rollout/server_resyncs``), or dropped when that cannot be done (``_server_sync._resync_restarted``).
+* Weights changed under us: before each generate round, and after every answer, the server must report the
+  last sync's weight version; one that does not (restarted since, on its checkpoint, or synced by another
+  client) is given the last sync's weights again from their files (``rollout/server_resyncs``), or dropped when
+  that cannot be done (``_server_sync._push_again``). An answer made with other weights (its server reported
+  another version after answering, or was resynced while it was in flight) is thrown away and asked again
+  (``rollout/stale_answers``), so no row carries a version whose weights did not make it
+  (``_server_http.ServerPool``).
 
 With DDP every rank has its own engine on the same servers; only rank 0 writes and pushes weights (the
 ranks' weights are equal after a step), the others wait on a gloo group of their own and check the version.
@@ -198,6 +202,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
         if self.pool is None:
             urls = self.urls if self.urls is not None else self._start_servers(module)
             self.pool = ServerPool(urls, self.request_timeout_s)
+            self.pool.push_again = self._push_again
             try:
                 self.pool.check(
                     policy=_policy_info(module), setting="urls" if self.urls is not None else "launch"
@@ -367,6 +372,8 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
                 raise RuntimeError(
                     f"VLLMServerEngine refuses to generate: {self._stale}. Call update_weights again."
                 )
+            # every answer of this round must come from the last sync's weights (checked per answer)
+            self.pool.expected = str(self._sync_seq) if self._sync_seq else None
             if self._sync_seq:  # a server restarted since the last sync gets its weights again, or is dropped
                 self._resync_restarted()
             sent = check_prompts(prompt_ids, sampling.max_new_tokens, self.max_model_len, "VLLMServerEngine")
@@ -413,6 +420,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
             "rollout/retries": float(pool.retries if pool else 0),
             "rollout/prefix_cache_reset_retries": float(pool.cache_reset_retries if pool else 0),
             "rollout/server_resyncs": float(pool.resyncs if pool else 0),
+            "rollout/stale_answers": float(pool.stale_answers if pool else 0),
             "rollout/servers_alive": float(sum(s.alive for s in pool.servers) if pool else 0),
             "rollout/weight_sync_adapter": float(self.sync_path == "adapter"),
             "rollout/weight_sync_bytes": float(self.last_sync_bytes),
