@@ -173,3 +173,84 @@ def test_the_modules_default_optimizer_is_fused_adamw():
         opt = module._default_optimizer(params)
         assert type(opt) is torch.optim.AdamW
         assert (opt.defaults["fused"], opt.defaults["lr"], opt.defaults["weight_decay"]) == (True, lr, 0.0)
+
+
+FRAGMENT = "callbacks/trl_defaults.yaml"
+
+
+def test_the_fragment_resolves_outside_a_clone(tmp_path, monkeypatch):
+    """From a directory with no callbacks/ (an installed lit_rl), `-c callbacks/trl_defaults.yaml` reads the copy
+    shipped inside the package: the README's command works from anywhere."""
+    monkeypatch.chdir(tmp_path)
+    cfg = trl_diff.resolved_config(["-c", QS, "-c", FRAGMENT])
+    init = cfg["model"]["init_args"]
+    assert (init["optimizer"]["init_args"]["lr"], init["gradient_checkpointing"], cfg["seed_everything"]) == (
+        1e-6,
+        True,
+        42,
+    )
+    (tmp_path / "callbacks").mkdir()  # a file of that name in the working directory wins
+    (tmp_path / FRAGMENT).write_text("seed_everything: 7\n")
+    assert trl_diff.resolved_config(["-c", QS, "-c", FRAGMENT])["seed_everything"] == 7
+
+
+def _wheel(tmp_path: Path) -> Path:
+    """lit_rl built as a wheel from the package's own files (pyproject.toml, README.md, lit_rl/)."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "lit_rl", src / "lit_rl", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "from setuptools import build_meta as b; print(b.build_wheel(r'%s'))" % (tmp_path / "dist")
+    p = subprocess.run([sys.executable, "-c", code], cwd=src, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return tmp_path / "dist" / p.stdout.strip().splitlines()[-1]
+
+
+def test_the_wheel_ships_the_fragment(tmp_path):
+    import zipfile
+
+    names = zipfile.ZipFile(_wheel(tmp_path)).namelist()
+    shipped = sorted(n for n in names if n.startswith("lit_rl/cli/fragments/"))
+    assert shipped == ["lit_rl/cli/fragments/trl_defaults.yaml"]
+    assert (ROOT / FRAGMENT).resolve() == (ROOT / "lit_rl/cli/fragments/trl_defaults.yaml")  # one file
+
+
+@pytest.mark.slow  # a fresh interpreter imports Lightning: ~20 s on 2 shared cores
+def test_an_installed_lit_rl_explains_a_config_with_the_fragment(tmp_path):
+    """lit_rl from its wheel (not this checkout), run in a directory outside the clone: explain-trl of a copy of
+    the quickstart with `-c callbacks/trl_defaults.yaml` lists only what the fragment keeps from lit_rl."""
+    import os
+    import subprocess
+    import sys
+    import zipfile
+
+    site = tmp_path / "site"
+    zipfile.ZipFile(_wheel(tmp_path)).extractall(site)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "mine.yaml").write_text(Path(QS).read_text())
+    code = "import lit_rl, sys; print(lit_rl.__file__); from lit_rl.cli import console_main; console_main()"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    p = subprocess.run(
+        [sys.executable, "-c", code, "explain-trl", "-c", "mine.yaml", "-c", FRAGMENT],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert lines[0] == str(site / "lit_rl/__init__.py")
+    assert [ln.split(":")[0] for ln in lines[1:-1]] == [
+        "model.init_args.disable_dropout",
+        "trainer.precision",
+        "data.init_args.batch_size",
+        "trainer.log_every_n_steps",
+        "checkpoint.every_n_iterations",
+    ]

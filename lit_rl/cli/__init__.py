@@ -123,6 +123,9 @@ def console_main() -> None:
     ``precheck.py`` never import torch or Lightning."""
     if os.getcwd() not in sys.path and "" not in sys.path:  # before the light commands: explain-trl resolves
         sys.path.insert(0, os.getcwd())  # the config's reward import paths as fit does
+    from lit_rl.cli.packaged import resolve_configs
+
+    sys.argv[1:] = resolve_configs(sys.argv[1:])  # -c callbacks/trl_defaults.yaml outside a clone
     code = _light_dispatch(sys.argv[1:])
     if code is not None:
         sys.exit(code)

@@ -449,8 +449,11 @@ def main(args: list[str] | None = None) -> LitRLCLI:
     """Run the CLI; returns the LightningCLI object (its ``trainer`` and ``model``) for programmatic use."""
     import lightning as L
 
+    from lit_rl.cli.packaged import resolve_configs
     from lit_rl.cli.precheck import check
 
+    if isinstance(args, list):  # -c callbacks/trl_defaults.yaml outside a clone: the shipped fragment
+        args = resolve_configs(args)
     early = (
         check(list(sys.argv[1:] if args is None else args)) if isinstance(args, (list, type(None))) else None
     )
