@@ -146,7 +146,7 @@ def test_private_copy_of_a_lora_policy_takes_merged_weights(tmp_path):
 
 
 def _seeded(engine, prompts, seed=5, n=4):
-    groups = engine.generate(prompts, n, SamplingConfig(temperature=1.0, max_new_tokens=8, seed=seed))
+    groups = engine.generate(prompts, n, SamplingConfig(temperature=1.0, max_new_tokens=6, seed=seed))
     return [[c.token_ids for c in g] for g in groups]
 
 
@@ -156,17 +156,14 @@ def test_seeded_duplicate_prompts_get_their_own_samples_and_reruns_replay(bound)
     occurrences were seeded by (seed, call, tokens) alone, so the second group copied the first."""
     module, _ = bound
     ids = module.tokenizer(PROMPT, add_special_tokens=False)["input_ids"]
-    other = module.tokenizer("hello", add_special_tokens=False)["input_ids"]
     runs = []
-    for _ in range(2):  # two fresh engines: same seed, rank and batch
+    for prompts in ([ids, ids], [ids, ids], [ids]):  # fresh engines: same seed, rank and call
         engine = HFEngine()
         engine.bind(module)
-        torch.manual_seed(123)  # the global stream must not matter to seeded sampling
-        runs.append(_seeded(engine, [ids, other, ids]))
-    a, _, b = runs[0]
+        torch.manual_seed(len(runs))  # the global stream must not matter to seeded sampling
+        runs.append(_seeded(engine, prompts))
+    a, b = runs[0]
     assert a != b, "the duplicate prompt's group copied the first occurrence's samples"
-    assert len({tuple(t) for t in a + b}) > 4  # 8 samples of 8 tokens at T = 1: not one repeated draw
-    assert runs[0] == runs[1]  # reproducible
-    solo = HFEngine()
-    solo.bind(module)
-    assert _seeded(solo, [ids])[0] == a  # the first occurrence does not depend on its batch neighbours
+    assert len({tuple(t) for t in a + b}) > 4  # 8 samples of 6 tokens at T = 1: not one repeated draw
+    assert runs[1] == runs[0]  # reproducible
+    assert runs[2] == [a]  # the first occurrence does not depend on what else is in the batch
