@@ -118,6 +118,7 @@ ELSEWHERE = {
         "tests/test_readme_trl.py (the README section's own files and commands, in order)"
     ),
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
+    "lit-rl explain-trl -c trl_grpo.yaml": "tests/test_readme_trl.py",
     (
         "srun lit-rl fit -c configs/grpo.yaml -c configs/strategies/fsdp.yaml --trainer.devices 4 "
         "--trainer.num_nodes 2"

@@ -70,7 +70,7 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
     config = re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.DOTALL).group(1)
     (tmp_path / "trl_grpo.yaml").write_text(config)
 
-    fit, export = section_commands()
+    fit, export, explain = section_commands()
     cli = main([*shlex.split(fit)[1:], *SHORT])
     assert cli.model.iteration == 1 and len(cli.datamodule.heldout_prompts) == 2
     from lit_rl.callbacks import RolloutCallback
@@ -96,3 +96,32 @@ def test_coming_from_trl_runs_as_written(tmp_path, monkeypatch, capsys, tiny_mod
         adapter = PeftModel.from_pretrained(base, "from_trl_adapter")(ids).logits
         merged = AutoModelForCausalLM.from_pretrained("runs/from_trl/final_model")(ids).logits
     assert torch.allclose(adapter, want, atol=1e-5) and torch.allclose(merged, want, atol=1e-5)
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "argv", shlex.split(explain))
+    with pytest.raises(SystemExit) as e:
+        console_main()
+    out = capsys.readouterr()
+    assert e.value.code == 0, out.err
+    lines = out.out.splitlines()  # as the README says: the learning rate, top-p, the completion budget
+    for line in (
+        "model.init_args.optimizer.init_args.lr: 1e-05 here, 1e-06 under TRL 1.16's learning_rate=1e-6",
+        "rollout.sampling.top_p: 0.95 here, 1.0 under TRL 1.16's top_p=1.0",
+        "rollout.sampling.max_new_tokens: 16 here, 512 under TRL 1.16's max_completion_length=512",
+    ):
+        assert line in lines, out.out
+
+
+def test_a_trl_name_is_answered_as_the_readme_says(tmp_path, monkeypatch, capsys):
+    """The section's inline example: `lit-rl fit -c trl_grpo.yaml --learning_rate 1e-5` and the error line it
+    quotes, through the console script (the early check: nothing is loaded)."""
+    cmd = re.search(r"`(lit-rl fit -c trl_grpo\.yaml --learning_rate [^`]+)` says", SECTION).group(1)
+    said = " ".join(re.search(r"says `(lit-rl: error: [^`]+)`", SECTION).group(1).split())
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "trl_grpo.yaml").write_text(
+        re.search(r"```yaml\n(# trl_grpo.yaml\n.*?)```", SECTION, re.DOTALL).group(1)
+    )
+    monkeypatch.setattr(sys, "argv", shlex.split(cmd))
+    with pytest.raises(SystemExit) as e:
+        console_main()
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == said

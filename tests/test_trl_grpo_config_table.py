@@ -213,3 +213,54 @@ def test_inherited_fields_are_training_arguments():
 
     have = {f.name for f in dataclasses.fields(TrainingArguments)}
     assert set(INHERITED_FIELDS) - {"warmup_ratio"} <= have
+
+
+# A lit_rl config key written in full in a row's lit_rl cell (`model.init_args.clip_low`, `rollout.group_size: 8`)
+_FULL_KEY = re.compile(
+    r"`((?:model|data|rollout|trainer|checkpoint)\.[\w.]+|seed_everything|ckpt_path)(?:`|:)"
+)
+
+
+def _default_row(name: str, default: str | None) -> list[str]:
+    """The row quoting ``name=default`` (TRL's default), else the first row naming ``name``."""
+    want = f"`{name}={default}`"
+    found = [r for r in rows() if default is not None and want in r[0]]
+    found += [r for r in rows() if name in named(r[0])]
+    assert found, f"no row of README's table names {name}"
+    return found[0]
+
+
+def _names_setting(cell: str, setting: str) -> bool:
+    from lit_rl.cli.trl_names import callback_setting
+
+    cb = callback_setting(setting)
+    if cb:  # trainer.callbacks[ReferenceKL].init_args.beta: the class and its argument are named
+        return f"`{cb[0]}" in cell and f"`{cb[1]}`" in cell
+    return setting in _FULL_KEY.findall(cell)
+
+
+def test_the_rows_name_the_settings_and_defaults_of_the_one_table():
+    """README's table and lit_rl/cli/trl_names.py (what `--learning_rate` is answered with, what explain-trl
+    quotes) say the same: the row of each TRL name quotes its default and names each of its lit_rl settings
+    in full; a row that names a lit_rl key in full maps TRL names that are in the table."""
+    from lit_rl.cli.trl_names import TRL_ARGS
+
+    for name, arg in TRL_ARGS.items():
+        row = _default_row(name, arg.default)
+        if arg.default is not None:
+            assert f"`{name}={arg.default}`" in row[0], (name, arg.default, row[0])
+        missing = [s for s in arg.settings if not _names_setting(row[1], s)]
+        assert not missing, f"README's row for {name} does not name {missing}: {row[1]}"
+    for r in rows():
+        if "**not supported**" in r[2] and "**same**" not in r[2] and "**differs**" not in r[2]:
+            continue
+        if _FULL_KEY.search(r[1]):
+            assert named(r[0]) <= set(TRL_ARGS), (
+                f"{sorted(named(r[0]) - set(TRL_ARGS))} not in the table: {r}"
+            )
+
+
+def test_the_table_check_can_fail():
+    assert not _names_setting("`rollout.group_size: 8`", "rollout.group")
+    assert _names_setting("`rollout.group_size: 8`", "rollout.group_size")
+    assert not _names_setting("no `ReferenceKL` callback", "trainer.callbacks[ReferenceKL].init_args.beta")

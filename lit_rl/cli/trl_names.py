@@ -156,11 +156,13 @@ TRL_ARGS: dict[str, TRLArg] = {
     # runs
     "logging_steps": TRLArg("10", ("trainer.log_every_n_steps",)),
     "save_steps": TRLArg("500", ("checkpoint.every_n_iterations",)),
+    "save_strategy": TRLArg('"steps"', ("checkpoint.every_n_iterations",), "every N RL iterations"),
     "save_total_limit": TRLArg("None", ("checkpoint.save_top_k",)),
     "output_dir": TRLArg(None, ("trainer.default_root_dir",)),
     "resume_from_checkpoint": TRLArg(
         "None", ("ckpt_path",), "last resumes the run directory's last checkpoint"
     ),
+    "eval_strategy": TRLArg('"no"', ("trainer.val_check_interval",), "with -c callbacks/eval.yaml"),
     "eval_steps": TRLArg("None", ("trainer.val_check_interval",), "with -c callbacks/eval.yaml"),
     "report_to": TRLArg('"none"', ("trainer.logger",), "CSV and TensorBoard are always written"),
     "log_completions": TRLArg(
