@@ -18,9 +18,13 @@ shards), and rank 0 alone writes. Unsharded models (single process, DDP, ZeRO-2)
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
+
+from lit_rl.jsonl import clean_text
 
 ADAPTER_SUBDIR = "adapter"
 LORA_SAVE = ("both", "merged", "adapter")
@@ -57,6 +61,31 @@ def save_hf_model(model, tokenizer, out: str | Path, lora: str = "both") -> list
     if lora not in LORA_SAVE:
         raise ValueError(f"lora={lora!r}; valid values: {', '.join(LORA_SAVE)}")
     out = Path(out)
+    if _utf8(out) or _rank() != 0:
+        return _save(model, tokenizer, out, lora)
+    # A folder name that is not UTF-8 (Python holds its bytes as lone surrogates) cannot be handed to the Rust
+    # writers (tokenizers, safetensors), which take UTF-8 paths: write into a temporary folder, then move the
+    # files in with Python's own file calls, which take any name.
+    with tempfile.TemporaryDirectory(prefix="lit_rl_save_") as tmp:
+        written = _save(model, tokenizer, Path(tmp), lora)
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(Path(tmp).rglob("*")):
+            if f.is_file():
+                dest = out / f.relative_to(tmp)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(f, dest)
+    return [out / d.relative_to(tmp) for d in written]  # out / Path('.') is out
+
+
+def _utf8(path: Path) -> bool:
+    try:
+        str(path.absolute()).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _save(model, tokenizer, out: Path, lora: str) -> list[Path]:
     rank0 = _rank() == 0
     if is_sharded(model):
         from lit_rl.models.loading import full_tensor, lora_merged_state
@@ -194,7 +223,7 @@ def _model_args(run: Path) -> dict[str, Any]:
         )
     import yaml
 
-    cfg = yaml.safe_load(cfg_path.read_text()) or {}
+    cfg = yaml.safe_load(cfg_path.read_text(encoding="utf-8")) or {}
     init = ((cfg.get("model") or {}).get("init_args")) or {}
     if "model" not in init:
         raise ValueError(f"{cfg_path}: no model.init_args.model (the base model of the run)")
@@ -263,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError, NotImplementedError, OSError) as e:
         print(f"lit-rl export: error: {e}", file=sys.stderr)
         return 2
-    for d in written:
-        print(f"wrote {d}")
+    for d in written:  # a folder name that is not UTF-8 holds lone surrogates, which stdout cannot encode
+        print(f"wrote {clean_text(str(d))}")
     return 0
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -282,6 +283,16 @@ def default_loggers(root: str, resume_step: int | None) -> list[Any]:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
+        return out
+    try:
+        os.fspath(root).encode("utf-8")
+    except UnicodeEncodeError:  # a name with bytes that are not UTF-8 (held as lone surrogates by Python)
+        warnings.warn(
+            f"run directory {root!r}: its name is not UTF-8, which TensorBoard cannot write under (it encodes "
+            "paths as UTF-8); no tb/ logs for this run (logs/metrics.csv has the same metrics)",
+            UserWarning,
+            stacklevel=2,
+        )
         return out
     kw: dict[str, Any] = {} if resume_step is None else {"purge_step": resume_step}
     out.append(TensorBoardLogger(root, name="tb", version="", default_hp_metric=False, **kw))

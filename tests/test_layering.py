@@ -19,6 +19,7 @@ PKG = Path(__file__).resolve().parents[1] / "lit_rl"
 # The floors, lowest first: a module may import its own floor and the floors below it, never above.
 FLOORS = {
     "errors": 0,
+    "jsonl": 0,
     "core": 0,
     "data": 1,
     "models": 1,

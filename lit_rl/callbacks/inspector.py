@@ -22,7 +22,6 @@ Rank zero writes (each rank scores different prompts; the files show rank zero's
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from pathlib import Path
@@ -30,10 +29,11 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
+from lit_rl.jsonl import clean, clean_text, dumps_line
 
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
 METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/", "async/")
@@ -174,7 +174,7 @@ def _failed(row: dict) -> bool:
 
 def _markdown(rows: list[dict], width: int = 200) -> str:
     def cell(v: Any) -> str:
-        s = "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v))
+        s = "" if v is None else (f"{v:.4g}" if isinstance(v, float) else clean_text(str(v)))
         s = " ".join(s.split())
         return (s[: width - 3] + "..." if len(s) > width else s).replace("|", "\\|")
 
@@ -265,13 +265,12 @@ class RolloutInspector(L.Callback):
             self.max_rows_per_step,
             random.Random(f"{self.seed}:{step}"),
         )
-        with open(self.dir / f"step_{step:06d}.jsonl", "w") as f:  # "w": a resumed run rewrites its step
-            # default=str: log_extra values are the user's (any type); the file must still be written
-            f.writelines(
-                json.dumps({"step": step, **r}, ensure_ascii=False, default=str) + "\n" for r in rows
-            )
+        # clean: a lone surrogate (a log_extra value decoded with surrogateescape) is U+FFFD in the file and in
+        # every logger's table alike (TensorBoard's text summary, like a UTF-8 file, cannot encode it)
+        records = [clean({"step": step, **r}) for r in rows]
+        write_rows(self.dir / f"step_{step:06d}.jsonl", records)
         if self.log_to_loggers:
-            self._to_loggers(trainer, step, [{"step": step, **r} for r in rows])
+            self._to_loggers(trainer, step, records)
 
     def on_train_end(self, trainer, pl_module) -> None:
         if not trainer.is_global_zero or self.dir is None:
@@ -290,17 +289,22 @@ class RolloutInspector(L.Callback):
     def _write_report(self) -> None:
         if not self.report or not any(self.dir.glob("*.jsonl")):
             return
-        from lit_rl.report import write_report
+        from lit_rl.report import build_report, skipped_note
 
-        out = write_report(self.dir, self.report_path)
+        out, skipped = build_report(self.dir, self.report_path)
+        if skipped:
+            rank_zero_warn(f"RolloutInspector: {skipped_note(skipped)} ({self.dir})")
         rank_zero_info(
             f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)"
         )
 
     # --------------------------------------------------------------- outputs
     def _append_metrics(self, rec: dict) -> None:
-        with open(self.dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(rec) + "\n")
+        path = self.dir / "metrics.jsonl"
+        with open(path, "ab") as f:
+            # a process killed mid-line left no "\n": the record starts a line of its own, not the torn one's end
+            torn = f.tell() > 0 and _last_byte(path) != b"\n"
+            f.write((b"\n" if torn else b"") + dumps_line(rec).encode("utf-8"))
 
     def _flush_heldout(self, trainer) -> None:
         ev = getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)  # handed over at setup
@@ -338,8 +342,22 @@ class RolloutInspector(L.Callback):
         self._heldout_seen = int(state.get("heldout_seen", 0))
 
 
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """One rollout file: a JSON line per row (``lit_rl.jsonl.dumps_line``: any text, one line for every reader;
+    ``log_extra`` values are the user's, any type, written as their ``str`` when JSON has none). "w": a resumed
+    run rewrites its step."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(dumps_line(r) for r in rows)
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, 2)
+        return f.read(1)
+
+
 def _cell(v: Any) -> Any:
-    return v if v is None or isinstance(v, (int, float, str)) else str(v)
+    return v if v is None or isinstance(v, (int, float, str)) else clean_text(str(v))
 
 
 def _rollout_cb(trainer):

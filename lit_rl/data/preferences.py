@@ -10,14 +10,16 @@ model → use it as the reward for GRPO/PPO → its score rises) runs offline an
 
 from __future__ import annotations
 
-import json
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from torch.utils.data import DataLoader
+
+from lit_rl.jsonl import lines_note, read_jsonl
 
 FIELDS = ("prompt", "chosen", "rejected")
 PROPERTIES = ("larger", "correct")
@@ -50,14 +52,17 @@ def parse_preferences(records: list[dict[str, Any]]) -> list[PreferencePair]:
 
 
 def load_preferences(path: str | Path) -> list[PreferencePair]:
-    """Read a JSONL file of ``{"prompt", "chosen", "rejected"}`` objects (blank lines skipped)."""
-    records = []
-    for n, line in enumerate(Path(path).read_text().splitlines()):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}: line {n + 1} is not valid JSON ({e})") from e
+    r"""Read a JSONL file of ``{"prompt", "chosen", "rejected"}`` objects (blank lines skipped; lines end at "\n"
+    only and text with no UTF-8 form is read as U+FFFD, with a warning: ``lit_rl.jsonl``)."""
+    records, replaced = [], []
+    for line in read_jsonl(path):
+        if line.error is not None:
+            raise ValueError(f"{path}: line {line.lineno} is not valid JSON ({line.error})")
+        records.append(line.value)
+        if line.replaced:
+            replaced.append(line.lineno)
+    if replaced:
+        warnings.warn(lines_note(path, replaced), UserWarning, stacklevel=2)
     if not records:
         raise ValueError(f"{path}: no preference records (the file is empty)")
     return parse_preferences(records)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lit_rl.jsonl import lines_note, read_jsonl
 
 
 @dataclass
@@ -143,33 +145,32 @@ def load_jsonl(
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
-    out, errors = [], []
-    with path.open() as f:
-        for i, line in enumerate(f):
-            line = line.strip()
-            if not line:
-                continue
-            where = f"{path}:{i + 1}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                errors.append(f"{where}: not valid JSON ({e})")
-                continue
-            try:
-                out.append(
-                    Prompt.from_dict(
-                        d,
-                        index=i,
-                        prompt_key=prompt_key,
-                        answer_key=answer_key,
-                        where=where,
-                        require_answer=require_answer,
-                    )
+    out, errors, replaced = [], [], []
+    # lit_rl.jsonl: lines end at "\n" only (a prompt may hold U+2028), text with no UTF-8 form is read as U+FFFD
+    for line in read_jsonl(path):
+        i, where = line.lineno - 1, f"{path}:{line.lineno}"
+        if line.replaced:
+            replaced.append(line.lineno)
+        if line.error is not None:
+            errors.append(f"{where}: not valid JSON ({line.error})")
+            continue
+        try:
+            out.append(
+                Prompt.from_dict(
+                    line.value,
+                    index=i,
+                    prompt_key=prompt_key,
+                    answer_key=answer_key,
+                    where=where,
+                    require_answer=require_answer,
                 )
-            except ValueError as e:
-                errors.append(str(e))
+            )
+        except ValueError as e:
+            errors.append(str(e))
     if errors:
         raise DataError(errors)
+    if replaced:
+        warnings.warn(lines_note(path, replaced), UserWarning, stacklevel=2)
     return out
 
 

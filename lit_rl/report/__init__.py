@@ -16,8 +16,10 @@ import math
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+from lit_rl.jsonl import clean_text, read_jsonl
 from lit_rl.report._template import TEMPLATE
 
 # Per-row array layout in the embedded JSON (the page's JavaScript reads the same order).
@@ -59,21 +61,31 @@ def _num(x, digits: int = 4):
     return x if isinstance(x, int) else round(x, digits)
 
 
+def _records(path: Path, skipped: list[str]) -> Iterator[dict]:
+    r"""The objects of one rollout / metrics file, lines split at "\n" only (``lit_rl.jsonl``: a prompt holding
+    U+2028 is one line). A line that is not a JSON object (a process killed mid-write leaves a torn one) is left
+    out and named in ``skipped`` as ``file:line: why``: counted and shown, never the end of the report."""
+    for line in read_jsonl(path):
+        if line.error is None and isinstance(line.value, dict):
+            yield line.value
+        else:
+            why = line.error or f"a JSON {type(line.value).__name__}, not an object"
+            skipped.append(f"{path.name}:{line.lineno}: {why}")
+
+
 def load_run(rollouts: Path) -> dict:
     """The report's data: steps, interned prompts, component names, rows per step, metric curves."""
     prompts: list[list] = []  # [text, answer, uid]
     index: dict[tuple, int] = {}
     comp_names: list[str] = []
     rows: dict[str, list] = {}
+    skipped: list[str] = []
     files = sorted(
         (int(m.group(1)), p) for p in rollouts.glob("step_*.jsonl") if (m := _STEP_FILE.search(p.name))
     )
     for step, path in files:
         out = []
-        for line in path.read_text().splitlines():
-            if not line.strip():
-                continue
-            r = json.loads(line)
+        for r in _records(path, skipped):
             key = (r.get("prompt", ""), r.get("answer"), r.get("uid"))
             if key not in index:
                 index[key] = len(prompts)
@@ -93,10 +105,7 @@ def load_run(rollouts: Path) -> dict:
     curves: dict[str, dict[int, float]] = {}
     mpath = rollouts / "metrics.jsonl"
     if mpath.exists():
-        for line in mpath.read_text().splitlines():
-            if not line.strip():
-                continue
-            rec = json.loads(line)
+        for rec in _records(mpath, skipped):
             step = rec.pop("step", None)
             for k, v in rec.items():
                 if step is not None and _num(v) is not None:
@@ -108,28 +117,44 @@ def load_run(rollouts: Path) -> dict:
         "fields": list(ROW_FIELDS),
         "rows": rows,
         "curves": {k: sorted(v.items()) for k, v in sorted(curves.items())},
+        "skipped": skipped,
     }
 
 
 def render(data: dict, title: str) -> str:
     blob = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    blob = blob.replace("</", "<\\/").replace("<!--", "<\\!--")  # cannot close the <script> element early
-    return (
-        TEMPLATE.replace("%%TITLE%%", html.escape(title))
-        .replace("%%GENERATED%%", time.strftime("%Y-%m-%d %H:%M:%S"))
-        .replace("%%DATA%%", blob)
-    )
+    # "<" stands only inside JSON strings, where \u003c is the same character: no "</script" or "<!--" can end
+    # or change the <script> element (a "<\\!--" escape, used before, is not JSON: such a completion emptied the
+    # page). clean_text: a lone surrogate has no UTF-8 form; the file must still be written.
+    blob = clean_text(blob.replace("<", "\\u003c"))
+    values = {
+        "TITLE": html.escape(clean_text(title)),
+        "GENERATED": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "DATA": blob,
+    }
+    # one pass: a title or a row holding "%%DATA%%" is text, never a place to fill
+    return re.sub(r"%%(TITLE|GENERATED|DATA)%%", lambda m: values[m.group(1)], TEMPLATE)
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Build the report of ``run_dir`` into ``out`` (default: ``<run dir>/report.html``); returns its path."""
+    return build_report(run_dir, out)[0]
+
+
+def build_report(run_dir: str | Path, out: str | Path | None = None) -> tuple[Path, list[str]]:
+    """``write_report``, also returning the file lines it left out (``file:line: why``, ``load_run``)."""
     rollouts = find_rollouts(run_dir)
     run_root = rollouts.parent if rollouts.name == "rollouts" else rollouts
     out = Path(out) if out is not None else run_root / "report.html"
     data = load_run(rollouts)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(data, f"lit_rl rollouts: {run_root.resolve().name}"), encoding="utf-8")
-    return out
+    return out, data["skipped"]
+
+
+def skipped_note(skipped: list[str], limit: int = 5) -> str:
+    more = f" and {len(skipped) - limit} more" if len(skipped) > limit else ""
+    return f"{len(skipped)} line(s) that are not records were left out: {'; '.join(skipped[:limit])}{more}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,10 +170,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
-        out = write_report(args.run_dir, args.output)
+        out, skipped = build_report(args.run_dir, args.output)
     except FileNotFoundError as e:
         print(f"lit-rl inspect: {e}", file=sys.stderr)
         return 2
+    if skipped:
+        print(f"lit-rl inspect: warning: {skipped_note(skipped)}", file=sys.stderr)
     size = out.stat().st_size
-    print(f"wrote {out} ({size / 1e6:.2f} MB)")
+    # a folder name that is not UTF-8 holds lone surrogates (surrogateescape), which stdout cannot encode
+    print(f"wrote {clean_text(str(out))} ({size / 1e6:.2f} MB)")
     return 0

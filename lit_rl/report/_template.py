@@ -64,7 +64,12 @@ const D = JSON.parse(document.getElementById("data").textContent);
 const T1 = performance.now();
 const F = {}; D.fields.forEach((f, i) => F[f] = i);
 const $ = id => document.getElementById(id);
-const esc = s => String(s == null ? "" : s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c]));
+// Text as HTML, with the control characters a page would drop or hide made visible: C0 ones (NUL, which the HTML
+// parser removes, \x0b, \x1c-\x1e, ...; not tab, newline, CR) and DEL as their Control Pictures (U+2400 + code,
+// U+2421), C1 ones (U+0085 NEL, ...) as ⟨U+0085⟩. U+2028 / U+2029 stay: the browser breaks the line there.
+const CTRL = /[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]/g;
+const ctrlPicture = c => { const n = c.charCodeAt(0); return n < 0x20 ? String.fromCharCode(0x2400 + n) : n === 0x7f ? "\u2421" : `⟨U+${n.toString(16).toUpperCase().padStart(4, "0")}⟩`; };
+const esc = s => String(s == null ? "" : s).replace(/[&<>"]/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c])).replace(CTRL, ctrlPicture);
 const fmt = (x, d = 3) => x == null ? "–" : (Number.isInteger(x) ? String(x) : x.toFixed(d));
 const S = {step: D.steps.length ? D.steps[D.steps.length - 1] : null, reward: "all", errors: false, trunc: false,
            q: "", all: false, page: 0, pagesize: 10, diff: null, a: null, b: null};
@@ -271,7 +276,9 @@ function initControls() {
   let timer = null;
   $("f-q").oninput = e => { clearTimeout(timer); timer = setTimeout(() => { S.q = e.target.value; S.page = 0; update(); }, 150); };
   let total = 0, errs = 0; for (const s of D.steps) { const t = stepStats(s); total += t.n; errs += t.errors; }
-  $("summary").textContent = `${D.steps.length} inspected steps · ${total} rows · ${errs} rows with reward errors`;
+  const skipped = D.skipped || [];  // lines of the files that were not records (a torn line of a killed run)
+  $("summary").textContent = `${D.steps.length} inspected steps · ${total} rows · ${errs} rows with reward errors` +
+    (skipped.length ? ` · ${skipped.length} unreadable line(s) left out: ${skipped.slice(0, 3).join("; ")}` : "");
 }
 function syncControls() {
   $("slider").value = Math.max(0, D.steps.indexOf(S.step)); $("steplist").value = String(S.step);
