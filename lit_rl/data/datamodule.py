@@ -3,6 +3,9 @@ a Hugging Face ``datasets`` dataset."""
 
 from __future__ import annotations
 
+import contextlib
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -296,7 +299,8 @@ def load_hf_splits(source, config: str | None = None) -> dict:
                 f"dataset_config={config!r}: dataset={source!r} is one data file, which has no "
                 "configurations; drop dataset_config"
             )
-        return dict(datasets.load_dataset(fmt, data_files=str(path)))
+        with _no_cache(datasets) as kw:
+            return dict(datasets.load_dataset(fmt, data_files=str(path), **kw))
     if path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
         if config:
             raise ValueError(
@@ -306,7 +310,8 @@ def load_hf_splits(source, config: str | None = None) -> dict:
         ds = datasets.load_from_disk(str(path))
         return dict(ds) if isinstance(ds, datasets.DatasetDict) else {"train": ds}
     if path.is_dir():
-        return dict(_load_named(datasets, source, config))
+        with _no_cache(datasets) as kw:
+            return dict(_load_named(datasets, source, config, **kw))
     if source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise FileNotFoundError(
             f"dataset={source!r}: no such file or directory (and not a hub name org/name)"
@@ -321,10 +326,23 @@ def load_hf_splits(source, config: str | None = None) -> dict:
         ) from None
 
 
-def _load_named(datasets, source: str, config: str | None):
+@contextlib.contextmanager
+def _no_cache(datasets) -> Iterator[dict[str, Any]]:
+    """``load_dataset`` keyword arguments that read a local source from its files as they are now: a cache folder
+    of this load's own, removed after, with the rows read into memory. ``datasets`` caches a folder with a README
+    ``configs:`` block under the folder's name and the configuration, not its path or contents, so a second folder
+    of the same name or an edited one gave the first rows again; a data file's cache key misses a rewrite that
+    keeps its size and modification time. The folder lives inside ``datasets``' cache (the disk its user chose)."""
+    root = Path(datasets.config.HF_DATASETS_CACHE)
+    root.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lit_rl_local_", dir=root) as tmp:
+        yield {"cache_dir": tmp, "keep_in_memory": True}
+
+
+def _load_named(datasets, source: str, config: str | None, **kw):
     """``load_dataset(source, config)``; an unknown configuration is a one-line error naming the ones there are."""
     try:
-        return datasets.load_dataset(source, config)
+        return datasets.load_dataset(source, config, **kw)
     except ValueError as e:
         names = None
         try:
