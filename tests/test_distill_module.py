@@ -4,6 +4,7 @@ errors. The teacher is a stub returning fixed logits, so each term is checked in
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -174,3 +175,22 @@ def test_config_errors(tiny_model_dir):
         DistillModule(model=str(tiny_model_dir), opd_baseline="yes")
     m = DistillModule(model=str(tiny_model_dir), losses={"forward_kl": 1.0})
     assert m.hparams.losses == {"forward_kl": 1.0} and m.hparams.model == str(tiny_model_dir)
+
+
+def test_reverse_kl_sampled_under_a_truncating_sampler_warns_at_setup(tiny_model_dir):
+    """Its expected gradient is then ∇KL(π^s‖π_T) over the kept set (tests/core/test_kl_truncated.py), not the
+    full-vocabulary KL(π‖π_T) of reverse_kl_full: said once at setup, the user's choice kept."""
+    from lit_rl.core.processed import LogitProcessing
+
+    class Router:
+        def check_teachers(self, module, loss):
+            pass
+
+    m = DistillModule(model=str(tiny_model_dir), losses={"reverse_kl_sampled": 1.0})
+    m.teacher_router = Router()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m.setup("fit")  # plain sampling: nothing to say
+    m.processing = LogitProcessing(temperature=1.0, top_p=0.9)
+    with pytest.warns(UserWarning, match=r"reverse_kl_sampled.*top_p=0.9.*KL\(π\^s‖π_T\).*reverse_kl_full"):
+        m.setup("fit")

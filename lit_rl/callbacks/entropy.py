@@ -31,8 +31,12 @@ class EntropyRegularization(L.Callback, LossTerm):
         step: how much α moves per iteration when the entropy is outside the band.
         coef_min, coef_max: bounds of α in adaptive mode (a negative ``coef_min`` allows an entropy penalty).
 
-    H_t is the entropy of the policy's sampling distribution (logits / the module's temperature) at each
-    completion token, aggregated with the module's ``loss_agg``. Metrics per iteration: ``entropy/mean``
+    H_t = H(π_θ(·|s_t)) is the entropy of the model's full softmax(logits / the module's temperature) over the
+    whole vocabulary at each generated position s_t of the rollouts, aggregated with the module's ``loss_agg``:
+    with top-k / top-p / min-p / a repetition penalty it is not the entropy of the truncated sampler π^s over its
+    kept set (the model's uncertainty, docs/architecture.md "Truncated sampling"). A function of the state, so
+    −α·agg(H_t) differentiated directly is its exact gradient whatever the sampler (float64 enumeration,
+    tests/callbacks/test_reference_kl_truncated.py). Metrics per iteration: ``entropy/mean``
     (mean over loss-mask tokens of all micro-batches of the update) and ``entropy/coef`` (α used).
     """
 

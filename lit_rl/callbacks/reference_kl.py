@@ -52,33 +52,12 @@ import torch
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.fused_logprobs import Projection, linear_divergence
-from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate, kl_from_logits
+from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate, kl_from_logits, sampler_differs
 from lit_rl.learners.protocols import LossTerm
 from lit_rl.models.loading import resolve_dtype
 
 KL_WHERE = ("reward", "loss")
 REFERENCE_KL_KINDS = ("auto", "exact", *KL_KINDS)
-
-
-def sampler_differs(module) -> str | None:
-    """Why the rollout sampler is not the model's full softmax(z / T) (the processing settings that make π^s ≠
-    π, e.g. ``"top_k=3"``), or None when it samples from π itself (sampled KL estimators are unbiased there)."""
-    proc = getattr(module, "processing", None)
-    if proc is None:
-        return None
-    if proc.greedy:
-        return "temperature=0 (greedy)"
-    why = [
-        f"{name}={value}"
-        for name, value, off in (
-            ("top_k", proc.top_k, 0),
-            ("top_p", proc.top_p, 1.0),
-            ("min_p", proc.min_p, 0.0),
-            ("repetition_penalty", proc.repetition_penalty, 1.0),
-        )
-        if value != off
-    ]
-    return ", ".join(why) or None
 
 
 class ReferenceKL(L.Callback, LossTerm):
@@ -91,7 +70,7 @@ class ReferenceKL(L.Callback, LossTerm):
             whole vocabulary from both models' logits (see the module doc); ``k1|k2|k3``: the sampled estimators
             (``core.kl.kl_estimate``; k1 the classic reward penalty, k3 GRPO's loss term), unbiased only when
             the rollout samples from the model's softmax(z / T) (a warning otherwise); ``auto``: ``exact``
-            when the sampler truncates, penalises or is greedy (``sampler_differs``), else ``k3``.
+            when the sampler truncates, penalises or is greedy (``core.kl.sampler_differs``), else ``k3``.
             ``k1`` with ``where="loss"`` is an error: its expected gradient is zero.
         where: ``reward`` (−β·KL per token added to ``token_rewards`` before advantages; with ``exact`` also
             β·agg(KL) in the loss, logged as ``loss/kl``) or ``loss`` (β·agg(KL) in the loss).
@@ -165,7 +144,7 @@ class ReferenceKL(L.Callback, LossTerm):
         """The KL this callback computes for ``module``'s rollouts: ``exact`` or a sampled ``k1|k2|k3``
         (``auto`` resolved against the rollout sampler, ``module.processing``). Warns once when an explicit
         sampled estimator meets a sampler other than the model's softmax (the user's choice is kept)."""
-        differs = sampler_differs(module)
+        differs = sampler_differs(getattr(module, "processing", None))
         if self.kind == "auto":
             return "exact" if differs else "k3"
         if self.kind != "exact" and differs and not self._warned:

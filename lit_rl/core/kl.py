@@ -4,7 +4,9 @@ Two situations call for a KL term in RL post-training:
 
 * Against a frozen reference policy, where only the log-prob of the *sampled* token is at hand
   under both models: :func:`kl_estimate` gives Schulman's k1/k2/k3 Monte-Carlo estimators of
-  KL(π‖π_ref) from tokens sampled from π.
+  KL(π‖π_ref) from tokens sampled from π. Only from π: when the tokens come from a truncated or
+  otherwise processed sampler π^s ≠ π (:func:`sampler_differs`) their mean is Σ_a π^s(a)·k(a), not
+  the KL, and the exact per-position KL from both models' logits (below) is the unbiased choice.
 * Distillation, where both student and teacher logits over the whole vocabulary are available:
   :func:`kl_from_logits` (forward or reverse KL, exact per position) and :func:`generalized_jsd`.
 
@@ -26,6 +28,7 @@ from lit_rl.core.logprobs import (
     _raise_if_nonfinite,
     rowwise_chunked,
 )
+from lit_rl.core.processed import LogitProcessing
 from lit_rl.core.registry import Registry
 
 __all__ = [
@@ -36,6 +39,7 @@ __all__ = [
     "generalized_jsd",
     "kl_estimate",
     "kl_from_logits",
+    "sampler_differs",
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -72,6 +76,29 @@ KL_KINDS: tuple[str, ...] = tuple(KL_ESTIMATORS.names())  # ("k1", "k2", "k3")
 # k3 then holds e^20 and, in fp32, overflows to inf from log r ≈ 88. The clamp keeps the loss
 # finite at the cost of a biased (under-)estimate and zero gradient for those rare tokens.
 DEFAULT_LOG_RATIO_CLAMP = 20.0
+
+
+def sampler_differs(processing: LogitProcessing | None) -> str | None:
+    """Why a sampler with these settings does not draw from the model's softmax(z / T) itself — the settings
+    that make π^s ≠ π, e.g. ``"top_k=3, top_p=0.9"`` — or None when it does (None: no processing known).
+
+    Where it is not None, a sampled estimator's mean (:func:`kl_estimate`, a sampled distillation advantage) is
+    an expectation under π^s, and the probability outside the kept set is out of every sample's reach."""
+    if processing is None:
+        return None
+    if processing.greedy:
+        return "temperature=0 (greedy)"
+    why = [
+        f"{name}={value}"
+        for name, value, off in (
+            ("top_k", processing.top_k, 0),
+            ("top_p", processing.top_p, 1.0),
+            ("min_p", processing.min_p, 0.0),
+            ("repetition_penalty", processing.repetition_penalty, 1.0),
+        )
+        if value != off
+    ]
+    return ", ".join(why) or None
 
 
 def kl_estimate(

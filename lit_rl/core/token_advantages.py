@@ -166,7 +166,10 @@ def opd(inp: AdvantageInputs) -> AdvantageOutputs:
     Machines, "On-Policy Distillation", 2025): A_t = −(log π_θ(y_t) − log π_T(y_t)).
 
     The sampled-token log-ratio is a one-sample estimate of the reverse KL KL(π_θ ‖ π_T) at step t;
-    its negation is a per-token reward. Like the Thinking Machines recipe, no discounting or
+    its negation is a per-token reward. With tokens from a truncated sampler π^s (log π the full softmax's, as
+    ``DistillModule`` passes it), log π = log π^s + log π(K) on the kept set K, a per-position constant, so the
+    expected policy gradient (ratio of π^s) is exactly ∇ KL(π^s‖π_T) with K fixed (tests/core/test_kl_truncated.py);
+    the tail outside K is reached only by a full-vocabulary loss. Like the Thinking Machines recipe, no discounting or
     reward-to-go (γ = 0 in effect): each token is credited only with its own log-ratio, which is
     lower variance than summing future log-ratios. ``rewards`` are not read (pass zeros);
     ``valid=False`` rows still get 0.

@@ -8,7 +8,8 @@ loss term of the module's own (``StudentDistillation``, first in ``own_loss_term
 =====================  =====================================================================================
 ``reverse_kl_sampled``  policy-gradient loss (the module's ``policy_loss``) with the per-token advantage
                         A_t = −(log π_θ(y_t) − log π_T(y_t)) (``core.advantages`` "opd"); its expected
-                        gradient is ∇ KL(π_θ‖π_T) (GKD arXiv 2306.13649; MiniLLM arXiv 2306.08543).
+                        gradient is ∇ KL(π_θ‖π_T) (GKD arXiv 2306.13649; MiniLLM arXiv 2306.08543); under
+                        a truncating sampler π^s ∇ KL(π^s_θ‖π_T) over the kept set (a warning at setup).
 ``reverse_kl_full``     exact Σ_v p_v (log p_v − log q_v) per position (``core.kl.kl_from_logits``), chunked.
 ``topk_reverse_kl``     the same over the teacher's top-k tokens + a tail bucket (``core.distill``).
 ``forward_kl``          Σ_v q_v (log q_v − log p_v) per position (classic KD, mode-covering).
@@ -28,6 +29,7 @@ GKD λ=1), ``teacher`` (the teacher's own samples, i.e. supervised KD; done in t
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +41,7 @@ from lit_rl.core.aggregation import aggregate
 from lit_rl.core.distill import check_losses, masked_cross_entropy, topk_reverse_kl, topk_reverse_kl_linear
 from lit_rl.core.fused_logprobs import Projection, linear_divergence, linear_logprobs
 from lit_rl.core.group_size import check_group_size
-from lit_rl.core.kl import generalized_jsd, kl_from_logits
+from lit_rl.core.kl import generalized_jsd, kl_from_logits, sampler_differs
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
 from lit_rl.core.settings import check_choices, flat_settings, setting
@@ -162,6 +164,17 @@ class DistillModule(PolicyModule):
         if stage == "fit":  # fail before the first rollout, not in the middle of it
             full = [n for n in FULL_VOCAB_LOSSES if n in self.losses]
             self.router().check_teachers(self, full[0] if full else None)
+            # (the rollout callback's setup, which sets the sampler, runs before the module's)
+            if "reverse_kl_sampled" in self.losses and (why := sampler_differs(self.processing)):
+                warnings.warn(
+                    f"reverse_kl_sampled with a rollout sampler other than the model's softmax ({why}): its "
+                    "expected gradient is that of KL(π^s‖π_T), the reverse KL of the sampler's distribution over "
+                    "its kept set to the teacher; the student's probability outside the kept set gets no gradient. "
+                    "reverse_kl_full is the exact per-token KL(π‖π_T) over the whole vocabulary (identical "
+                    "vocabularies).",
+                    UserWarning,
+                    stacklevel=2,
+                )
 
     # ---------------------------------------------------------- advantages
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
