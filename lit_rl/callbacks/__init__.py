@@ -1,4 +1,4 @@
-from lit_rl.callbacks.agent_rollout import AgentRolloutCallback, ObservationLoss
+from lit_rl.callbacks.agent_rollout import AgentEval, AgentRolloutCallback, ObservationLoss
 from lit_rl.callbacks.curriculum import Curriculum
 from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.eval import HeldoutEval, RewardCurvePlot
@@ -11,6 +11,7 @@ from lit_rl.callbacks.save_hf import SaveHFModel
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 
 __all__ = [
+    "AgentEval",
     "AgentRolloutCallback",
     "Curriculum",
     "EntropyRegularization",

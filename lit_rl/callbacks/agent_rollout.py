@@ -1,4 +1,5 @@
-"""Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts) and ``ObservationLoss``.
+"""Agent training callbacks: ``AgentRolloutCallback`` (episodes as rollouts), ``AgentEval`` (held-out episodes)
+and ``ObservationLoss``.
 
 ``AgentRolloutCallback`` is a ``RolloutCallback`` handed the agent pipeline (``agent_loop.agent_pipeline``:
 ``AgentGenerator``, ``EnvRewards``, the episode ``ExperienceBuilder``) in place of the single-turn one;
@@ -11,13 +12,16 @@ import threading
 from typing import Any
 
 import lightning as L
+import torch
 from torch import Tensor
 
+from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.core.settings import flat_settings, flat_values, split_settings
 from lit_rl.data.experience import Experience
 from lit_rl.learners.protocols import LossTerm
-from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline
+from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline, episode_metrics
+from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.rollout.settings import FilterSettings, RolloutSettings, SyncSettings
 
 
@@ -69,3 +73,67 @@ class AgentRolloutCallback(RolloutCallback):
         pipeline = agent_pipeline(agent, rollout, filters, threading.RLock())
         super().__init__(engine=agent.engine, pipeline=pipeline, **flat_values(sync))
         self.agent = agent
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # validation without an evaluator of the user's runs episodes (HeldoutEval scores with a reward pool)
+        if getattr(pl_module, "heldout_eval", None) is None:
+            self._default_eval = pl_module.heldout_eval = AgentEval()
+        super().setup(trainer, pl_module, stage)
+
+
+# per held-out episode, averaged over the evaluation: (eval metric, episode_metrics key)
+_EPISODE_EVAL = {
+    "eval/turns_mean": "rollout/turns_mean",
+    "eval/tokens_per_episode": "rollout/tokens_per_episode",
+    "eval/tool_calls_per_episode": "tools/calls_per_episode",
+}
+
+
+class AgentEval(HeldoutEval):
+    """``HeldoutEval`` for agents: one greedy episode per held-out prompt with the ``AgentRolloutCallback``'s
+    ``AgentLoop`` (its engine, environment and limits).
+
+    ``eval/accuracy`` is the fraction of episodes whose return is ``>= correct_threshold`` (1.0; an episode with
+    an infrastructure error is not a success), or whose final reply ``scorer(prompt, reply)`` scores so when a
+    scorer is given; ``eval/reward_mean`` the mean return; ``eval/turns_mean``, ``eval/tokens_per_episode``
+    (actions + observations) and ``eval/tool_calls_per_episode`` per episode; ``eval/valid_call_rate`` the
+    calls that ran without error over all calls of the evaluation (episodes without calls add nothing). When
+    and how often: ``HeldoutEval``'s settings (``val_check_interval``, ``baseline``, ``max_prompts``, ...)."""
+
+    def start(self, pl_module) -> None:
+        super().start(pl_module)
+        from torchmetrics import MeanMetric
+
+        for k in (*_EPISODE_EVAL, "eval/valid_call_rate"):
+            self._metrics[k] = MeanMetric(nan_strategy="ignore").to(pl_module.device)
+
+    def _score(self, rc, pl_module, prompts: list) -> None:
+        agent = getattr(rc, "agent", None)
+        if not isinstance(agent, AgentLoop):
+            raise RuntimeError(
+                "AgentEval runs episodes with an AgentRolloutCallback's AgentLoop; the run has none"
+            )
+        budget = self.max_new_tokens or rc.settings.sampling.max_new_tokens
+        rc._async.apply_pending()  # the learner's latest pushed weights (as eval_generate)
+        groups = agent.run(prompts, 1, SamplingConfig(temperature=0.0, max_new_tokens=budget))
+        eps = [g[0] for g in groups]
+        dev = pl_module.device
+        ok = torch.tensor([not e.infra_error for e in eps], device=dev)
+        ret = torch.tensor([e.total_reward for e in eps], dtype=torch.float64, device=dev)
+        if self.scorer is None:
+            score = ret
+        else:
+            last = [e.turns[-1].action_text if e.turns else "" for e in eps]
+            score = torch.tensor([float(self.scorer(p, t)) for p, t in zip(prompts, last)], device=dev)
+        self._metrics["eval/accuracy"].update((ok & (score >= self.correct_threshold)).float())
+        if ok.any():
+            self._metrics["eval/reward_mean"].update(ret[ok].float())
+        for e in eps:
+            m = episode_metrics([e])
+            for k, src in _EPISODE_EVAL.items():
+                self._metrics[k].update(torch.tensor(m.get(src, 0.0), device=dev))
+            calls = m.get("tools/calls_per_episode", 0.0)
+            if calls:  # weighted by the episode's calls: the rate over every call of the evaluation
+                self._metrics["eval/valid_call_rate"].update(
+                    torch.tensor(m["tools/valid_call_rate"], device=dev), weight=calls
+                )

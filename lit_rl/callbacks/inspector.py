@@ -2,7 +2,8 @@
 
 Every ``every_n_steps`` RL iterations the step's rows (prompt as the model received it -- the rendered chat
 template, special tokens included --, completion, reward and its components,
-advantage, finish reason, length, policy version / staleness, mean sampling log-prob, reward error) go to
+advantage, finish reason, length, policy version / staleness, mean sampling log-prob, reward error; for an agent
+episode also ``turns``: each turn's action, tool calls, observation, reward and advantage, ``_agent_turns.py``) go to
 
     <run dir>/rollouts/step_XXXXXX.jsonl      one JSON object per row (XXXXXX = the iteration, 1-based)
 
@@ -31,6 +32,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_rl.callbacks._agent_turns import turn_records
 from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
 from lit_rl.jsonl import clean, clean_text, dumps_line
@@ -132,6 +134,12 @@ def row_records(
                 "logprob": lp[i],
                 "error": errors[i],
                 **({"extra": exp.reward_extras[i]} if exp.reward_extras and exp.reward_extras[i] else {}),
+                # an episode row (agent loop): each turn's action, tool calls, observation, reward, advantage
+                **(
+                    {"turns": turn_records(exp, i, tokenizer, max_text_chars)}
+                    if "obs_mask" in exp.extras
+                    else {}
+                ),
             }
         )
     return out

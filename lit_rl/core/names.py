@@ -23,6 +23,8 @@ RolloutMode = Literal["sync", "async"]
 StalePolicy = Literal["drop", "regenerate"]
 TaskName = Literal[
     "addition",
+    "agent_guess",
+    "agent_multiply",
     "chat_addition",
     "chat_compare",
     "chat_largest",

@@ -10,6 +10,7 @@ import itertools
 import random
 from collections.abc import Callable
 
+from lit_rl.data import agent_tasks
 from lit_rl.data.prompts import Prompt
 
 TASKS: dict[str, Callable[..., tuple[list[Prompt], list[Prompt]]]] = {}
@@ -310,6 +311,10 @@ def chat_mixed(
     rng = random.Random(seed)
     train = [p for d in domains if d in trained for p in rng.sample(splits[d][0], n)]
     return train, [p for d in domains for p in splits[d][1]]
+
+
+# the tool-using agents' tasks (their own module: lit_rl.data.agent_tasks)
+TASKS.update({"agent_guess": agent_tasks.agent_guess, "agent_multiply": agent_tasks.agent_multiply})
 
 
 def get_task(name: str, **kwargs) -> tuple[list[Prompt], list[Prompt]]:

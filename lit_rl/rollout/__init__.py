@@ -3,13 +3,17 @@ from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
 
 __all__ = [
     "AgentLoop",
+    "CalculatorEnv",
     "Completion",
     "EngineBase",
     "Environment",
+    "GuessEnv",
     "HFEngine",
     "RetryRepoEnv",
     "RolloutPipeline",
     "SamplingConfig",
+    "Tool",
+    "ToolEnv",
     "VLLMEngine",
     "VLLMServerEngine",
 ]
@@ -20,6 +24,10 @@ _LAZY = {
     "AgentLoop": "lit_rl.rollout.agent_loop",
     "Environment": "lit_rl.rollout.env",
     "RetryRepoEnv": "lit_rl.rollout.env",
+    "Tool": "lit_rl.rollout.tools",
+    "ToolEnv": "lit_rl.rollout.tool_env",
+    "CalculatorEnv": "lit_rl.rollout.agent_envs",
+    "GuessEnv": "lit_rl.rollout.agent_envs",
     "RolloutPipeline": "lit_rl.rollout.pipeline",
 }
 

@@ -366,7 +366,7 @@ def episode_metrics(rows: list[Episode]) -> dict[str, float]:
     }
     infos = [t.info for e in rows for t in e.turns]
     calls = sum(i.get("tool_calls", 0.0) for i in infos)
-    if calls or any(k.startswith("tool_errors/") for i in infos for k in i):
+    if any("tool_calls" in i for i in infos):
         failed = {k: sum(i.get(f"tool_errors/{k}", 0.0) for i in infos) for k in ERROR_KINDS}
         out["tools/calls_per_episode"] = calls / n
         out["tools/valid_call_rate"] = (calls - sum(failed.values())) / calls if calls else 0.0

@@ -16,7 +16,8 @@ An episode (``AgentLoop`` builds one ``ToolEnv`` per episode from its ``env_fact
    call, an unknown tool, bad arguments or a raising tool is an error result the model reads, and counted); the
    results are the next observation, ``tool`` messages. A reply without a call ends the episode, and so does the
    reply after ``max_tool_calling_iterations`` rounds of calls (its calls are not run; None = no limit, as in TRL;
-   ``AgentLoop.max_turns`` still bounds the episode).
+   ``AgentLoop.max_turns`` still bounds the episode). A lit_rl addition: an environment whose ``done``
+   attribute is True after a round of calls ends the episode there (a game won or lost), its results shown.
 3. At the end the reward is ``reward(prompt, final_reply)`` (a lit_rl reward function, e.g. ``LastIntReward``)
    plus the environment's ``get_reward()`` when it has one (TRL sums its sources the same way). A reward that
    could not judge (``RewardResult(ok=False)``) or a ``get_reward`` that raises marks the episode an
@@ -142,11 +143,16 @@ class ToolEnv:
             n = sum(r.error == kind for r in results)
             if n:
                 info[f"tool_errors/{kind}"] = float(n)
-        return [r.message() for r in results], 0.0, False, info
+        messages = [r.message() for r in results]
+        if self.env is not None and getattr(self.env, "done", False) is True:  # the environment ended it
+            return self._finish(action_text, messages, info)
+        return messages, 0.0, False, info
 
-    def _finish(self, reply: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, float]]:
+    def _finish(
+        self, reply: str, obs: list[dict[str, Any]] | None = None, info: dict[str, float] | None = None
+    ) -> tuple[list[dict[str, Any]], float, bool, dict[str, float]]:
         self.done = True
-        total, info = 0.0, {}
+        total, info = 0.0, dict(info or {})
         try:
             if self.reward_fn is not None:
                 r = self.reward_fn(self.prompt, reply)
@@ -159,5 +165,6 @@ class ToolEnv:
                 total += float(run_awaitable(r) if inspect.isawaitable(r) else r)
         except Exception:  # noqa: BLE001 - a reward that cannot judge is an infrastructure error, not a 0
             info["infra_error"] = 1.0
+        info.setdefault("tool_calls", 0.0)  # a tool episode's metrics are logged even when no call was made
         info["success"] = float(total >= self.success_at)
-        return [], total, True, info
+        return list(obs or []), total, True, info

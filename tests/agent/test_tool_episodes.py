@@ -87,7 +87,7 @@ def test_bad_calls_are_observations_and_counted(tok):
         {"tool_calls": 1.0},
         {"tool_calls": 2.0, "tool_errors/malformed": 1.0, "tool_errors/unknown_tool": 1.0},
         {"tool_calls": 1.0, "tool_errors/raised": 1.0},
-        {"success": 1.0},
+        {"tool_calls": 0.0, "success": 1.0},
     ]
     # each tool result is a tool message closed by the template, then one generation prompt; the actions end
     # with the tiny tokenizer's eos, so each observation first closes the assistant turn
@@ -197,3 +197,42 @@ def test_trl_environment_with_dataset_columns_ports_unchanged(tok, step, reward)
         "<|im_start|>user\nIncrement the counter to 3.<|im_end|>\n<|im_start|>assistant\n"
     )
     assert ep.total_reward == reward
+
+
+def test_inspector_shows_each_turn(tok):
+    """RolloutInspector's row for an episode: per turn the action and observation as the engine wrote and read
+    them, the parsed tool calls, the turn's reward (r_k; the row's reward on the last action) and the mean
+    advantage over the action's tokens."""
+    from lit_rl.callbacks.inspector import row_records
+
+    env = lambda: ToolEnv([multiply, _boom], reward=LastIntReward())  # noqa: E731
+    loop = _loop(tok, [CALL, BAD, ANSWER], env, max_turns=6)
+    prompt = Prompt(prompt="What is 347 * 829?", answer="287663")
+    exp = loop.to_experience([prompt], loop.run([prompt], 1, SP), pad_id=0)
+    exp.advantages = torch.arange(exp.completion_len, dtype=torch.float32)[
+        None
+    ].clone()  # advantage t at token t
+    (row,) = row_records(exp, tokenizer=tok)
+    turns = row["turns"]
+    assert [t["action"] for t in turns] == [f"{x}<|endoftext|>" for x in (CALL, BAD, ANSWER)]
+    assert (
+        turns[0]["observation"] == "<|im_end|>\n<|im_start|>tool\n287663<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert turns[2]["observation"] is None  # the episode ended on its answer: no observation tokens
+    assert [t["tool_calls"] for t in turns] == [
+        [{"name": "multiply", "arguments": {"a": 347, "b": 829}}],
+        [
+            {"error": "malformed tool call: not JSON (Expecting value at character 0)"},
+            {"name": "divide", "arguments": {}},
+        ],
+        [],
+    ]
+    assert [t["reward"] for t in turns] == [0.0, 0.0, 1.0]
+    a = [len(x) + 1 for x in (CALL, BAD, ANSWER)]  # action tokens: one per char + eos
+    # observation tokens: end of turn (2) + per result <|im_start|>tool\n ... <|im_end|>\n (8 + content) + the
+    # generation prompt (11); contents "287663" (6), the two errors (75, 58)
+    o = [2 + (8 + 6) + 11, 2 + (8 + 75) + (8 + 58) + 11]
+    assert [t["action_tokens"] for t in turns] == a
+    starts = [0, a[0] + o[0], a[0] + o[0] + a[1] + o[1]]
+    # the advantage at token t is t: an action's mean is its first position + (length - 1) / 2
+    assert [t["advantage"] for t in turns] == [s + (n - 1) / 2 for s, n in zip(starts, a)]

@@ -256,5 +256,6 @@ def test_every_recipe_is_covered():
         - {"quickstart"}
         - set(engine_variants)
         - set(checkpoint_variants)
+        - {p.stem for p in (ROOT / "configs").glob("agent_*.yaml")}  # GRPO on episodes: tests/agent
     )
     assert set(RECIPES) >= algorithmic, f"recipes without a conformance test: {algorithmic - set(RECIPES)}"
