@@ -4,7 +4,7 @@ distribution it sampled from (``lit_rl.rollout.sampling``), stop strings end a c
 
 The expectations are computed here in float64 from a teacher-forced forward, with the processing written out
 independently of ``process_logits`` (top-p as "keep a token while the mass of the more likely ones is below
-p", not the engines' ascending cumulative sum).
+p", ties highest id first, not the engines' ascending cumulative sum).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _reference_logprobs(logits: torch.Tensor, seen: set[int], sp: SamplingConfig
     if sp.top_p < 1:
         p = torch.softmax(x, -1).tolist()
         above = 0.0
-        for t in sorted(range(len(p)), key=lambda t: -p[t]):
+        for t in sorted(range(len(p)), key=lambda t: (-p[t], -t)):
             if above >= sp.top_p:
                 keep[t] = False
             above += p[t]

@@ -9,8 +9,18 @@ The processing, in vLLM's order (``LogitProcessing.apply``):
 2. temperature: ``/ T`` (greedy: T = 1 and steps 3-5 skipped);
 3. min-p: tokens with probability < ``min_p`` × the top token's probability are removed;
 4. top-k: tokens below the k-th largest score are removed (ties kept);
-5. top-p: sorted ascending, tokens whose cumulative probability is <= 1 − ``top_p`` are removed (the top token
-   always stays).
+5. top-p: sorted ascending by a *stable* sort, tokens whose cumulative probability is <= 1 − ``top_p`` are removed
+   (the top token always stays).
+
+**Ties at the boundary** (docs/architecture.md "Truncated sampling"). Min-p and top-k compare a score with a
+value, so they keep or remove a tied group whole. Top-p counts: it keeps the m most likely tokens, and m can end
+inside a group of equal scores (common with bfloat16 logits: 8 bits of mantissa). vLLM's torch sampler
+(``apply_top_k_top_p_pytorch``) then keeps the group's tokens that its ascending sort put last; with a stable sort
+(ties in id order) those are the **highest token ids**, which is the rule here, for the engine (``HFEngine``
+samples with ``apply``) and the trainer alike (``core.fused_sampler`` stores it as a threshold and a cut id). m
+itself does not depend on the order (the tied scores are equal, so is the cumulative sum), so every engine keeps
+the same count; which tied ids it keeps is its sort's business (the vLLM CPU build's sort is not stable, its GPU
+Triton kernel keeps the lowest ids).
 
 **Which distribution each quantity uses** (docs/architecture.md "Truncated sampling"). Write x = step 1-2's
 scores of the trainer's own logits, K its kept set after steps 3-5 and π^s(a) = exp(x_a) / Σ_{v∈K} exp(x_v)
@@ -23,9 +33,12 @@ processing on the same weights), so the ratios that correct or reweight samples 
 * KL to the reference and the entropy are properties of the *model*, not of the sampler: they use the full
   softmax(z / T) on both sides, so they are 0 where the policy equals the reference whatever the sampling.
 
-The sampled token always stays in K (``K ∪ {a}``): a token the engine kept but the trainer's scores put just
-past a boundary (float rounding, or a stale behaviour policy) then has a small, finite probability instead of
-log 0 = −inf, which would make a ratio 0 and a log-ratio NaN; the MIS band drops such tokens anyway.
+The sampled token always stays in K: a token the engine kept but the trainer's scores put just past a boundary
+(float rounding, or a stale behaviour policy) then has a small, finite probability instead of log 0 = −inf, which
+would make a ratio 0 and a log-ratio NaN; the MIS band drops such tokens anyway. A sampled token of a partially
+kept tied group at the boundary takes the place of the group's lowest-id kept token (``keep_sampled``): the
+engine kept it, so its K holds it and m tokens, and log π^s(a) is the engine's whichever tied ids its sort kept;
+any other sampled token outside K is added to it (``K ∪ {a}``).
 
 Cost: one more chunked pass through the LM head in forward and one in backward (the top-p rule sorts each
 (r, V) chunk), only when a setting of steps 1, 3-5 is on; at the defaults π^s is softmax(z / T) and nothing
@@ -42,7 +55,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["History", "LogitProcessing", "sampler_logprobs"]
+from lit_rl.core.logprobs import _raise_if_nonfinite
+
+__all__ = ["History", "LogitProcessing", "keep_sampled", "sampler_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -101,7 +116,8 @@ class LogitProcessing:
             drop = d if drop is None else drop | d
             x = x.masked_fill(d, -math.inf)
         if self.top_p < 1:
-            srt, idx = x.sort(dim=-1)  # ascending
+            # ascending and stable: a tied group at the boundary loses its lowest ids first (module doc)
+            srt, idx = x.sort(dim=-1, stable=True)
             cum = torch.softmax(srt, -1).cumsum(-1)
             d = cum <= 1 - self.top_p
             d[..., -1] = False  # the most likely token always stays
@@ -158,14 +174,31 @@ class History:
         return self.ids[rows], self.first[rows] < pos[:, None]
 
 
+def keep_sampled(drop: Tensor, x: Tensor, ids: Tensor) -> Tensor:
+    """``drop`` with each row's sampled token kept (module doc): in place of the lowest-id kept token of its tied
+    group when it is one of a partially kept group at the boundary, else added.
+
+    Shapes: drop (r, V) bool (``LogitProcessing.removed``), x (r, V) the scores it was computed from, ids (r,);
+    returns a new (r, V) bool."""
+    a = ids[:, None]
+    out = drop.clone()
+    was = out.gather(-1, a)  # (r, 1) the sampled token was removed
+    if bool(was.any()):
+        x = x.detach()
+        tau = x.masked_fill(drop, math.inf).amin(-1, keepdim=True)  # (r, 1) the smallest kept score
+        first = ((x == tau) & ~drop).to(torch.uint8).argmax(-1, keepdim=True)  # its lowest kept id
+        swap = was & (x.gather(-1, a) == tau)  # removed from the boundary's tied group
+        out.scatter_(-1, first, out.gather(-1, first) | swap)
+    return out.scatter_(-1, a, False)
+
+
 def _rows_logprob(z: Tensor, ids: Tensor, processing: LogitProcessing, seen: Tensor | None) -> Tensor:
     """log π^s(ids) per row from raw logits z (r, V), differentiable through z (kept set fixed, sampled token
-    always kept)."""
+    kept: ``keep_sampled``)."""
     x = processing.scale(z, seen)
     drop = processing.removed(x)
     if drop is not None:
-        drop = drop.scatter(-1, ids[:, None], False)  # the sampled token stays (module doc)
-        x = x.masked_fill(drop, -math.inf)
+        x = x.masked_fill(keep_sampled(drop, x, ids), -math.inf)
     return torch.log_softmax(x, -1).gather(-1, ids[:, None]).squeeze(-1)
 
 
@@ -185,6 +218,7 @@ def sampler_logprobs(
 
     Shapes: logits (B, T, V); token_ids, mask (B, T); history (``History.of``; needed only with a
     repetition penalty), T = the completion positions; returns (B, T) float32 (float64 for float64 logits).
+    Raises ValueError for a non-finite log-prob (NaN / inf logits).
     """
     B, T, V = logits.shape
     keep = mask.reshape(-1).to(logits.device).nonzero().squeeze(1)  # (N,)
@@ -198,4 +232,6 @@ def sampler_logprobs(
         seen = None if history is None else history.seen(rows[i], pos[i], V)  # (r, V)
         parts.append(_rows_logprob(z[i].to(cdt), ids[i], processing, seen))
     lp = torch.cat(parts) if parts else z.new_zeros(0, dtype=cdt)
-    return lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)
+    out = lp.new_zeros(B * T).index_copy(0, keep, lp).view(B, T)
+    _raise_if_nonfinite(out.detach(), "sampler_logprobs")
+    return out

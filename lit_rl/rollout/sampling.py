@@ -12,7 +12,8 @@ in vLLM's order (``vllm/v1/sample/sampler.py``, which the two vLLM engines run; 
 3. min-p: tokens with probability < ``min_p`` × the top token's probability are removed;
 4. top-k: tokens below the k-th largest logit are removed (ties kept);
 5. top-p: sorted ascending, tokens whose cumulative probability is <= 1 − ``top_p`` are removed (the top token
-   always stays).
+   always stays); the sort is stable, so a group of equal scores cut by the boundary keeps its highest token ids,
+   as vLLM's torch sampler does with a stable sort (``core.processed``, "Ties at the boundary").
 
 ``log_softmax`` of the result is what the engines report. Without steps 1 and 3-5 (the defaults) that is
 ``log softmax(logits / T)``. With them, the trainer applies the same processing to its own logits for the ratios

@@ -1,7 +1,7 @@
 """``core.processed``: the sampler's distribution π^s computed by the trainer, in float64 against a step-by-step
 reference written independently of ``LogitProcessing`` (top-p as "keep a token while the mass of the more likely
-ones is below p", not the ascending cumulative sum), its chunked LM-head form against the materialised one, and
-its gradient against the hand formula (onehot − π^s) / T on the kept set."""
+ones is below p", ties highest id first, not the ascending cumulative sum), its chunked LM-head form against the
+materialised one, and its gradient against the hand formula (onehot − π^s) / T on the kept set."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def _reference(z: torch.Tensor, seen: set[int], tok: int, pr: LogitProcessing) -
     if pr.top_p < 1:
         p = torch.softmax(torch.where(keep, x, -math.inf), -1).tolist()
         above = 0.0
-        for t in sorted(range(len(p)), key=lambda t: -p[t]):
+        for t in sorted(range(len(p)), key=lambda t: (-p[t], -t)):
             if above >= pr.top_p:
                 keep[t] = False
             above += p[t]
