@@ -26,6 +26,7 @@ optimizer step on-policy.
 Files:
 - ``test_on_policy.py``  the fast suite (default run): both arrays, float64;
 - ``test_float32.py``    8 rows in float32 against measured bounds;
+- ``test_bfloat16.py``   2 top-p rows in bfloat16, where the kept set ends inside tied groups (issue 53);
 - ``test_refused.py``    refused combinations;
 - ``test_slow_strategies.py``  DDP, FSDP2, ZeRO-2/3 (``slow``);
 - ``test_slow_vllm.py``  VLLMEngine (``slow``, ``vllm``).
