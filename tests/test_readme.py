@@ -83,6 +83,7 @@ RUN = {
         "runs/trl_defaults",
     ],
     "lit-rl explain-trl -c configs/quickstart.yaml": [],
+    "lit-rl explain-trl -c configs/agent_calculator.yaml": [],
 }
 # Commands this machine cannot run (several processes or GPUs, package installs), and where they are covered.
 ELSEWHERE = {
@@ -139,6 +140,12 @@ ELSEWHERE = {
     ): "half an hour on the real checkpoint; tests/test_bench_time_to_accuracy.py (its --smoke run: slow)",
     "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
         "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
+    ),
+    "lit-rl fit -c configs/agent_calculator.yaml": (
+        "tests/agent/test_agent_recipes.py (its printed config on the tiny model; on SmolLM2: real_ckpt, slow)"
+    ),
+    "lit-rl fit -c configs/agent_guess.yaml": (
+        "tests/agent/test_agent_recipes.py (its printed config on the tiny model; on SmolLM2: real_ckpt, slow)"
     ),
     "lit-rl fit -c configs/smollm2_addition.yaml": (
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)"

@@ -256,8 +256,12 @@ def _correction_lines(cfg: dict) -> list[str]:
 
 def differences(cfg: dict) -> list[str]:
     """One line per entry of ``TRL_DEFAULTS`` whose value in the resolved ``cfg`` (its nulls read as the
-    values they stand for) differs from TRL's, then the mismatch correction's (``_correction_lines``)."""
-    cfg = effective(cfg)
+    values they stand for) differs from TRL's, then the mismatch correction's (``_correction_lines``); an agent
+    run's rollout settings are read from its ``AgentRolloutCallback`` and its tool settings added
+    (``trl_agent``)."""
+    from lit_rl.cli.trl_agent import agent_lines, with_agent_rollout
+
+    cfg = effective(with_agent_rollout(cfg))
     lines = []
     for what, where, names, trl_value, remark in TRL_DEFAULTS:
         ours = where(cfg) if callable(where) else _get(cfg, where)
@@ -265,7 +269,7 @@ def differences(cfg: dict) -> list[str]:
             lines.append(
                 _line(where if isinstance(where, str) else what, ours, trl_value, trl_text(names, remark))
             )
-    return lines + _correction_lines(cfg)
+    return lines + _correction_lines(cfg) + agent_lines(cfg, TRL_VERSION)
 
 
 class ResolveError(Exception):
