@@ -1,3 +1,4 @@
+from lit_rl.callbacks.agent_plot import AgentCurvePlot
 from lit_rl.callbacks.agent_rollout import AgentEval, AgentRolloutCallback, ObservationLoss
 from lit_rl.callbacks.curriculum import Curriculum
 from lit_rl.callbacks.entropy import EntropyRegularization
@@ -11,6 +12,7 @@ from lit_rl.callbacks.save_hf import SaveHFModel
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 
 __all__ = [
+    "AgentCurvePlot",
     "AgentEval",
     "AgentRolloutCallback",
     "Curriculum",

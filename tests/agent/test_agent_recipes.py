@@ -77,6 +77,12 @@ def test_agent_recipe_trains_from_its_printed_config(recipe, tmp_path, monkeypat
     }
     assert want <= logged, sorted(want - logged)
     assert list((tmp_path / "run" / "rollouts").glob("step_*.jsonl"))  # the inspector's per-turn records
+    # the curves: the plotted training points are the logged values, and the PNG is written
+    (plot,) = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "AgentCurvePlot"]
+    rows = [r for r in log_rows(tmp_path / "run" / "logs" / "metrics.csv") if r.get("rollout/turns_mean")]
+    assert [v for _, v in plot.series["rollout/turns_mean"]] == [float(r["rollout/turns_mean"]) for r in rows]
+    assert [s for s, _ in plot.series["rollout/turns_mean"]] == [1, 2]
+    assert (tmp_path / "run" / "agent_curves.png").stat().st_size > 10_000
 
 
 @pytest.mark.real_ckpt
