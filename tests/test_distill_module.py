@@ -75,6 +75,26 @@ def test_reverse_kl_sampled_term(tiny_model_dir, coef):
     assert out["reverse_kl_sampled"].item() == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.parametrize("a1,clip_low", [(-1.0, 0.5), (1.0, 0.0)])
+def test_reverse_kl_sampled_reports_its_own_clipping(tiny_model_dir, a1, clip_low):
+    """Off-policy (ratios 1.5 and 0.5), ppo_clip with eps 0.2: token 0 (A = +1) is clipped above; token 1 is
+    clipped below only when A < 0. The term reports it as distill/clipfrac* (the policy objective's actor/clipfrac
+    reads the reward advantages, all 0 at rl_coef 0)."""
+    m = _module(tiny_model_dir, losses={"reverse_kl_sampled": 1.0})
+    micro = _micro()
+    lp = [math.log(P1[TOK[0]]), math.log(P2[TOK[1]])]
+    micro.old_logprobs = torch.tensor([[lp[0] - math.log(1.5), lp[1] - math.log(0.5)]], dtype=D)
+    micro.extras["opd_advantages"] = torch.tensor([[1.0, a1]], dtype=D)
+    out = STUDENT_DISTILLATION.loss_terms(m, micro, _fwd(micro))
+    assert out.metrics == pytest.approx(
+        {"distill/clipfrac": 0.5 + clip_low, "distill/clipfrac_low": clip_low, "distill/clipfrac_high": 0.5},
+        rel=1e-12,
+    )
+    # −min(r·A, clip(r)·A) per token, token_mean: token 0 −1.2; token 1 −min(−0.5, −0.8) = 0.8 or −min(0.5, 0.8)
+    want = (-1.2 + (0.8 if a1 < 0 else -0.5)) / 2
+    assert out["reverse_kl_sampled"].item() == pytest.approx(want, rel=1e-12)
+
+
 def test_reverse_kl_full_term_and_masking(tiny_model_dir):
     m = _module(tiny_model_dir, losses={"reverse_kl_full": 2.0})
     micro = _micro()

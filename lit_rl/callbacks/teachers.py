@@ -309,7 +309,8 @@ class TeacherRouter(L.Callback):
         k = getattr(module, "teacher_topk_k", None)
         B, C = exp.batch_size, exp.completion_len
         dev = exp.input_ids.device
-        tlp = torch.zeros((B, C), dtype=torch.float32, device=dev)
+        dt = torch.float64 if module._float64_policy() else torch.float32  # a float64 run's exact checks
+        tlp = torch.zeros((B, C), dtype=dt, device=dev)
         if k:
             tk_lp = torch.zeros((B, C, k), dtype=torch.float32, device=dev)
             tk_id = torch.zeros((B, C, k), dtype=torch.long, device=dev)
@@ -326,9 +327,8 @@ class TeacherRouter(L.Callback):
                 part = idx[start : start + (size or len(idx))]
                 micro = rows.select(list(range(start, start + len(part))))
                 with _eval(model):
-                    if (
-                        same and k
-                    ):  # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
+                    # log-probs + top-k, chunk by chunk through the teacher's LM head when it allows
+                    if same and k:
                         fo = module.forward_outputs(teacher_view(tpl, micro, tok), model=model)
                         lg = fo["head"] if fo["head"] is not None else fo["logits"]  # Projection | (b, C, V)
                         if fo["head"] is not None:
@@ -357,7 +357,7 @@ class TeacherRouter(L.Callback):
                     v, i_, t_ = teacher_topk(lg, k, module.temperature)
                     ii = torch.as_tensor(part, device=dev)
                     tk_lp[ii], tk_id[ii], tail[ii] = v.float().to(dev), i_.to(dev), t_.float().to(dev)
-                chunks.append(lp.float().to(dev))
+                chunks.append(lp.to(dt).to(dev))
             self._release(teacher)
             tlp[torch.as_tensor(idx, device=dev)] = torch.cat(chunks)
         exp.teacher_logprobs = tlp.masked_fill(~exp.loss_mask, 0.0)

@@ -46,9 +46,11 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
 from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
+from lit_rl.learners.assembly import store_dtype
 from lit_rl.learners.config import POLICY_GROUPS, PolicyConfig
 from lit_rl.learners.critic import CriticModule
 from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.optim_step import LossParts
 from lit_rl.learners.policy import OptimizerFactory, PolicyModule, SchedulerFactory, _default_optimizer
 from lit_rl.learners.protocols import LossTerm
 
@@ -199,7 +201,7 @@ class DistillModule(PolicyModule):
                     baseline=self.config.distill.opd_baseline,
                 ),
             )
-            exp.extras["opd_advantages"] = out.advantages.float()  # (B, C)
+            exp.extras["opd_advantages"] = store_dtype(out.advantages, pol)  # (B, C)
             metrics.update(
                 {f"distill/{k.split('/')[-1]}": v for k, v in out.metrics.items() if k.startswith("opd/")}
             )
@@ -373,9 +375,12 @@ class StudentDistillation(LossTerm):
         chunk = module.config.forward.logprob_chunk_size
         lp, mask, head = fwd["logprobs"], fwd["mask"], fwd.get("head")  # (b, C), (b, C), Projection | None
         out: dict[str, Tensor] = {}
+        metrics: dict[str, float] = {}
         if "reverse_kl_sampled" in c:
             old = micro.old_logprobs if micro.old_logprobs is not None else lp.detach()
-            per_tok, _ = compute_policy_loss(
+            # its clip statistics: the policy objective's own (actor/clipfrac) read the reward advantages, all 0
+            # at rl_coef 0, so they never show this term's clipping
+            per_tok, pm = compute_policy_loss(
                 o.policy_loss,
                 PolicyLossInputs(
                     logprobs=lp,
@@ -388,6 +393,9 @@ class StudentDistillation(LossTerm):
                 ),
             )
             out["reverse_kl_sampled"] = c["reverse_kl_sampled"] * module.aggregate(per_tok, mask, fwd)
+            metrics.update(
+                {f"distill/{k}": pm[k] for k in ("clipfrac", "clipfrac_low", "clipfrac_high") if k in pm}
+            )
         if "topk_reverse_kl" in c:
             C = mask.shape[1]
             ex = micro.extras
@@ -410,7 +418,7 @@ class StudentDistillation(LossTerm):
         ]
         if full:
             out.update(module.full_vocab_terms(full, micro, mask, fwd))
-        return out
+        return LossParts(out, metrics)  # a dict of parts, its metrics attached (averaged over micro-batches)
 
 
 STUDENT_DISTILLATION = StudentDistillation()
