@@ -38,12 +38,9 @@ rewards kept those rows valid: a broken component never trains silently on the r
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
-import sys
 import threading
 import time
-import warnings
 from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -51,6 +48,7 @@ from typing import Any
 
 import torch
 
+from lit_rl.rewards._warn_site import warn_at_reward
 from lit_rl.rewards._workers import _ProcessWorkers, _ThreadWorkers
 from lit_rl.rewards.adapters import BatchScores, TRLRewardAdapter, adapt_reward, record_columns
 from lit_rl.rewards.base import RewardResult, TrainerState, as_result
@@ -354,9 +352,11 @@ class RewardPool:
                     "scored (left out of their weighted sum)"
                 )
             culprit = next((n for n in failed if any(f is not None for f in failed[n])), None)
-            _warn_at(
+            warn_at_reward(
                 f"RewardPool: {head}; first {min(len(bad) + len(partial), self.warn_rows)}: {shown}",
                 self.rewards.get(culprit) if culprit is not None else None,
+                RewardErrorWarning,
+                __name__,
             )
         texts = Counter(e for i, e in bad if e and not _unscored(e))
         texts.update(_cut(t, self.max_error_chars) for _, t in partial)
@@ -460,44 +460,6 @@ class RewardPool:
                     out[i] = (False, f"timed out after {self.timeout_s}s", self.timeout_s)
             time.sleep(0.0005)
         return out
-
-
-def _reward_code(fn: Callable | None) -> Any:
-    """The code object of a reward's own definition: a TRL-style reward's function (not its adapter), through
-    ``functools.wraps`` decorators and partials, or a reward object's ``__call__``; None when it has none."""
-    target: Any = fn.fn if isinstance(fn, TRLRewardAdapter) else fn
-    for _ in range(10):  # unwrap a bounded chain of decorators / partials
-        if isinstance(target, functools.partial):
-            target = target.func
-        elif hasattr(target, "__wrapped__"):
-            target = target.__wrapped__
-        else:
-            break
-    code = getattr(target, "__code__", None)
-    if code is None and callable(target):
-        code = getattr(type(target).__call__, "__code__", None)
-    return code
-
-
-def _warn_at(message: str, fn: Callable | None) -> None:
-    """Warn with the location of the failing reward's definition, so the printed warning shows the user's
-    ``def`` line; lit_rl's own call site (the rollout scorer) would say nothing about the cause. Without a
-    reward to point at (every reward returned None), a location with no source line: ``<RewardPool>:0``."""
-    code = _reward_code(fn)
-    target = fn.fn if isinstance(fn, TRLRewardAdapter) else fn
-    module = getattr(target, "__module__", None) or getattr(type(target), "__module__", None) or __name__
-    if code is None:
-        warnings.warn_explicit(message, RewardErrorWarning, "<RewardPool>", 0, module=module)
-        return
-    globs = getattr(sys.modules.get(module), "__dict__", None)  # lets linecache read the source of any loader
-    warnings.warn_explicit(
-        message,
-        RewardErrorWarning,
-        code.co_filename,
-        code.co_firstlineno,
-        module=module,
-        module_globals=globs,
-    )
 
 
 def _not_ok_text(res: RewardResult) -> str:
