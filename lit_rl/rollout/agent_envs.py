@@ -10,7 +10,7 @@
   feedback: ``max_guesses`` 6 for a range of 30 leaves random guessing at 0.2 and binary search at 1.
 
 Both are ``ToolEnv``: the tools reach the prompt through the chat template or the system-prompt fallback, and
-bad calls are observations and counted metrics. ``demonstration=True`` puts one worked exchange before the task
+bad calls are observations and counted metrics. ``demonstration=True`` puts worked exchanges before the task
 (user, assistant call, tool result, ..., assistant answer), the signal a small instruct model needs to write its
 first valid calls (issue 54.3: SmolLM2 writes no valid call from the system prompt alone).
 """
@@ -81,11 +81,22 @@ def _call(name: str, **arguments: Any) -> dict[str, Any]:
 
 
 CALCULATOR_SYSTEM = "Use the calculator tool for arithmetic, then reply with the number."
-CALCULATOR_DEMO = [
-    {"role": "user", "content": "What is 12 * 34?"},
-    _call("calculator", expression="12 * 34"),
-    {"role": "tool", "name": "calculator", "content": "408"},
-    {"role": "assistant", "content": "408"},
+# Worked exchanges with 3-digit operands, the first ``demonstrations`` of them go before the task. SmolLM2
+# (temperature 1, 32 held-out prompts, transformers' generate) wrote a valid call in 16 replies and the exact
+# expression in 14 after both, in 5 and 2 after the first alone.
+CALCULATOR_DEMOS = [
+    [
+        {"role": "user", "content": "What is 123 * 456?"},
+        _call("calculator", expression="123 * 456"),
+        {"role": "tool", "name": "calculator", "content": "56088"},
+        {"role": "assistant", "content": "56088"},
+    ],
+    [
+        {"role": "user", "content": "What is 705 * 318?"},
+        _call("calculator", expression="705 * 318"),
+        {"role": "tool", "name": "calculator", "content": "224190"},
+        {"role": "assistant", "content": "224190"},
+    ],
 ]
 
 
@@ -93,23 +104,25 @@ class CalculatorEnv(ToolEnv):
     """``calculator`` tool, reward ``LastIntReward`` on the final reply (module doc).
 
     Args:
-        demonstration: put ``CALCULATOR_DEMO`` (12 * 34 through the tool) before the task.
+        demonstrations: how many worked exchanges of ``CALCULATOR_DEMOS`` go before the task (0, 1 or 2).
         system: the system message (None: none).
         max_tool_calling_iterations: rounds of calls before the next reply is the last.
     """
 
     def __init__(
         self,
-        demonstration: bool = True,
+        demonstrations: int = 1,
         system: str | None = CALCULATOR_SYSTEM,
         max_tool_calling_iterations: int = 2,
     ):
+        if not 0 <= demonstrations <= len(CALCULATOR_DEMOS):
+            raise ValueError(f"demonstrations={demonstrations}; valid values: 0..{len(CALCULATOR_DEMOS)}")
         super().__init__(
             tools=[calculator],
             reward=LastIntReward(),
             max_tool_calling_iterations=max_tool_calling_iterations,
             system=system,
-            demonstration=CALCULATOR_DEMO if demonstration else None,
+            demonstration=[m for demo in CALCULATOR_DEMOS[:demonstrations] for m in demo],
         )
 
 

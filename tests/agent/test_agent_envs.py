@@ -84,12 +84,14 @@ def test_calculator_episode(tok):
     # the demonstration and the fallback description are in the prompt, before the task
     prompt = tok.decode(ep.prompt_ids)
     assert (
-        prompt.index('"name": "calculator"') < prompt.index("What is 12 * 34?") < prompt.index(f"{a} * {b}")
+        prompt.index('"name": "calculator"') < prompt.index("What is 123 * 456?") < prompt.index(f"{a} * {b}")
     )
+    assert prompt.count("<tool_call>") == 2  # the fallback's format line and the demonstration's call
+    assert "705 * 318" not in prompt  # one demonstration by default; CalculatorEnv(demonstrations=2) has both
     # without the tool: a guess in the head is wrong (and the episode ends on it)
-    loop = AgentLoop(lambda: CalculatorEnv(demonstration=False), ScriptedEngine(tok, ["12345"]), max_turns=3)
+    loop = AgentLoop(lambda: CalculatorEnv(demonstrations=0), ScriptedEngine(tok, ["12345"]), max_turns=3)
     (ep,) = loop.run([p], 1, SP)[0]
-    assert ep.total_reward == 0.0 and "12 * 34" not in tok.decode(ep.prompt_ids)
+    assert ep.total_reward == 0.0 and "123 * 456" not in tok.decode(ep.prompt_ids)
 
 
 @pytest.mark.parametrize(
@@ -114,6 +116,12 @@ def test_guess_episode_ends_on_correct_or_the_budget(tok, guesses, replies, rewa
     m = EnvRewards()([p], [[ep]]).metrics
     assert m["rollout/success_frac"] == reward and m["tools/calls_per_episode"] == len(guesses)
     assert m["tools/valid_call_rate"] == 1.0
+
+
+def test_calculator_demonstrations_are_counted():
+    assert [len(CalculatorEnv(demonstrations=k).demonstration) for k in (0, 1, 2)] == [0, 4, 8]
+    with pytest.raises(ValueError, match="demonstrations=3; valid values: 0..2"):
+        CalculatorEnv(demonstrations=3)
 
 
 def test_guess_game_alone():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,12 @@ def _shrunk(recipe: str, model: str, tmp_path: Path, steps: int, real: bool) -> 
         roll["group_size"] = 2
         roll["sampling"]["max_new_tokens"] = 4
         roll["agent"]["init_args"]["max_turns"] = 2
-        roll["agent"]["init_args"]["env_factory"]["init_args"]["demonstration"] = False
+        roll["agent"]["init_args"]["engine"] = None  # HFEngine: no vLLM start for two tiny iterations
+        env = roll["agent"]["init_args"]["env_factory"]["init_args"]
+        if "demonstrations" in env:  # CalculatorEnv counts its exchanges, GuessEnv has one or none
+            env["demonstrations"] = 0
+        else:
+            env["demonstration"] = False
         ev["baseline"] = False
     path = tmp_path / f"{recipe}.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -83,12 +89,14 @@ def test_agent_recipe_trains_from_its_printed_config(recipe, tmp_path, monkeypat
     assert [v for _, v in plot.series["rollout/turns_mean"]] == [float(r["rollout/turns_mean"]) for r in rows]
     assert [s for s, _ in plot.series["rollout/turns_mean"]] == [1, 2]
     assert (tmp_path / "run" / "agent_curves.png").stat().st_size > 10_000
+    assert [h["step"] for h in json.loads((tmp_path / "run" / "eval_history.json").read_text())] == [1.0, 2.0]
 
 
 @pytest.mark.real_ckpt
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", AGENT_RECIPES)
 def test_agent_recipe_on_smollm2(recipe, tmp_path, monkeypatch, smollm2_dir):
+    pytest.importorskip("vllm")
     monkeypatch.chdir(tmp_path)
     cli = main(["fit", "-c", str(_shrunk(recipe, smollm2_dir, tmp_path, 1, real=True))])
     assert cli.model.iteration == 1
