@@ -12,7 +12,7 @@ student").
    (no external teacher); ``opsd_frozen`` the same with the student's starting weights as the teacher;
    ``opd_lora_r<R>`` / ``grpo_lora_r<R>`` a LoRA student at each ``--lora-ranks`` rank under OPD and under GRPO;
    ``grpo_x2`` GRPO alone for twice the iterations (an OPD iteration costs more: this is GRPO at about OPD's wall
-   time).
+   time). ``--variants`` picks some; stage 1 runs only when one of them reads an expert.
 3. **Report**: ``<out>/report.md`` (per-domain held-out accuracy at the end, at the smallest final wall
    time of all students and at ``opd_multi``'s, wall time, student tokens, peak memory; forgetting) and
    ``<out>/e2s.png`` (accuracy against wall time and against student tokens, one panel per domain).
@@ -27,6 +27,8 @@ files.
     python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1 \
         --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # the README's table: ~2.7 h on 2 cores
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
+    python scripts/experts_to_student.py --model runs/smollm2 --out runs/opsd --variants opsd,opsd_frozen \
+        --iterations 4 --eval-every 2        # self-distillation alone: no expert stage
 """
 
 from __future__ import annotations
@@ -247,7 +249,9 @@ def pipeline(a) -> tuple[dict, dict]:
     """Stages 1 and 2; returns (expert-stage summaries, student summaries: variant -> one per seed).
 
     With ``--jobs N`` up to N runs go at once: the experts together, then the forgetting run and every
-    student (they need the experts' final models). The first failure cancels the runs not yet started."""
+    student (they need the experts' final models). The first failure cancels the runs not yet started. When no
+    student reads an expert (``--variants`` of GRPO / self-distillation runs only) the expert stage and the
+    forgetting run are skipped."""
     model = a.model
     if a.tiny:
         from lit_rl.models.tiny import ensure_tiny_model
@@ -260,17 +264,25 @@ def pipeline(a) -> tuple[dict, dict]:
             return pool.submit(run, name, run_dir, cfg, threads)
 
         try:
-            experts, pending = {}, {}
-            for d in a.domains:
+            experts = {d: str(a.out / "experts" / d / "final_model") for d in a.domains}
+            plans = [  # (variant, seed, recipe): built first, to see whether any reads an expert
+                (name, seed, change(_student_recipe(a, model, name, seed)))
+                for seed in a.seeds
+                for name, change in student_variants(a, experts).items()
+            ]
+            # the expert stage only when a student reads an expert (e.g. --variants opsd,grpo reads none)
+            needed = any(str(a.out / "experts") in yaml.safe_dump(cfg) for _, _, cfg in plans)
+            pending = {}
+            for d in a.domains if needed else []:
                 cfg = _recipe(
                     _load("expert.yaml"), a, a.out / "experts" / d, model, a.expert_iterations, 0, {}
                 )
                 cfg["data"]["init_args"]["task_args"]["train_domains"] = [d]
                 pending[f"expert_{d}"] = start(f"expert {d}", a.out / "experts" / d, cfg)
-                experts[d] = str(a.out / "experts" / d / "final_model")
             expert_runs = {k: f.result() for k, f in pending.items()}
             pending = {}
-            if len(a.domains) > 1:  # forgetting: the first domain's expert trained on the second domain
+            # forgetting: the first domain's expert trained on the second domain
+            if needed and len(a.domains) > 1:
                 first, second = a.domains[:2]
                 run_dir = a.out / "experts" / f"{first}_then_{second}"
                 cfg = _recipe(_load("expert.yaml"), a, run_dir, experts[first], a.expert_iterations, 0, {})
@@ -278,12 +290,10 @@ def pipeline(a) -> tuple[dict, dict]:
                 pending[f"{first}_then_{second}"] = start(
                     f"expert {first}, then GRPO on {second}", run_dir, cfg
                 )
-            later = []
-            for seed in a.seeds:
-                for name, change in student_variants(a, experts).items():
-                    run_dir = a.out / "students" / name / f"seed{seed}"
-                    cfg = change(_recipe(_load("student.yaml"), a, run_dir, model, a.iterations, seed, {}))
-                    later.append((name, start(f"student {name} seed {seed}", run_dir, cfg)))
+            later = [
+                (name, start(f"student {name} seed {seed}", _student_dir(a, name, seed), cfg))
+                for name, seed, cfg in plans
+            ]
             expert_runs.update({k: f.result() for k, f in pending.items()})
             students: dict[str, list[dict]] = {}
             for name, f in later:
@@ -292,6 +302,15 @@ def pipeline(a) -> tuple[dict, dict]:
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return expert_runs, students
+
+
+def _student_dir(a, name: str, seed: int) -> Path:
+    return a.out / "students" / name / f"seed{seed}"
+
+
+def _student_recipe(a, model: str, name: str, seed: int) -> dict:
+    """configs/e2s/student.yaml filled in for one student run (before its variant's change)."""
+    return _recipe(_load("student.yaml"), a, _student_dir(a, name, seed), model, a.iterations, seed, {})
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -380,6 +399,8 @@ def report(a, expert_runs: dict, students: dict) -> str:
             f"{max(r['peak_rss_mb'] for r in runs) / 1024:.2f} |"
         )
     first = ds[0]
+    if not expert_runs:  # --variants that read no expert: no expert stage ran
+        return "\n".join(lines) + "\n"
     lines += [
         "",
         f"Forgetting: {first} accuracy while another domain is trained (GRPO).",

@@ -129,3 +129,27 @@ def test_report_compares_at_the_shortest_students_time_and_at_opd_multis():
     # a run whose step-0 evaluation came after that time (its set-up) is read at that baseline, not dropped
     late = _done("grpo", [(90, 0.2, 0.3), (200, 0.9, 0.9)])["history"]
     assert e2s._at_wall(late, 80) is late[0] and e2s._at_wall(late, 200) is late[1]
+
+
+@pytest.mark.slow
+def test_variants_that_read_no_expert_skip_the_expert_stage(tmp_path, capsys):
+    """`--variants opsd,grpo`: two student runs, no expert or forgetting run, a table without the forgetting
+    section; a variant that reads an expert (opd_single) brings the expert stage back."""
+    e2s, out = _script(), tmp_path / "e2s"
+    e2s.main(["--tiny", "--out", str(out), "--variants", "opsd,grpo"])
+    printed = capsys.readouterr().out
+    assert (
+        printed.count("[run ] ") == 2 and "[run ] student opsd seed 0" in printed and "expert" not in printed
+    )
+    assert not (out / "experts").exists()
+    report = (out / "report.md").read_text()
+    rows = [ln.split("|")[1].strip() for ln in report.splitlines() if ln.startswith("| ")]
+    assert rows == ["run", "start (step 0)", "grpo", "opsd"] and "Forgetting" not in report
+    # the check pipeline() makes: a student's recipe names an expert's path, or not
+    a = e2s._args(["--tiny", "--out", str(out)])
+    experts = {d: str(out / "experts" / d / "final_model") for d in a.domains}
+    reads = {
+        name: str(out / "experts") in yaml.safe_dump(change(e2s._student_recipe(a, "m", name, 0)))
+        for name, change in e2s.student_variants(a, experts).items()
+    }
+    assert {n for n, r in reads.items() if r} == {"opd_multi", "opd_single", "opd_lora_r2", "opd_lora_r8"}

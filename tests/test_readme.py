@@ -130,6 +130,22 @@ ELSEWHERE = {
         "--expert-iterations 32 --eval-every 4 --jobs 2"
     ): "2.7 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
+    # why self-distillation collapses: minutes on the real checkpoint each; --variants without experts is
+    # tests/test_e2s_pipeline.py::test_variants_that_read_no_expert_skip_the_expert_stage (--tiny, slow), the
+    # probe (with --ckpt and --frozen) tests/test_e2s_opsd.py on the tiny model
+    "python scripts/experts_to_student.py --model runs/smollm2 --out runs/opsd --variants opsd --iterations 2 "
+    "--eval-every 2": "tests/test_e2s_pipeline.py (--tiny, slow)",
+    "python scripts/experts_to_student.py --model runs/smollm2 --out runs/opsd_frozen --variants opsd_frozen "
+    "--iterations 4 --eval-every 2": "tests/test_e2s_pipeline.py (--tiny, slow)",
+    "python scripts/experts_to_student_opsd.py --model runs/smollm2 --sampled 32": "tests/test_e2s_opsd.py",
+    (
+        "python scripts/experts_to_student_opsd.py --model runs/smollm2 --sampled 32 --ckpt "
+        "runs/opsd/students/opsd/seed0/checkpoints/last.ckpt"
+    ): "tests/test_e2s_opsd.py",
+    (
+        "python scripts/experts_to_student_opsd.py --model runs/smollm2 --sampled 32 --frozen --ckpt "
+        "runs/opsd_frozen/students/opsd_frozen/seed0/checkpoints/last.ckpt"
+    ): "tests/test_e2s_opsd.py",
     (
         "python scripts/bench_time_to_accuracy.py --sides lit --threads 2 --heldout 200 --eval-every 4 "
         "--max-minutes 20 --hold 1"
