@@ -10,7 +10,7 @@
   feedback: ``max_guesses`` 6 for a range of 30 leaves random guessing at 0.2 and binary search at 1.
 
 Both are ``ToolEnv``: the tools reach the prompt through the chat template or the system-prompt fallback, and
-bad calls are observations and counted metrics. ``demonstration=True`` puts worked exchanges before the task
+bad calls are observations and counted metrics. ``demonstrations=k`` puts k worked exchanges before the task
 (user, assistant call, tool result, ..., assistant answer), the signal a small instruct model needs to write its
 first valid calls (issue 54.3: SmolLM2 writes no valid call from the system prompt alone).
 """
@@ -21,6 +21,7 @@ import ast
 import operator
 from typing import Any
 
+from lit_rl.data.agent_tasks import GUESS_TEMPLATE
 from lit_rl.rewards.verifiers import LastIntReward
 from lit_rl.rollout.tool_env import ToolEnv
 
@@ -169,19 +170,30 @@ class GuessGame:
 
 
 GUESS_SYSTEM = "Find the hidden number with the guess tool. Halve the range with each guess."
-GUESS_DEMO = [
-    {
-        "role": "user",
-        "content": "I am thinking of a number from 1 to 8. Find it: call guess with a number and I reply higher, "
-        "lower or correct.",
-    },
-    _call("guess", number=4),
-    {"role": "tool", "name": "guess", "content": "higher"},
-    _call("guess", number=6),
-    {"role": "tool", "name": "guess", "content": "lower"},
-    _call("guess", number=5),
-    {"role": "tool", "name": "guess", "content": "correct"},
-    {"role": "assistant", "content": "5"},
+# SmolLM2 with the demonstration (greedy, 64 held-out games) made one guess and then replied with a number: with
+# the episode ending there (TRL's rule) it found none, sampled at temperature 1 none either
+GUESS_REMIND = "The number is still hidden. Call guess with your next guess."
+GUESS_DEMOS = [
+    [
+        {"role": "user", "content": GUESS_TEMPLATE.format(lo=1, hi=8)},
+        _call("guess", number=4),
+        {"role": "tool", "name": "guess", "content": "higher"},
+        _call("guess", number=6),
+        {"role": "tool", "name": "guess", "content": "lower"},
+        _call("guess", number=5),
+        {"role": "tool", "name": "guess", "content": "correct"},
+        {"role": "assistant", "content": "5"},
+    ],
+    [
+        {"role": "user", "content": GUESS_TEMPLATE.format(lo=10, hi=17)},
+        _call("guess", number=13),
+        {"role": "tool", "name": "guess", "content": "lower"},
+        _call("guess", number=11),
+        {"role": "tool", "name": "guess", "content": "higher"},
+        _call("guess", number=12),
+        {"role": "tool", "name": "guess", "content": "correct"},
+        {"role": "assistant", "content": "12"},
+    ],
 ]
 
 
@@ -190,14 +202,25 @@ class GuessEnv(ToolEnv):
 
     Args:
         max_guesses: guesses per episode (also the rounds of calls).
-        demonstration: put ``GUESS_DEMO`` (a search of 1..8) before the task.
+        demonstrations: how many worked games of ``GUESS_DEMOS`` (searches of 1..8 and 10..17) go before the task.
         system: the system message (None: none).
+        remind: the user message answering a reply without a guess (the game goes on; ``ToolEnv.remind``);
+            None ends the episode there (TRL's rule). Such a reply counts against ``max_guesses`` rounds.
     """
 
-    def __init__(self, max_guesses: int = 6, demonstration: bool = True, system: str | None = GUESS_SYSTEM):
+    def __init__(
+        self,
+        max_guesses: int = 6,
+        demonstrations: int = 1,
+        system: str | None = GUESS_SYSTEM,
+        remind: str | None = GUESS_REMIND,
+    ):
+        if not 0 <= demonstrations <= len(GUESS_DEMOS):
+            raise ValueError(f"demonstrations={demonstrations}; valid values: 0..{len(GUESS_DEMOS)}")
         super().__init__(
             environment_factory=lambda: GuessGame(max_guesses),
             max_tool_calling_iterations=max_guesses,
             system=system,
-            demonstration=GUESS_DEMO if demonstration else None,
+            demonstration=[m for demo in GUESS_DEMOS[:demonstrations] for m in demo],
+            remind=remind,
         )

@@ -357,7 +357,8 @@ def episode_metrics(rows: list[Episode]) -> dict[str, float]:
     excluded) and ``rollout/action_tokens_per_episode``; with tools (turn ``info`` from ``tool_env.ToolEnv``)
     ``tools/calls_per_episode``, ``tools/valid_call_rate`` (calls that ran without error / calls; 0 without
     calls) and ``tools/errors/<kind>`` (the batch's failed calls of each ``tools.ERROR_KINDS`` kind); with
-    ``info["success"]`` ``rollout/success_frac`` (episodes that succeeded)."""
+    ``info["success"]`` or tools ``rollout/success_frac`` (episodes that succeeded; one cut by ``max_turns``
+    did not)."""
     n = max(len(rows), 1)
     out = {
         "rollout/tokens_per_episode": sum(len(t.action_ids) + len(t.obs_ids) for e in rows for t in e.turns)
@@ -371,7 +372,7 @@ def episode_metrics(rows: list[Episode]) -> dict[str, float]:
         out["tools/calls_per_episode"] = calls / n
         out["tools/valid_call_rate"] = (calls - sum(failed.values())) / calls if calls else 0.0
         out.update({f"tools/errors/{k}": v for k, v in failed.items()})
-    if any("success" in i for i in infos):
+    if any("success" in i or "tool_calls" in i for i in infos):  # an episode cut by max_turns did not succeed
         out["rollout/success_frac"] = sum(any(t.info.get("success", 0.0) for t in e.turns) for e in rows) / n
     return out
 

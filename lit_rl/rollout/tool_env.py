@@ -82,6 +82,8 @@ class ToolEnv:
         system: the system message's text (None: none; the template's default, if it has one, applies).
         demonstration: messages placed before the task (a worked exchange the model can imitate).
         success_at: the reward from which an episode counts as a success (``info["success"]``).
+        remind: a lit_rl addition for games: when set, a reply without a call does not end the episode while
+            rounds remain; this user message answers it (and the reply counts as a round). None: TRL's rule.
     """
 
     def __init__(
@@ -93,6 +95,7 @@ class ToolEnv:
         system: str | None = None,
         demonstration: list[dict[str, Any]] | None = None,
         success_at: float = 1.0,
+        remind: str | None = None,
     ):
         if max_tool_calling_iterations is not None and max_tool_calling_iterations < 0:
             raise ValueError(
@@ -111,6 +114,7 @@ class ToolEnv:
             )
         self.box = ToolBox([*tools, *(environment_tools(self.env) if self.env is not None else [])])
         self.reward_fn, self.max_iter, self.success_at = reward, max_tool_calling_iterations, success_at
+        self.remind = remind
         self.system, self.demonstration = system, [dict(m) for m in demonstration or []]
         self.prompt: Any = None
         self.rounds, self.done = 0, True
@@ -130,11 +134,15 @@ class ToolEnv:
         head = [{"role": "system", "content": self.system}] if self.system is not None else []
         return head + [dict(m) for m in self.demonstration] + task
 
-    def step(self, action_text: str) -> tuple[list[dict[str, Any]], float, bool, dict[str, float]]:
+    def step(self, action_text: str) -> tuple[str | list[dict[str, Any]], float, bool, dict[str, float]]:
         if self.done:
             raise RuntimeError("ToolEnv.step after the episode ended; call reset() first")
         calls = parse_tool_calls(action_text)
-        if not calls or (self.max_iter is not None and self.rounds >= self.max_iter):
+        last = self.max_iter is not None and self.rounds >= self.max_iter
+        if not calls and self.remind is not None and not last:  # a game goes on: the reply was no move
+            self.rounds += 1
+            return self.remind, 0.0, False, {"tool_calls": 0.0, "reminders": 1.0}
+        if not calls or last:
             return self._finish(action_text)
         self.rounds += 1
         results = [self.box.execute(c) for c in calls]

@@ -122,6 +122,9 @@ def test_calculator_demonstrations_are_counted():
     assert [len(CalculatorEnv(demonstrations=k).demonstration) for k in (0, 1, 2)] == [0, 4, 8]
     with pytest.raises(ValueError, match="demonstrations=3; valid values: 0..2"):
         CalculatorEnv(demonstrations=3)
+    assert [len(GuessEnv(demonstrations=k).demonstration) for k in (0, 1, 2)] == [0, 8, 16]
+    with pytest.raises(ValueError, match="demonstrations=3; valid values: 0..2"):
+        GuessEnv(demonstrations=3)
 
 
 def test_guess_game_alone():

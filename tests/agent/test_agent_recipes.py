@@ -50,11 +50,7 @@ def _shrunk(recipe: str, model: str, tmp_path: Path, steps: int, real: bool) -> 
         roll["sampling"]["max_new_tokens"] = 4
         roll["agent"]["init_args"]["max_turns"] = 2
         roll["agent"]["init_args"]["engine"] = None  # HFEngine: no vLLM start for two tiny iterations
-        env = roll["agent"]["init_args"]["env_factory"]["init_args"]
-        if "demonstrations" in env:  # CalculatorEnv counts its exchanges, GuessEnv has one or none
-            env["demonstrations"] = 0
-        else:
-            env["demonstration"] = False
+        roll["agent"]["init_args"]["env_factory"]["init_args"]["demonstrations"] = 0
         ev["baseline"] = False
     path = tmp_path / f"{recipe}.yaml"
     path.write_text(yaml.safe_dump(cfg))

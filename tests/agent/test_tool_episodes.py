@@ -236,3 +236,33 @@ def test_inspector_shows_each_turn(tok):
     starts = [0, a[0] + o[0], a[0] + o[0] + a[1] + o[1]]
     # the advantage at token t is t: an action's mean is its first position + (length - 1) / 2
     assert [t["advantage"] for t in turns] == [s + (n - 1) / 2 for s, n in zip(starts, a)]
+
+
+def test_remind_keeps_a_game_going_until_the_rounds_are_spent(tok):
+    """ToolEnv(remind=...): a reply without a call is answered by the reminder (a user turn) while rounds remain,
+    and counts as a round; the reply after the last round ends the episode as in TRL."""
+    env = lambda: ToolEnv(  # noqa: E731
+        [multiply], reward=LastIntReward(), max_tool_calling_iterations=2, remind="Use the tool."
+    )
+    loop = _loop(tok, ["no call", CALL, "287663"], env, max_turns=6)
+    (ep,) = loop.run([Prompt(prompt="q", answer="287663")], 1, SP)[0]
+    assert [t.obs_text for t in ep.turns] == ["Use the tool.", "287663", ""] and ep.done
+    assert [t.info for t in ep.turns] == [
+        {"tool_calls": 0.0, "reminders": 1.0},
+        {"tool_calls": 1.0},
+        {"tool_calls": 0.0, "success": 1.0},
+    ]
+    assert ep.turns[0].obs_ids == [
+        E,
+        *chars("\n"),
+        S,
+        *chars("user\nUse the tool."),
+        E,
+        *chars("\n"),
+        *ASSISTANT,
+    ]
+    loop = _loop(
+        tok, ["a", "b", "c"], env, max_turns=6
+    )  # two reminders spend both rounds; the third reply ends it
+    (ep,) = loop.run([Prompt(prompt="q", answer="287663")], 1, SP)[0]
+    assert [t.obs_text for t in ep.turns] == ["Use the tool.", "Use the tool.", ""] and ep.total_reward == 0.0
