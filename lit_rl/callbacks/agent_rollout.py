@@ -83,7 +83,6 @@ class AgentRolloutCallback(RolloutCallback):
 
 # per held-out episode, averaged over the evaluation: (eval metric, episode_metrics key)
 _EPISODE_EVAL = {
-    "eval/turns_mean": "rollout/turns_mean",
     "eval/tokens_per_episode": "rollout/tokens_per_episode",
     "eval/tool_calls_per_episode": "tools/calls_per_episode",
 }
@@ -104,7 +103,7 @@ class AgentEval(HeldoutEval):
         super().start(pl_module)
         from torchmetrics import MeanMetric
 
-        for k in (*_EPISODE_EVAL, "eval/valid_call_rate"):
+        for k in ("eval/turns_mean", *_EPISODE_EVAL, "eval/valid_call_rate"):
             self._metrics[k] = MeanMetric(nan_strategy="ignore").to(pl_module.device)
 
     def _score(self, rc, pl_module, prompts: list) -> None:
@@ -129,6 +128,7 @@ class AgentEval(HeldoutEval):
         if ok.any():
             self._metrics["eval/reward_mean"].update(ret[ok].float())
         for e in eps:
+            self._metrics["eval/turns_mean"].update(torch.tensor(float(len(e.turns)), device=dev))
             m = episode_metrics([e])
             for k, src in _EPISODE_EVAL.items():
                 self._metrics[k].update(torch.tensor(m.get(src, 0.0), device=dev))

@@ -15,6 +15,11 @@ r_1..r_{K-1} and ``rewards`` holds the reward that lands on the row's last actio
 core estimators see the episode return ``rewards + sum(token_rewards)`` (grpo, rloo, ...) or a per-turn
 reward-to-go (``reinforce``, ``gae``: gamma applies per action token, observation tokens are skipped).
 
+Token-exact: each turn appends the engine's sampled ids, then only the observation's new ids (``chat.ChatRenderer``:
+the rest of the end of turn, the observation messages, the generation prompt) to the episode's context, which is
+the engine's next input as is; the row trains on exactly those ids, never on a re-rendered or re-tokenised history
+(``tests/agent/test_token_exact.py``). Tool calls and their results: ``tool_env.ToolEnv``.
+
 The loop plugs into the rollout pipeline (``rollout/pipeline.py``) as three stages: ``AgentGenerator`` (episodes
 instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and the one
 ``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``);
