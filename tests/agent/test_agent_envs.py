@@ -38,6 +38,7 @@ def test_calculator_evaluates_arithmetic(expr, value):
     "expr, message",
     [
         ("__import__('os')", "unsupported expression element: Call"),
+        ("True + 1", "unsupported expression element: Constant"),
         ("347 x 829", "not an arithmetic expression"),
         ("2 ** 100", "exponent 100 is larger than 64"),
         ("1" * 201, "longer than 200 characters"),
