@@ -10,7 +10,7 @@ the checkpoint are what is under test, with the real rank from torch.distributed
 
 ``HFEngine`` (tiny model at MODEL_DIR) samples the same prompt unseeded after ``torch.manual_seed(0)`` on every
 rank (what ``seed_everything`` does), twice: its global-generator stream must differ per rank and replay on a
-rank whose generators are restored; seeded (``sampling.seed``) it must differ per rank too and replay at the
+rank whose generators are restored; seeded (``sampling.seed``) it must be the same on every rank and replay at the
 same generate call.
 """
 

@@ -16,7 +16,7 @@ import contextlib
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -71,7 +71,9 @@ class HFEngine(EngineBase):
             raise ValueError(f"HFEngine.batch_size must be >= 1 or None, got {batch_size}")
         self.share_weights, self.batch_size = share_weights, batch_size
         self.share_prefill = share_prefill
-        self.model = None
+        # the model generate runs (the policy's own, or a private copy) once bound: a transformers model,
+        # typed Any as transformers' generate is (its overloads do not describe our use)
+        self.model: Any = None
         self.tokenizer = None
         self.policy_version = 0
         self._calls = 0  # generate() calls so far: part of the seeded-sampling key
@@ -140,10 +142,14 @@ class HFEngine(EngineBase):
         self._calls += 1
         try:
             if sampling.seed is not None and sampling.temperature > 0:
-                # one generate per prompt, under its own seed (see SamplingConfig.seed): the rank's base (every
-                # rank gets the same seed and call count) and the prompt's occurrence in this batch (a prompt
-                # listed twice is two groups), so neither another rank nor a duplicate replays its samples
-                base = rank_seed(sampling.seed, global_rank())
+                # one generate per prompt, under its own seed (see SamplingConfig.seed): (seed, call, prompt, the
+                # prompt's occurrence in this batch), so a prompt listed twice is two groups. No rank is folded
+                # in: the samples of a prompt do not depend on which rank holds it, which is what makes 2 ranks x 8
+                # prompts train exactly like 1 x 16 (tests/test_distributed.py). A prompt on two ranks at one call
+                # (a duplicate split across shards) replays its group there; folding the global occurrence in
+                # would need a collective per generate, and agent loops call generate a different number of
+                # times per rank.
+                base = sampling.seed
                 seen: collections.Counter[tuple[int, ...]] = collections.Counter()
                 for p in prompt_ids:
                     key = stable_seed(base, self._calls, p, seen[tuple(p)])
@@ -298,6 +304,8 @@ class _ProcessedSampler:
 
     def sampled_logprobs(self, new: Tensor) -> Tensor:
         """(N, C) log-probs of the generated tokens ``new`` (N, C) under the distributions they came from."""
+        if self.prev is None:
+            raise RuntimeError("sampled_logprobs before any generated token (generate makes at least one)")
         cols = self.cols[: new.shape[1] - 1] + [self.prev.gather(1, new[:, -1:])[:, 0]]
         return torch.stack(cols, dim=1)
 

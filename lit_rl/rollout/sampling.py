@@ -136,9 +136,10 @@ class SamplingConfig:
     max_new_tokens: int = setting(32, "Completion budget (tokens).")
     seed: int | None = setting(
         None,
-        "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, rank, "
-        "engine call, prompt tokens, the prompt's occurrence in the batch), so ranks and a prompt listed "
-        "twice get their own samples, and other prompts in the batch do not change them; None = the "
+        "Seeded sampling. HFEngine: each prompt's n samples come from a generator seeded by (seed, engine "
+        "call, prompt tokens, the prompt's occurrence in the batch), so a prompt listed twice gets two "
+        "groups, and neither the other prompts in the batch nor the rank change them (2 ranks x 8 prompts "
+        "sample like 1 x 16; a prompt on two ranks at one call gets the same group); None = the "
         "global RNG (one batched generate call; ranks > 0 under a per-rank fork of it). The vLLM "
         "engines: the base of their per-request seed cursor (per rank, rollout.base.RequestSeeds), "
         "None = the engine's own seed.",
@@ -227,7 +228,7 @@ class SamplingConfig:
         return list(self.stop or [])
 
 
-SamplingConfig.__doc__ += field_docs(SamplingConfig)
+SamplingConfig.__doc__ = (SamplingConfig.__doc__ or "") + field_docs(SamplingConfig)
 
 
 def process_logits(logits: Tensor, seen: Tensor | None, sp: SamplingConfig) -> Tensor:
