@@ -1,6 +1,7 @@
-"""Every command in README.md is run here (shortened: a few iterations of small batches), in README order, in
-one working directory, as a new user would type them; the few that need other machines say where they are
-covered. A README command missing from this table fails the first test."""
+"""Every command in README.md and in the pages under docs/ is run here (shortened: a few iterations of small
+batches), in reading order (``tests/_docs.py``: README, then the guides), in one working directory, as a new
+user would type them; the few that need other machines say where they are covered. A documented command
+missing from this table fails the first test."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import shlex
 from pathlib import Path
 
 import pytest
+from _docs import DOCS, bash_commands, doc_commands, markdown_files, text
 
 from lit_rl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+README = text("README.md")
 SHORT = [
     "--data.init_args.batch_size",
     "4",
@@ -92,6 +94,7 @@ ELSEWHERE = {
         "tests/callbacks/test_inspector.py (a config of your own)"
     ),
     "make test": "the test suite itself",
+    "make docs": "tests/test_docs_site.py (the same Makefile target: the strict build of the docs site)",
     "python scripts/bench_distill.py": "a benchmark script (minutes); its pieces: tests/test_distill_*.py",
     "pip install torch": "GPU install (network)",
     'pip install -e ".[gpu,dev]"': "GPU install (network)",
@@ -116,7 +119,7 @@ ELSEWHERE = {
         "'[http://rollout1:8000,http://rollout2:8000]'"
     ): "tests/test_server_setup.py::test_readme_server_commands",
     "lit-rl fit -c trl_grpo.yaml": (
-        "tests/test_readme_trl.py (the README section's own files and commands, in order)"
+        "tests/test_readme_trl.py (the guide's own files and commands, in order)"
     ),
     "lit-rl export runs/from_trl -o from_trl_adapter --adapter": "tests/test_readme_trl.py",
     "lit-rl explain-trl -c trl_grpo.yaml": "tests/test_readme_trl.py",
@@ -171,46 +174,46 @@ ELSEWHERE = {
         "--model.init_args.lora '{r: 16, lora_alpha: 32, target_modules: all-linear}' "
         "--rollout.engine.init_args.dtype bfloat16 --rollout.engine.init_args.kv_cache_memory_bytes 67108864"
     ): "tests/test_smollm2_recipe.py::test_lora_fit_syncs_merged_weights_and_exports_a_merged_model (its flags, "
-    "read from the README, in-process and shortened; the environment variables act at process start)",
+    "read from docs/guides/real-checkpoint.md, in-process and shortened; the environment variables act at "
+    "process start)",
     (
         "OMP_NUM_THREADS=1 MALLOC_MMAP_THRESHOLD_=65536 lit-rl fit -c configs/smollm2_addition.yaml "
         "--model.init_args.optimizer '{class_path: torch.optim.Adafactor, init_args: {lr: 5.0e-5}}' "
         "--rollout.engine.init_args.dtype bfloat16 --rollout.engine.init_args.kv_cache_memory_bytes 134217728"
     ): "tests/test_smollm2_recipe.py::test_adafactor_fit_keeps_factored_state_and_a_bfloat16_engine (its flags, "
-    "read from the README, in-process and shortened; the environment variables act at process start)",
+    "read from docs/guides/real-checkpoint.md, in-process and shortened; the environment variables act at "
+    "process start)",
     (
         "python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 4 --group 4 "
         "--new-tokens 16 --iterations 2 --configs lora_mb8,lora_mb8_arena2,lora_mb8_trim,lora_mb8_mmap,"
         "lora_mb8_kv64_bf16_trim,lora_mb8_kv64_bf16_mmap"
-    ): "a benchmark script (minutes); the table in README",
+    ): "a benchmark script (minutes); its table: docs/experiments/speed-and-memory.md",
     (
         "python scripts/bench_memory_real.py --model ~/.cache/lit_rl/smollm2-135m-instruct --prompts 8 --group 4 "
         "--new-tokens 24 --configs full_mmap,full_gc_mmap"
-    ): "a benchmark script (minutes); the table in README",
+    ): "a benchmark script (minutes); its table: docs/experiments/speed-and-memory.md",
 }
 
 
 def readme_commands() -> list[str]:
-    """Commands of the README's bash blocks: comments dropped, continuation lines joined, `a && b` kept whole
-    unless it starts with `make install` (the install step, then the command)."""
-    out = []
-    for block in re.findall(r"```bash\n(.*?)```", README, flags=re.DOTALL):
-        for line in re.sub(r"\\\n\s*", "", block).splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("make install && "):
-                out += ["make install", line[len("make install && ") :]]
-            else:
-                out.append(re.sub(r"\s+", " ", line))
-    return out
+    """The documented commands, in reading order (README, then the guides and the experiment logs)."""
+    return doc_commands()
 
 
 def test_every_readme_command_is_run_or_accounted_for():
     cmds = readme_commands()
     missing = [c for c in cmds if c not in RUN and c not in ELSEWHERE]
-    assert not missing, f"README commands without a test: {missing}"
+    assert not missing, f"documented commands without a test: {missing}"
     assert set(RUN) <= set(cmds), f"stale entries: {set(RUN) - set(cmds)}"
+
+
+def test_every_page_with_commands_is_read():
+    """A page under docs/ with a bash block that ``DOCS`` does not list would hold commands no test runs."""
+    with_commands = {rel for rel in markdown_files() if bash_commands(text(rel))}
+    assert with_commands <= set(DOCS), (
+        f"pages with commands missing from tests/_docs.py DOCS: {with_commands - set(DOCS)}"
+    )
+    assert all((ROOT / rel).exists() for rel in DOCS)
 
 
 def _main(cmd: str, extra: list[str]):

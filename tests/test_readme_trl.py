@@ -15,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from _docs import section
 
 from lit_rl.cli import console_main, main
 
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = re.search(r"## Coming from TRL\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
+SECTION = section("docs/guides/coming-from-trl.md", "# Coming from TRL")
 SHORT = [
     "--trainer.max_steps",
     "1",

@@ -44,9 +44,9 @@ def _steps_per_iteration() -> int:
 
 
 def _readme_flags(marker: str) -> list[str]:
-    """The flags after the recipe of the README's one `... lit-rl fit -c configs/smollm2_addition.yaml ...`
-    command (environment variables first) that contains ``marker``."""
-    readme = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    """The flags after the recipe of the one `... lit-rl fit -c configs/smollm2_addition.yaml ...` command of
+    docs/guides/real-checkpoint.md (environment variables first) that contains ``marker``."""
+    readme = (ROOT / "docs/guides/real-checkpoint.md").read_text().replace("\\\n", " ")
     (args,) = [
         shlex.split(line)
         for line in readme.splitlines()
@@ -87,7 +87,7 @@ def _fit(tmp, model_dir, *extra):
 def run(smollm2_dir, tmp_path_factory):
     """The recipe's first STEPS iterations (its engine, 16 prompts x 4, 16 tokens, lr 2e-5, two minibatches) at
     seed 1 (the margin was set on seeds 0 and 1 of the one-step-per-iteration recipe, and holds on seed 1 of
-    16 x 4; the README's runs are seeds 0-2)."""
+    16 x 4; the runs in docs/experiments/smollm2-addition.md are seeds 0-2)."""
     tmp = tmp_path_factory.mktemp("smollm2_recipe")
     cli = _fit(
         tmp,
@@ -183,7 +183,7 @@ def test_resume_continues_from_the_last_checkpoint(run, smollm2_dir):
 def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    # the README's low-memory LoRA command (LoRA on every linear, bfloat16 engine, 64 MiB KV cache), shortened
+    # the guide's low-memory LoRA command (LoRA on every linear, bfloat16 engine, 64 MiB KV cache), shortened
     flags = _readme_flags("--model.init_args.lora")
     assert "--model.init_args.lora" in flags and "--rollout.engine.init_args.kv_cache_memory_bytes" in flags
     cli = _fit(
@@ -223,7 +223,7 @@ def test_lora_fit_syncs_merged_weights_and_exports_a_merged_model(smollm2_dir, t
 
 
 def test_adafactor_fit_keeps_factored_state_and_a_bfloat16_engine(smollm2_dir, tmp_path):
-    # the README's lower-memory full fine-tune (Adafactor, bfloat16 engine copy, 128 MiB KV cache), shortened
+    # the guide's lower-memory full fine-tune (Adafactor, bfloat16 engine copy, 128 MiB KV cache), shortened
     flags = _readme_flags("torch.optim.Adafactor")
     assert "--model.init_args.optimizer" in flags and "--rollout.engine.init_args.dtype" in flags
     n_tensors = sum(1 for _ in _load(smollm2_dir).parameters())

@@ -9,13 +9,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from _docs import section
 
 from lit_rl.cli import trl_diff, trl_names
 
 ROOT = Path(__file__).resolve().parents[1]
 QS = str(ROOT / "configs/quickstart.yaml")
 M = "model.init_args."
-SECTION = re.search(r"## Coming from TRL\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
+SECTION = section("docs/guides/coming-from-trl.md", "# Coming from TRL")
 CORRECTION = (
     "model.init_args.rollout_correction: 'none' here, 'mis' under TRL 1.16's "
     'vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask" (with vLLM, TRL '

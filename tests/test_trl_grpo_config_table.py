@@ -1,6 +1,6 @@
-"""README "Every GRPOConfig argument": every argument of TRL 1.16's ``GRPOConfig`` has a row (mapped, mapped
-with a different meaning, or not supported), every row says which, and the lit_rl names the rows map to
-exist."""
+"""docs/guides/coming-from-trl.md "Every GRPOConfig argument": every argument of TRL 1.16's ``GRPOConfig`` has
+a row (mapped, mapped with a different meaning, or not supported), every row says which, and the lit_rl names
+the rows map to exist."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import dataclasses
 import re
 from pathlib import Path
 
+from _docs import section
+
 ROOT = Path(__file__).resolve().parents[1]
-SECTION = re.search(
-    r"### Every GRPOConfig argument\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL
-).group(1)
+SECTION = section("docs/guides/coming-from-trl.md", "## Every GRPOConfig argument")
 
 # The fields of trl.GRPOConfig and of the _BaseConfig it derives from, in source order, read from the trl
 # 1.16.0 wheel on PyPI (trl-1.16.0-py3-none-any.whl, sha256
@@ -164,7 +164,7 @@ def named(first_cell: str) -> set[str]:
 def test_every_grpo_config_field_has_a_row():
     covered = set().union(*(named(r[0]) for r in rows()))
     missing = [f for f in GRPO_CONFIG_FIELDS + INHERITED_FIELDS if f not in covered]
-    assert not missing, f"GRPOConfig arguments without a row in README's table: {missing}"
+    assert not missing, f"GRPOConfig arguments without a row in the guide's table: {missing}"
     unknown = covered - set(GRPO_CONFIG_FIELDS) - set(INHERITED_FIELDS)
     assert not unknown, f"rows for names that are not GRPOConfig arguments: {sorted(unknown)}"
 
@@ -226,7 +226,7 @@ def _default_row(name: str, default: str | None) -> list[str]:
     want = f"`{name}={default}`"
     found = [r for r in rows() if default is not None and want in r[0]]
     found += [r for r in rows() if name in named(r[0])]
-    assert found, f"no row of README's table names {name}"
+    assert found, f"no row of the guide's table names {name}"
     return found[0]
 
 
@@ -240,7 +240,7 @@ def _names_setting(cell: str, setting: str) -> bool:
 
 
 def test_the_rows_name_the_settings_and_defaults_of_the_one_table():
-    """README's table and lit_rl/cli/trl_names.py (what `--learning_rate` is answered with, what explain-trl
+    """The guide's table and lit_rl/cli/trl_names.py (what `--learning_rate` is answered with, what explain-trl
     quotes) say the same: the row of each TRL name quotes its default and names each of its lit_rl settings
     in full; a row that names a lit_rl key in full maps TRL names that are in the table."""
     from lit_rl.cli.trl_names import TRL_ARGS
@@ -250,7 +250,7 @@ def test_the_rows_name_the_settings_and_defaults_of_the_one_table():
         if arg.default is not None:
             assert f"`{name}={arg.default}`" in row[0], (name, arg.default, row[0])
         missing = [s for s in arg.settings if not _names_setting(row[1], s)]
-        assert not missing, f"README's row for {name} does not name {missing}: {row[1]}"
+        assert not missing, f"the guide's row for {name} does not name {missing}: {row[1]}"
     for r in rows():
         if "**not supported**" in r[2] and "**same**" not in r[2] and "**differs**" not in r[2]:
             continue

@@ -7,7 +7,8 @@ Read by:
   "did you mean" by spelling;
 - ``lit-rl explain-trl`` (``trl_diff.py``): TRL's side of each line (``learning_rate=1e-6``);
 - the tests: every setting here is a key of a real resolved config (``tests/test_trl_names.py``), and
-  README "Every GRPOConfig argument" names the same settings and defaults (``tests/test_trl_grpo_config_table.py``).
+  docs/guides/coming-from-trl.md "Every GRPOConfig argument" names the same settings and defaults
+  (``tests/test_trl_grpo_config_table.py``).
 
 A setting is a dotted config key (``--model.init_args.clip_low`` on the command line), or
 ``trainer.callbacks[Class].init_args.arg``: the argument of a ``lit_rl.callbacks.Class`` callback (TRL's
@@ -20,7 +21,7 @@ import re
 from typing import NamedTuple
 
 TRL_VERSION = "1.16"
-README_TABLE = 'README "Every GRPOConfig argument"'
+README_TABLE = 'docs/guides/coming-from-trl.md "Every GRPOConfig argument"'
 _M, _OPT, _SCHED = "model.init_args.", "model.init_args.optimizer.init_args.", "model.init_args.lr_scheduler."
 
 

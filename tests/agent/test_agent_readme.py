@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from _docs import section
 from _scripted_engine import ScriptedEngine
 from transformers import AutoTokenizer
 
@@ -13,7 +14,7 @@ from lit_rl.data.prompts import Prompt
 from lit_rl.rollout.engine import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = re.search(r"\n## Agents\n(.*?)\n## ", (ROOT / "README.md").read_text(), re.DOTALL).group(1)
+SECTION = section("README.md", "## Agents")
 
 
 def test_readme_agents_block_runs(tiny_model_dir):
