@@ -92,8 +92,8 @@ def _cfg(engine: str | None, **init) -> dict:
             "lit_rl.rollout.vllm.VLLMEngine",
             {"rollout_correction": "mis", "correction_level": "sequence", "correction_cap": 3.0},
             [
-                "model.init_args.correction_low: 0.3333333333333333 (1/correction_cap) here, no lower bound under "
-                "TRL 1.16's vllm_importance_sampling_clip_min=None"
+                "model.init_args.correction_low: 0.3333333333333333 (1/correction_cap) here, 0 (no lower bound) "
+                "under TRL 1.16's vllm_importance_sampling_clip_min=None"
             ],
         ),
         (
@@ -108,7 +108,7 @@ def _cfg(engine: str | None, **init) -> dict:
                 "model.init_args.correction_level: 'token' here, 'sequence' under TRL 1.16's "
                 'vllm_importance_sampling_mode="sequence_mask"',
                 "model.init_args.correction_cap: 2.0 here, 3.0 under TRL 1.16's vllm_importance_sampling_clip_max=3.0",
-                "model.init_args.correction_low: 0.25 here, no lower bound under TRL 1.16's "
+                "model.init_args.correction_low: 0.25 here, 0 (no lower bound) under TRL 1.16's "
                 "vllm_importance_sampling_clip_min=None",
             ],
         ),
@@ -119,6 +119,16 @@ def _cfg(engine: str | None, **init) -> dict:
                 "model.init_args.rollout_correction: 'tis' here, 'none' under TRL 1.16's use_vllm=False (TRL "
                 "corrects vLLM rollouts only)"
             ],
+        ),
+        (  # correction_low 0 is TRL's no lower bound (refused before this setting allowed it)
+            "lit_rl.rollout.vllm.VLLMEngine",
+            {
+                "rollout_correction": "mis",
+                "correction_level": "sequence",
+                "correction_cap": 3.0,
+                "correction_low": 0.0,
+            },
+            [],
         ),
         (None, {"rollout_correction": "none"}, []),
         ("lit_rl.rollout.vllm.VLLMEngine", {}, []),  # a module without the setting: nothing to compare

@@ -246,11 +246,12 @@ def _correction_lines(cfg: dict) -> list[str]:
     if not _same(cap, 3.0):
         lines.append(_line(_M + "correction_cap", cap, 3.0, trl_text(("vllm_importance_sampling_clip_max",))))
     low = _get(cfg, _M + "correction_low")
-    shown = f"{low!r}" if low is not None else f"{1 / cap!r} (1/correction_cap)"
-    lines.append(
-        f"{_M}correction_low: {shown} here, no lower bound under TRL {TRL_VERSION}'s "
-        f"{trl_text(('vllm_importance_sampling_clip_min',))}"
-    )
+    if low != 0:  # 0 = no lower bound, TRL's
+        shown = f"{low!r}" if low is not None else f"{1 / cap!r} (1/correction_cap)"
+        lines.append(
+            f"{_M}correction_low: {shown} here, 0 (no lower bound) under TRL {TRL_VERSION}'s "
+            f"{trl_text(('vllm_importance_sampling_clip_min',))}"
+        )
     return lines
 
 

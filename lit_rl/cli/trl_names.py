@@ -153,7 +153,9 @@ TRL_ARGS: dict[str, TRLArg] = {
     ),
     "vllm_importance_sampling_clip_max": TRLArg("3.0", (_M + "correction_cap",)),
     "vllm_importance_sampling_cap": TRLArg(None, (_M + "correction_cap",)),
-    "vllm_importance_sampling_clip_min": TRLArg("None", (_M + "correction_low",), "null is 1/correction_cap"),
+    "vllm_importance_sampling_clip_min": TRLArg(
+        "None", (_M + "correction_low",), "null is 1/correction_cap; 0 is TRL's None (no bound)"
+    ),
     # runs
     "logging_steps": TRLArg("10", ("trainer.log_every_n_steps",)),
     "save_steps": TRLArg("500", ("checkpoint.every_n_iterations",)),

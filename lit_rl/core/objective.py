@@ -70,7 +70,9 @@ class ObjectiveSettings(PolicyLossSettings):
         2.0, "Upper bound of the mismatch ratio (tis: truncation, mis: band top)."
     )
     correction_low: float | None = setting(
-        None, "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap."
+        None,
+        "Lower bound of the mis band [low, cap] (IcePop, arXiv 2510.18855); null = 1/correction_cap, "
+        "0 = no lower bound (TRL's vllm_importance_sampling_clip_min=None).",
     )
 
 

@@ -265,10 +265,10 @@ def _validate_objective(o: ObjectiveSettings) -> None:
     if not o.correction_cap > 0:
         raise ValueError(f"correction_cap must be > 0, got {o.correction_cap}")
     low, mode, cap = o.correction_low, o.rollout_correction, o.correction_cap
-    if low is not None and not (mode == "mis" and 0 < low < 1):
+    if low is not None and not (mode == "mis" and 0 <= low < 1):
         raise ValueError(
-            f"correction_low={low} needs rollout_correction='mis' and 0 < correction_low "
-            f"< 1 (null = 1/correction_cap); got rollout_correction={mode!r}"
+            f"correction_low={low} needs rollout_correction='mis' and 0 <= correction_low "
+            f"< 1 (null = 1/correction_cap, 0 = no lower bound); got rollout_correction={mode!r}"
         )
     if mode == "mis" and not cap > 1:
         raise ValueError(

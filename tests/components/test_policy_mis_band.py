@@ -37,7 +37,8 @@ def _experience(module):
     return exp
 
 
-@pytest.mark.parametrize("low, masked_frac", [(None, 2 / 4), (0.3, 1 / 4)])
+# 0 = no lower bound (TRL's vllm_importance_sampling_clip_min=None; refused before: "0 <= correction_low < 1")
+@pytest.mark.parametrize("low, masked_frac", [(None, 2 / 4), (0.3, 1 / 4), (0.0, 1 / 4)])
 def test_correction_low_reaches_the_mis_band(tiny_model_dir, low, masked_frac):
     module = PolicyModule(
         model=str(tiny_model_dir), rollout_correction="mis", correction_cap=2.0, correction_low=low
@@ -63,9 +64,9 @@ def test_correction_low_reaches_the_mis_band(tiny_model_dir, low, masked_frac):
             {"rollout_correction": "tis", "correction_low": 0.5},
             "correction_low=0.5 needs rollout_correction='mis'",
         ),
-        ({"rollout_correction": "mis", "correction_low": 1.0}, "0 < correction_low < 1"),
-        ({"rollout_correction": "mis", "correction_low": 0.0}, "0 < correction_low < 1"),
-        ({"rollout_correction": "mis", "correction_low": math.nan}, "0 < correction_low < 1"),
+        ({"rollout_correction": "mis", "correction_low": 1.0}, "0 <= correction_low < 1"),
+        ({"rollout_correction": "mis", "correction_low": -0.1}, "0 <= correction_low < 1"),
+        ({"rollout_correction": "mis", "correction_low": math.nan}, "0 <= correction_low < 1"),
         (
             {"rollout_correction": "mis", "correction_cap": 1.0},
             "correction_cap=1.0 with rollout_correction='mis' must be > 1",
