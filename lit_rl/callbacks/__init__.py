@@ -1,5 +1,5 @@
 from lit_rl.callbacks.agent_plot import AgentCurvePlot
-from lit_rl.callbacks.agent_program import AgentProgramCallback
+from lit_rl.callbacks.agent_program import AgentProgramRolloutCallback
 from lit_rl.callbacks.agent_rollout import AgentEval, AgentRolloutCallback, ObservationLoss
 from lit_rl.callbacks.curriculum import Curriculum
 from lit_rl.callbacks.entropy import EntropyRegularization
@@ -15,7 +15,7 @@ from lit_rl.callbacks.teachers import Teacher, TeacherRouter
 __all__ = [
     "AgentCurvePlot",
     "AgentEval",
-    "AgentProgramCallback",
+    "AgentProgramRolloutCallback",
     "AgentRolloutCallback",
     "Curriculum",
     "EntropyRegularization",

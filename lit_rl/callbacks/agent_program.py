@@ -1,4 +1,4 @@
-"""``AgentProgramCallback``: train from a user's agent program through the OpenAI-compatible endpoint.
+"""``AgentProgramRolloutCallback``: train from a user's agent program through the OpenAI-compatible endpoint.
 
 An ``AgentRolloutCallback`` whose agent is a ``rollout.agent_program.ProgramLoop`` (``program(base_url,
 prompt) -> reward`` run per episode against the endpoint the loop serves from the rollout engine) and whose
@@ -17,7 +17,7 @@ from lit_rl.rollout.settings import FilterSettings, RolloutSettings, SyncSetting
 
 
 @flat_settings((RolloutSettings, FilterSettings, SyncSettings), before=1)
-class AgentProgramCallback(AgentRolloutCallback):
+class AgentProgramRolloutCallback(AgentRolloutCallback):
     """``AgentRolloutCallback`` for agent programs (module doc); the settings are the same.
 
     Args:
@@ -27,7 +27,7 @@ class AgentProgramCallback(AgentRolloutCallback):
     def __init__(self, agent: ProgramLoop, **settings: Any):
         if not isinstance(agent, ProgramLoop):
             raise TypeError(
-                f"AgentProgramCallback: agent must be a lit_rl.rollout.agent_program.ProgramLoop, got "
+                f"AgentProgramRolloutCallback: agent must be a lit_rl.rollout.agent_program.ProgramLoop, got "
                 f"{type(agent).__name__} (an AgentLoop with an environment: AgentRolloutCallback)"
             )
         super().__init__(agent, **settings)

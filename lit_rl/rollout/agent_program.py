@@ -155,9 +155,11 @@ class ProgramLoop(AgentLoop):
     """Run a user's agent program per episode through an ``OpenAIServer`` (module doc).
 
     Args:
-        program: ``program(base_url, prompt) -> reward`` (a function or its ``"module.function"`` path); it
-            talks to ``base_url`` with the ``openai`` client (any ``api_key``, any ``model`` name).
+        program: ``program(base_url, prompt, **program_args) -> reward`` (a function, or a string naming one:
+            ``"path/to/agent.py:function"`` or ``"module.function"``); it talks to ``base_url`` with the
+            ``openai`` client (any ``api_key``, any ``model`` name).
         engine: the rollout engine the endpoint generates with (default ``HFEngine``).
+        program_args: keyword arguments passed to every call of ``program`` (a config's knobs for it).
         deadline_s: seconds an episode may take from the batch's start; past it the episode is a timeout.
         max_calls: chat completions per episode at most (the horizon's turns: ``max_calls x max_new_tokens``).
         max_obs_tokens, max_context_tokens: as ``AgentLoop`` (per new message; prompt + completion per call).
@@ -165,8 +167,9 @@ class ProgramLoop(AgentLoop):
 
     def __init__(
         self,
-        program: Callable[..., Any] | str,
+        program: str | Callable[..., Any],
         engine: EngineBase | None = None,
+        program_args: dict[str, Any] | None = None,
         deadline_s: float = 300.0,
         max_calls: int = 8,
         max_obs_tokens: int = 1024,
@@ -176,6 +179,7 @@ class ProgramLoop(AgentLoop):
             raise ValueError(f"ProgramLoop: deadline_s must be > 0, got {deadline_s}")
         super().__init__(_no_environment, engine, max_calls, max_obs_tokens, max_context_tokens)
         self.program, self.deadline_s, self.max_calls = resolve_program(program), float(deadline_s), max_calls
+        self.program_args = dict(program_args or {})
         self.server: OpenAIServer | None = None
         self._batches = 0
 
@@ -225,7 +229,7 @@ class ProgramLoop(AgentLoop):
 
     def _episode(self, slot: _Slot, url: str, prompt: Any) -> None:
         try:
-            slot.result = self.program(url, prompt)
+            slot.result = self.program(url, prompt, **self.program_args)
         except BaseException as e:  # noqa: BLE001 - whatever the program raises (SystemExit too) is its failure
             slot.error = e
         finally:

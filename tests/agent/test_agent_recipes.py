@@ -16,7 +16,13 @@ from lit_rl.cli import main
 from lit_rl.runs import log_rows
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT_RECIPES = sorted(p.stem for p in (ROOT / "configs").glob("agent_*.yaml"))
+# the environment recipes (AgentRolloutCallback); agent_openai_calculator (an agent program through the OpenAI
+# endpoint, AgentProgramRolloutCallback) runs in tests/agent/test_openai_agent_recipe.py
+AGENT_RECIPES = sorted(
+    p.stem
+    for p in (ROOT / "configs").glob("agent_*.yaml")
+    if "AgentProgramRolloutCallback" not in p.read_text()
+)
 
 
 def _callback(cfg: dict, name: str) -> dict:
