@@ -82,7 +82,9 @@ class ServerPool:
             0  # answers made with other weights than ``expected``'s: thrown away, asked again
         )
         self.expected: str | None = None  # the weight version every answer must come from (None: not checked)
-        self.push_again: Callable[[Server], None] | None = None  # our last weights onto one server, or raise
+        self.push_again: Callable[[Server], str] | None = (
+            None  # our last weights onto one server (its new version)
+        )
         self._turn = 0  # where the next tie-break starts (index into servers)
         self._lock = threading.Lock()
         self._local = threading.local()
@@ -295,10 +297,11 @@ class ServerPool:
         self._each_live(lambda s: self.reload_one(s, sync_dir, version, timeout), timeout)
 
     def set_versions(self, version: str, timeout: float = 60.0) -> None:
-        self._each_live(
-            lambda s: (self._reset_prefix_cache(s, timeout), self._set_and_check(s, version, timeout)),
-            timeout,
-        )
+        def reset_and_set(s: Server) -> None:
+            self._reset_prefix_cache(s, timeout)
+            self._set_and_check(s, version, timeout)
+
+        self._each_live(reset_and_set, timeout)
 
     def _reset_prefix_cache(self, s: Server, timeout: float) -> None:
         """Drop every cached KV block of server ``s``, or raise: a sync is never done with old-weight blocks left.

@@ -12,17 +12,54 @@ import collections
 import os
 import time
 import uuid
+from typing import TYPE_CHECKING, Any
 
-from lit_rl.rollout._vllm_common import check_weight_names, write_weights_file
+from lit_rl.rollout._vllm_common import check_weight_names, make_sync_dir, write_weights_file
+
+if TYPE_CHECKING:
+    from lit_rl.rollout._server_http import Server, ServerPool
+    from lit_rl.rollout._server_lora import AdapterSync
 
 
 class WeightPush:
-    """``_sync`` / ``_sync_nccl`` of ``VLLMServerEngine`` (a mixin: they read and set the engine's state)."""
+    """``_sync`` / ``_sync_nccl`` of ``VLLMServerEngine`` (a mixin: they read and set the engine's state, declared
+    here and set in ``VLLMServerEngine.__init__`` / ``bind``)."""
+
+    weight_transport: str  # "file" | "nccl"
+    sync_timeout_s: float
+    sync_dir_arg: str | None  # the user's sync_dir (None: a fresh one in /dev/shm)
+    sync_path: str | None  # "adapter" | "merged", chosen at bind
+    last_sync_bytes: int
+    last_sync_s: float
+    pool: ServerPool | None  # None until bind
+    _lora: AdapterSync | None  # the adapter path's state (None: merged weights)
+    _expected_names: set[str] | None  # the parameter names a sync must carry (set at bind)
+    _sync_seq: int  # syncs pushed to the servers; the version string they must report
+    _sync_dir: str | None
+    _push_dir: str | None  # the last sync's files (rank 0's sync dir, also on the other ranks)
+    _stale: str | None  # why generate refuses (the last sync failed), else None
+    _group: Any  # torch.distributed ProcessGroup of the DDP ranks sharing the servers, or None
+    _nccl: dict[str, Any] | None  # vLLM trainer-side weight-transfer engine per server URL (transport nccl)
+
+    def _bound_pool(self) -> ServerPool:
+        """The server pool; a sync before ``bind`` is a caller error."""
+        if self.pool is None:
+            raise RuntimeError(
+                "VLLMServerEngine is not started: call bind(module) first (RolloutCallback.setup does)"
+            )
+        return self.pool
+
+    def _ensure_sync_dir(self) -> str:
+        if self._sync_dir is None:
+            self._sync_dir = self.sync_dir_arg or make_sync_dir()
+            os.makedirs(self._sync_dir, exist_ok=True)
+        return self._sync_dir
 
     def _sync(self, named_tensors) -> None:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
+        pool = self._bound_pool()
         self._sync_seq += 1
         version = str(self._sync_seq)
         rank0 = self._group is None or dist.get_rank() == 0
@@ -52,12 +89,13 @@ class WeightPush:
                         f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))"
                     ) from None
                 if self._lora is not None:
-                    self._lora.push(self.pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
+                    self._lora.push(pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
                     self.last_sync_bytes = self._lora.bytes_written
                 elif self.weight_transport == "file":
-                    path = write_weights_file(items, self._ensure_sync_dir())
+                    sync_dir = self._ensure_sync_dir()
+                    path = write_weights_file(items, sync_dir)
                     self.last_sync_bytes = os.path.getsize(path)
-                    self.pool.reload_from_file(self._sync_dir, version, self.sync_timeout_s)
+                    pool.reload_from_file(sync_dir, version, self.sync_timeout_s)
                 else:
                     self._sync_nccl(items, version)
             except (
@@ -68,9 +106,9 @@ class WeightPush:
                 err = exc
         if self._group is not None:  # rank 0 tells the others how it went; they then check the version
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
-            box = [
+            box: list[Any] = [
                 None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                [s.url for s in self.pool.servers if s.alive] if rank0 and self.pool is not None else None,
+                [s.url for s in pool.servers if s.alive] if rank0 else None,
                 self._sync_dir if rank0 else None,
             ]
             dist.broadcast_object_list(box, src=0, group=self._group)
@@ -85,13 +123,14 @@ class WeightPush:
             if err is None and not rank0:
                 try:
                     if box[1] is not None:
-                        self.pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
-                    self.pool.check_versions(version)
+                        pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
+                    pool.check_versions(version)
                     if self._lora is not None:
-                        self._lora.check(self.pool, version)
+                        self._lora.check(pool, version)
                 except BaseException as exc:  # noqa: BLE001
                     err = exc
-        if bad_names:  # nothing was pushed: the sequence number is not used, the servers are not stale
+        if bad_names and err is not None:  # nothing was pushed: the sequence number is not used, the servers
+            # are not stale
             self._sync_seq -= 1
             raise err
         if err is not None:
@@ -110,10 +149,11 @@ class WeightPush:
         rows would carry our version's label falsely; it is given our weights again (``_push_again``) or
         dropped (``ServerPool.resync``). The pool checks the version after every answer of the round as well
         (``ServerPool.complete``), with the same remedy."""
-        for s in self.pool.unsynced(self.pool.expected):
-            self.pool.resync(s)
+        pool = self._bound_pool()
+        for s in pool.unsynced(str(self._sync_seq)):  # generate set pool.expected to it
+            pool.resync(s)
 
-    def _push_again(self, s) -> str:
+    def _push_again(self, s: Server) -> str:
         """The last sync's weights onto server ``s`` alone, under a version never used before (``"N+<token>"``,
         returned), which the server must then report (or another resync's of sync N: ``_server_http._ours``);
         raises when that cannot be done. The fresh version is what lets every rank see that the server's weights
@@ -124,6 +164,7 @@ class WeightPush:
         server is dropped."""
         from lit_rl.rollout._server_http import ServerError
 
+        pool = self._bound_pool()
         version = str(self._sync_seq)
         if self.weight_transport != "file" or self._push_dir is None:
             raise ServerError(
@@ -132,9 +173,9 @@ class WeightPush:
             )
         label = f"{version}+{uuid.uuid4().hex[:8]}"
         if self._lora is not None:
-            self._lora.reload(self.pool, s, version, self._push_dir, self.sync_timeout_s, label=label)
+            self._lora.reload(pool, s, version, self._push_dir, self.sync_timeout_s, label=label)
         else:
-            self.pool.reload_one(s, self._push_dir, label, self.sync_timeout_s)
+            pool.reload_one(s, self._push_dir, label, self.sync_timeout_s)
         return label
 
     def _sync_nccl(self, items, version: str) -> None:
@@ -144,15 +185,16 @@ class WeightPush:
 
         from lit_rl.rollout._server_http import nccl_engines
 
+        pool = self._bound_pool()
         items = [(n, t.detach().to("cuda", non_blocking=True)) for n, t in items]  # NCCL sends device tensors
         torch.cuda.synchronize()
         source = _items_source(items)
         if self._nccl is None:
-            self._nccl = nccl_engines(self.pool, source, self.sync_timeout_s)
+            self._nccl = nccl_engines(pool, source, self.sync_timeout_s)
         for eng in self._nccl.values():
             eng.source = source
             eng.send_weights()
-        self.pool.set_versions(version)
+        pool.set_versions(version)
 
 
 def _items_source(items):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+from typing import Any
 
 import torch
 
@@ -73,6 +74,12 @@ def _check_architecture(vllm, path: str) -> None:
 
 class _HostState:
     """Process-global state vLLM's start-up changes: RNG states and ``torch.set_num_threads``."""
+
+    torch_rng: torch.Tensor
+    py_rng: Any  # random.getstate()'s tuple
+    set_threads: Any  # torch.set_num_threads itself (vLLM replaces the function), not a thread count
+    cuda_rng: list[torch.Tensor] | None
+    np_rng: Any  # numpy's state tuple, None without numpy
 
     @classmethod
     def save(cls) -> _HostState:

@@ -76,7 +76,8 @@ def split_fresh(
     slots: Iterable[Slot], learner_version: int, max_staleness: int
 ) -> tuple[list[Slot], list[Slot]]:
     """Partition slots into (trainable, too stale): trainable iff staleness <= max_staleness."""
-    fresh, stale = [], []
+    fresh: list[Slot] = []
+    stale: list[Slot] = []
     for s in slots:
         (fresh if staleness(learner_version, s.version) <= max_staleness else stale).append(s)
     return fresh, stale

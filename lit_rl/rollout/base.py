@@ -151,8 +151,8 @@ def check_engine(engine) -> EngineBase:
     return engine
 
 
-class RequestSeeds:
-    """Per-request sampling seeds from a cursor, and the cursor as checkpoint state (mixin of the vLLM engines).
+class RequestSeeds(EngineBase):
+    """Per-request sampling seeds from a cursor, and the cursor as checkpoint state (a base of the vLLM engines).
 
     One seed per prompt; vLLM gives sample k of a prompt seed + k, so each prompt steps the cursor by n (equal
     seeds across prompts would give every prompt the same sampling noise: correlated groups). The cursor is

@@ -63,7 +63,7 @@ class Rows:
 def single_turn_rows(batch: Rollouts, decode: Callable[[Completion], str]) -> Rows:
     """The single-turn layout: row g*G + j = completion j of prompt g, rewards from the batch's RewardBatch."""
     G = len(batch.groups[0])
-    rb = batch.rewards
+    rb = batch.scored
     comps: list[Completion] = batch.rows()
     return Rows(
         prompt_ids=[p for p in batch.prompt_ids for _ in range(G)],
@@ -102,8 +102,13 @@ class ExperienceBuilder:
         layout: Callable[[Rollouts], Rows] | None = None,
     ):
         self.engine, self.decode, self.horizon = engine, decode, horizon
-        self.layout = layout if layout is not None else (lambda batch: single_turn_rows(batch, self.decode))
+        self.layout = layout if layout is not None else self._single_turn
         self.next_group = 0
+
+    def _single_turn(self, batch: Rollouts) -> Rows:
+        if self.decode is None:
+            raise ValueError("ExperienceBuilder: the single-turn layout needs decode (Completion -> str)")
+        return single_turn_rows(batch, self.decode)
 
     def take_group_ids(self, n: int, G: int, count: bool = True) -> torch.Tensor:
         """(n·G,) long: the next n run-wide group ids, each repeated G times; ``count=False`` (evaluation):

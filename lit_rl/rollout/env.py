@@ -223,7 +223,9 @@ class RetryRepoEnv:
     def verify(self, held_out: bool = False) -> TestReport:
         """Run the verifier's own tests (the four visible ones, plus the held-out checks when ``held_out``) on
         the agent's non-test files, in the sandbox."""
-        code = {p: c for p, c in self.files.items() if p.endswith(".py") and not self.guard.is_test_file(p)}
+        code: dict[str, str | bytes] = {
+            p: c for p, c in self.files.items() if p.endswith(".py") and not self.guard.is_test_file(p)
+        }
         tests = [
             {k: v for k, v in t.items() if k != "name"} for t in RETRY_TESTS + RETRY_HIDDEN_TESTS * held_out
         ]

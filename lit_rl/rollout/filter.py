@@ -76,13 +76,13 @@ class DynamicSampling:
         """
         G, target = self.settings.group_size, len(batch)
         pool = pool or batch.prompts
-        parts = [batch.select(informative_groups(batch.rewards, G))]
+        parts = [batch.select(informative_groups(batch.scored, G))]
         have, tries = len(parts[0]), 0
         while have < target and tries < self.max_resample_tries:
             tries += 1
             new = sample([rng.choice(pool) for _ in range(target - have)])
             parts.append(
-                new.select(informative_groups(new.rewards, G))
+                new.select(informative_groups(new.scored, G))
             )  # appended even when empty: its seconds count
             have += len(parts[-1])
         if have < target:

@@ -31,7 +31,11 @@ from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 
 
 class GenerateStage(Protocol):
-    engine: EngineBase  # the engine it generates with (RolloutCallback checks it is the callback's)
+    @property
+    def engine(
+        self,
+    ) -> EngineBase:  # the engine it generates with (RolloutCallback checks it is the callback's)
+        ...
 
     def __call__(self, prompts: list, prompt_ids: list[list[int]]) -> tuple[list[list[Any]], float]: ...
 
@@ -115,14 +119,14 @@ class RolloutPipeline:
         """
         metrics: dict[str, float] = {}
         batch = self.sample(tokenizer, prompts)
-        metrics["rollout/zero_std_frac"] = zero_std_frac(batch.rewards, self.settings.group_size)
+        metrics["rollout/zero_std_frac"] = zero_std_frac(batch.scored, self.settings.group_size)
         if self.refill is not None:
             batch, tries = self.refill(
                 batch, lambda ps: self.sample(tokenizer, ps), pool, self.refill.rng(rank, iteration)
             )
             metrics["rollout/resample_tries"] = float(tries)
         exp = self.build_experience(batch, tokenizer.pad_token_id)
-        metrics.update(rollout_metrics(exp, batch.rewards))
+        metrics.update(rollout_metrics(exp, batch.scored))
         metrics["perf/generate_s"] = batch.generate_s
         metrics.update({f"rollout/{k}": float(v) for k, v in self.render.counters.items()})
         return exp, metrics

@@ -38,6 +38,15 @@ class Rollouts:
     def __len__(self) -> int:
         return len(self.prompts)
 
+    @property
+    def scored(self) -> RewardBatch:
+        """``rewards`` of a scored batch; reading it before the score stage is a pipeline error."""
+        if self.rewards is None:
+            raise RuntimeError(
+                "Rollouts.rewards is None: the batch was not scored (RolloutPipeline's score stage)"
+            )
+        return self.rewards
+
     def select(self, idx: list[int]) -> Rollouts:
         """The groups ``idx`` (in that order) with their reward rows; reward-pool metrics are kept."""
         rb = self.rewards
@@ -64,15 +73,15 @@ class Rollouts:
     def concat(parts: list[Rollouts]) -> Rollouts:
         """Groups of ``parts`` one after another. Reward components are those of the first part (the batch
         the parts were refilled for) and so are the reward-pool metrics; generation seconds add up."""
-        first = parts[0].rewards
+        first, scored = parts[0].scored, [p.scored for p in parts]
         rb = RewardBatch(
-            total=torch.cat([p.rewards.total for p in parts]),
-            valid=torch.cat([p.rewards.valid for p in parts]),
-            components={k: torch.cat([p.rewards.components[k] for p in parts]) for k in first.components},
-            errors=[e for p in parts for e in p.rewards.errors],
+            total=torch.cat([r.total for r in scored]),
+            valid=torch.cat([r.valid for r in scored]),
+            components={k: torch.cat([r.components[k] for r in scored]) for k in first.components},
+            errors=[e for r in scored for e in r.errors],
             metrics=first.metrics,
-            extras=[x for p in parts for x in (p.rewards.extras or [{}] * len(p.rewards.total))]
-            if any(p.rewards.extras for p in parts)
+            extras=[x for r in scored for x in (r.extras or [{}] * len(r.total))]
+            if any(r.extras for r in scored)
             else [],
         )
         return Rollouts(

@@ -61,7 +61,6 @@ from lit_rl.rollout._vllm_common import (
     architectures,
     check_prompts,
     dtype_name,
-    make_sync_dir,
     sampling_fields,
 )
 from lit_rl.rollout.base import EngineBase, RequestSeeds
@@ -214,23 +213,20 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
         # DDP ranks sharing servers by URL: rank 0 pushes weights, the others check. Launched servers are each
         # rank's own, so every rank pushes to its own.
         self._group = _ddp_group() if self.urls is not None else None
+        # True when DDP ranks share the servers (``urls``): ``update_weights`` is then a collective over the ranks
+        # (rank 0 pushes, the others check), which every rank must call at the same point of its training loop
+        # with none of its own generation in flight (RolloutCallback's async mode loads in the trainer thread).
+        self.collective_sync = self._group is not None
         self._choose_sync_path(module)
         self._expected_names = {n for n, _ in self.sync_items(module.model)}
         self._needs_initial_sync = True
-
-    @property
-    def collective_sync(self) -> bool:
-        """True when DDP ranks share the servers (``urls``): ``update_weights`` is then a collective over the ranks
-        (rank 0 pushes, the others check), which every rank must call at the same point of its training loop with
-        none of its own generation in flight (RolloutCallback's async mode loads in the trainer thread)."""
-        return self._group is not None
 
     def _choose_sync_path(self, module) -> None:
         """Adapter or merged weights (``_server_lora.choose``); with DDP rank 0 decides and tells the others."""
         import torch.distributed as dist
 
         rank0 = self._group is None or dist.get_rank() == 0
-        box = [None]
+        box: list[Any] = [None]  # rank 0's (path, reason, adapter prefix), broadcast
         items = lora.probe_items(self.lora_sync, module.model)  # every rank: sharded adapters are gathered
         if rank0:
             try:
@@ -270,12 +266,6 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
 
         return lora.adapter_state_items(model) if self._lora is not None else merged_state_items(model)
 
-    def _ensure_sync_dir(self) -> str:
-        if self._sync_dir is None:
-            self._sync_dir = self.sync_dir_arg or make_sync_dir()
-            os.makedirs(self._sync_dir, exist_ok=True)
-        return self._sync_dir
-
     def _start_servers(self, module) -> list[str]:
         from lit_rl.rollout._server_http import launch_servers
 
@@ -284,6 +274,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
             raise ValueError(
                 "VLLMServerEngine.launch needs a policy module with model_path (the servers load it)"
             )
+        assert self.launch is not None  # __init__: exactly one of urls / launch; bind launches without urls
         launch = lora.launch_with_lora(self.launch, module.model, self.lora_sync)
         urls, self._procs = launch_servers(model, launch, dtype_name(module.model))
         return urls
@@ -291,7 +282,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
     def check_request_shape(self, n: int | None, max_new_tokens: int | None) -> None:
         """Raise when a group of ``n`` or ``max_new_tokens`` cannot be served by every server (None: not
         checked)."""
-        for s in self.pool.servers:
+        for s in self._bound_pool().servers:
             if n is not None and s.max_num_seqs is not None and n > s.max_num_seqs:
                 raise ValueError(
                     f"rollout.group_size={n} exceeds max_num_seqs={s.max_num_seqs} of server {s.url}: "
@@ -307,7 +298,7 @@ class VLLMServerEngine(WeightPush, RequestSeeds, EngineBase):
 
     @property
     def max_model_len(self) -> int:
-        return min(s.max_model_len for s in self.pool.servers)
+        return min(s.max_model_len for s in self._bound_pool().servers)
 
     def limits(self) -> dict[str, int | None]:
         return {"max_model_len": self.max_model_len if self.pool is not None else None}

@@ -130,4 +130,4 @@ class SyncSettings:
 
 
 for _group in (RolloutSettings, FilterSettings, SyncSettings):  # each field's doc in its docstring (help())
-    _group.__doc__ += field_docs(_group)
+    _group.__doc__ = (_group.__doc__ or "") + field_docs(_group)
