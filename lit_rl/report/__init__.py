@@ -39,6 +39,7 @@ ROW_FIELDS = (
     "pick",
     "components",
     "extra",
+    "turns",
 )
 _STEP_FILE = re.compile(r"step_(\d+)\.jsonl$")
 
@@ -73,6 +74,36 @@ def _records(path: Path, skipped: list[str]) -> Iterator[dict]:
             skipped.append(f"{path.name}:{line.lineno}: {why}")
 
 
+def _call_text(c) -> str:
+    if not isinstance(c, dict):
+        return str(c)
+    if "error" in c:
+        return f"error: {c['error']}"
+    return f"{c.get('name')}({json.dumps(c.get('arguments'), ensure_ascii=False)})"
+
+
+def _turns(turns) -> list[list] | None:
+    """An agent episode's turns (``RolloutInspector``'s ``turns``) as [turn, tool calls, reward, advantage, action
+    tokens] each: what the page lists under the episode (the action and observation texts are the completion's)."""
+    if not isinstance(turns, list) or not turns:
+        return None
+    out = []
+    for t in turns:
+        if not isinstance(t, dict):
+            continue
+        calls = t.get("tool_calls")
+        out.append(
+            [
+                t.get("turn"),
+                None if calls is None else [_call_text(c) for c in calls],
+                _num(t.get("reward")),
+                _num(t.get("advantage")),
+                t.get("action_tokens"),
+            ]
+        )
+    return out
+
+
 def load_run(rollouts: Path) -> dict:
     """The report's data: steps, interned prompts, component names, rows per step, metric curves."""
     prompts: list[list] = []  # [text, answer, uid]
@@ -94,7 +125,12 @@ def load_run(rollouts: Path) -> dict:
             for k in comps:
                 if k not in comp_names:
                     comp_names.append(k)
-            rec = {**r, "prompt": index[key], "components": [_num(comps.get(k)) for k in comp_names]}
+            rec = {
+                **r,
+                "prompt": index[key],
+                "components": [_num(comps.get(k)) for k in comp_names],
+                "turns": _turns(r.get("turns")),
+            }
             out.append(
                 [
                     _num(rec.get(f)) if f in ("reward", "advantage", "logprob") else rec.get(f)

@@ -24,7 +24,7 @@ table{border-collapse:collapse;width:100%}td,th{border-bottom:1px solid #eceff3;
 th{background:#f0f2f5;position:sticky;top:0}
 tr.ghead td{background:#eef3fb;border-top:2px solid #b9c8e4}
 pre{margin:0;white-space:pre-wrap;word-break:break-word;font:12px/1.35 ui-monospace,Menlo,Consolas,monospace}
-pre.txt{max-height:9em;overflow:auto}
+pre.txt{max-height:9em;overflow:auto}table.turns{font-size:11px;border-collapse:collapse}table.turns td{padding:0 6px 0 0}
 .chip{display:inline-block;min-width:30px;text-align:center;border-radius:3px;margin:1px;padding:0 2px;font:11px ui-monospace,monospace}
 .r1{background:#c8ecd0}.r0{background:#f6d2d2}.rmid{background:#f3e7c0}.rerr{background:#555;color:#fff}
 .err{color:#b00020}.trunc{color:#8a5a00}.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -187,13 +187,17 @@ function groupHead(g) {
 }
 // empty or whitespace-only completions are shown as a quoted string, so they are never an invisible cell
 const showText = t => String(t ?? "").trim() ? `<pre class="txt">${esc(t)}</pre>` : `<span class="muted">${esc(JSON.stringify(t ?? ""))} (blank)</span>`;
+// an agent episode's turns: each turn's tool calls, reward and advantage (the credit each turn got)
+const turnsHtml = ts => !ts ? "" : `<table class="turns">` + ts.map(([k, calls, rw, adv, n]) =>
+  `<tr class="turn"><td>turn ${k}</td><td>${calls == null ? "" : calls.length ? calls.map(esc).join("<br>") : '<span class="muted">no call</span>'}</td>` +
+  `<td>r ${fmt(rw)}</td><td class="tadv">adv ${adv == null ? "–" : (adv >= 0 ? "+" : "") + adv.toFixed(3)}</td><td class="muted">${n ?? ""} tok</td></tr>`).join("") + `</table>`;
 function rowHtml(r, step) {
   const comps = D.components.map((k, i) => r[F.components] && r[F.components][i] != null ? `${esc(k)}=${fmt(r[F.components][i])}` : "").filter(Boolean)
     // what rewards logged for the row (TRL's log_extra columns, a failed component's "<reward>/error")
     .concat(Object.entries(r[F.extra] || {}).map(([k, v]) => `<span class="muted">${esc(k)}: ${esc(typeof v === "string" ? v : JSON.stringify(v))}</span>`)).join("<br>");
   const err = r[F.error];
   return `<tr class="row" data-step="${step}" data-row="${r[F.row]}" data-err="${err ? 1 : 0}" data-finish="${esc(r[F.finish])}">
-   <td class="num">${r[F.row]}</td><td>${showText(r[F.completion])}</td>
+   <td class="num">${r[F.row]}</td><td>${showText(r[F.completion])}${turnsHtml(r[F.turns])}</td>
    <td><span class="chip ${rewardClass(r[F.reward], err)}">${err ? "none" : fmt(r[F.reward])}</span></td><td>${comps}</td>
    <td class="num">${fmt(r[F.advantage])}</td><td class="${r[F.finish] === "length" ? "trunc" : ""}"${r[F.finish] === "length" ? ' title="stopped at max_new_tokens (finish reason: length)"' : ""}>${esc(finishText(r[F.finish]))}</td>
    <td class="num">${r[F.length]}</td><td class="num">${r[F.policy_version]} / ${r[F.staleness] ?? "–"}</td>

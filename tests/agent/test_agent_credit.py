@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,40 @@ def test_agent_credit_script_on_the_tiny_model(tiny_model_dir, tmp_path, monkeyp
     assert tok["multi_turn_episodes"] > 0 and tok["turns_differ"] == tok["multi_turn_episodes"]
     per_turn = s.turn_advantages(out / "grpo_s0")
     assert per_turn and all(len(set(t)) == 1 for t in per_turn)
+
+
+def test_report_lists_each_turns_calls_reward_and_advantage(tok, tiny_model_dir, tmp_path):
+    """``lit-rl inspect``'s page (headless Chromium) shows, under the recovered episode, each turn's tool call (or
+    its error), reward and advantage: GAE's 0.5, 0.8, 0.1 of the hand test (lam 1)."""
+    from lit_rl.callbacks.inspector import row_records, write_rows
+    from lit_rl.report import write_report
+    from lit_rl.report.chromium import dump_dom, find_chromium
+
+    if find_chromium() is None:
+        pytest.skip("headless Chromium not installed (scripts/install.sh installs it with the dev extra)")
+    exp, turns = _episode(tok)
+    exp.values = torch.zeros(exp.loss_mask.shape, dtype=torch.float64)
+    for k, toks in enumerate(turns):
+        exp.values[0, toks] = (0.5, 0.2, 0.9)[k]
+    mod = PolicyModule(
+        model=str(tiny_model_dir), whiten_advantages=False, advantage="gae", gamma=1.0, lam=1.0
+    )
+    mod.compute_advantages(exp)
+    rows = [{"step": 1, **r} for r in row_records(exp, tokenizer=tok)]
+    (tmp_path / "run" / "rollouts").mkdir(parents=True)
+    write_rows(tmp_path / "run" / "rollouts" / "step_000001.jsonl", rows)
+    dom = dump_dom(write_report(tmp_path / "run").as_uri())
+    tbody = dom[dom.index('<tbody id="tbody">') : dom.index("</tbody>")]
+    drawn = re.findall(
+        r'<tr class="turn"><td>turn (\d)</td><td>(.*?)</td><td>r ([^<]*)</td><td class="tadv">adv ([^<]*)</td>',
+        tbody,
+    )
+    assert [(k, r, a) for k, _, r, a in drawn] == [
+        ("1", "0", "+0.500"),
+        ("2", "0", "+0.800"),
+        ("3", "1", "+0.100"),
+    ], tbody[-3000:]
+    calls = [c for _, c, _, _ in drawn]
+    # the mistake is a well-formed call the tool refuses (its error is the observation), the fix the right one
+    assert calls[0].startswith("calculator(") and "347 x 829" in calls[0]
+    assert calls[1].startswith("calculator(") and "347 * 829" in calls[1] and "no call" in calls[2]
