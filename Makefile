@@ -1,7 +1,7 @@
 # One-step install and the test command used by README and CI.
 PYTHON ?= python3
 
-.PHONY: install lint test test-slow quickstart bench
+.PHONY: install lint test test-slow quickstart bench docs
 
 install:
 	bash scripts/install.sh
@@ -29,3 +29,11 @@ test-slow:
 
 quickstart:
 	lit-rl fit --config configs/quickstart.yaml
+
+# The docs site (mkdocs.yml): README as its front page, the guides, the experiment logs, the architecture, the
+# settings reference and the API reference, built strictly (a warning or a broken link fails) into $(SITE).
+# Open $(SITE)/index.html in a browser, or run `python -m mkdocs serve` for a live preview.
+SITE ?= site
+docs:
+	$(PYTHON) -m mkdocs build --strict --site-dir $(SITE)
+	@echo "docs: open $(abspath $(SITE))/index.html"
