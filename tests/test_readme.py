@@ -160,6 +160,9 @@ ELSEWHERE = {
     "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
         "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
     ),
+    "lit-rl fit -c configs/agent_openai_calculator.yaml": (
+        "tests/agent/test_openai_agent_recipe.py (its printed config on the tiny model, slow)"
+    ),
     "lit-rl fit -c configs/agent_calculator.yaml": (
         "tests/agent/test_agent_recipes.py (its printed config on the tiny model; on SmolLM2: real_ckpt, slow)"
     ),
