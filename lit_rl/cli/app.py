@@ -1,6 +1,6 @@
 """`lit-rl`: LightningCLI entry point (``lit-rl fit --config configs/quickstart.yaml``).
 
-What it adds to LightningCLI (see README "Runs"):
+What it adds to LightningCLI (see docs/guides/runs.md "Runs"):
 
 - ``rollout``: the ``RolloutCallback`` as a first-class section (``--rollout.group_size 8``). A recipe that
   still lists ``lit_rl.callbacks.RolloutCallback`` under ``trainer.callbacks`` has it moved here.

@@ -1,6 +1,6 @@
 """``lit-rl explain-trl -c CONFIG [-c ...] [--flags]``: one line per setting of the run that differs from what
-TRL 1.16's ``GRPOTrainer`` does by default, with both values (README "Every GRPOConfig argument" has every
-argument).
+TRL 1.16's ``GRPOTrainer`` does by default, with both values (docs/guides/coming-from-trl.md "Every GRPOConfig
+argument" has every argument).
 
 The run's configuration is resolved exactly as ``lit-rl fit`` resolves it (``fit ... --print_config``: the
 configs in order, the flags, the classes' defaults), so what is compared is what would train. Nothing is

@@ -188,7 +188,7 @@ class PolicyForward:
         model, as ``share_prompt_forward``: transformers' RMSNorm computes in float32 inside, so there the two
         layouts differ by ~1e-7, and the exact float64 checks compare layouts. Both layouts compute the same
         function (float64-equal with an exact RMSNorm, tests/test_packed.py); packed measured faster at every
-        completion fill (README "No padding at all"). ``false``: padded."""
+        completion fill (docs/guides/scaling-out.md "No padding at all"). ``false``: padded."""
         fw = self.config.forward
         if fw.padding_free is False or unsupported_reason(model) is not None:
             return None

@@ -28,10 +28,11 @@ instead of completions), ``EnvRewards`` (the environment's returns instead of a 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,11 +40,12 @@ import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
+from lit_rl.rollout.agent_async import CONCURRENCY, RunStats, run_episodes, stream_episodes
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.chat import ChatRenderer
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
-from lit_rl.rollout.env import Environment, env_tool_schemas
+from lit_rl.rollout.env import Environment
 from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
@@ -60,6 +62,9 @@ class Turn:
     obs_text: str
     reward: float
     info: dict[str, float] = field(default_factory=dict)
+    # the policy version of the weights that sampled each action token (aligned with action_ids); None = not
+    # recorded (a Turn built by hand): the engine's version when the rows are built
+    action_versions: list[int] | None = None
 
 
 @dataclass
@@ -67,6 +72,10 @@ class Episode:
     prompt_ids: list[int]
     turns: list[Turn] = field(default_factory=list)
     done: bool = False  # the environment ended it (False: stopped by max_turns / max_context_tokens)
+    # how it ended: "done", "max_turns", "max_context", or a fault that masks it ("timed_out", "env_error",
+    # "over_budget", "cut": agent_async.py); "" while running
+    status: str = ""
+    error: str | None = None  # why a faulted episode is masked (the inspector's reward_errors)
 
     @property
     def total_reward(self) -> float:
@@ -74,7 +83,8 @@ class Episode:
 
     @property
     def infra_error(self) -> bool:
-        return any(t.info.get("infra_error", 0.0) for t in self.turns)
+        """Masked from the loss: the environment reported an infrastructure error, or the episode faulted."""
+        return self.error is not None or any(t.info.get("infra_error", 0.0) for t in self.turns)
 
 
 class AgentLoop:
@@ -86,6 +96,17 @@ class AgentLoop:
         max_turns: actions per episode at most.
         max_obs_tokens: observations are cut to this many tokens (the tail is dropped).
         max_context_tokens: an episode stops once its context (prompt + turns) reaches this length.
+        concurrency: ``"lockstep"`` (default: every turn generates for the whole batch, then steps each
+            environment in turn) or ``"async"`` (continuous batching: environment steps run in threads while the
+            engine generates the turns of the episodes that are ready; ``agent_async.py``). Same rows either way.
+        episode_timeout_s: per-episode deadline in wall seconds from its reset (None = none): an episode still
+            running is cut, masked and counted (``agent/episodes_timed_out``); a hung tool never hangs the run.
+        max_episode_tokens: completion tokens (actions + observations) an episode may hold; one that passes it
+            is ended, masked and counted (``agent/episodes_over_budget``), its tokens kept. None = no budget.
+        min_finished: the batch is complete once this fraction of its episodes ended on their own; the rest are
+            cut, masked and counted (``agent/episodes_cut``). 1.0 (default) waits for every episode.
+        max_batch: most sequences per generate call in async mode (the engine's batch capacity); None = all
+            the ready episodes.
     """
 
     def __init__(
@@ -95,7 +116,22 @@ class AgentLoop:
         max_turns: int = 4,
         max_obs_tokens: int = 256,
         max_context_tokens: int = 2048,
+        concurrency: str = "lockstep",
+        episode_timeout_s: float | None = None,
+        max_episode_tokens: int | None = None,
+        min_finished: float = 1.0,
+        max_batch: int | None = None,
     ):
+        if concurrency not in CONCURRENCY:
+            raise ValueError(f"concurrency must be one of {CONCURRENCY}, got {concurrency!r}")
+        if episode_timeout_s is not None and not episode_timeout_s > 0:
+            raise ValueError(f"episode_timeout_s must be > 0 seconds or None, got {episode_timeout_s}")
+        if max_episode_tokens is not None and max_episode_tokens < 1:
+            raise ValueError(f"max_episode_tokens must be >= 1 or None, got {max_episode_tokens}")
+        if not 0 < min_finished <= 1:
+            raise ValueError(f"min_finished must be a fraction in (0, 1], got {min_finished}")
+        if max_batch is not None and max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1 or None, got {max_batch}")
         if max_turns < 1 or max_obs_tokens < 1 or max_context_tokens < 2:
             raise ValueError(
                 f"max_turns, max_obs_tokens must be >= 1 and max_context_tokens >= 2; got "
@@ -111,7 +147,48 @@ class AgentLoop:
             max_obs_tokens,
             max_context_tokens,
         )
+        self.concurrency, self.episode_timeout_s, self.max_episode_tokens = (
+            concurrency,
+            episode_timeout_s,
+            max_episode_tokens,
+        )
+        self.min_finished, self.max_batch = min_finished, max_batch
+        self.last_stats = RunStats()  # wall and generate seconds of the last run (engine idle share)
         self._renderers: dict[tuple[int, str], ChatRenderer] = {}
+        self._weights_lock = threading.Lock()
+        self._pending_weights: list[tuple[str, torch.Tensor]] | None = None
+        self._running = 0
+
+    # ------------------------------------------------------------------ weight syncs inside episodes
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push new weights from any thread: loaded into the engine (``update_weights``) before its next generate
+        call, never during one; at once when no run is in progress. Tokens sampled after the load carry the
+        engine's new ``policy_version`` (``Turn.action_versions``)."""
+        snap = [(n, t.detach().clone()) for n, t in named_tensors]
+        with self._weights_lock:
+            self._pending_weights = snap  # a newer push replaces one not loaded yet
+            idle = not self._running
+        if idle:
+            self.apply_pending_weights()
+
+    def apply_pending_weights(self) -> None:
+        """Load the newest pushed weights, if any (the engine thread, between generate calls)."""
+        with self._weights_lock:
+            pending, self._pending_weights = self._pending_weights, None
+        if pending is not None:
+            self.engine.update_weights(pending)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """A run in progress: pushed weights wait for the next generate call; loaded at its end otherwise."""
+        with self._weights_lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._weights_lock:
+                self._running -= 1
+            self.apply_pending_weights()
 
     # ------------------------------------------------------------------ text <-> tokens
     def _chat(self, tok) -> bool:
@@ -157,47 +234,25 @@ class AgentLoop:
     # ------------------------------------------------------------------ episodes
     def run(self, prompts: list[Any], n: int, sampling: SamplingConfig) -> list[list[Episode]]:
         """``n`` episodes per prompt; episode j of prompt i is ``result[i][j]``. Each turn appends the engine's
-        sampled ids and then the observation's ids to the episode's context, which is the next input as is."""
-        tok = self.engine.tokenizer
-        if tok is None:
+        sampled ids and then the observation's ids to the episode's context, which is the next input as is.
+        Scheduling (``concurrency``), deadlines, budgets and the straggler policy: ``agent_async.py``;
+        ``last_stats`` holds the run's wall and generate seconds."""
+        if self.engine.tokenizer is None:
             raise RuntimeError("AgentLoop.run: the engine has no tokenizer; bind it to a module first")
-        envs, eps, tools = [], [], []
-        for p in prompts:
-            for _ in range(n):
-                env = self.env_factory()
-                envs.append(env)
-                opening = env.reset(p)
-                schemas = env_tool_schemas(env)
-                tools.append(schemas)
-                eps.append(Episode(list(self.prompt_ids(tok, opening, schemas))))
-        context = [list(e.prompt_ids) for e in eps]
-        active = list(range(len(eps)))
-        for _ in range(self.max_turns):
-            if not active:
-                break
-            comps = self.engine.generate([context[i] for i in active], 1, sampling)
-            still = []
-            for i, (c,) in zip(active, comps):
-                text = tok.decode(c.token_ids, skip_special_tokens=True)
-                obs, reward, done, info = envs[i].step(text)
-                obs_ids = self.observation_ids(tok, obs, c.token_ids, tools[i])
-                eps[i].turns.append(
-                    Turn(
-                        list(c.token_ids),
-                        list(c.logprobs),
-                        text,
-                        obs_ids,
-                        _as_text(obs),
-                        float(reward),
-                        dict(info or {}),
-                    )
-                )
-                context[i] += list(c.token_ids) + obs_ids
-                eps[i].done = bool(done)
-                if not done and len(context[i]) < self.max_context_tokens:
-                    still.append(i)
-            active = still
-        return [eps[i * n : (i + 1) * n] for i in range(len(prompts))]
+        self.last_stats = RunStats()
+        return run_episodes(self, prompts, n, sampling, self.last_stats)
+
+    def stream(
+        self, prompts: Iterable[Any], n: int, sampling: SamplingConfig, max_groups_in_flight: int
+    ) -> Iterator[tuple[Any, list[Episode]]]:
+        """Groups of ``n`` episodes per prompt of ``prompts``, yielded as ``(prompt, episodes)`` the moment a
+        group's last episode ends, with up to ``max_groups_in_flight`` groups running at once (async scheduling
+        whatever ``concurrency`` says): stragglers are carried while the next groups start, so their tools
+        overlap other episodes' generation. ``last_stats`` covers the whole stream once it is exhausted."""
+        if self.engine.tokenizer is None:
+            raise RuntimeError("AgentLoop.stream: the engine has no tokenizer; bind it to a module first")
+        self.last_stats = RunStats()
+        return stream_episodes(self, prompts, n, sampling, max_groups_in_flight, self.last_stats)
 
     def to_experience(
         self,
@@ -228,14 +283,18 @@ class AgentLoop:
         the rows' ``reward_errors``."""
         rows = [e for group in batch.groups for e in group]
         segs = [_segments(e) for e in rows]
-        logprobs, token_rewards, finals = [], [], []
+        logprobs, token_rewards, finals, versions = [], [], [], []
+        now = self.engine.policy_version
         for e, (ids, _) in zip(rows, segs):
             lp = [0.0] * len(ids)
+            ver = [-1] * len(ids)  # -1: not sampled by the policy (observations)
             tr = torch.zeros(len(ids), dtype=torch.float32)
             pos, last = 0, None
             for t in e.turns:
                 if t.action_ids:
                     lp[pos : pos + len(t.action_ids)] = t.action_logprobs
+                    v = t.action_versions if t.action_versions is not None else [now] * len(t.action_ids)
+                    ver[pos : pos + len(t.action_ids)] = v
                     last = pos + len(t.action_ids) - 1
                 if last is not None:  # an empty action credits the previous action's last token
                     tr[last] += t.reward
@@ -244,6 +303,7 @@ class AgentLoop:
             if last is not None:  # the reward on the final action token is the row's sequence reward
                 final, tr[last] = tr[last].item(), 0.0
             logprobs.append(lp)
+            versions.append(ver)
             token_rewards.append(tr)
             finals.append(final)
         valid = torch.tensor([not e.infra_error for e in rows], dtype=torch.bool)
@@ -252,6 +312,7 @@ class AgentLoop:
         returns = torch.tensor([e.total_reward for e in rows], dtype=torch.float32)
         G = len(batch.groups[0]) if batch.groups else 1
         tok = self.engine.tokenizer
+        errors = [e.error for e in rows]
         fields: dict[str, Any] = {
             "reward_components": {
                 "env_return": torch.where(valid, returns, torch.full_like(returns, float("nan")))
@@ -259,10 +320,10 @@ class AgentLoop:
             "finish_reasons": ["stop" if e.done else "length" for e in rows],
             "texts": [tok.decode(ids, skip_special_tokens=True) for ids, _ in segs],
         }
-        if batch.rewards is not None:
-            fields["reward_errors"] = list(
-                batch.rewards.errors
-            )  # the inspector shows why a row has no reward
+        if batch.rewards is not None:  # the inspector shows why a row has no reward
+            fields["reward_errors"] = list(batch.rewards.errors)
+        elif any(errors):
+            fields["reward_errors"] = errors
         return Rows(
             prompt_ids=[e.prompt_ids for e in rows],
             completion_ids=[ids for ids, _ in segs],
@@ -272,6 +333,7 @@ class AgentLoop:
             logprobs=logprobs,
             action_masks=[[k == "a" for k in kinds] for _, kinds in segs],
             token_rewards=token_rewards,
+            policy_versions=versions,
             fields=fields,
         )
 
@@ -334,7 +396,9 @@ class EnvRewards:
 
     An episode with an infrastructure error is invalid (reward NaN, counted in ``reward/infra_errors``, with
     its reason in ``errors``), never scored 0. Metrics: ``rollout/turns_mean``, ``rollout/episodes_done_frac``,
-    ``reward/hack_detected`` (episodes in which the environment detected a reward hack, ``env.py``) and the
+    ``reward/hack_detected`` (episodes in which the environment detected a reward hack, ``env.py``), the
+    faults (``agent/episodes_timed_out``, ``agent/env_errors``, ``agent/episodes_over_budget``,
+    ``agent/episodes_cut``: ``agent_async.py``; each such episode is masked, its reason in ``errors``) and the
     episode metrics of ``episode_metrics`` (tokens, tool calls, success).
     """
 
@@ -351,10 +415,27 @@ class EnvRewards:
             "reward/hack_detected": float(
                 sum(any(t.info.get("hack_detected", 0.0) for t in e.turns) for e in rows)
             ),
+            **fault_metrics(rows),
             **episode_metrics(rows),
         }
-        errors = [None if v else "environment reported an infrastructure error" for v in valid.tolist()]
+        errors = [
+            None if v else e.error or "environment reported an infrastructure error"
+            for v, e in zip(valid.tolist(), rows)
+        ]
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
+
+
+_FAULTS = {
+    "agent/episodes_timed_out": "timed_out",
+    "agent/env_errors": "env_error",
+    "agent/episodes_over_budget": "over_budget",
+    "agent/episodes_cut": "cut",
+}
+
+
+def fault_metrics(rows: list[Episode]) -> dict[str, float]:
+    """Episodes of the batch that ended on each fault (``Episode.status``; all masked from the loss)."""
+    return {k: float(sum(e.status == v for e in rows)) for k, v in _FAULTS.items()}
 
 
 def episode_metrics(rows: list[Episode]) -> dict[str, float]:

@@ -45,6 +45,10 @@ class Rows:
             other completion tokens (observations) become ``extras["obs_mask"]``. None = every completion token
             is the policy's (single turn).
         token_rewards: B float32 (n,) tensors aligned with ``completion_ids``; None = no ``token_rewards``.
+        policy_versions: B int lists aligned with ``completion_ids``: the policy version that sampled each token
+            (-1 where the policy did not sample); they become ``extras["token_versions"]`` (B, C) long (-1 past
+            each row's end) and each row's ``policy_version`` is its oldest sampled token's, so the staleness
+            bound checked per row holds for every token. None = one version per row (the engine's).
         fields: other Experience fields as they are (``finish_reasons``, ``texts``, ``reward_components``,
             ``reward_errors``, ``extras``).
     """
@@ -57,6 +61,7 @@ class Rows:
     logprobs: list[list[float]] | None = None
     action_masks: list[list[bool]] | None = None
     token_rewards: list[torch.Tensor] | None = None
+    policy_versions: list[list[int]] | None = None
     fields: dict[str, Any] = field(default_factory=dict)
 
 
@@ -158,6 +163,15 @@ class ExperienceBuilder:
                 token_rewards[i, : len(tr)] = tr
         if policy_version is None:
             policy_version = self.engine.policy_version if self.engine is not None else 0
+        if rows.policy_versions is not None:
+            tv = torch.full((B, C), -1, dtype=torch.long)
+            oldest = []
+            for i, v in enumerate(rows.policy_versions):
+                tv[i, : len(v)] = torch.tensor(v, dtype=torch.long)
+                sampled = [x for x in v if x >= 0]
+                oldest.append(min(sampled) if sampled else int(policy_version))
+            fields["extras"] = {**fields.get("extras", {}), "token_versions": tv}
+            policy_version = torch.tensor(oldest, dtype=torch.long)
         if not isinstance(policy_version, torch.Tensor):
             policy_version = torch.full((B,), policy_version, dtype=torch.long)
         valid = rows.valid if rows.valid is not None else torch.ones(B, dtype=torch.bool)
