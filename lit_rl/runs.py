@@ -174,7 +174,7 @@ def checkpoint_log_step(path: str) -> int:
     of batches the checkpoint had processed. (Lightning's ``_batches_that_stepped`` is one short when the
     checkpoint was saved in ``on_train_batch_end``, as it increments after, so it is only the fallback.)
     Memory-mapped, so the weights are not read; of a checkpoint directory only the file holding these states."""
-    ckpt = torch.load(_loop_state_file(Path(path)), map_location="cpu", weights_only=True, mmap=True)
+    ckpt = _load_states(_loop_state_file(Path(path)))
     if not Path(path).is_dir() and "optimizer_states" not in ckpt:  # a directory keeps them in its shards
         raise NothingToResume(
             f"--ckpt_path {path}: a weights-only checkpoint (checkpoint.save_weights_only) cannot resume a run: it "
@@ -190,6 +190,18 @@ def checkpoint_log_step(path: str) -> int:
     return int(
         loops.get("epoch_loop.state_dict", {}).get("_batches_that_stepped", ckpt.get("global_step", 0))
     )
+
+
+def _load_states(file: Path) -> dict:
+    """The checkpoint file's dict, memory-mapped (the weights are not read). torch hands a path to C++ as UTF-8,
+    so a run folder whose name is not UTF-8 (bytes Python holds as lone surrogates) is read through a Python
+    file object instead, without the memory map."""
+    try:
+        os.fsdecode(file).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(file, "rb") as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
+    return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
 
 
 def _loop_state_file(path: Path) -> Path:

@@ -166,3 +166,27 @@ def test_odd_unicode_run_through_the_console_scripts(bpe_model, tmp_path):
     exp = subprocess.run([exe, "export", run_name, "-o", out], cwd=tmp_path, capture_output=True, text=True)
     assert exp.returncode == 0, exp.stderr[-3000:]
     assert (tmp_path / out / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_named_with_bytes_that_are_not_utf8_resumes(bpe_model, tmp_path, monkeypatch):
+    """``--ckpt_path last`` in a run folder whose name holds U+0085, U+2028 and a byte that is not UTF-8: the run
+    goes on to step 2 (before: UnicodeEncodeError from torch.load, which hands the path to C++ as UTF-8, while
+    reading the checkpoint's loop state in runs.checkpoint_log_step)."""
+    import torch
+
+    from lit_rl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "weird_reward.py").write_text(REWARD, encoding="utf-8")
+    run_name = "run" + ODD.replace(chr(0), "") + os.fsdecode(b"\xff")
+    data = _data(tmp_path)
+    with pytest.warns(UserWarning, match="not valid Unicode"):
+        main(_fit_args(bpe_model, data, run_name))
+    args = _fit_args(bpe_model, data, run_name)
+    args[args.index("--trainer.max_steps") + 1] = "2"
+    with pytest.warns(UserWarning, match="not valid Unicode"):
+        main([*args, "--ckpt_path", "last"])
+    with open(tmp_path / run_name / "checkpoints/last.ckpt", "rb") as f:
+        assert torch.load(f, map_location="cpu", weights_only=True)["global_step"] == 2
