@@ -18,10 +18,14 @@ into the engine's calls), and builds the ``Episode`` from the recorded calls, ne
   varying size and count one episode's reward several times in its group's baseline).
 - The program's return value is the reward, on the last action token. The row is masked (reward NaN,
   ``Experience.valid`` False: no loss on any of its tokens) and counted when the program raised
-  (``agent/program_errors``), did not return by ``deadline_s`` (``agent/timeouts``: its thread is left
+  (``agent/program_errors``), did not return by ``deadline_s`` (``agent/episodes_timed_out``: its thread is left
   behind, a daemon, and its episode closed, so a call it makes later is refused and never reaches the engine),
   returned no finite number (``agent/bad_rewards``) or never called the model (``agent/no_calls``: no sampled
   token to train); ``reward_errors`` (the inspector) says which, with the exception's text.
+
+Weights pushed during a batch (``AgentLoop.sync_weights``) load in the endpoint's engine thread between two
+generate calls, never during one; each call records the ``policy_version`` that sampled it, which becomes its
+tokens' versions (``Turn.action_versions`` -> ``extras["token_versions"]``).
 
 A reward of at least 1 is a success (``rollout/success_frac``, ``AgentEval``'s ``eval/accuracy``); each action's
 ``<tool_call>`` blocks count in ``tools/calls_per_episode`` / ``tools/valid_call_rate`` (the agent runs the
@@ -48,25 +52,25 @@ from lit_rl.rollout.sampling import SamplingConfig
 from lit_rl.rollout.tool_env import task_messages
 from lit_rl.rollout.tools import parse_tool_calls
 
-FAILURES = ("program_errors", "timeouts", "bad_rewards", "no_calls")
+# Episode.status of a failed program -> its metric (a timeout is the agent loop's "timed_out":
+# agent/episodes_timed_out, counted by EnvRewards)
+FAILURES = {
+    "program_error": "agent/program_errors",
+    "bad_reward": "agent/bad_rewards",
+    "no_calls": "agent/no_calls",
+}
 
 
 @dataclass
 class ProgramEpisode(Episode):
-    """An ``Episode`` from recorded calls: ``failure`` (one of ``FAILURES``: the row is masked) and its
-    ``reason``; ``calls`` made, ``prefix_breaks`` (chains - 1), ``untrained_calls`` (outside the trained chain),
-    ``refused`` requests by error code."""
+    """An ``Episode`` from recorded calls: ``calls`` made, ``prefix_breaks`` (chains - 1), ``untrained_calls``
+    (outside the trained chain), ``refused`` requests by error code. A failed program's episode has ``error``
+    (why: it is masked) and ``status`` ``"timed_out"`` or a ``FAILURES`` key."""
 
-    failure: str | None = None
-    reason: str | None = None
     calls: int = 0
     prefix_breaks: int = 0
     untrained_calls: int = 0
     refused: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def infra_error(self) -> bool:
-        return self.failure is not None or super().infra_error
 
 
 def chains(calls: list[Call]) -> list[list[Call]]:
@@ -88,7 +92,7 @@ def assemble(calls: list[Call], reward: float, tokenizer=None) -> ProgramEpisode
     """The episode of recorded ``calls`` (in completion order) with the program's ``reward`` on its last action
     (module doc). Without calls: no turns and no prompt ids."""
     if not calls:
-        return ProgramEpisode([], done=True)
+        return ProgramEpisode([], done=True, status="done")
     chs = chains(calls)
     chain = next(ch for ch in chs if ch[-1] is calls[-1])
     turns = []
@@ -102,13 +106,26 @@ def assemble(calls: list[Call], reward: float, tokenizer=None) -> ProgramEpisode
             "tool_errors/malformed": float(sum(b.error is not None for b in blocks)),
         }
         obs_text = tokenizer.decode(obs, skip_special_tokens=False) if tokenizer is not None and obs else ""
-        turns.append(Turn(list(c.completion_ids), list(c.logprobs), c.text, obs, obs_text, 0.0, info))
+        versions = None if c.policy_version is None else [c.policy_version] * len(c.completion_ids)
+        turns.append(
+            Turn(
+                list(c.completion_ids),
+                list(c.logprobs),
+                c.text,
+                obs,
+                obs_text,
+                0.0,
+                info,
+                action_versions=versions,
+            )
+        )
     turns[-1].reward = float(reward)
     turns[-1].info["success"] = float(reward >= 1.0)
     return ProgramEpisode(
         list(chain[0].prompt_ids),
         turns,
         done=True,
+        status="done",
         calls=len(calls),
         prefix_breaks=len(chs) - 1,
         untrained_calls=len(calls) - len(chain),
@@ -193,6 +210,7 @@ class ProgramLoop(AgentLoop):
                 max_context_tokens=self.max_context_tokens,
                 max_obs_tokens=self.max_obs_tokens,
                 max_calls=self.max_calls,
+                before_generate=self.apply_pending_weights,
             )
         return self.server
 
@@ -206,6 +224,14 @@ class ProgramLoop(AgentLoop):
         is ``result[i][j]``. Returns once every program returned, or at the deadline."""
         server = self.start()
         server.sampling = sampling
+        with (
+            self.running()
+        ):  # weights pushed meanwhile (sync_weights) load between the endpoint's generate calls
+            return self._run(server, prompts, n, sampling)
+
+    def _run(
+        self, server: OpenAIServer, prompts: list[Any], n: int, sampling: SamplingConfig
+    ) -> list[list[Episode]]:
         self._batches += 1
         slots = []
         for i, p in enumerate(prompts):
@@ -237,30 +263,27 @@ class ProgramLoop(AgentLoop):
 
     def _episode_of(self, slot: _Slot, rec: EpisodeRecord, prompt: Any) -> ProgramEpisode:
         tok = self.engine.tokenizer
-        failure = reason = None
-        reward = math.nan
+        status, error, reward = "done", None, 0.0
         if not slot.finished.is_set():
-            failure, reason = (
-                "timeouts",
+            status, error = (
+                "timed_out",
                 f"the agent program did not return within deadline_s={self.deadline_s:g}",
             )
         elif slot.error is not None:
-            failure, reason = (
-                "program_errors",
+            status, error = (
+                "program_error",
                 f"the agent program raised {type(slot.error).__name__}: {slot.error}",
             )
+        elif not (isinstance(slot.result, (int, float)) and math.isfinite(float(slot.result))):
+            status, error = "bad_reward", f"the agent program returned {slot.result!r}, not a finite number"
+        elif not rec.calls:
+            status, error = "no_calls", "the agent program returned without calling the model"
         else:
-            r = slot.result
-            if not (isinstance(r, (int, float)) and math.isfinite(float(r))):
-                failure, reason = "bad_rewards", f"the agent program returned {r!r}, not a finite number"
-            elif not rec.calls:
-                failure, reason = "no_calls", "the agent program returned without calling the model"
-            else:
-                reward = float(r)
-        ep = assemble(rec.calls, 0.0 if failure else reward, tok)
+            reward = float(slot.result)
+        ep = assemble(rec.calls, reward, tok)
         if not ep.prompt_ids:  # no call: the task's messages as the row's prompt (the row is masked)
             ep.prompt_ids = list(self.prompt_ids(tok, task_messages(prompt)))
-        ep.failure, ep.reason, ep.refused = failure, reason, dict(rec.refused)
+        ep.status, ep.error, ep.refused = status, error, dict(rec.refused)
         return ep
 
 
@@ -269,8 +292,8 @@ def _no_environment() -> Any:
 
 
 class ProgramRewards(EnvRewards):
-    """Score stage of the program path: ``EnvRewards`` (returns, masks, episode metrics) with each failed
-    episode's reason in ``errors`` and the program metrics: ``agent/<failure>`` (counts, ``FAILURES``),
+    """Score stage of the program path: ``EnvRewards`` (returns, masks, each failed episode's reason in ``errors``,
+    episode metrics, ``agent/episodes_timed_out``) and the program metrics: the ``FAILURES`` counts,
     ``agent/prefix_breaks`` and ``agent/untrained_calls`` (sums), ``agent/calls_per_episode`` (mean) and
     ``agent/refused/<code>`` (requests the endpoint refused: ``context_length_exceeded``, ``max_calls``)."""
 
@@ -278,14 +301,11 @@ class ProgramRewards(EnvRewards):
         rb = super().__call__(prompts, groups)
         rows = [e for g in groups for e in g]
         eps = [e for e in rows if isinstance(e, ProgramEpisode)]
-        m = {f"agent/{k}": float(sum(e.failure == k for e in eps)) for k in FAILURES}
+        m = {name: float(sum(e.status == status for e in eps)) for status, name in FAILURES.items()}
         m["agent/prefix_breaks"] = float(sum(e.prefix_breaks for e in eps))
         m["agent/untrained_calls"] = float(sum(e.untrained_calls for e in eps))
         m["agent/calls_per_episode"] = sum(e.calls for e in eps) / max(len(eps), 1)
         for code in sorted({c for e in eps for c in e.refused}):
             m[f"agent/refused/{code}"] = float(sum(e.refused.get(code, 0) for e in eps))
         rb.metrics.update(m)
-        rb.errors = [
-            e.reason if isinstance(e, ProgramEpisode) and e.reason else err for e, err in zip(rows, rb.errors)
-        ]
         return rb

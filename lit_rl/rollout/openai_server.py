@@ -35,6 +35,7 @@ import re
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -161,8 +162,8 @@ class _Batcher:
     """One thread that calls ``engine.generate``: requests that queued while it generated go into one call
     (grouped by sampling settings), so concurrent episodes share the engine's batches."""
 
-    def __init__(self, engine: EngineBase):
-        self.engine = engine
+    def __init__(self, engine: EngineBase, before_generate: Callable[[], None] | None = None):
+        self.engine, self.before_generate = engine, before_generate
         self._q: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="lit_rl-openai-batcher", daemon=True)
         self._thread.start()
@@ -196,9 +197,14 @@ class _Batcher:
                 groups.setdefault(repr(it[1]), []).append(it)
             for group in groups.values():
                 try:
+                    if self.before_generate is not None:  # pushed weights load here, never during a call
+                        self.before_generate()
+                    version = self.engine.policy_version
                     out = self.engine.generate([it[0] for it in group], 1, group[0][1])
                     for it, (c,) in zip(group, out):
-                        it[2].set_result(c)
+                        it[2].set_result(
+                            c if c.policy_version is not None else replace(c, policy_version=version)
+                        )
                 except Exception as e:  # noqa: BLE001 - each waiting request answers with the engine's error
                     for it in group:
                         it[2].set_exception(e)
@@ -212,7 +218,10 @@ class OpenAIServer:
         sampling: the run's sampling settings (``sampling`` may be replaced between batches).
         max_context_tokens: prompt + ``max_new_tokens`` at most (a request over it: 400 ``context_length_exceeded``).
         max_obs_tokens: each new message's content is cut to this many tokens (``ChatRenderer``).
-        max_calls: chat completions per episode at most (more: 409 ``max_calls``).
+        max_calls: chat completions per episode at most (more: 400 ``max_calls``).
+        before_generate: called in the engine thread before each generate call (``AgentLoop``'s
+            ``apply_pending_weights``: weights pushed during a batch load between calls, each call recording the
+            ``policy_version`` that sampled it).
     """
 
     def __init__(
@@ -223,6 +232,7 @@ class OpenAIServer:
         max_obs_tokens: int = 1024,
         max_calls: int = 16,
         model_name: str = "lit-rl-policy",
+        before_generate: Callable[[], None] | None = None,
     ):
         if max_context_tokens < 2 or max_obs_tokens < 1 or max_calls < 1:
             raise ValueError(
@@ -241,7 +251,7 @@ class OpenAIServer:
         self._pending = 0  # requests queued or generating (close_episodes waits for 0)
         self._closed: set[str] = set()  # ids of closed episodes: a late call gets 410, not 404
         self._renderers: dict[str, ChatRenderer] = {}
-        self._batcher = _Batcher(engine)
+        self._batcher = _Batcher(engine, before_generate)
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._http.daemon_threads = True
         self._thread = threading.Thread(
@@ -330,7 +340,7 @@ class OpenAIServer:
                 normalise([message])[0],
                 tools_key,
                 extended,
-                comp.policy_version if comp.policy_version is not None else self.engine.policy_version,
+                comp.policy_version,
             )
             with self._lock:  # recorded before the pending count drops: close_episodes then sees it
                 rec.calls.append(call)

@@ -279,7 +279,9 @@ def test_failing_programs_are_masked_and_counted_never_a_hang(tiny_model_dir):
     assert late == [(410, "episode_closed")] and len(engine.seen) == calls_at_return == 4
     rb = ProgramRewards()(prompts, groups)
     m = rb.metrics
-    assert [m[f"agent/{k}"] for k in ("program_errors", "timeouts", "bad_rewards", "no_calls")] == [1.0] * 4
+    assert [m[f"agent/{k}"] for k in ("program_errors", "episodes_timed_out", "bad_rewards", "no_calls")] == [
+        1.0
+    ] * 4
     assert m["reward/infra_errors"] == 4.0
     assert rb.valid.tolist() == [True, False, False, False, False]
     assert rb.errors[0] is None and "RuntimeError: the tool crashed" in rb.errors[1]
@@ -308,3 +310,34 @@ def test_bad_requests_get_openai_errors(tiny_model_dir):
         assert [m.id for m in c.models.list()] == ["lit-rl-policy"]
         (rec,) = server.close_episodes(["e"])
     assert rec.calls == [] and rec.refused == {"context_length_exceeded": 1} and engine.seen == []
+
+
+# ------------------------------------------------------------------ a weight sync between two calls of an episode
+def test_weights_pushed_mid_episode_label_each_calls_tokens(tiny_model_dir):
+    """The program pushes weights (``sync_weights``) between its two calls: they load before the second call's
+    generate, so the first action's tokens carry version 0 and the second's version 1 (``token_versions``)."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = Recorder(tokenizer=tok, reply=lambda p: chars("ab") + [E])
+    pushed = []
+
+    def agent(base_url, prompt):
+        c = client(base_url)
+        msgs: list = [{"role": "user", "content": "q"}]
+        msgs.append(c.chat.completions.create(model="m", messages=msgs).choices[0].message)
+        loop.sync_weights([("w", torch.zeros(1))])
+        pushed.append(engine.policy_version)  # not loaded yet: a run is in progress
+        msgs.append({"role": "user", "content": "u"})
+        c.chat.completions.create(model="m", messages=msgs)
+        return 1.0
+
+    loop = ProgramLoop(agent, engine, deadline_s=60)
+    try:
+        groups = loop.run([Prompt(prompt="x")], 1, SamplingConfig(max_new_tokens=8))
+    finally:
+        loop.close()
+    ((ep,),) = groups
+    assert pushed == [0] and engine.policy_version == 1
+    assert [t.action_versions for t in ep.turns] == [[0, 0, 0], [1, 1, 1]]
+    exp = loop.to_experience([Prompt(prompt="x")], groups, pad_id=0)
+    versions = exp.extras["token_versions"][0][exp.loss_mask[0]].tolist()
+    assert versions == [0, 0, 0, 1, 1, 1]
