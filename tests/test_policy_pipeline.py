@@ -156,8 +156,8 @@ def test_rollout_config_errors():
 def test_datamodule_errors(tmp_path):
     with pytest.raises(
         ValueError,
-        match="task='mul' is not a built-in task; valid names: addition, agent_guess, agent_multiply, chat_addition, "
-        "chat_compare, chat_largest, "
+        match="task='mul' is not a built-in task; valid names: addition, agent_guess, agent_lookup, agent_multiply, "
+        "chat_addition, chat_compare, chat_largest, "
         "chat_mixed, chat_multiply_digit, reverse",
     ):
         PromptDataModule(task="mul")

@@ -24,6 +24,7 @@ StalePolicy = Literal["drop", "regenerate"]
 TaskName = Literal[
     "addition",
     "agent_guess",
+    "agent_lookup",
     "agent_multiply",
     "chat_addition",
     "chat_compare",

@@ -314,7 +314,13 @@ def chat_mixed(
 
 
 # the tool-using agents' tasks (their own module: lit_rl.data.agent_tasks)
-TASKS.update({"agent_guess": agent_tasks.agent_guess, "agent_multiply": agent_tasks.agent_multiply})
+TASKS.update(
+    {
+        "agent_guess": agent_tasks.agent_guess,
+        "agent_lookup": agent_tasks.agent_lookup,
+        "agent_multiply": agent_tasks.agent_multiply,
+    }
+)
 
 
 def get_task(name: str, **kwargs) -> tuple[list[Prompt], list[Prompt]]:
