@@ -5,11 +5,15 @@ cannot go stale.
 - ``reference/settings.md``: every setting a user writes in a config, read from its one declaration (the
   ``setting(...)`` fields of the settings groups, ``lit_rl.core.settings``): name, type, default, allowed values
   and doc, per group, with the classes that take the group.
+- ``api/*.md``: one page per public package, every name of its ``__all__`` rendered by mkdocstrings from its
+  docstring where it is defined (a lazily re-exported name, e.g. ``lit_rl.rollout.VLLMEngine``, included), and
+  pages of modules (``core``: the pure math).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import re
 import typing
@@ -116,7 +120,75 @@ def settings_page() -> str:
     return "\n".join(out)
 
 
+# API pages: package -> (title, what it holds). Each lists the package's __all__.
+PACKAGES = {
+    "learners": ("Learners", "The LightningModules that train: policy, distillation, critic, reward model."),
+    "callbacks": (
+        "Callbacks",
+        "Rollouts, evaluation, reference KL, entropy, teachers, monitoring, the inspector.",
+    ),
+    "rollout": (
+        "Rollout",
+        "Engines, sampling settings, the rollout pipeline, agent loops, tools and environments.",
+    ),
+    "rewards": (
+        "Rewards",
+        "Reward functions, the reward pool, verifiers, the code sandbox and reward models.",
+    ),
+    "data": ("Data", "Prompt records, the data module, built-in tasks and the experience batch."),
+    "models": ("Models", "Loading causal LMs, the tiny test models and the real SmolLM2 checkpoint."),
+}
+# API pages of whole modules: page -> (title, what it holds, modules)
+MODULES = {
+    "core": (
+        "Core",
+        "The pure math (torch only): advantages, policy losses, aggregation, importance weights, KL, the "
+        "objective, the registries and how a setting is declared.",
+        ["core.advantages", "core.policy_losses", "core.aggregation", "core.importance", "core.kl"]
+        + ["core.objective", "core.registry", "core.settings"],
+    ),
+    "runs": (
+        "Runs, checkpoints, export, strategies",
+        "Run directories, checkpoint files, exporting the model, strategy presets and errors.",
+        ["runs", "checkpoint", "export", "strategies", "errors"],
+    ),
+}
+
+
+def public_names(package: str) -> list[tuple[str, str]]:
+    """(name in ``__all__``, the dotted path mkdocstrings renders it from) of ``lit_rl.<package>``: a class or
+    function from the module that defines it (a lazy re-export is invisible to a static reader), anything else
+    (a constant, a type alias) through the package."""
+    mod = importlib.import_module(f"lit_rl.{package}")
+    lazy: dict[str, str] = getattr(mod, "_LAZY", {})
+    out = []
+    for name in mod.__all__:
+        if name in lazy:
+            out.append((name, f"{lazy[name]}.{name}"))
+            continue
+        obj = getattr(mod, name)
+        defined = getattr(obj, "__module__", "") if inspect.isclass(obj) or inspect.isfunction(obj) else ""
+        out.append(
+            (name, f"{defined}.{name}" if defined.startswith("lit_rl.") else f"lit_rl.{package}.{name}")
+        )
+    return out
+
+
+def api_pages() -> dict[str, str]:
+    pages = {}
+    for package, (title, intro) in PACKAGES.items():
+        body = [f"# {title}", "", f"`lit_rl.{package}`: {intro}", "", f"::: lit_rl.{package}", "    options:"]
+        body += ["      members: false", "      show_root_heading: false", ""]
+        body += [f"::: {path}\n" for _, path in public_names(package)]
+        pages[f"api/{package}.md"] = "\n".join(body)
+    for page, (title, intro, modules) in MODULES.items():
+        body = [f"# {title}", "", intro, ""] + [f"::: lit_rl.{m}\n" for m in modules]
+        pages[f"api/{page}.md"] = "\n".join(body)
+    return pages
+
+
 def on_files(files: Files, config: Any) -> Files:
-    for uri, content in (("index.md", index_page()), ("reference/settings.md", settings_page())):
+    generated = {"index.md": index_page(), "reference/settings.md": settings_page(), **api_pages()}
+    for uri, content in generated.items():
         files.append(File.generated(config, uri, content=content))
     return files

@@ -5,6 +5,8 @@ the API reference is read from the docstrings; a broken link fails the build."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +16,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from docs_hooks import _groups  # noqa: E402 - the hook's own list of settings groups
+from docs_hooks import PACKAGES, _groups  # noqa: E402 - the hook's settings groups and API packages
 
 
 def _nav_pages(nav) -> list[str]:
@@ -54,8 +56,12 @@ def test_make_docs_builds_every_page_strictly(tmp_path):
         assert f'<h2 id="{g.__name__.lower()}">' in settings, g.__name__
         for f in dataclasses.fields(g):
             assert f"<code>{f.name}</code>" in settings, f"{g.__name__}.{f.name}"
-    learners = (site / "api/learners.html").read_text()
-    assert "lit_rl.learners.PolicyModule" in learners or "PolicyModule" in learners
+    for package in PACKAGES:  # every public name of each package, rendered under the name that defines it
+        page = (site / f"api/{package}.html").read_text()
+        ids = set(re.findall(r'id="(lit_rl\.[\w.]+)"', page))
+        public = importlib.import_module(f"lit_rl.{package}").__all__
+        assert public and not [n for n in public if not any(i.endswith(f".{n}") for i in ids)], package
+    assert 'id="lit_rl.learners.policy.PolicyModule"' in (site / "api/learners.html").read_text()
 
 
 def test_a_broken_link_fails_the_build(tmp_path):
