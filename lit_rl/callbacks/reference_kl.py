@@ -47,12 +47,14 @@ import warnings
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 
 from lit_rl.callbacks._rank_sums import global_sums
 from lit_rl.core.controllers import AdaptiveKLController, FixedController
 from lit_rl.core.fused_logprobs import Projection, linear_divergence
 from lit_rl.core.kl import DEFAULT_LOG_RATIO_CLAMP, KL_KINDS, kl_estimate, kl_from_logits, sampler_differs
+from lit_rl.data.prompts import PromptBatch
 from lit_rl.learners.protocols import LossTerm
 from lit_rl.models.loading import resolve_dtype
 
@@ -144,7 +146,7 @@ class ReferenceKL(L.Callback, LossTerm):
         """The KL this callback computes for ``module``'s rollouts: ``exact`` or a sampled ``k1|k2|k3``
         (``auto`` resolved against the rollout sampler, ``module.processing``). Warns once when an explicit
         sampled estimator meets a sampler other than the model's softmax (the user's choice is kept)."""
-        differs = sampler_differs(getattr(module, "processing", None))
+        differs = sampler_differs(module.processing)
         if self.kind == "auto":
             return "exact" if differs else "k3"
         if self.kind != "exact" and differs and not self._warned:
@@ -165,11 +167,11 @@ class ReferenceKL(L.Callback, LossTerm):
         return self.controller.value
 
     # ------------------------------------------------------------ reference
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit" and self.ref is None:
             self.build_reference(pl_module)
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.resolved_kind(
             pl_module
         )  # after every setup (the rollout's sets the sampler): warn before rollouts
@@ -322,17 +324,27 @@ class ReferenceKL(L.Callback, LossTerm):
         self._rows += rows
 
     # --------------------------------------------------- controller + metrics
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
         """Log ``kl/mean`` and the β used, then let the controller move β for the next iteration.
 
         The KL sum, token count and rows are summed over ranks (``_rank_sums.global_sums``), so ``kl/mean``
         is the global per-token mean and every rank moves β identically (the checkpoint holds that β). Every
         rank takes part in the reduce, also one whose iteration had no trainable token.
         """
-        exp = getattr(batch, "experience", None)
+        exp = batch.experience
         local_rows = self._rows
-        rows = exp.batch_size if exp is not None else self._rows
-        kl_sum, count, rows = global_sums(trainer, pl_module, [self._kl_sum, self._kl_count, rows])
+        kl_sum, count, rows = global_sums(
+            trainer,
+            pl_module,
+            [self._kl_sum, self._kl_count, exp.batch_size if exp is not None else self._rows],
+        )
         self._kl_sum, self._kl_count, self._rows = 0.0, 0, 0
         if count == 0:  # the same decision on every rank: the counts are global
             return

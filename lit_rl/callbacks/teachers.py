@@ -20,8 +20,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 
+from lit_rl.callbacks._learner import learner
 from lit_rl.callbacks.teacher_checks import check_dtype, readable_teacher, refuse_tokenizer, same_tokenizer
 from lit_rl.callbacks.teacher_inputs import cross_tokenizer_view, privileged_prompt, teacher_view
 from lit_rl.core.distill import teacher_topk
@@ -29,6 +31,8 @@ from lit_rl.core.fused_logprobs import linear_logprobs
 from lit_rl.core.logprobs import token_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt, render_prompt
+from lit_rl.learners.distill import DistillModule
+from lit_rl.learners.policy import PolicyModule
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 
 SELF_SOURCES = ("self", "self_frozen")
@@ -197,13 +201,13 @@ class TeacherRouter(L.Callback):
             "Add it to `teachers` or set `fallback`."
         )
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        pl_module.teacher_router = self  # explicit wiring: DistillModule scores and samples through it
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Explicit wiring: the RolloutCallback binds this router to the learner (its RolloutBinding);
+        # DistillModule scores and samples through it.
         if stage == "fit":
+            module = learner(pl_module, "TeacherRouter")
             for t in list(self.teachers.values()) + ([self.fallback] if self.fallback else []):
-                t.snapshot(
-                    pl_module
-                )  # self_frozen: the initial student, before any checkpoint restore/update
+                t.snapshot(module)  # self_frozen: the initial student, before any checkpoint restore/update
 
     def check_teachers(self, module, full_vocab_loss: str | None) -> None:
         """Refuse, before any rollout, a teacher that cannot be loaded or whose tokenizer the student's losses
@@ -304,9 +308,9 @@ class TeacherRouter(L.Callback):
         return out
 
     @torch.no_grad()
-    def on_experience(self, trainer, module, exp: Experience) -> None:
+    def on_experience(self, trainer: pl.Trainer, module: PolicyModule, exp: Experience) -> None:
         t0 = time.perf_counter()
-        k = getattr(module, "teacher_topk_k", None)
+        k = module.teacher_topk_k if isinstance(module, DistillModule) else None
         B, C = exp.batch_size, exp.completion_len
         dev = exp.input_ids.device
         dt = torch.float64 if module._float64_policy() else torch.float32  # a float64 run's exact checks
@@ -392,7 +396,14 @@ class TeacherRouter(L.Callback):
             acc[2] += 1
             self.rows_total[d] = self.rows_total.get(d, 0) + 1
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+    ) -> None:
         for d, (s, n, rows) in self._kl.items():
             if n:
                 pl_module.log(f"distill/{d}/reverse_kl", s / n, on_step=True, on_epoch=False, batch_size=rows)

@@ -47,6 +47,7 @@ from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, los
 from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
 from lit_rl.learners.assembly import store_dtype
+from lit_rl.learners.binding import TeacherSource
 from lit_rl.learners.config import POLICY_GROUPS, PolicyConfig
 from lit_rl.learners.critic import CriticModule
 from lit_rl.learners.heads import LazyLogits
@@ -150,16 +151,16 @@ class DistillModule(PolicyModule):
         """Asked by the TeacherRouter: store the teacher's top-k (only when topk_reverse_kl is used)."""
         return self.config.distill.topk if "topk_reverse_kl" in self.losses else None
 
-    teacher_router = (
-        None  # handed over by TeacherRouter.setup (explicit wiring, no search of trainer.callbacks)
-    )
-
-    def router(self):
-        if self.teacher_router is not None:
-            return self.teacher_router
+    def router(self) -> TeacherSource:
+        """The TeacherRouter of the rollout binding (``learners/binding.py``: the RolloutCallback binds the
+        one in trainer.callbacks at its setup)."""
+        bound = self.bound_rollout
+        if bound is not None and bound.teacher_router is not None:
+            return bound.teacher_router
         raise RuntimeError(
-            "DistillModule needs a TeacherRouter in trainer.callbacks (it scores the student's "
-            "rollouts with the teachers); e.g. -c callbacks/teachers.yaml"
+            "DistillModule needs a TeacherRouter and a RolloutCallback in trainer.callbacks (the router "
+            "scores the student's rollouts with the teachers; the rollout callback binds it to the module at "
+            "setup); e.g. -c callbacks/teachers.yaml"
         )
 
     def setup(self, stage: str) -> None:
@@ -303,7 +304,7 @@ class DistillModule(PolicyModule):
         rank has a survivor every rank skips the step. Denominators are global (``_denominators``) and the step
         goes through the module's ``_optimizer_step`` (clipping, non-finite guard, scheduler).
         """
-        rc = self.rollout_source  # handed over by RolloutCallback.setup: its sampling and reward pool
+        rc = self.rollout  # the rollout binding: its sampling and reward pool
         exp = batch.experience
         seen, prompts = set(), []
         for g, p in zip(exp.group_ids.tolist(), exp.prompts):

@@ -1,10 +1,10 @@
 """How the policy reads a micro-batch: one forward to the LM head's input, log-probs chunked through the head.
 
 ``PolicyForward`` is a mixin of ``PolicyModule`` (it uses ``self.model``, ``self.config``,
-``self.temperature`` and the class flag ``materialize_logits``); it is its own file because the forward has
-three shapes: the chunked head path (the default: no (b, C, V) logits), the shared-prompt pass (each distinct
-prompt once) and the materialised path (the test reference, and the fallback for heads the chunked path
-cannot read).
+``self.temperature`` (the rollout binding's, ``learners/binding.py``) and the class flag
+``materialize_logits``); it is its own file because the forward has three shapes: the chunked head path (the
+default: no (b, C, V) logits), the shared-prompt pass (each distinct prompt once) and the materialised path
+(the test reference, and the fallback for heads the chunked path cannot read).
 """
 
 from __future__ import annotations
@@ -80,9 +80,11 @@ class PolicyForward:
     """Forward and log-prob methods of ``PolicyModule`` (see the module doc)."""
 
     materialize_logits: bool = False  # PolicyModule's class flag (the test reference path); see there
-    # The rollout sampler's processing (set by RolloutCallback with ``temperature``): which distribution the ratios
-    # compare (``core.processed``); the default is plain softmax(z / T), where nothing extra is computed.
-    processing: LogitProcessing = LogitProcessing()
+    # The rollout sampler's processing and temperature: properties of ``RolloutBound`` (learners/binding.py),
+    # read from the rollout binding's sampling settings. Declared here without a value: a class attribute of
+    # this mixin would shadow those properties (it comes first in PolicyModule's bases).
+    processing: LogitProcessing
+    temperature: float
 
     def forward_logits(self, micro: Experience, model=None, return_hidden: bool = False):
         """Logits predicting each completion token: (b, C, V); entry t is read at sequence position P+t-1.

@@ -27,6 +27,7 @@ from lit_rl.core.signal_rows import by_prompt, signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
 from lit_rl.learners.assembly import PolicyAssembly
+from lit_rl.learners.binding import RolloutBound
 from lit_rl.learners.config import (
     POLICY_GROUPS,
     ModelSettings,
@@ -71,6 +72,7 @@ class PolicyModule(
     OldLogprobs,
     PolicyForward,
     MicroLoss,
+    RolloutBound,
     L.LightningModule,
 ):
     """Policy-gradient RL on a causal LM.
@@ -107,7 +109,6 @@ class PolicyModule(
         record_settings(self, self.config.flat())  # the flat record: checkpoints, load_from_checkpoint
         self.optimizer_factory, self.scheduler_factory = optimizer, lr_scheduler
         self.automatic_optimization = False
-        self.temperature = 1.0  # set by RolloutCallback from its sampling config (logprobs must match)
         self.critic = (
             critic  # PPO critics attach here (CriticModule); a submodule, so its params are optimized
         )
