@@ -38,9 +38,10 @@ import torch
 
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter
-from lit_rl.core.processed import LogitProcessing
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.critic import CriticModule
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 
 REWARDS = [1.0, 0.0, 0.5, 1.0, 0.0, 0.25]
@@ -67,7 +68,7 @@ def _module(path, settings: dict) -> PolicyModule:
         micro_batch_tokens=settings.get("micro_batch_tokens"),
     )
     m.model.config._attn_implementation = settings.get("attn", "sdpa")
-    m.processing = LogitProcessing(**settings.get("sampling", {}))  # truncated sampling: the π^s passes too
+    bind_sampling(m, SamplingConfig(**settings.get("sampling", {})))  # truncated sampling: the π^s passes too
     if head == "regression":  # the head starts at zero (V = 0 whatever the forward): give it weights to read
         with torch.no_grad():
             m.critic.head.weight.copy_(
@@ -252,7 +253,7 @@ def _distill_passes(path, padding_free: bool, device: torch.device | None) -> di
         teacher.get_input_embeddings().weight.mul_(1.5)
     router = TeacherRouter({"default": Teacher(model=teacher)})
     m._trainer = SimpleNamespace(callbacks=[router], world_size=1)
-    m.teacher_router = router  # TeacherRouter.setup's wiring
+    bind_sampling(m, teacher_router=router)  # what RolloutCallback.setup binds
     exp = _experience(PROMPTS, COMPLETIONS)
     if device is not None:
         m.to(device)

@@ -12,6 +12,8 @@ import torch
 from lit_rl.core.distill import teacher_topk
 from lit_rl.data.experience import Experience
 from lit_rl.learners.distill import STUDENT_DISTILLATION, DistillModule
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 
 D = torch.float64
 P1, Q1 = [0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]  # position 0: student, teacher
@@ -207,10 +209,11 @@ def test_reverse_kl_sampled_under_a_truncating_sampler_warns_at_setup(tiny_model
             pass
 
     m = DistillModule(model=str(tiny_model_dir), losses={"reverse_kl_sampled": 1.0})
-    m.teacher_router = Router()
+    bind_sampling(m, teacher_router=Router())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         m.setup("fit")  # plain sampling: nothing to say
-    m.processing = LogitProcessing(temperature=1.0, top_p=0.9)
+    bind_sampling(m, SamplingConfig(top_p=0.9), teacher_router=Router())
+    assert m.processing == LogitProcessing(temperature=1.0, top_p=0.9)
     with pytest.warns(UserWarning, match=r"reverse_kl_sampled.*top_p=0.9.*KL\(π\^s‖π_T\).*reverse_kl_full"):
         m.setup("fit")

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from lit_rl.callbacks.eval import HeldoutEval
+from lit_rl.data.datamodule import PromptDataModule
 from lit_rl.data.prompts import Prompt
 from lit_rl.data.tasks import get_task
 from lit_rl.rewards import LastIntReward, RewardPool
@@ -147,11 +148,13 @@ def _harness(heldout: list[Prompt], answers: dict[str, str], root: str = "."):
         pipeline=SimpleNamespace(render=render),
         eval_generate=eval_generate,
         rewards=RewardPool({"last_int": LastIntReward()}),
-        engine_lock=threading.Lock(),
+        lock=threading.Lock(),
         engine=engine,
-    )
+    )  # the fields of a RolloutBinding HeldoutEval reads
+    dm = PromptDataModule()  # its held-out prompts (the per-domain metrics list them)
+    dm.heldout_prompts = heldout
     trainer = SimpleNamespace(
-        datamodule=SimpleNamespace(heldout_prompts=heldout),
+        datamodule=dm,
         global_step=0,
         global_rank=0,
         default_root_dir=root,
@@ -162,7 +165,7 @@ def _harness(heldout: list[Prompt], answers: dict[str, str], root: str = "."):
         tokenizer=_CharTok(),
         critic=None,
         iteration=3,
-        rollout_source=rc,
+        rollout=rc,
     )
     return trainer, module
 

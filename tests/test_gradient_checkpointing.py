@@ -9,6 +9,8 @@ import torch
 
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.forward import _checkpoint_layers
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 from tests._float64 import float64_rmsnorm
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience
 
@@ -22,7 +24,7 @@ def _float64_norm():
 def _module(path, gc: bool, **kw) -> PolicyModule:
     m = PolicyModule(model=str(path), gradient_checkpointing=gc, **kw)
     m.model.double()
-    m.temperature = 0.7
+    bind_sampling(m, SamplingConfig(temperature=0.7))
     return m
 
 

@@ -11,6 +11,8 @@ import torch
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.heads import lm_head_projection
 from lit_rl.models.packed import pack_rows, unsupported_reason
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 from tests._float64 import float64_rmsnorm
 from tests.test_shared_prompt import COMPLETIONS, PROMPTS, _experience, embedding_inputs
 
@@ -104,7 +106,7 @@ def test_packed_equals_padded_float64(tiny_model_dir, float64_norm, attn):
     rows of 6 tokens: 3 packed rows) against the padded forward, float64, to summation-order rounding."""
     m = PolicyModule(model=str(tiny_model_dir), share_prompt_forward=False, padding_free=False)
     m.model.double()
-    m.temperature = 0.7
+    bind_sampling(m, SamplingConfig(temperature=0.7))
     exp = _experience(PROMPTS, COMPLETIONS)
     # the reference is always padded sdpa: padded eager in float64 turns padding rows into NaN (their additive
     # mask overflows to -inf in its float32 softmax) and 0 x NaN reaches the real tokens

@@ -26,6 +26,7 @@ from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.generate import decode_with
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
+from tests._binding import bind_sampling
 
 pytestmark = [pytest.mark.real_ckpt, pytest.mark.slow]
 FRENCH = "Combien font 12 + 7 ? Répondez en chiffres 🙂"
@@ -42,7 +43,7 @@ def policy(smollm2_dir):
     from lit_rl.learners import PolicyModule
 
     p = PolicyModule(model=smollm2_dir)
-    p.temperature = SAMPLING.logprob_temperature
+    bind_sampling(p, SAMPLING)
     assert (p.tokenizer.eos_token_id, p.tokenizer.pad_token_id) == (EOS, PAD)
     return p
 

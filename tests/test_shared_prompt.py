@@ -13,6 +13,8 @@ from lit_rl.data.experience import Experience, pad_prompts_completions
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.heads import lm_head_projection
 from lit_rl.models.shared_prompt import distinct_prompts, shared_prompt_logits
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 from tests._float64 import rmsnorm_in_input_dtype as _rmsnorm_in_input_dtype
 
 
@@ -62,7 +64,7 @@ def _build64(tiny_model_dir):
     m = PolicyModule(model=str(tiny_model_dir))
     m.model.double()  # float64: the two paths must agree to summation-order rounding (~1e-15)
     m.update_settings(share_prompt_forward=True)  # auto (None) leaves float64 models on the plain forward
-    m.temperature = 0.7
+    bind_sampling(m, SamplingConfig(temperature=0.7))
     return m
 
 

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from lit_rl.callbacks._async import check_async_correction, check_async_setup
 from lit_rl.callbacks._roles import PromptEditor
+from lit_rl.data.datamodule import PromptDataModule
 from lit_rl.data.experience import Experience
 from lit_rl.data.prompts import Prompt
 from lit_rl.rollout.async_producer import AsyncProducer, PromptStream, staleness, take_fresh
@@ -76,7 +77,11 @@ class AsyncRollouts:
         self.stop()
         st = self.state
         self.stream = stream = PromptStream(
-            dm.train_prompts, dm.batch_size, dm.seed, st["prompt_pos"], template=getattr(dm, "_sampler", None)
+            dm.train_prompts,
+            dm.batch_size,
+            dm.seed,
+            st["prompt_pos"],
+            template=dm._sampler if isinstance(dm, PromptDataModule) else None,
         )
         rows, sync = dm.batch_size * self.settings.group_size, self.sync
         capacity = (sync.queue_size // rows) if sync.queue_size is not None else sync.max_staleness + 1

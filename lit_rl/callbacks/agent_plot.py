@@ -7,7 +7,10 @@ import math
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 
+from lit_rl.callbacks._learner import bound_rollout, rl_iteration
+from lit_rl.data.prompts import PromptBatch
 from lit_rl.runs import run_path
 
 # panel title -> (training metric of EnvRewards, held-out metric of AgentEval)
@@ -29,14 +32,21 @@ class AgentCurvePlot(L.Callback):
         self.path = path
         self.series: dict[str, list[tuple[int, float]]] = {train: [] for train, _ in PANELS.values()}
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        m = getattr(batch, "metrics", None) or {}
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
+        m = batch.metrics
         for key, points in self.series.items():
             v = m.get(key)
             if v is not None and not math.isnan(float(v)):
-                points.append((int(pl_module.iteration), float(v)))
+                points.append((rl_iteration(trainer, pl_module), float(v)))
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank != 0:
             return
         import matplotlib
@@ -44,7 +54,8 @@ class AgentCurvePlot(L.Callback):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        history = getattr(getattr(pl_module, "heldout_eval", None), "history", None) or []
+        rc = bound_rollout(pl_module)  # its evaluator: the AgentEval (or HeldoutEval) of the run
+        history = rc.evaluator.history if rc is not None else []
         fig, axes = plt.subplots(2, 2, figsize=(10, 6), sharex=True)
         for ax, (title, (train, held)) in zip(axes.flat, PANELS.items()):
             if self.series[train]:

@@ -19,6 +19,8 @@ from lit_rl.callbacks.eval import HeldoutEval
 from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.core.settings import flat_settings, flat_values, split_settings
 from lit_rl.data.experience import Experience
+from lit_rl.learners.binding import RolloutBinding
+from lit_rl.learners.policy import PolicyModule
 from lit_rl.learners.protocols import LossTerm
 from lit_rl.rollout.agent_loop import AgentLoop, agent_pipeline, episode_metrics
 from lit_rl.rollout.engine import SamplingConfig
@@ -74,11 +76,12 @@ class AgentRolloutCallback(RolloutCallback):
         super().__init__(engine=agent.engine, pipeline=pipeline, **flat_values(sync))
         self.agent = agent
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def _make_default_eval(self) -> HeldoutEval:
         # validation without an evaluator of the user's runs episodes (HeldoutEval scores with a reward pool)
-        if getattr(pl_module, "heldout_eval", None) is None:
-            self._default_eval = pl_module.heldout_eval = AgentEval()
-        super().setup(trainer, pl_module, stage)
+        return AgentEval()
+
+    def _agent_loop(self) -> AgentLoop:
+        return self.agent  # in the rollout binding: AgentEval runs its held-out episodes with it
 
 
 # per held-out episode, averaged over the evaluation: (eval metric, episode_metrics key)
@@ -99,21 +102,21 @@ class AgentEval(HeldoutEval):
     calls that ran without error over all calls of the evaluation (episodes without calls add nothing). When
     and how often: ``HeldoutEval``'s settings (``val_check_interval``, ``baseline``, ``max_prompts``, ...)."""
 
-    def start(self, pl_module) -> None:
+    def start(self, pl_module: PolicyModule) -> None:
         super().start(pl_module)
         from torchmetrics import MeanMetric
 
         for k in ("eval/turns_mean", *_EPISODE_EVAL, "eval/valid_call_rate"):
             self._metrics[k] = MeanMetric(nan_strategy="ignore").to(pl_module.device)
 
-    def _score(self, rc, pl_module, prompts: list) -> None:
-        agent = getattr(rc, "agent", None)
-        if not isinstance(agent, AgentLoop):
+    def _score(self, rc: RolloutBinding, pl_module: PolicyModule, prompts: list) -> None:
+        agent = rc.agent
+        if agent is None:
             raise RuntimeError(
                 "AgentEval runs episodes with an AgentRolloutCallback's AgentLoop; the run has none"
             )
         budget = self.max_new_tokens or rc.settings.sampling.max_new_tokens
-        rc._async.apply_pending()  # the learner's latest pushed weights (as eval_generate)
+        rc.apply_pending()  # the learner's latest pushed weights (as eval_generate)
         groups = agent.run(prompts, 1, SamplingConfig(temperature=0.0, max_new_tokens=budget))
         eps = [g[0] for g in groups]
         dev = pl_module.device

@@ -24,10 +24,13 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from lit_rl.callbacks._learner import prompt_data
 from lit_rl.callbacks._roles import PromptEditor, RolloutProducer
 from lit_rl.core.seeds import run_seed
+from lit_rl.data.prompts import PromptBatch
 
 MODES = ("window", "ema")
 KEYS = ("uid", "family")
@@ -210,7 +213,7 @@ class Curriculum(PromptEditor):
         self._warned_empty = False
 
     # ---------------------------------------------------------------- setup
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         cbs = list(trainer.callbacks)
         rc = next((i for i, c in enumerate(cbs) if isinstance(c, RolloutProducer)), None)
         if rc is None:
@@ -250,14 +253,17 @@ class Curriculum(PromptEditor):
                 n += 1
         return out, n
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
+    ) -> None:
         if batch.experience is not None:
             raise RuntimeError(
                 "Curriculum ran after the RolloutCallback (the batch already has an Experience); "
                 "it must come first in trainer.callbacks"
             )
         self.tracker.tick(self.iteration)
-        pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
+        dm = prompt_data(trainer)
+        pool = dm.train_prompts if dm is not None else None
         if not pool:
             raise ValueError(
                 "Curriculum needs trainer.datamodule.train_prompts to draw replacement prompts from"
@@ -275,7 +281,14 @@ class Curriculum(PromptEditor):
             passed = sum(float(exp.rewards[i]) >= self.pass_threshold for i in ok)
             self.tracker.update(self.iteration, prompt_key(exp.prompts[idx[0]], self.key), passed, len(ok))
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
         self.observe(batch.experience)
         self.iteration += 1
         c = self.tracker.counts()

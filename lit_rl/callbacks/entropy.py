@@ -12,6 +12,7 @@ import math
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 
 from lit_rl.callbacks._rank_sums import global_sums
@@ -74,7 +75,8 @@ class EntropyRegularization(L.Callback, LossTerm):
         ent = fwd.get("entropy")  # (b, C) from the module's chunked pass through the LM head (differentiable)
         if ent is None:  # materialised path: from the logits
             chunk = module.config.forward.logprob_chunk_size
-            temperature = getattr(module, "temperature", 1.0)
+            # the rollout binding's sampler temperature (learners/binding.py)
+            temperature = module.temperature
             logits = fwd["logits"] if self.coef != 0.0 else fwd["logits"].detach()
             ent = entropy_from_logits(logits, chunk, temperature)  # (b, C)
         self._accumulate(ent.detach(), mask, micro.batch_size)
@@ -87,7 +89,9 @@ class EntropyRegularization(L.Callback, LossTerm):
         self._count += int(mask.sum())
         self._rows += rows
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         """Log the iteration's mean entropy and the α used, then (adaptive) move α for the next one.
 
         Entropy sum and token count are summed over ranks (``_rank_sums.global_sums``): ``entropy/mean`` is

@@ -10,19 +10,16 @@ from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 
+from lit_rl.callbacks._learner import bound_rollout, prompt_data, rl_iteration
+from lit_rl.data.prompts import PromptBatch
+from lit_rl.learners.binding import RolloutBinding
+from lit_rl.learners.policy import PolicyModule
 from lit_rl.rewards.verifiers import ExactAnswerReward
 from lit_rl.rollout.engine import SamplingConfig
 from lit_rl.runs import run_path
-
-
-def _rollout_source(pl_module):
-    """The RolloutCallback, handed to the module at its setup (``module.rollout_source``)."""
-    rc = getattr(pl_module, "rollout_source", None)
-    if rc is None:
-        raise RuntimeError("HeldoutEval needs a RolloutCallback in trainer.callbacks (it reuses its engine)")
-    return rc
 
 
 class HeldoutEval(L.Callback):
@@ -82,13 +79,12 @@ class HeldoutEval(L.Callback):
         # the run's spending: tokens sampled, wall seconds of earlier processes (resume) and of this one
         self._tokens, self._wall_before, self._t0, self._eval_s = 0, 0.0, None, 0.0
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # Explicit wiring: the module's validation_step evaluates with this object, and the datamodule yields
-        # held-out batches while fitting only because an evaluator asked for them.
-        pl_module.heldout_eval = self
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Explicit wiring: the RolloutCallback binds this evaluator to the learner (its RolloutBinding), and
+        # the datamodule yields held-out batches while fitting only because an evaluator asked for them.
         if stage != "fit":
             return
-        dm = getattr(trainer, "datamodule", None)
+        dm = prompt_data(trainer)
         if dm is not None:
             dm.heldout_in_fit = True
         if self.every_n_steps is not None:
@@ -98,13 +94,20 @@ class HeldoutEval(L.Callback):
         # (and a validation batch before the first training batch would consume the restored RNG state).
         trainer.num_sanity_val_steps = math.inf if self.baseline and trainer.ckpt_path is None else 0
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._t0, self._eval_s = (
             time.perf_counter(),
             0.0,
         )  # before the baseline, which is excluded as all evals
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
         if batch.experience is not None:
             self._tokens += int(batch.experience.loss_mask.sum())
 
@@ -114,7 +117,7 @@ class HeldoutEval(L.Callback):
         return self._wall_before + (time.perf_counter() if now is None else now) - self._t0 - self._eval_s
 
     # ------------------------------------------------------------ the validation loop's pieces
-    def start(self, pl_module) -> None:
+    def start(self, pl_module: PolicyModule) -> None:
         from torchmetrics import MeanMetric, SumMetric
 
         self._eval_t0 = time.perf_counter()
@@ -126,8 +129,7 @@ class HeldoutEval(L.Callback):
         }
         # The domain list comes from the datamodule's whole held-out set, identical on every rank (a rank's
         # batches may lack a domain), so every rank syncs the same per-domain counts.
-        dm = getattr(pl_module.trainer, "datamodule", None)
-        domains = sorted({p.domain for p in getattr(dm, "heldout_prompts", None) or []})
+        domains = sorted({p.domain for p in _heldout_prompts(pl_module.trainer)})
         self._domains = domains if len(domains) > 1 else []
         for d in self._domains:
             self._metrics[f"eval/accuracy/{d}"] = MeanMetric().to(dev)
@@ -139,7 +141,7 @@ class HeldoutEval(L.Callback):
         self._seen = 0
 
     @torch.no_grad()
-    def score_batch(self, trainer, pl_module, prompts: list) -> None:
+    def score_batch(self, trainer: pl.Trainer, pl_module: PolicyModule, prompts: list) -> None:
         """Greedy completions of one batch of held-out prompts, scored into the running metrics."""
         if self.max_prompts is not None:
             prompts = prompts[: max(0, self.max_prompts - self._seen)]
@@ -149,11 +151,11 @@ class HeldoutEval(L.Callback):
         missing = [p.uid for p in prompts if p.answer is None]
         if missing and isinstance(self.scorer, ExactAnswerReward):
             raise ValueError(f"HeldoutEval: held-out prompts without an answer: {missing[:5]}")
-        rc = _rollout_source(pl_module)
+        rc = pl_module.rollout  # the learner's rollout binding (an error naming the RolloutCallback if none)
         with training_state_kept(rc, pl_module.device):
             self._score(rc, pl_module, prompts)
 
-    def _score(self, rc, pl_module, prompts: list) -> None:
+    def _score(self, rc: RolloutBinding, pl_module: PolicyModule, prompts: list) -> None:
         budget = self.max_new_tokens or rc.settings.sampling.max_new_tokens
         sp = SamplingConfig(temperature=0.0, max_new_tokens=budget)
         # the run's prompt-length policy (and the engine's context), not counted as training truncations
@@ -184,13 +186,13 @@ class HeldoutEval(L.Callback):
         ok = rb.total[rb.valid]
         if len(ok):
             self._metrics["eval/reward_mean"].update(ok.float().to(dev))
-        if self.critic_eval and getattr(pl_module, "critic", None) is not None:
+        if self.critic_eval and pl_module.critic is not None:
             stats = self._critic_ev_stats(rc, pl_module, prompts, ids)
             if stats is not None:
                 for m, x in zip(self._ev, stats.to(dev)):
                     m.update(x)
 
-    def finish(self, trainer, pl_module) -> dict[str, float]:
+    def finish(self, trainer: pl.Trainer, pl_module: PolicyModule) -> dict[str, float]:
         """The accumulated metrics (synced across ranks by torchmetrics); appended to ``history``."""
         out = {}
         for k, m in self._metrics.items():
@@ -211,9 +213,7 @@ class HeldoutEval(L.Callback):
                 if self._t0 is not None
                 else {}
             )
-            self.history.append(
-                {"step": float(getattr(pl_module, "iteration", trainer.global_step)), **out, **spent}
-            )
+            self.history.append({"step": float(pl_module.iteration), **out, **spent})
             if self.history_path is not None and trainer.global_rank == 0:
                 path = run_path(trainer, self.history_path)
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,9 +221,9 @@ class HeldoutEval(L.Callback):
         return out
 
     # ------------------------------------------------------------ outside the loop
-    def evaluate(self, trainer, pl_module) -> dict[str, float]:
+    def evaluate(self, trainer: pl.Trainer, pl_module: PolicyModule) -> dict[str, float]:
         """Evaluate every held-out prompt now, outside Lightning's loop (appends to ``history``, logs nothing)."""
-        prompts = list(getattr(trainer.datamodule, "heldout_prompts", []) or [])
+        prompts = _heldout_prompts(trainer)
         if not prompts:
             raise ValueError("HeldoutEval: the datamodule has no held-out prompts (heldout_prompts is empty)")
         self.start(pl_module)
@@ -231,7 +231,9 @@ class HeldoutEval(L.Callback):
         return self.finish(trainer, pl_module)
 
     @torch.no_grad()
-    def _critic_ev_stats(self, rc, pl_module, prompts, ids) -> torch.Tensor | None:
+    def _critic_ev_stats(
+        self, rc: RolloutBinding, pl_module: PolicyModule, prompts: list, ids: list[list[int]]
+    ) -> torch.Tensor | None:
         """(5,) float64 sums (n, Σr, Σr², Σe, Σe²) over the trainable tokens of sampled rollouts of ``prompts``."""
         rollouts = rc.pipeline.generate_and_score(
             prompts, ids
@@ -253,15 +255,15 @@ class HeldoutEval(L.Callback):
             ]
         )
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not isinstance(pl_module, PolicyModule):  # evaluation generates with a lit_rl learner's rollout
+            return
         if not self.history or self.history[-1]["step"] != pl_module.iteration:
             self.evaluate(trainer, pl_module)  # final point for the curve (logging is closed by now)
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        if getattr(pl_module, "heldout_eval", None) is self:
-            pl_module.heldout_eval = None
-        dm = getattr(trainer, "datamodule", None)
-        if stage == "fit" and getattr(dm, "heldout_in_fit", False):
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        dm = prompt_data(trainer)
+        if stage == "fit" and dm is not None:
             dm.heldout_in_fit = False
 
     def state_dict(self) -> dict[str, Any]:
@@ -274,7 +276,7 @@ class HeldoutEval(L.Callback):
 
 
 @contextmanager
-def training_state_kept(rc, device: torch.device) -> Iterator[None]:
+def training_state_kept(rc: RolloutBinding, device: torch.device) -> Iterator[None]:
     """Evaluation changes no training state: what it draws or counts is put back when it ends.
 
     Held for the whole evaluation batch: the engine lock (an async producer cannot generate in between, so
@@ -283,7 +285,7 @@ def training_state_kept(rc, device: torch.device) -> Iterator[None]:
     seeded sampling). Evaluation's Experiences number their groups without the run-wide counter
     (``build_experience(count=False)``) and its prompts are rendered uncounted."""
     devices = [device] if device.type == "cuda" else []
-    with rc.engine_lock, torch.random.fork_rng(devices=devices):
+    with rc.lock, torch.random.fork_rng(devices=devices):
         state = rc.engine.state_dict()
         try:
             yield
@@ -300,12 +302,19 @@ class RewardCurvePlot(L.Callback):
         self.path = path
         self.reward: list[tuple[int, float]] = []
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        m = getattr(batch, "metrics", {})
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
+        m = batch.metrics
         if "reward/mean" in m and not math.isnan(m["reward/mean"]):
-            self.reward.append((pl_module.iteration, m["reward/mean"]))
+            self.reward.append((rl_iteration(trainer, pl_module), m["reward/mean"]))
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.global_rank != 0:
             return
         import matplotlib
@@ -316,7 +325,8 @@ class RewardCurvePlot(L.Callback):
         fig, ax = plt.subplots(figsize=(7, 4))
         if self.reward:
             ax.plot(*zip(*self.reward), label="train reward (mean)", alpha=0.7)
-        ev = getattr(pl_module, "heldout_eval", None)  # handed over by HeldoutEval.setup
+        bound = bound_rollout(pl_module)  # its evaluator: the HeldoutEval callback, or the default one
+        ev = bound.evaluator if bound is not None else None
         if ev is not None and ev.history:
             ax.plot(
                 [h["step"] for h in ev.history],
@@ -332,6 +342,12 @@ class RewardCurvePlot(L.Callback):
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(out, dpi=100, bbox_inches="tight")
         plt.close(fig)
+
+
+def _heldout_prompts(trainer: pl.Trainer) -> list:
+    """The held-out prompts of lit_rl's datamodule (another datamodule has none)."""
+    dm = prompt_data(trainer)
+    return list(dm.heldout_prompts) if dm is not None else []
 
 
 def _ev_from_sums(s: torch.Tensor) -> float:

@@ -29,13 +29,17 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lit_rl.callbacks._agent_turns import turn_records
+from lit_rl.callbacks._learner import bound_rollout, rl_iteration
 from lit_rl.core.seeds import run_seed
 from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import Prompt, PromptBatch
 from lit_rl.jsonl import clean, clean_text, dumps_line
+from lit_rl.learners.policy import PolicyModule
 
 # The step metrics the report plots; anything else in batch.metrics with these prefixes is kept too.
 METRIC_PREFIXES = ("reward/", "rollout/", "eval/", "response_length/", "health/", "async/")
@@ -61,9 +65,11 @@ def prompt_text(prompt: Any) -> str:
     is at hand; with one, ``row_records`` shows the tokens the model received instead)."""
     if isinstance(prompt, str):
         return prompt
-    if getattr(prompt, "prompt", None) is not None:
+    if not isinstance(prompt, Prompt):  # no record lit_rl knows: no text (as before the typed access)
+        return ""
+    if prompt.prompt is not None:
         return prompt.prompt
-    msgs = getattr(prompt, "messages", None) or []
+    msgs = prompt.messages or []
     return "\n".join(f"{m.get('role', '?')}: {m.get('content', '')}" for m in msgs)
 
 
@@ -113,12 +119,13 @@ def row_records(
     for i in range(exp.batch_size):
         p = exp.prompts[i] if exp.prompts else None
         version = int(exp.policy_version[i])
-        answer = getattr(p, "answer", None)
+        record = p if isinstance(p, Prompt) else None  # exp.prompts holds lit_rl Prompts (or None)
+        answer = record.answer if record is not None else None
         out.append(
             {
                 "row": i,
                 "group": int(exp.group_ids[i]),
-                "uid": getattr(p, "uid", None),
+                "uid": record.uid if record is not None else None,
                 "prompt": (received[i] if received is not None else prompt_text(p) if p is not None else "")[
                     :max_text_chars
                 ],
@@ -234,7 +241,7 @@ class RolloutInspector(L.Callback):
         self._noted: set[str] = set()
 
     # ------------------------------------------------------------------ setup
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self.dir = Path(self.dirpath) if self.dirpath else Path(trainer.default_root_dir) / "rollouts"
@@ -242,34 +249,50 @@ class RolloutInspector(L.Callback):
             self.dir.mkdir(parents=True, exist_ok=True)
 
     @property
+    def out_dir(self) -> Path:
+        """Where the rollout files go (set at ``setup``)."""
+        if self.dir is None:
+            raise RuntimeError("RolloutInspector.setup has not run: no output directory yet")
+        return self.dir
+
+    @property
     def report_path(self) -> Path:
-        return self.dir.parent / "report.html"
+        return self.out_dir.parent / "report.html"
 
     # ------------------------------------------------------------- per step
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
+    ) -> None:
         # The learner's weights version while this batch trains (RolloutCallback pushes after the step).
-        rc = _rollout_cb(trainer)
+        rc = bound_rollout(pl_module)
         self._learner_version = int(rc.engine.policy_version) if rc is not None else None
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
         if not trainer.is_global_zero or self.dir is None:
             return
-        step = int(getattr(pl_module, "iteration", trainer.global_step))
+        step = rl_iteration(trainer, pl_module)
         metrics = {
             k: _f(float(v))
-            for k, v in getattr(batch, "metrics", {}).items()
+            for k, v in batch.metrics.items()
             if k.startswith(METRIC_PREFIXES) and isinstance(v, (int, float))
         }
         self._append_metrics({"step": step, **metrics})
-        self._flush_heldout(trainer)
-        exp = getattr(batch, "experience", None)
+        self._flush_heldout(pl_module)
+        exp = batch.experience
         if exp is None or step % self.every_n_steps:
             return
         # async: the learner's version is the producer's push count (the engine's own version lags behind it)
         learner = metrics.get("async/policy_version")
         learner = int(learner) if learner is not None else self._learner_version
         rows = select_groups(
-            row_records(exp, learner, self.max_text_chars, getattr(pl_module, "tokenizer", None)),
+            row_records(exp, learner, self.max_text_chars, _tokenizer(pl_module)),
             self.max_rows_per_step,
             random.Random(f"{self.seed}:{step}"),
         )
@@ -280,13 +303,15 @@ class RolloutInspector(L.Callback):
         if self.log_to_loggers:
             self._to_loggers(trainer, step, records)
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.is_global_zero or self.dir is None:
             return
-        self._flush_heldout(trainer)  # HeldoutEval's final point is added in its on_train_end
+        self._flush_heldout(pl_module)  # HeldoutEval's final point is added in its on_train_end
         self._write_report()
 
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
         # A run stopped by an error (e.g. RewardFailureError) is the one whose samples matter most.
         if trainer.is_global_zero and self.dir is not None:
             try:
@@ -295,29 +320,30 @@ class RolloutInspector(L.Callback):
                 rank_zero_info(f"RolloutInspector: could not write the report after the error: {e}")
 
     def _write_report(self) -> None:
-        if not self.report or not any(self.dir.glob("*.jsonl")):
+        if not self.report or not any(self.out_dir.glob("*.jsonl")):
             return
         from lit_rl.report import build_report, skipped_note
 
-        out, skipped = build_report(self.dir, self.report_path)
+        out, skipped = build_report(self.out_dir, self.report_path)
         if skipped:
-            rank_zero_warn(f"RolloutInspector: {skipped_note(skipped)} ({self.dir})")
+            rank_zero_warn(f"RolloutInspector: {skipped_note(skipped)} ({self.out_dir})")
         rank_zero_info(
-            f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.dir.parent}`)"
+            f"RolloutInspector: report written to {out} (rebuild with `lit-rl inspect {self.out_dir.parent}`)"
         )
 
     # --------------------------------------------------------------- outputs
     def _append_metrics(self, rec: dict) -> None:
-        path = self.dir / "metrics.jsonl"
+        path = self.out_dir / "metrics.jsonl"
         with open(path, "ab") as f:
             # a process killed mid-line left no "\n": the record starts a line of its own, not the torn one's end
             torn = f.tell() > 0 and _last_byte(path) != b"\n"
             f.write((b"\n" if torn else b"") + dumps_line(rec).encode("utf-8"))
 
-    def _flush_heldout(self, trainer) -> None:
-        ev = getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)  # handed over at setup
-        if ev is None:
+    def _flush_heldout(self, pl_module: pl.LightningModule) -> None:
+        rc = bound_rollout(pl_module)  # its evaluator: the HeldoutEval callback, or the default one
+        if rc is None:
             return
+        ev = rc.evaluator
         for h in ev.history[self._heldout_seen :]:
             self._append_metrics({k: (int(v) if k == "step" else _f(v)) for k, v in h.items()})
         self._heldout_seen = len(ev.history)
@@ -368,6 +394,6 @@ def _cell(v: Any) -> Any:
     return v if v is None or isinstance(v, (int, float, str)) else clean_text(str(v))
 
 
-def _rollout_cb(trainer):
-    """The RolloutCallback, handed to the module at its setup (``module.rollout_source``)."""
-    return getattr(getattr(trainer, "lightning_module", None), "rollout_source", None)
+def _tokenizer(pl_module: pl.LightningModule) -> Any:
+    """A lit_rl learner's tokenizer (decodes the rows' token ids); None for another module."""
+    return pl_module.tokenizer if isinstance(pl_module, PolicyModule) else None

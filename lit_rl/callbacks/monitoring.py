@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import lightning as L
+import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 from lightning.pytorch.utilities import rank_zero_warn
@@ -41,7 +42,11 @@ from lit_rl.callbacks._health import (
     RewardHackingCheck,
     ThresholdCheck,
 )
+from lit_rl.callbacks._learner import bound_rollout, rl_iteration
 from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import PromptBatch
+from lit_rl.learners.binding import Evaluator
+from lit_rl.learners.policy import PolicyModule
 
 
 class RLHealthWarning(UserWarning):
@@ -80,9 +85,11 @@ def experience_health_metrics(exp: Experience, zero_adv_eps: float = 1e-8) -> di
     return out
 
 
-def _heldout_eval(trainer):
-    """The evaluator HeldoutEval (or the RolloutCallback's default) handed to the module at setup."""
-    return getattr(getattr(trainer, "lightning_module", None), "heldout_eval", None)
+def _heldout_eval(pl_module: pl.LightningModule) -> Evaluator | None:
+    """The evaluator of the learner's rollout binding (the HeldoutEval callback, or the RolloutCallback's
+    default); None without a binding."""
+    rc = bound_rollout(pl_module)
+    return rc.evaluator if rc is not None else None
 
 
 class RLHealthMonitor(L.Callback):
@@ -170,16 +177,24 @@ class RLHealthMonitor(L.Callback):
     def events(self) -> list[HealthEvent]:
         return self.checks.events
 
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.entropy_max is None:
-            vocab = getattr(getattr(getattr(pl_module, "model", None), "config", None), "vocab_size", None)
+            # a lit_rl learner's Hugging Face model; another LightningModule keeps the default threshold
+            vocab = pl_module.model.config.vocab_size if isinstance(pl_module, PolicyModule) else None
             if vocab:
                 self.checks.checks["entropy"].high = 0.9 * math.log(vocab)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        step = int(getattr(pl_module, "iteration", trainer.global_step))
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
+        step = rl_iteration(trainer, pl_module)
         metrics = self._gather(trainer, batch)
-        ev = _heldout_eval(trainer)
+        ev = _heldout_eval(pl_module)
         if ev is not None:
             for h in ev.history[self._heldout_seen :]:
                 self.checks.checks["reward_hacking"].add_heldout(h.get("eval/reward_mean", math.nan))
@@ -191,16 +206,14 @@ class RLHealthMonitor(L.Callback):
         for k, v in own.items():
             pl_module.log(k, v, on_step=True, on_epoch=False, batch_size=1)
 
-    def _gather(self, trainer, batch) -> dict[str, float]:
+    def _gather(self, trainer: pl.Trainer, batch: PromptBatch) -> dict[str, float]:
         """This step's readings: logged module metrics, then rollout metrics, then the Experience's own."""
         out: dict[str, float] = {}
         for k, v in dict(trainer.callback_metrics).items():
             if (isinstance(v, torch.Tensor) and v.numel() == 1) or isinstance(v, (int, float)):
                 out[k] = float(v)
-        out.update(
-            {k: float(v) for k, v in getattr(batch, "metrics", {}).items() if isinstance(v, (int, float))}
-        )
-        exp = getattr(batch, "experience", None)
+        out.update({k: float(v) for k, v in batch.metrics.items() if isinstance(v, (int, float))})
+        exp = batch.experience
         if exp is not None:
             out.update(experience_health_metrics(exp, self.zero_adv_eps))
         return out
@@ -224,8 +237,15 @@ class TokensSeen(L.Callback):
     def __init__(self) -> None:
         self.total = 0
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        exp = getattr(batch, "experience", None)
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
+        exp = batch.experience
         if exp is None:
             return
         n = exp.attention_mask.sum().to(torch.float64).reshape(1)

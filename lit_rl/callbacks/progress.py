@@ -3,9 +3,9 @@
 An RL run is bounded by ``max_steps`` with ``max_epochs: -1``; an "epoch" is one pass over the prompt set
 and means nothing to the user, and Lightning's bars show ``Epoch 0/-2``. These bars show ``Iteration`` with
 one bar for the whole run: iteration k of ``total``, where ``total`` is ``max_steps`` (optimizer steps) divided by
-the optimizer steps one iteration takes (``ppo_epochs`` × minibatches: ``RolloutCallback.setup`` sets
-``pl_module.steps_per_iteration``, so the total is right from the first draw; without it, measured after the
-first iteration).
+the optimizer steps one iteration takes (``ppo_epochs`` × minibatches: ``RolloutCallback.setup`` binds it in
+the learner's rollout binding, ``steps_per_iteration``, so the total is right from the first draw; without it,
+measured after the first iteration).
 """
 
 from __future__ import annotations
@@ -13,28 +13,37 @@ from __future__ import annotations
 import math
 import sys
 import time
+from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, RichProgressBar, TQDMProgressBar
 
-
-def _iteration(trainer, pl_module) -> int:
-    return int(getattr(pl_module, "iteration", trainer.global_step))
+from lit_rl.callbacks._learner import bound_rollout, rl_iteration
 
 
-def _total(trainer, pl_module) -> float:
+def _iteration(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+    return rl_iteration(trainer, pl_module)
+
+
+def _total(trainer: pl.Trainer, pl_module: pl.LightningModule) -> float:
     """Iterations the run will take (inf without max_steps)."""
     if not trainer.max_steps or trainer.max_steps < 0:
         return math.inf
     it = _iteration(trainer, pl_module)
-    per_iter = getattr(pl_module, "steps_per_iteration", None) or (trainer.global_step / it if it else 1.0)
+    rc = bound_rollout(pl_module)
+    per_iter = (rc.steps_per_iteration if rc is not None else None) or (
+        trainer.global_step / it if it else 1.0
+    )
     return max(it, math.ceil(trainer.max_steps / max(per_iter, 1e-9)))
 
 
 class IterationProgressBar(TQDMProgressBar):
     """tqdm bar over RL iterations (``lit-rl``'s default bar)."""
 
-    def on_train_epoch_start(self, trainer, *_) -> None:
-        if self.train_progress_bar is None or getattr(self, "_started", False):
+    _started = False  # the one bar of the run has been set up (a new "epoch" does not reset it)
+
+    def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+        if self.train_progress_bar is None or self._started:
             return  # one bar for the whole run: a new "epoch" does not reset it
         self._started = True
         pl_module = trainer.lightning_module
@@ -44,7 +53,9 @@ class IterationProgressBar(TQDMProgressBar):
         self.train_progress_bar.n = _iteration(trainer, pl_module)  # a resumed run starts where it was
         self.train_progress_bar.set_description("Iteration")
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         bar = self.train_progress_bar
         if bar is None or bar.disable:
             return
@@ -54,7 +65,7 @@ class IterationProgressBar(TQDMProgressBar):
         bar.set_postfix(self.get_metrics(trainer, pl_module))
         bar.refresh()
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         pass  # the bar stays open across epochs; on_train_end closes it
 
 
@@ -64,12 +75,14 @@ class RichIterationProgressBar(RichProgressBar):
     def _get_train_description(self, current_epoch: int) -> str:
         return "Iteration"
 
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
+    def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.train_progress_bar_id is None:
             super().on_train_epoch_start(trainer, pl_module)
             self._sync(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         if self.is_disabled:
             return
         if self.train_progress_bar_id is None:
@@ -111,10 +124,12 @@ class ProgressLog(Callback):
         bar = trainer.progress_bar_callback
         return trainer.is_global_zero and bar is not None and bar.is_enabled and not _isatty(sys.stdout)
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._last = (_iteration(trainer, pl_module), time.monotonic())
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         it, total = _iteration(trainer, pl_module), _total(trainer, pl_module)
         last_it, last_t = self._last or (it - 1, time.monotonic())
         if it <= last_it or not self._active(trainer):
@@ -129,7 +144,7 @@ class ProgressLog(Callback):
         parts.append(f"{(now - last_t) / (it - last_it):.2f} s/it")
         _print(trainer, f"Iteration {it}{of}: {', '.join(parts)}")
 
-    def on_validation_end(self, trainer, pl_module) -> None:
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.sanity_checking or not self._active(trainer):
             return
         evals = {k: v for k, v in trainer.callback_metrics.items() if k.startswith("eval/")}

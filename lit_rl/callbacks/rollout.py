@@ -26,25 +26,33 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import lightning.pytorch as pl
+
 from lit_rl.callbacks._agree import agree
 from lit_rl.callbacks._async import check_async_args
 from lit_rl.callbacks._async_rollouts import AsyncRollouts
+from lit_rl.callbacks._learner import datamodule_of, learner, one_callback, prompt_data
 from lit_rl.callbacks._roles import RolloutProducer
 from lit_rl.callbacks._weight_sync import WeightSync
 from lit_rl.callbacks.eval import HeldoutEval
+from lit_rl.callbacks.teachers import TeacherRouter
 from lit_rl.core.settings import flat_settings, flat_values, split_settings
 from lit_rl.core.steps import max_steps_message
 from lit_rl.data.experience import Experience
-from lit_rl.data.prompts import Prompt
+from lit_rl.data.prompts import Prompt, PromptBatch
 from lit_rl.errors import ConfigError
+from lit_rl.learners.binding import Evaluator, RolloutBinding, RolloutBound, TeacherSource
 from lit_rl.learners.policy import PolicyModule
 from lit_rl.learners.protocols import experience_hooks
 from lit_rl.rewards.base import TrainerState
 from lit_rl.rewards.pool import RewardPool
+from lit_rl.rollout.agent_loop import AgentGenerator, AgentLoop
 from lit_rl.rollout.async_producer import AsyncProducer
 from lit_rl.rollout.base import EngineBase, check_engine
 from lit_rl.rollout.engine import Completion, HFEngine, SamplingConfig
+from lit_rl.rollout.generate import Generator
 from lit_rl.rollout.pipeline import RolloutPipeline, build_pipeline
+from lit_rl.rollout.score import Scorer
 from lit_rl.rollout.settings import FilterSettings, RolloutSettings, SyncSettings
 
 
@@ -88,10 +96,15 @@ class RolloutCallback(RolloutProducer):
         )
         if rewards is not None and not isinstance(rewards, RewardPool):
             rewards = RewardPool(rewards)
+        # a given pipeline's reward stage (a Scorer) holds its pool; the agent path's scores with its environment
+        score = pipeline.score if pipeline is not None else None
         self.rewards = (
-            rewards if rewards is not None else getattr(getattr(pipeline, "score", None), "rewards", None)
+            rewards if rewards is not None else (score.rewards if isinstance(score, Scorer) else None)
         )
-        self._default_eval: HeldoutEval | None = None
+        # validation's evaluator when the trainer has no HeldoutEval callback (made once: a second setup by
+        # this callback binds an equal binding)
+        self._default_eval: HeldoutEval = self._make_default_eval()
+        self._bound: RolloutBinding | None = None  # what setup bound, released at teardown
         self._log_history: list[
             dict[str, float]
         ] = []  # TrainerState.log_history: one dict per finished iteration
@@ -100,10 +113,14 @@ class RolloutCallback(RolloutProducer):
             self.engine_lock = threading.RLock()
             pipeline = build_pipeline(self.engine, self.rewards, rollout, filters, self.engine_lock)
         else:  # the pipeline's generator already holds a lock: the callback's pushes and evaluation share it
-            self.engine_lock = getattr(pipeline.generate, "lock", None) or threading.RLock()
+            gen = pipeline.generate
+            self.engine_lock = gen.lock if isinstance(gen, (Generator, AgentGenerator)) else threading.RLock()
         self.pipeline = pipeline
         self.weight_sync = WeightSync(self.engine, self.sync.sync_every, self.engine_lock)
         self._async = AsyncRollouts(rollout, self.sync, self.engine_lock)
+
+    def _make_default_eval(self) -> HeldoutEval:
+        return HeldoutEval()
 
     @property
     def _producer(self) -> AsyncProducer | None:
@@ -114,30 +131,66 @@ class RolloutCallback(RolloutProducer):
         return self._async.state
 
     # ------------------------------------------------------------------ setup
-    def setup(self, trainer, pl_module, stage: str) -> None:
-        # Explicit wiring (every stage): the module, evaluation, teacher rollouts and engines read what they need
-        # from ``module.rollout_source`` instead of searching trainer.callbacks; a validation without a
-        # HeldoutEval callback uses a default evaluator (HeldoutEval.setup hands its own, whatever the order).
-        pl_module.rollout_source = self
-        if getattr(pl_module, "heldout_eval", None) is None:
-            self._default_eval = pl_module.heldout_eval = HeldoutEval()
-        if stage != "fit":
-            return
-        group_size, sampling = self.settings.group_size, self.settings.sampling
+    def binding(
+        self,
+        evaluator: Evaluator | None = None,
+        teacher_router: TeacherSource | None = None,
+        steps_per_iteration: int | None = None,
+    ) -> RolloutBinding:
+        """The frozen ``RolloutBinding`` this callback hands the learner (``setup``; tests build one here):
+        its engine, lock, settings, pipeline and rewards, with ``evaluator`` (None: this callback's default)."""
+        return RolloutBinding(
+            engine=self.engine,
+            settings=self.settings,
+            pipeline=self.pipeline,
+            lock=self.engine_lock,
+            evaluator=evaluator if evaluator is not None else self._default_eval,
+            eval_generate=self.eval_generate,
+            apply_pending=self._async.apply_pending,
+            rewards=self.rewards,
+            steps_per_iteration=steps_per_iteration,
+            teacher_router=teacher_router,
+            agent=self._agent_loop(),
+        )
+
+    def _agent_loop(self) -> AgentLoop | None:
+        return None  # AgentRolloutCallback's is its agent
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Explicit wiring (every stage): one frozen RolloutBinding handed to the learner by its one method
+        # ``bind_rollout``; the module, evaluation, teacher rollouts and engines read what they need from it.
+        # The evaluator and the teacher router are the trainer's callbacks of those types (typed, not probed);
+        # without a HeldoutEval callback validation uses this callback's default evaluator.
+        if not isinstance(pl_module, RolloutBound):
+            raise TypeError(
+                f"RolloutCallback trains a lit_rl learner (PolicyModule or a subclass), got "
+                f"{type(pl_module).__name__}"
+            )
+        evaluator = one_callback(trainer, HeldoutEval, "HeldoutEval")
+        router = one_callback(trainer, TeacherRouter, "TeacherRouter")
+        steps = self._check_fit(trainer, pl_module) if stage == "fit" else None
+        self._bound = self.binding(evaluator, router, steps)
+        pl_module.bind_rollout(self._bound)
+        if stage == "fit" and self.sync.mode == "async":
+            self._async.check_setup(trainer, pl_module)
+
+    def _check_fit(self, trainer: pl.Trainer, pl_module: RolloutBound) -> int | None:
+        """Fit-only setup: refuse what cannot train before the weights load, bind the engine; returns the
+        optimizer steps one iteration takes (None: unknown or varies)."""
+        group_size = self.settings.group_size
         if isinstance(pl_module, PolicyModule):  # a group-relative advantage needs groups of two or more
             pl_module.check_group_size(group_size)
-        pl_module.temperature = sampling.logprob_temperature
-        pl_module.processing = sampling.processing  # the sampler's distribution for ratios (core.processed)
         self.engine.bind(pl_module, self.settings)
-        dm = getattr(trainer, "datamodule", None)
         # a TRL-style reward's required parameter the data lacks: one line now (before the weights load), not
         # an error on every row at the first rollout
+        # (a user's own LightningDataModule has no prompt set or batch size of lit_rl's to check)
+        prompt_dm = prompt_data(trainer)
         try:
             if self.rewards is not None:  # the agent path scores with its environment
-                self.rewards.check_columns(getattr(dm, "train_prompts", None) or [])
+                self.rewards.check_columns(prompt_dm.train_prompts if prompt_dm is not None else [])
         except ValueError as e:
             raise ConfigError(f"rollout.rewards: {e}") from None
-        prompts_per_step = getattr(dm, "batch_size", None)
+        prompts_per_step = prompt_dm.batch_size if prompt_dm is not None else None
         # a lit_rl learner's optimizer-step settings (another LightningModule has no minibatch plan to check)
         step = pl_module.config.step if isinstance(pl_module, PolicyModule) else None
         mb = step.minibatch_size if step is not None else None
@@ -147,27 +200,31 @@ class RolloutCallback(RolloutProducer):
                 f"minibatch_size={mb} does not divide the rollout batch of {rows} rows "
                 f"(data.batch_size={prompts_per_step} prompts x group_size={group_size})"
             )
-        if rows and step is not None:
-            steps = pl_module.optimizer_steps_per_iteration(rows)
-            # the progress bar's total (iterations) is exact from the start: max_steps / steps (progress.py)
-            pl_module.steps_per_iteration = steps
-            why = steps and max_steps_message(trainer.max_steps, rows, step.ppo_epochs, step.minibatch_size)
-            if why:
-                raise ConfigError(why)
-        if self.sync.mode == "async":
-            self._async.check_setup(trainer, pl_module)
+        if not (rows and step is not None and isinstance(pl_module, PolicyModule)):
+            return None
+        steps = pl_module.optimizer_steps_per_iteration(rows)
+        # the progress bar's total (iterations) is exact from the start: max_steps / steps (progress.py)
+        why = steps and max_steps_message(trainer.max_steps, rows, step.ppo_epochs, step.minibatch_size)
+        if why:
+            raise ConfigError(why)
+        return steps
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
-        if getattr(pl_module, "heldout_eval", None) is self._default_eval:
-            pl_module.heldout_eval = None
-        self._default_eval = None
+    def _release(self, pl_module: pl.LightningModule) -> None:
+        if self._bound is not None and isinstance(pl_module, RolloutBound):
+            pl_module.release_rollout(self._bound)
+        self._bound = None
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release(pl_module)
         self._async.stop()
         if self.rewards is not None:
             self.rewards.close()
         self.engine.teardown()  # engines owning processes (launched vLLM servers) stop them
 
     # -------------------------------------------------------------- rollouts
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: PromptBatch, batch_idx: int
+    ) -> None:
         if self.rewards is not None:  # what TRL-style rewards get as trainer_state (rewards/base.py)
             self.rewards.trainer_state = TrainerState.from_trainer(
                 trainer, batch_idx, tuple(self._log_history)
@@ -186,32 +243,41 @@ class RolloutCallback(RolloutProducer):
         batch.experience, batch.metrics = exp, metrics
 
     def _build(
-        self, trainer, pl_module, prompts: list[Prompt], iteration: int | None = None
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        prompts: list[Prompt],
+        iteration: int | None = None,
     ) -> tuple[Experience, dict[str, float]]:
         """Steps 1-5: prompts → scored Experience (the async producer runs this in its thread). ``iteration``
         keys the refill stream: the module's current one (sync), or the one the producer's item is for (async:
         never read from the module in the producer thread, where it depends on how far the trainer got)."""
-        pool = getattr(getattr(trainer, "datamodule", None), "train_prompts", None)
+        dm = prompt_data(trainer)
+        pool = dm.train_prompts if dm is not None else None
+        module = learner(pl_module, "RolloutCallback")
         if iteration is None:
-            iteration = getattr(pl_module, "iteration", 0)
+            iteration = module.iteration
         exp, metrics = self.pipeline.run(
-            pl_module.tokenizer, prompts, pool=pool, rank=trainer.global_rank, iteration=iteration
+            module.tokenizer, prompts, pool=pool, rank=trainer.global_rank, iteration=iteration
         )
         metrics.update(self.engine.metrics())  # engine-side counters, e.g. VLLMServerEngine's server errors
         return exp, metrics
 
     def _builder(
-        self, trainer, pl_module
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule
     ) -> Callable[[list[Prompt], int], tuple[Experience, dict[str, float]]]:
         """``_build`` as the async producer calls it: ``(prompts, refill iteration)``."""
         return lambda prompts, iteration: self._build(trainer, pl_module, prompts, iteration=iteration)
 
-    def _annotate(self, trainer, pl_module, exp: Experience, metrics: dict[str, float]) -> None:
+    def _annotate(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exp: Experience, metrics: dict[str, float]
+    ) -> None:
         """Steps 6-7, always in the trainer thread with the current learner."""
-        pl_module.on_experience(trainer, pl_module, exp)
+        module = learner(pl_module, "RolloutCallback")
+        module.on_experience(trainer, module, exp)
         for hook in experience_hooks(trainer):
-            hook.on_experience(trainer, pl_module, exp)
-        metrics.update(pl_module.compute_advantages(exp))
+            hook.on_experience(trainer, module, exp)
+        metrics.update(module.compute_advantages(exp))
 
     def eval_generate(
         self, prompt_ids: list[list[int]], n: int, sampling: SamplingConfig
@@ -222,8 +288,15 @@ class RolloutCallback(RolloutProducer):
             return self.engine.generate(prompt_ids, n, sampling)
 
     # ----------------------------------------------------------- weight sync
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        metrics = getattr(batch, "metrics", None) or {}
+    def on_train_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: PromptBatch,
+        batch_idx: int,
+    ) -> None:
+        metrics = batch.metrics
         self._log_history.append(
             {
                 "step": trainer.global_step,
@@ -235,29 +308,31 @@ class RolloutCallback(RolloutProducer):
         self._async.end_iteration()
         _log_iteration_step(trainer, pl_module, on_step=True)
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    def on_validation_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not trainer.sanity_checking:  # the sanity pass's baseline is logged at step 0 by the module itself
             _log_iteration_step(trainer, pl_module, on_step=False)
 
     # ----------------------------------------------------------------- async
-    def on_train_start(self, trainer, pl_module) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._async.stop()  # a producer left from an earlier fit
         is_async = self.sync.mode == "async"
-        self.weight_sync.first_push(
-            trainer, pl_module.model, self._async.state["version"] if is_async else None
-        )
+        module = learner(pl_module, "RolloutCallback")
+        self.weight_sync.first_push(trainer, module.model, self._async.state["version"] if is_async else None)
         if is_async:
             self._async.start(
-                trainer.datamodule,
-                getattr(pl_module, "iteration", 0),
+                datamodule_of(trainer),  # checked at setup (AsyncRollouts.check_setup)
+                module.iteration,
                 self._builder(trainer, pl_module),
                 self.weight_sync.load,
             )
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._async.stop()
 
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._release(pl_module)  # Lightning runs no teardown hook after an exception
         self._async.stop()
 
     # ----------------------------------------------------------------- state
@@ -327,15 +402,14 @@ def _check_pipeline_args(pipeline: RolloutPipeline, engine, settings: dict[str, 
         raise ValueError("RolloutCallback: engine is not the engine the pipeline generates with")
 
 
-def _log_iteration_step(trainer, pl_module, on_step: bool) -> None:
+def _log_iteration_step(trainer: pl.Trainer, pl_module: pl.LightningModule, on_step: bool) -> None:
     """Every logger's x-axis is the RL iteration (1-based, what the progress bar, the rollout files and
     ``rollouts/metrics.jsonl`` show): Lightning uses a logged ``step`` as the logging step, else its own
     0-based batch count, which is one behind. ``lit_rl.runs.checkpoint_log_step`` relies on this numbering."""
-    it = getattr(pl_module, "iteration", None)
-    if it is not None:
+    if isinstance(pl_module, PolicyModule):  # another LightningModule keeps Lightning's own step
         pl_module.log(
             "step",
-            float(it),
+            float(pl_module.iteration),
             on_step=on_step,
             on_epoch=not on_step,
             batch_size=1,

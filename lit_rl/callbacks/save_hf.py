@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import lightning as L
+import lightning.pytorch as pl
 
 from lit_rl.runs import run_path
 
@@ -25,13 +26,13 @@ class SaveHFModel(L.Callback):
         self.dirpath, self.lora = dirpath, lora
         self._written = False
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._written = False
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._save(trainer, pl_module)
 
-    def on_fit_end(self, trainer, pl_module) -> None:
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # A finished run resumed with --ckpt_path last has nothing to train: Lightning skips the training loop and
         # never calls on_train_end, but the restored weights are the final ones -- write them.
         if not self._written:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lit_rl.jsonl import lines_note, read_jsonl
+
+if TYPE_CHECKING:
+    from lit_rl.data.experience import Experience
 
 
 @dataclass
@@ -107,7 +110,7 @@ class PromptBatch:
 
     def __init__(self, prompts: list[Prompt]):
         self.prompts = prompts
-        self.experience = None  # set by RolloutCallback
+        self.experience: Experience | None = None  # set by RolloutCallback
         self.metrics: dict[str, float] = {}  # rollout-side metrics, logged by the module
 
     def __len__(self) -> int:

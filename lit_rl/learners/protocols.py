@@ -29,9 +29,8 @@
   (``PolicyModule.own_loss_terms``: DistillModule's student distillation, the ``critic``), then every
   ``LossTerm`` in ``trainer.callbacks``.
 
-And one protocol for the module's side of the rollout wiring:
-
-- ``RolloutSource``: the wiring the rollout callback hands the module (``module.rollout_source``) at setup.
+The module's side of the rollout wiring is not a protocol but one typed object: the frozen ``RolloutBinding`` the
+rollout callback hands over at setup (``learners/binding.py``).
 """
 
 from __future__ import annotations
@@ -89,22 +88,6 @@ def forward_needs(terms: list[LossTerm]) -> ForwardNeeds:
     for term in terms:
         needs = needs | term.needs()
     return needs
-
-
-@runtime_checkable
-class RolloutSource(Protocol):
-    """What the rollout callback hands the policy module at ``setup`` (``module.rollout_source``), so that
-    evaluation, teacher rollouts and engines never search ``trainer.callbacks`` for it: the engine (with its
-    lock and ``eval_generate``), the rollout settings (``settings.group_size``, ``settings.sampling``), the
-    reward pool and the pipeline."""
-
-    engine: Any
-    settings: Any
-    rewards: Any
-    pipeline: Any
-    engine_lock: Any
-
-    def eval_generate(self, prompt_ids: list[list[int]], n: int, sampling: Any) -> list: ...
 
 
 def experience_hooks(trainer) -> list:

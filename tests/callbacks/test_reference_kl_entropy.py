@@ -11,8 +11,10 @@ from lit_rl.callbacks import RolloutCallback
 from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.reference_kl import ReferenceKL
 from lit_rl.core.aggregation import aggregate
+from lit_rl.core.processed import LogitProcessing
 from lit_rl.data import PromptDataModule
 from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import PromptBatch
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.config import PolicyConfig
 from lit_rl.rewards import ExactAnswerReward
@@ -179,7 +181,7 @@ def test_adaptive_beta_moves_toward_target_and_state_round_trips():
     cb = ReferenceKL(beta=0.1, target_kl=0.1, horizon=10)
     cb._accumulate(torch.tensor([[0.5, 0.5, 7.0]]), torch.tensor([[True, True, False]]), rows=2)
     fake = FakeModule()
-    cb.on_train_batch_end(None, fake, None, object(), 0)
+    cb.on_train_batch_end(None, fake, None, PromptBatch([]), 0)
     assert fake.logged == {"kl/mean": 0.5, "kl/beta": 0.1}
     assert cb.beta == pytest.approx(0.1 * (1 + 0.2 * 2 / 10), rel=1e-12)  # error 4 clipped to 0.2
     other = ReferenceKL(beta=0.1, target_kl=0.1, horizon=10)
@@ -324,6 +326,7 @@ def test_fragments_compose_with_grpo_config(tiny_model_dir, tmp_path):
 
 class AggModule:
     temperature = 1.0
+    processing = LogitProcessing()  # a learner's sampler (PolicyModule reads it from its rollout binding)
     config = PolicyConfig.of("m")
 
     def aggregate(self, values, m, fwd):

@@ -22,10 +22,12 @@ import torch
 
 from lit_rl.callbacks.entropy import EntropyRegularization
 from lit_rl.callbacks.reference_kl import ReferenceKL
-from lit_rl.core.processed import LogitProcessing
 from lit_rl.data.experience import Experience
+from lit_rl.data.prompts import PromptBatch
 from lit_rl.learners import PolicyModule
 from lit_rl.learners.protocols import ForwardNeeds
+from lit_rl.rollout.engine import SamplingConfig
+from tests._binding import bind_sampling
 from tests._float64 import float64_rmsnorm
 
 F64 = torch.float64
@@ -55,8 +57,7 @@ def _module(tiny_model_dir, materialize: bool = False, top_k: int = TOP_K):
     with torch.no_grad():
         head.add_(0.08 * torch.randn(head.shape, generator=torch.Generator().manual_seed(1), dtype=F64))
     mod.materialize_logits = materialize
-    mod.processing = LogitProcessing(temperature=1.0, top_k=top_k)
-    mod.temperature = 1.0
+    bind_sampling(mod, SamplingConfig(temperature=1.0, top_k=top_k))
     return mod
 
 
@@ -154,7 +155,7 @@ def test_reward_form_value_logged_mean_and_total_gradient_are_the_exact_kls(tiny
     expected = float((ex.ps * -r / BETA).sum())  # E_{a ~ π^s}: what a sampled batch averages to
     assert expected == pytest.approx(ex.kl, rel=1e-9), (expected, ex.kl)  # before: 0.2080 vs 0.5270
     fake = FakeLog()
-    cb.on_train_batch_end(None, fake, None, object(), 0)
+    cb.on_train_batch_end(None, fake, None, PromptBatch([]), 0)
     assert fake.logged["kl/mean"] == pytest.approx(ex.kl, rel=1e-9)
     surrogate = -(ex.ps * ex.log_ps * r.detach()).sum()
     _expectation(mod, ex.ps)
@@ -186,7 +187,7 @@ def test_loss_form_and_entropy_values_and_gradients_are_exact(tiny_model_dir, ma
     cos, ratio = _cos_ratio(g, BETA * ex.grad_kl)
     _close(g, BETA * ex.grad_kl)
     fake = FakeLog()
-    cb.on_train_batch_end(None, fake, None, object(), 0)
+    cb.on_train_batch_end(None, fake, None, PromptBatch([]), 0)
     assert fake.logged["kl/mean"] == pytest.approx(ex.kl, rel=1e-9), (cos, ratio)
     ent = EntropyRegularization(coef=0.05)
     bonus = ent.loss_terms(mod, exp, fwd)["entropy"]
@@ -209,7 +210,7 @@ def test_sampled_estimators_warn_under_truncation_and_auto_is_k3_without(tiny_mo
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per callback
         cb.on_experience(None, mod, _experience(rows))
-    mod.processing = LogitProcessing(temperature=1.0)
+    bind_sampling(mod, SamplingConfig(temperature=1.0))
     auto = ReferenceKL(where="reward", beta=BETA)
     auto.ref = cb.ref
     a, b = _experience(rows), _experience(rows)

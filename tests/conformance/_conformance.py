@@ -138,7 +138,10 @@ class FixedExperience(L.Callback):
         self.exp, self.temperature, self.transform = exp, temperature, transform
 
     def setup(self, trainer, pl_module, stage):
-        pl_module.temperature = self.temperature
+        from lit_rl.rollout.engine import SamplingConfig
+        from tests._binding import bind_sampling
+
+        bind_sampling(pl_module, SamplingConfig(temperature=self.temperature))  # as RolloutCallback.setup
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         from lit_rl.learners.protocols import experience_hooks

@@ -157,8 +157,14 @@ def test_rollout_callback_binds_with_its_rollout_settings():
         group_size=3,
         sampling=SamplingConfig(max_new_tokens=7),
     )
-    module = types.SimpleNamespace(heldout_eval=object(), hparams=types.SimpleNamespace())
-    rc.setup(types.SimpleNamespace(datamodule=None), module, "fit")
+    from lit_rl.learners.binding import RolloutBound
+
+    class Learner(RolloutBound):  # the learner's side of the binding, without a model
+        hparams = types.SimpleNamespace()
+
+    module = Learner()
+    rc.setup(types.SimpleNamespace(datamodule=None, callbacks=[]), module, "fit")
+    assert module.rollout.engine is engine
     assert engine.shape == (3, 7)
 
 
