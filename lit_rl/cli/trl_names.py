@@ -11,7 +11,7 @@ Read by:
   (``tests/test_trl_grpo_config_table.py``).
 
 A setting is a dotted config key (``--model.init_args.clip_low`` on the command line), or
-``trainer.callbacks[Class].init_args.arg``: the argument of a ``lit_rl.callbacks.Class`` callback (TRL's
+``trainer.callbacks[Class].init_args.arg``: the argument of a ``lit_rl.callbacks.<Class>`` callback (TRL's
 ``beta`` is a ``ReferenceKL``'s). Light on purpose: the early check imports it before Lightning.
 """
 
