@@ -252,8 +252,7 @@ class OpenAIServer:
         self._closed: set[str] = set()  # ids of closed episodes: a late call gets 410, not 404
         self._renderers: dict[str, ChatRenderer] = {}
         self._batcher = _Batcher(engine, before_generate)
-        self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
-        self._http.daemon_threads = True
+        self._http = _HTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(
             target=self._http.serve_forever, name="lit_rl-openai-http", daemon=True
         )
@@ -420,6 +419,13 @@ class OpenAIServer:
             ):
                 return c.prompt_ids + c.completion_ids + renderer.observation_ids(c.completion_ids, new), True
         return renderer.prompt_ids(messages), False
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    # A batch opens all its episodes at once: with the default listen backlog (5) a loaded machine dropped one of
+    # 32 simultaneous first connections (the agent's APIConnectionError, in a SmolLM2 run at load 32).
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 def _handler(server: OpenAIServer) -> type[BaseHTTPRequestHandler]:

@@ -341,3 +341,27 @@ def test_weights_pushed_mid_episode_label_each_calls_tokens(tiny_model_dir):
     exp = loop.to_experience([Prompt(prompt="x")], groups, pad_id=0)
     versions = exp.extras["token_versions"][0][exp.loss_mask[0]].tolist()
     assert versions == [0, 0, 0, 1, 1, 1]
+
+
+def test_a_batch_of_simultaneous_first_calls_all_connect(tiny_model_dir):
+    """64 episodes call at the same moment (a batch opens every episode at once): every connection is accepted
+    (with http.server's default listen backlog of 5, 12 and 13 of 64 got APIConnectionError in two runs)."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = Recorder(tokenizer=tok, reply=lambda p: chars("ok") + [E])
+    errors, go = [], threading.Event()
+    with OpenAIServer(engine, SamplingConfig(max_new_tokens=4)) as server:
+
+        def call(url):
+            go.wait()
+            try:
+                client(url).chat.completions.create(model="m", messages=[{"role": "user", "content": "q"}])
+            except openai.APIError as e:
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=call, args=(server.open_episode(f"e{i}"),)) for i in range(64)]
+        for t in threads:
+            t.start()
+        go.set()
+        for t in threads:
+            t.join()
+    assert errors == [] and len(engine.seen) == 64
