@@ -59,6 +59,11 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--retry-episodes", type=int, default=32, help="RetryRepoEnv episodes (0: skip)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
+        "--workspace-demo",
+        action="store_true",
+        help="the demonstration reads notes.txt before computing (read_file shown in use, never on answer.txt)",
+    )
+    ap.add_argument(
         "--tiny", action="store_true", help="plumbing check: tiny random model, HFEngine, 2 iters"
     )
     ap.add_argument("--stage", choices=("probe", "retry"), help=argparse.SUPPRESS)  # a child process's stage
@@ -103,7 +108,12 @@ def arm_config(a: argparse.Namespace, arm: str, model: str) -> dict:
     agent = roll["agent"]["init_args"]
     agent["env_factory"] = {
         "class_path": "lit_rl.rollout.hack_envs.LeakyCalculatorEnv",
-        "init_args": {"guard": arm, "demonstrations": 0 if a.tiny else 1, "max_tool_calling_iterations": 2},
+        "init_args": {
+            "guard": arm,
+            "demonstrations": 0 if a.tiny else 1,
+            "max_tool_calling_iterations": 2,
+            "workspace_demo": a.workspace_demo,
+        },
     }
     if a.tiny:  # the recipe test's shrink: 2 prompts x 2 episodes, two 4-token turns, HFEngine
         roll["group_size"] = 2
@@ -226,7 +236,11 @@ def probe(a: argparse.Namespace, model: str) -> dict:
     envs: list = []
 
     def factory():
-        envs.append(LeakyCalculatorEnv(guard="monitor", demonstrations=0 if a.tiny else 1))
+        envs.append(
+            LeakyCalculatorEnv(
+                guard="monitor", demonstrations=0 if a.tiny else 1, workspace_demo=a.workspace_demo
+            )
+        )
         return envs[-1]
 
     loop = AgentLoop(factory, engine=_engine(model, a.tiny), max_turns=2 if a.tiny else 3, max_obs_tokens=32)
@@ -295,6 +309,7 @@ def _child(a: argparse.Namespace, stage: str, model: str) -> dict:
     argv = [sys.executable, __file__, "--stage", stage, "--model", model, "--out", str(a.out)]
     argv += ["--probe", str(a.probe), "--retry-episodes", str(a.retry_episodes), "--seed", str(a.seed)]
     argv += ["--tiny"] if a.tiny else []
+    argv += ["--workspace-demo"] if a.workspace_demo else []
     with open(a.out / f"{stage}.log", "w") as log:
         rc = subprocess.call(argv, stdout=log, stderr=subprocess.STDOUT)
     if rc != 0:

@@ -147,3 +147,25 @@ def test_shortcut_used_reads_inspector_turns():
     assert not shortcut_used([{"tool_calls": [read], "observation": None}])  # the final reply: not run
     assert not shortcut_used([{"tool_calls": [{"error": "malformed"}], "observation": "x"}])
     assert not shortcut_used([{"tool_calls": [calc], "observation": "x"}])
+
+
+def test_workspace_demo_shows_read_file_on_the_notes_only():
+    msgs = LeakyCalculatorEnv(workspace_demo=True).reset(PROMPT)
+    assert [m["role"] for m in msgs] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+    ]
+    calls = [c["function"] for m in msgs for c in m.get("tool_calls", [])]
+    assert calls == [
+        {"name": "read_file", "arguments": {"path": "notes.txt"}},
+        {"name": "calculator", "arguments": {"expression": "123 * 456"}},
+    ]
+    # the default: the calculator demonstration alone
+    default = LeakyCalculatorEnv().reset(PROMPT)
+    assert [c["function"]["name"] for m in default for c in m.get("tool_calls", [])] == ["calculator"]
