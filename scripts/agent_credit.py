@@ -85,7 +85,7 @@ def run_config(a: argparse.Namespace, variant: str, seed: int, run_dir: Path) ->
     )
     cbs = {c["class_path"].rsplit(".", 1)[-1]: c["init_args"] for c in cfg["trainer"]["callbacks"]}
     ev, roll = cbs["AgentEval"], cbs["AgentRolloutCallback"]
-    ev.update(max_prompts=a.eval_prompts, baseline=True, history_path="eval_history.json")
+    ev.update(max_prompts=a.eval_prompts, baseline=not a.skip_baseline, history_path="eval_history.json")
     cbs["RolloutInspector"].update(every_n_steps=1, max_rows_per_step=a.inspect_rows)
     m = cfg["model"]["init_args"]
     m["model"] = a.model
@@ -141,11 +141,14 @@ def turn_advantages(run_dir: Path) -> list[list[float]]:
     return out
 
 
-def summarise(run_dir: Path) -> dict:
-    """The table row of one finished run: success at its evaluations, seconds per iteration, costs."""
+def summarise(run_dir: Path, first: dict | None = None) -> dict:
+    """The table row of one finished run: success at its evaluations, seconds per iteration, costs. ``first``:
+    the row whose step-0 evaluation stands for this run's (``--baseline-once``)."""
     res = json.loads((run_dir / "result.json").read_text())
     hist = json.loads((run_dir / "eval_history.json").read_text())
     acc = {int(h["step"]): h["eval/accuracy"] for h in hist}
+    if first is not None and 0 in first["eval_steps"]:
+        acc[0] = first["success"][first["eval_steps"].index(0)]
     steps = sorted(acc)
     last = hist[-1]
     per_turn = turn_advantages(run_dir)
@@ -202,6 +205,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--inspect-rows", type=int, default=16, help="inspector rows recorded per iteration")
     ap.add_argument("--out", default="runs/agent_credit")
     ap.add_argument("--tiny", action="store_true", help="the plumbing test's sizes (module doc)")
+    ap.add_argument(
+        "--baseline-once",
+        action="store_true",
+        help="evaluate the untrained checkpoint in the first run only: greedy episodes of the same weights are "
+        "the same for every variant and seed (the other runs' start is that number)",
+    )
+    ap.add_argument(
+        "--start-success",
+        type=float,
+        help="the untrained checkpoint's held-out success measured before (a step-0 eval_history.json of the same "
+        "--eval-prompts); no run evaluates it again",
+    )
+    ap.add_argument("--skip-baseline", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)  # the child process's one run
     ap.add_argument("--seed", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
@@ -221,11 +237,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for variant in a.variants:
             run_dir = Path(a.out) / f"{variant}_s{seed}"
             cmd = [sys.executable, __file__, *argv, "--variant", variant, "--seed", str(seed)]
+            if (a.baseline_once and rows) or a.start_success is not None:
+                cmd.append("--skip-baseline")
             t0 = time.perf_counter()
             rc = subprocess.run(cmd, cwd=Path.cwd()).returncode
             if rc != 0 or not (run_dir / "result.json").exists():
                 raise SystemExit(f"agent_credit: run {variant} seed {seed} failed (exit {rc}); see {run_dir}")
-            rows.append(summarise(run_dir))
+            first = rows[0] if a.baseline_once and rows else None
+            if a.start_success is not None:
+                first = {"eval_steps": [0], "success": [a.start_success]}
+            rows.append(summarise(run_dir, first))
             print(
                 f"[{variant} seed {seed}] {time.perf_counter() - t0:.0f} s: {rows[-1]['success']}", flush=True
             )
