@@ -86,13 +86,15 @@ def test_agent_recipe_trains_from_its_printed_config(recipe, tmp_path, monkeypat
     assert want <= logged, sorted(want - logged)
     assert list((tmp_path / "run" / "rollouts").glob("step_*.jsonl"))  # the inspector's per-turn records
     # held-out episodes of the untrained tiny model: 4 new tokens cannot hold a call, so a calculator episode
-    # ends on its first reply (1 turn); the guessing game answers it with the reminder until max_turns (2)
+    # ends on its first reply (1 turn); the guessing game answers it with the reminder until max_turns (2); the
+    # look-up's prompt (two tool schemas, a character per token: 958 tokens) and its first turn with the reminder
+    # fill max_context_tokens (1024), which ends the episode after one turn
     turns = {
         r["eval/turns_mean"]
         for r in log_rows(tmp_path / "run" / "logs" / "metrics.csv")
         if "eval/turns_mean" in r
     }
-    assert turns == {{"agent_calculator": 1.0, "agent_guess": 2.0}[recipe]}
+    assert turns == {{"agent_calculator": 1.0, "agent_guess": 2.0, "agent_lookup": 1.0}[recipe]}
     # the curves: the plotted training points are the logged values, and the PNG is written
     (plot,) = [cb for cb in cli.trainer.callbacks if type(cb).__name__ == "AgentCurvePlot"]
     rows = [r for r in log_rows(tmp_path / "run" / "logs" / "metrics.csv") if r.get("rollout/turns_mean")]
