@@ -169,6 +169,9 @@ ELSEWHERE = {
     "lit-rl fit -c configs/agent_guess.yaml": (
         "tests/agent/test_agent_recipes.py (its printed config on the tiny model; on SmolLM2: real_ckpt, slow)"
     ),
+    "lit-rl fit -c configs/agent_lookup.yaml": (
+        "tests/agent/test_agent_recipes.py (its printed config on the tiny model; on SmolLM2: real_ckpt, slow)"
+    ),
     "lit-rl fit -c configs/smollm2_addition.yaml": (
         "tests/test_smollm2_recipe.py and tests/test_cli_recipes.py (real_ckpt, slow)"
     ),
