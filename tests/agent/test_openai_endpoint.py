@@ -6,6 +6,7 @@ program that raises, hangs, returns no number or never calls the model is masked
 from __future__ import annotations
 
 import json
+import sys
 import threading
 
 import openai
@@ -240,9 +241,9 @@ def test_a_rewritten_history_is_a_counted_prefix_break(tiny_model_dir):
 # ------------------------------------------------------------------ faults
 def test_failing_programs_are_masked_and_counted_never_a_hang(tiny_model_dir):
     """One batch: a program that answers, one that raises, one that never returns (deadline), one that returns
-    no number, one that never calls the model. The run returns at the deadline; the four failures are masked
-    (reward NaN, invalid), counted, and each row's error says why. The hung program's later call is refused
-    (410) and never reaches the engine."""
+    no number, one that never calls the model, one that exits (``sys.exit``). The run returns at the deadline;
+    the five failures are masked (reward NaN, invalid), counted, and each row's error says why. The hung
+    program's later call is refused (410) and never reaches the engine."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = Recorder(tokenizer=tok, reply=lambda p: chars("ok") + [E])
     release, late = threading.Event(), []
@@ -256,6 +257,8 @@ def test_failing_programs_are_masked_and_counted_never_a_hang(tiny_model_dir):
         c.chat.completions.create(model="m", messages=[{"role": "user", "content": mode}])
         if mode == "raises":
             raise RuntimeError("the tool crashed")
+        if mode == "exits":  # an agent that dies (sys.exit in its thread): the run goes on
+            sys.exit(3)
         if mode == "hangs":
             release.wait()
             try:
@@ -266,7 +269,7 @@ def test_failing_programs_are_masked_and_counted_never_a_hang(tiny_model_dir):
                 late_done.set()
         return "not a number" if mode == "bad_reward" else 1.0
 
-    modes = ["ok", "raises", "hangs", "bad_reward", "no_calls"]
+    modes = ["ok", "raises", "hangs", "bad_reward", "no_calls", "exits"]
     prompts = [Prompt(prompt=m, metadata={"mode": m}) for m in modes]
     loop = ProgramLoop(agent, engine, deadline_s=4)
     try:
@@ -276,20 +279,18 @@ def test_failing_programs_are_masked_and_counted_never_a_hang(tiny_model_dir):
         assert late_done.wait(30)
     finally:
         loop.close()
-    assert late == [(410, "episode_closed")] and len(engine.seen) == calls_at_return == 4
+    assert late == [(410, "episode_closed")] and len(engine.seen) == calls_at_return == 5
     rb = ProgramRewards()(prompts, groups)
     m = rb.metrics
-    assert [m[f"agent/{k}"] for k in ("program_errors", "episodes_timed_out", "bad_rewards", "no_calls")] == [
-        1.0
-    ] * 4
-    assert m["reward/infra_errors"] == 4.0
-    assert rb.valid.tolist() == [True, False, False, False, False]
+    counts = [m[f"agent/{k}"] for k in ("program_errors", "episodes_timed_out", "bad_rewards", "no_calls")]
+    assert counts == [2.0, 1.0, 1.0, 1.0] and m["reward/infra_errors"] == 5.0
+    assert rb.valid.tolist() == [True, False, False, False, False, False]
     assert rb.errors[0] is None and "RuntimeError: the tool crashed" in rb.errors[1]
     assert "deadline_s=4" in rb.errors[2] and "'not a number'" in rb.errors[3]
-    assert "without calling the model" in rb.errors[4]
+    assert "without calling the model" in rb.errors[4] and "raised SystemExit: 3" in rb.errors[5]
     exp = loop.to_experience(prompts, groups, pad_id=0)
     assert exp.rewards[0].item() == 1.0 and torch.isnan(exp.rewards[1:]).all()
-    assert exp.valid.tolist() == [True, False, False, False, False]
+    assert exp.valid.tolist() == [True, False, False, False, False, False]
 
 
 def test_bad_requests_get_openai_errors(tiny_model_dir):
