@@ -9,6 +9,8 @@ __all__ = [
     "Environment",
     "GuessEnv",
     "HFEngine",
+    "OpenAIServer",
+    "ProgramLoop",
     "RetryRepoEnv",
     "RolloutPipeline",
     "SamplingConfig",
@@ -29,6 +31,8 @@ _LAZY = {
     "CalculatorEnv": "lit_rl.rollout.agent_envs",
     "GuessEnv": "lit_rl.rollout.agent_envs",
     "RolloutPipeline": "lit_rl.rollout.pipeline",
+    "OpenAIServer": "lit_rl.rollout.openai_server",
+    "ProgramLoop": "lit_rl.rollout.agent_program",
 }
 
 
