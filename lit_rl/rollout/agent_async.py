@@ -308,6 +308,19 @@ def _timeout_reason(timeout_s: float | None) -> str:
     return f"episode timed out (episode_timeout_s={timeout_s})"
 
 
+_FAULTS = {
+    "agent/episodes_timed_out": "timed_out",
+    "agent/env_errors": "env_error",
+    "agent/episodes_over_budget": "over_budget",
+    "agent/episodes_cut": "cut",
+}
+
+
+def fault_metrics(rows: list[Episode]) -> dict[str, float]:
+    """Episodes of the batch that ended on each fault (``Episode.status``; all masked from the loss; ``EnvRewards``)."""
+    return {k: float(sum(e.status == v for e in rows)) for k, v in _FAULTS.items()}
+
+
 def run_episodes(
     loop: AgentLoop, prompts: list[Any], n: int, sampling: SamplingConfig, stats: RunStats
 ) -> list[list[Episode]]:

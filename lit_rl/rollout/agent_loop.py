@@ -23,7 +23,8 @@ the engine's next input as is; the row trains on exactly those ids, never on a r
 The loop plugs into the rollout pipeline (``rollout/pipeline.py``) as three stages: ``AgentGenerator`` (episodes
 instead of completions), ``EnvRewards`` (the environment's returns instead of a reward pool) and the one
 ``ExperienceBuilder`` with the episode layout (``AgentLoop.episode_rows``, ``AgentLoop.experience_builder``);
-``callbacks.agent_rollout.AgentRolloutCallback`` wires them to Lightning.
+``callbacks.agent_rollout.AgentRolloutCallback`` wires them to Lightning. Scheduling (lock step or asynchronous
+episodes), weight syncs inside an episode, deadlines and budgets: ``agent_async.py``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 
 from lit_rl.data.experience import Experience
 from lit_rl.rewards.pool import RewardBatch
-from lit_rl.rollout.agent_async import CONCURRENCY, RunStats, run_episodes, stream_episodes
+from lit_rl.rollout.agent_async import CONCURRENCY, RunStats, fault_metrics, run_episodes, stream_episodes
 from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.chat import ChatRenderer
@@ -263,28 +264,31 @@ class AgentLoop:
         policy_version: int = 0,
     ) -> Experience:
         """Pack episodes into an Experience (layout and reward placement in the module doc; no horizon: the
-        pipeline's ``experience_builder`` sets it).
+        pipeline's ``experience_builder`` sets it). ``policy_version``: the version of turns that recorded none.
 
         Shapes: B = number of episodes, P = longest prompt, C = longest interleaved completion.
         """
         G = len(episodes[0]) if episodes else 1
         group_ids = torch.arange(first_group, first_group + len(episodes)).repeat_interleave(G)
         return ExperienceBuilder().pack(
-            self.episode_rows(Rollouts(list(prompts), [], episodes)),
+            self.episode_rows(Rollouts(list(prompts), [], episodes), policy_version),
             pad_id,
             group_ids,
             policy_version=policy_version,
         )
 
-    def episode_rows(self, batch: Rollouts) -> Rows:
+    def episode_rows(self, batch: Rollouts, default_version: int | None = None) -> Rows:
         """The episode layout of ``ExperienceBuilder``: one row per episode, the completion its actions and
         observations interleaved (loss on actions only, ``extras["obs_mask"]`` on observations), turn rewards
         r_1..r_{K-1} in ``token_rewards`` and r_K as the row's reward; ``batch.rewards`` (when scored) gives
-        the rows' ``reward_errors``."""
+        the rows' ``reward_errors`` (unscored: the faulted episodes' ``Episode.error``). Each sampled token's
+        policy version (``Turn.action_versions``; ``default_version`` or the engine's for turns without) becomes
+        ``extras["token_versions"]`` and the row's ``policy_version`` its oldest (``Rows.policy_versions``)."""
         rows = [e for group in batch.groups for e in group]
         segs = [_segments(e) for e in rows]
         logprobs, token_rewards, finals, versions = [], [], [], []
-        now = self.engine.policy_version
+        # the version of turns that recorded none (built by hand): the given one, else the engine's now
+        now = self.engine.policy_version if default_version is None else default_version
         for e, (ids, _) in zip(rows, segs):
             lp = [0.0] * len(ids)
             ver = [-1] * len(ids)  # -1: not sampled by the policy (observations)
@@ -423,19 +427,6 @@ class EnvRewards:
             for v, e in zip(valid.tolist(), rows)
         ]
         return RewardBatch(ret, valid, {"env_return": ret.clone()}, errors, metrics)
-
-
-_FAULTS = {
-    "agent/episodes_timed_out": "timed_out",
-    "agent/env_errors": "env_error",
-    "agent/episodes_over_budget": "over_budget",
-    "agent/episodes_cut": "cut",
-}
-
-
-def fault_metrics(rows: list[Episode]) -> dict[str, float]:
-    """Episodes of the batch that ended on each fault (``Episode.status``; all masked from the loss)."""
-    return {k: float(sum(e.status == v for e in rows)) for k, v in _FAULTS.items()}
 
 
 def episode_metrics(rows: list[Episode]) -> dict[str, float]:

@@ -127,6 +127,31 @@ def test_no_episode_waits_for_another(module64):
     assert log == ["slow tool starts", "fast episode ends", "slow tool ends"]
 
 
+def test_stream_carries_a_straggler_while_the_next_groups_run(module64):
+    """``stream`` with 2 groups in flight: group "s1"'s tool waits until group "q1" has ended, and q1 starts only
+    when "f2" (2 turns) frees its slot, so s1 is carried while f2 ends and q1 runs: yielded f2, q1, s1. Every
+    episode's actions equal ``run``'s (greedy)."""
+    released = threading.Event()
+    hooks = {
+        ("s1", 1): lambda env: "released" if released.wait(LONG_S) else "timed out",
+        ("q1", 1): lambda env: released.set(),
+    }
+    prompts = [Prompt(prompt=p) for p in ("s1", "f2", "q1")]
+    loop = AgentLoop(lambda: CountEnv(hooks), _engine(module64), max_turns=4, concurrency="async")
+    order, streamed = [], {}
+    with float64_rmsnorm():
+        for p, eps in loop.stream(prompts, 2, GREEDY, max_groups_in_flight=2):
+            order.append(p.prompt)
+            streamed[p.prompt] = [[t.action_ids for t in e.turns] for e in eps]
+            assert all(e.status == "done" for e in eps)
+        assert loop.last_stats.sequences == 2 * (1 + 2 + 1)
+        groups = loop.run(prompts, 2, GREEDY)
+    assert order == ["f2", "q1", "s1"]
+    assert streamed == {
+        p.prompt: [[t.action_ids for t in e.turns] for e in g] for p, g in zip(prompts, groups)
+    }
+
+
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
 def test_weight_sync_inside_an_episode_labels_every_token(module64, tiny_model_dir, mode):
     """Two episodes of 3 turns, temperature 1. The first step 1 of the batch pushes weights v1, the first step 2
