@@ -15,6 +15,7 @@ from torch import Tensor
 from lit_rl.core.advantages import AdvantageInputs, compute_advantages
 from lit_rl.core.aggregation import aggregate
 from lit_rl.data.experience import Experience
+from lit_rl.learners.host import PolicyHost
 
 
 def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
@@ -24,7 +25,14 @@ def store_dtype(t: Tensor, like: Tensor | None = None) -> Tensor:
     return t.double() if wide else t.float()
 
 
-class PolicyAssembly:
+def advantages_of(exp: Experience) -> Tensor:
+    """``exp.advantages`` (B, C), which ``PolicyAssembly.compute_advantages`` fills before any loss reads them."""
+    if exp.advantages is None:
+        raise RuntimeError("Experience.advantages is None: PolicyModule.compute_advantages fills them first")
+    return exp.advantages
+
+
+class PolicyAssembly(PolicyHost):
     """Advantages, whitening, rank reductions, horizon and aggregation of ``PolicyModule`` (see the module doc)."""
 
     def compute_advantages(self, exp: Experience) -> dict[str, float]:

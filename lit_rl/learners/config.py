@@ -189,9 +189,9 @@ class PolicyConfig:
         for name, v in (("ppo_epochs", s.ppo_epochs), ("max_nonfinite_steps", s.max_nonfinite_steps)):
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name, v in (("minibatch_size", s.minibatch_size), ("micro_batch_size", s.micro_batch_size)):
-            if v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1 or null, got {v}")
+        for name, size in (("minibatch_size", s.minibatch_size), ("micro_batch_size", s.micro_batch_size)):
+            if size is not None and size < 1:
+                raise ValueError(f"{name} must be >= 1 or null, got {size}")
         _positive_int_or_null("micro_batch_tokens", s.micro_batch_tokens, "padded tokens per micro-batch")
         if s.minibatch_size and s.micro_batch_size and s.minibatch_size % s.micro_batch_size:
             raise ValueError(
@@ -205,9 +205,9 @@ class PolicyConfig:
             )
         skips_rows(s.skip_zero_advantage_rows, o.policy_loss)  # true with a loss outside ADVANTAGE_LINEAR
         _validate_objective(o)
-        for name, v in (("gamma", a.gamma), ("lam", a.lam)):
-            if not 0 <= v <= 1:
-                raise ValueError(f"{name} must be in [0, 1], got {v}")
+        for name, x in (("gamma", a.gamma), ("lam", a.lam)):
+            if not 0 <= x <= 1:
+                raise ValueError(f"{name} must be in [0, 1], got {x}")
         H = o.loss_horizon
         if H is not None and (isinstance(H, bool) or not H >= 1):
             raise ValueError(f"loss_horizon must be a positive integer (tokens) or null, got {H!r}")

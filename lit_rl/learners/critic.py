@@ -18,7 +18,7 @@ explained variance of the rollout values against the returns, ``bootstrap_rows``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -92,6 +92,8 @@ class CriticModule(nn.Module, LossTerm):
     Args:
     """  # noqa: D414 - flat_settings appends each setting's doc to this Args section
 
+    settings_groups: ClassVar[tuple[type, ...]]  # set by @flat_settings
+
     def __init__(self, **settings: Any):
         super().__init__()
         s, precision = split_settings("CriticModule", CriticModule.settings_groups, settings)
@@ -121,7 +123,7 @@ class CriticModule(nn.Module, LossTerm):
         self.yes_token, self.no_token, self.value_range = s.yes_token, s.no_token, (lo, hi)
         self.dtype = precision.dtype
         self.head: nn.Linear | None = None
-        self.backbone: nn.Module | None = None
+        self.backbone: Any = None  # the critic's own causal LM (transformers) unless it shares the policy's
         self.token_ids: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ setup
@@ -200,8 +202,10 @@ class CriticModule(nn.Module, LossTerm):
             if hidden is None:
                 hidden = module.forward_outputs(micro, self.backbone, hidden=True)["hidden"]
             h = hidden.detach() if self.detach_backbone else hidden
+            assert self.head is not None  # bind built it (head='regression')
             v = self.head(h.to(self.head.weight.dtype)).squeeze(-1)  # (b, C, 1) -> (b, C)
             return v, v
+        assert self.token_ids is not None  # bind set it (head='token')
         if fwd.get("question_logits") is not None:
             yes, no = self.token_ids
             z = fwd["question_logits"][..., yes] - fwd["question_logits"][..., no]
@@ -225,6 +229,7 @@ class CriticModule(nn.Module, LossTerm):
         dev = next(model.parameters()).device
         b, L = micro.input_ids.shape
         P, C = micro.prompt_len, micro.completion_len
+        assert self.question_ids is not None and self.token_ids is not None  # bind set them (head='token')
         q = self.question_ids.to(dev)
         k = len(q)
         att = micro.attention_mask.to(dev).bool()
@@ -255,7 +260,7 @@ class CriticModule(nn.Module, LossTerm):
             logits = model(**kw).logits  # (b, C, V): the last question token of each copy
             return logits[..., yes] - logits[..., no]
         out_emb = model.get_output_embeddings()
-        seen = {}
+        seen: dict[str, Tensor] = {}
         hook = out_emb.register_forward_hook(lambda m, inp, out: seen.__setitem__("h", inp[0]))
         try:
             with torch.no_grad():

@@ -75,12 +75,9 @@ class CriticPretrainModule(L.LightningModule):
         super().__init__()
         from lit_rl.learners.policy import PolicyModule
 
-        self.policy = PolicyModule(
-            model=model,
-            tiny_if_missing=tiny_if_missing,
-            critic=critic if critic is not None else CriticModule(),
-        )
-        self.critic = self.policy.critic
+        critic = critic if critic is not None else CriticModule()
+        self.policy = PolicyModule(model=model, tiny_if_missing=tiny_if_missing, critic=critic)
+        self.critic = critic  # the policy's critic (one object), registered after the policy as before
         self.optimizer_factory = optimizer
 
     def configure_optimizers(self):

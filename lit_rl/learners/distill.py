@@ -46,7 +46,7 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.policy_losses import PolicyLossInputs, compute_policy_loss, loss_settings
 from lit_rl.core.settings import check_choices, flat_settings, setting
 from lit_rl.data.experience import Experience
-from lit_rl.learners.assembly import store_dtype
+from lit_rl.learners.assembly import advantages_of, store_dtype
 from lit_rl.learners.binding import TeacherSource
 from lit_rl.learners.config import POLICY_GROUPS, PolicyConfig
 from lit_rl.learners.critic import CriticModule
@@ -128,6 +128,7 @@ class DistillModule(PolicyModule):
     """
 
     config_type = DistillConfig
+    config: DistillConfig  # built from config_type
 
     def __init__(
         self,
@@ -182,7 +183,8 @@ class DistillModule(PolicyModule):
     # ---------------------------------------------------------- advantages
     def compute_advantages(self, exp: Experience) -> dict[str, float]:
         metrics = super().compute_advantages(exp)
-        exp.advantages = exp.advantages * self.config.distill.rl_coef  # scales the reward PG term (0 = off)
+        # rl_coef scales the reward PG term (0 = off)
+        exp.advantages = advantages_of(exp) * self.config.distill.rl_coef
         if "reverse_kl_sampled" in self.losses:
             if exp.teacher_logprobs is None:
                 raise RuntimeError(

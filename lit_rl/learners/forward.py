@@ -21,6 +21,7 @@ from lit_rl.core.logprobs import token_logprobs
 from lit_rl.core.processed import History, LogitProcessing, sampler_logprobs
 from lit_rl.data.experience import Experience
 from lit_rl.learners.heads import LazyLogits, head_weight_after_forward, lm_head_projection
+from lit_rl.learners.host import PolicyHost
 from lit_rl.models.packed import DEFAULT_ROW_TOKENS, pack_rows, unsupported_reason
 from lit_rl.models.shared_prompt import shared_prompt_outputs
 
@@ -76,8 +77,9 @@ def real_completion_tokens(micro: Experience) -> Tensor:
     return micro.attention_mask[:, micro.prompt_len :].bool()
 
 
-class PolicyForward:
-    """Forward and log-prob methods of ``PolicyModule`` (see the module doc)."""
+class PolicyForward(PolicyHost):
+    """Forward and log-prob methods of ``PolicyModule`` (see the module doc; the state they read is declared in
+    ``PolicyHost``)."""
 
     materialize_logits: bool = False  # PolicyModule's class flag (the test reference path); see there
     # The rollout sampler's processing and temperature: properties of ``RolloutBound`` (learners/binding.py),
@@ -123,7 +125,7 @@ class PolicyForward:
         pos = (att.cumsum(-1) - 1).clamp(min=0)  # left padding: same positions generate() used
         C = micro.completion_len
         materialize = materialize or self.materialize_logits
-        kw = {
+        kw: dict[str, Any] = {
             "input_ids": micro.input_ids.to(dev),
             "attention_mask": att,
             "position_ids": pos,
@@ -144,7 +146,7 @@ class PolicyForward:
             )
             if shared is not None and proj is None:
                 return {"logits": shared, "hidden": None, "cache": None, "head": None}  # (b, C, V)
-            if shared is not None:
+            if shared is not None and proj is not None:
                 weight, bias = proj
                 return LazyLogits(
                     hidden=shared, head=Projection(shared, weight, bias), cache=None
@@ -219,9 +221,11 @@ class PolicyForward:
             return False
         try:
             from torch.distributed.tensor import DTensor
+
+            sharded: tuple[type, ...] = (DTensor,)
         except ImportError:  # pragma: no cover
-            DTensor = ()
-        return not any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+            sharded = ()
+        return not any(isinstance(p, sharded) or hasattr(p, "ds_id") for p in model.parameters())
 
     @staticmethod
     def _materialised_outputs(model, kw: dict[str, Any], C: int, hidden: bool, cache: bool) -> dict[str, Any]:

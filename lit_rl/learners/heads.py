@@ -45,9 +45,11 @@ def projection_blocker(model, sharded_ok: bool = False) -> str | None:
         return f"the output projection is a {type(head).__name__} (e.g. LoRA on lm_head), not a plain Linear"
     try:
         from torch.distributed.tensor import DTensor
+
+        sharded = isinstance(head.weight, DTensor)
     except ImportError:  # pragma: no cover
-        DTensor = ()
-    if not sharded_ok and isinstance(head.weight, DTensor):
+        sharded = False
+    if not sharded_ok and sharded:
         return "the output projection's weight is a DTensor (FSDP2-sharded)"
     if hasattr(
         head.weight, "ds_id"

@@ -16,14 +16,16 @@ from torch import Tensor
 from lit_rl.core.logprobs import entropy_from_logits
 from lit_rl.core.objective import ObjectiveInputs, policy_objective
 from lit_rl.data.experience import Experience
+from lit_rl.learners.assembly import advantages_of
 from lit_rl.learners.heads import LazyLogits
+from lit_rl.learners.host import PolicyHost
 from lit_rl.learners.optim_step import LossParts
 from lit_rl.learners.protocols import ForwardNeeds, LossTerm, forward_needs
 
 
-class MicroLoss:
+class MicroLoss(PolicyHost):
     """Mixin of ``PolicyModule`` (uses ``self.config``, ``temperature``, ``active_loss_terms``,
-    ``forward_outputs``, ``logprobs_of``; sets ``_last_metrics``)."""
+    ``forward_outputs``, ``logprobs_of``; sets ``_last_metrics``: declared in ``PolicyHost``)."""
 
     def _micro_loss(self, micro: Experience, common: dict[str, Any]) -> LossParts:
         """L = L_policy + Σ_terms L_term on one micro-batch: its loss parts (``{"policy": ..., <part>: ...}``)
@@ -81,7 +83,7 @@ class MicroLoss:
             ObjectiveInputs(
                 logprobs=fwd["logprobs"] if sampled is None else sampled,
                 mask=mask,
-                advantages=micro.advantages,
+                advantages=advantages_of(micro),
                 num_tokens=fwd["num_tokens"],
                 num_seqs=fwd["num_seqs"],
                 horizon=fwd.get("horizon"),

@@ -24,13 +24,14 @@ import torch
 
 from lit_rl.core.signal_rows import old_logprob_rows, signal_rows
 from lit_rl.data.experience import Experience
-from lit_rl.learners.assembly import store_dtype
+from lit_rl.learners.assembly import advantages_of, store_dtype
+from lit_rl.learners.host import PolicyHost
 from lit_rl.learners.protocols import experience_hooks
 
 
-class OldLogprobs:
+class OldLogprobs(PolicyHost):
     """Mixin of ``PolicyModule`` (uses ``self.config``, ``old_logprobs_pair``, ``own_loss_terms``,
-    ``skips_zero_advantage_rows``, ``_all_reduce_sum``, ``_zero_weight_micro``)."""
+    ``skips_zero_advantage_rows``, ``_all_reduce_sum``, ``_zero_weight_micro``: declared in ``PolicyHost``)."""
 
     _old_logprob_s: float = 0.0
 
@@ -62,8 +63,9 @@ class OldLogprobs:
             for _ in range(n - len(micros)):
                 self.old_logprobs_pair(self._zero_weight_micro(exp))
         sampled, full = _stack(exp, rows, [p[0] for p in pairs], dev), None
-        if pairs and pairs[0][1] is not None:
-            full = _stack(exp, rows, [p[1] for p in pairs], dev)
+        fulls = [p[1] for p in pairs if p[1] is not None]  # all or none: processed sampling or not
+        if pairs and len(fulls) == len(pairs):
+            full = _stack(exp, rows, fulls, dev)
         exp.old_logprobs = store_dtype(sampled)  # the sampler's (core.processed)
         exp.old_full_logprobs = None if full is None else store_dtype(full)
         self._old_logprob_s = time.perf_counter() - t0
@@ -75,7 +77,7 @@ class OldLogprobs:
         if not self.needs_old_logprobs or exp.old_logprobs is not None:
             return False
         epochs = self.config.step.ppo_epochs
-        signal = signal_rows(exp.advantages, exp.train_mask) if self.skips_zero_advantage_rows() else None
+        signal = signal_rows(advantages_of(exp), exp.train_mask) if self.skips_zero_advantage_rows() else None
         self.fill_old_logprobs(exp, old_logprob_rows(exp.batch_size, signal, first_step, epochs))
         return epochs == 1
 

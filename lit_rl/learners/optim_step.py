@@ -97,10 +97,10 @@ class OptimizerStep:
                 ds.optimizer.clear_backward_seen_flag()  # a new micro step; ZeRO-3 would overwrite, not add, grads
             if micro is None:  # zero-weight pass: same collectives, no contribution
                 parts = zero_weight_fn()
-                backward(sum(parts.values()) * 0.0)
+                backward(_total(parts) * 0.0)
                 continue
             parts = loss_fn(micro)
-            backward(sum(parts.values()))
+            backward(_total(parts))
             for k, v in parts.items():
                 stats[f"loss/{k}"] = stats.get(f"loss/{k}", 0.0) + float(v.detach())
             for k, v in getattr(parts, "shares", {}).items():  # like the parts: the minibatch's value
@@ -149,3 +149,12 @@ def default_adamw(params: Iterable[Tensor], lr: float) -> torch.optim.AdamW:
     Same update as torch's default per-parameter loop up to float32 rounding, about 3x faster on a CPU, and
     without the loop's temporaries (``scripts/bench_optimizer.py``)."""
     return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=True)
+
+
+def _total(parts: dict[str, Tensor]) -> Tensor:
+    """Σ of the loss parts, as ``sum`` adds them (never empty: the policy objective is always a part)."""
+    values = list(parts.values())
+    total = values[0]
+    for v in values[1:]:
+        total = total + v
+    return total

@@ -26,7 +26,8 @@ from lit_rl.core.settings import flat_settings
 from lit_rl.core.signal_rows import by_prompt, signal_rows, skips_rows
 from lit_rl.core.steps import optimizer_steps_per_iteration
 from lit_rl.data.experience import Experience
-from lit_rl.learners.assembly import PolicyAssembly
+from lit_rl.data.prompts import PromptBatch
+from lit_rl.learners.assembly import PolicyAssembly, advantages_of
 from lit_rl.learners.binding import RolloutBound
 from lit_rl.learners.config import (
     POLICY_GROUPS,
@@ -142,7 +143,9 @@ class PolicyModule(
 
     @property
     def seed(self) -> int:
-        return self.config.load.seed
+        seed = self.config.load.seed
+        assert seed is not None  # __init__ resolved it (run_seed)
+        return seed
 
     # ----------------------------------------------------------------- model
     def _build(self) -> None:
@@ -243,7 +246,7 @@ class PolicyModule(
 
     # -------------------------------------------------------------- training
     def training_step(self, batch, batch_idx: int):
-        exp: Experience | None = getattr(batch, "experience", None)
+        exp = batch.experience if isinstance(batch, PromptBatch) else None  # RolloutCallback attaches it
         if exp is None:
             raise RuntimeError(
                 "PolicyModule got a batch without an Experience: add a RolloutCallback to "
@@ -309,7 +312,7 @@ class PolicyModule(
         micro_loss = self._micro_loss if micro_loss is None else micro_loss
         mb = mb.trim()
         common = self._denominators(mb)  # of every row: a left-out row is in the denominators all the same
-        signal = signal_rows(mb.advantages, mb.train_mask) if skip else None
+        signal = signal_rows(advantages_of(mb), mb.train_mask) if skip else None
         rows = by_prompt(mb.group_ids, signal)
         self._last_metrics = {}
         stepper = self._stepper
@@ -347,16 +350,17 @@ class PolicyModule(
         budget = h.micro_batch_tokens
         if rows is None and budget is None:
             return list(mb.micro_batches(h.micro_batch_size))
+        kept: Experience | None = mb
         if rows is not None and rows != list(range(mb.batch_size)):  # all rows in order: the plain plan
-            mb = mb.select(rows).trim(prompt=True) if rows else None
-        if mb is None:
+            kept = mb.select(rows).trim(prompt=True) if rows else None
+        if kept is None:
             micros: list[Experience | None] = []
         elif budget is None:
-            micros = list(mb.micro_batches(h.micro_batch_size))
+            micros = list(kept.micro_batches(h.micro_batch_size))
         else:
-            plens, clens = mb.row_extents()
+            plens, clens = kept.row_extents()
             groups = token_budget_groups(plens, clens, budget, h.micro_batch_size)
-            micros = [mb.select(g).trim(prompt=True) for g in groups]
+            micros = [kept.select(g).trim(prompt=True) for g in groups]
         n = int(self._all_reduce_sum(torch.tensor([float(len(micros))]), op="max")[0])
         return micros + [None] * (max(n, 1) - len(micros))
 

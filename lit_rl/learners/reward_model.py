@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -65,6 +65,8 @@ class RewardModelModule(L.LightningModule):
         model: causal LM to start from (local dir or hub id).
         optimizer: LightningCLI ``OptimizerCallable`` (default AdamW, lr 1e-5).
     """
+
+    settings_groups: ClassVar[tuple[type, ...]]  # set by @flat_settings
 
     def __init__(self, model: str, *, optimizer: Callable = _default_optimizer, **settings: Any):
         super().__init__()

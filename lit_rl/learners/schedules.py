@@ -45,7 +45,7 @@ class CosineDecay(torch.optim.lr_scheduler.LRScheduler):
         t = min(max(step, 0), self.total_steps) / self.total_steps
         return self.min_ratio + (1.0 - self.min_ratio) * (1.0 + math.cos(math.pi * t)) / 2.0
 
-    def get_lr(self) -> list[float]:
+    def get_lr(self) -> list[float | torch.Tensor]:
         return [base * self.factor(self.last_epoch) for base in self.base_lrs]
 
     def state_dict(self) -> dict[str, Any]:

@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from lit_rl.learners.host import PolicyHost
 
 if TYPE_CHECKING:
     from lit_rl.learners.binding import Evaluator, RolloutBinding
 
 
-class HeldoutValidation:
+class HeldoutValidation(PolicyHost):
     """Mixin for a policy ``LightningModule`` (``PolicyModule`` inherits it)."""
 
     # The evaluator and engine come from the rollout binding (``RolloutBound.rollout``, which fails naming
