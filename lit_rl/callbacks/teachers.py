@@ -266,7 +266,7 @@ class TeacherRouter(L.Callback):
         """Per teacher group: ``(row indices into micro, source)``, the source being the teacher's
         ``core.fused_logprobs.Projection`` (hidden states (b', C, H_T) at the student's completion positions + its
         LM head) so full-vocabulary losses compute the teacher's logits chunk by chunk too, or its (b', C, V)
-        logits when the teacher's model needs the materialised path (``modules.heads.projection_blocker``)."""
+        logits when the teacher's model needs the materialised path (``learners.heads.projection_blocker``)."""
         out = []
         for teacher, idx in self._groups(micro).values():
             model, tok = self._acquire(module, teacher)

@@ -13,6 +13,7 @@ import math
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import get_args
 
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ from lit_rl.core.registry import Registry
 from lit_rl.core.settings import setting
 
 # What grpo divides by when std_normalize is on: each group's reward std, or the whole (global) batch's.
-STD_SCOPES: tuple[str, ...] = ("group", "batch")
+STD_SCOPES: tuple[str, ...] = get_args(StdScope)  # declared once as the Literal (core/names.py)
 
 ADVANTAGES: Registry[Callable[[AdvantageInputs], AdvantageOutputs]] = Registry("advantage")
 

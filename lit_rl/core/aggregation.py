@@ -22,16 +22,14 @@ where S is the set of rows with at least one unmasked token and H the horizon (d
 from __future__ import annotations
 
 import numbers
+from typing import get_args
 
 import torch
 from torch import Tensor
 
-AGG_MODES: tuple[str, ...] = (
-    "token_mean",
-    "seq_mean_token_mean",
-    "seq_mean_token_sum",
-    "seq_mean_token_sum_norm",
-)
+from lit_rl.core.names import LossAgg
+
+AGG_MODES: tuple[str, ...] = get_args(LossAgg)  # the modes, declared once as the Literal (core/names.py)
 
 
 def check_mask(x: Tensor, mask: Tensor, x_name: str = "x", mask_name: str = "mask") -> None:

@@ -15,9 +15,12 @@ for sequence-level weights); with no such entry every metric is 0.0.
 from __future__ import annotations
 
 import math
+from typing import get_args
 
 import torch
 from torch import Tensor
+
+from lit_rl.core.names import CorrectionLevel, CorrectionMode
 
 __all__ = [
     "CORRECTION_LEVELS",
@@ -30,8 +33,9 @@ __all__ = [
     "truncated_weights",
 ]
 
-CORRECTION_MODES = ("none", "tis", "mis")
-CORRECTION_LEVELS = ("token", "sequence", "geometric")
+# declared once as the Literals (core/names.py)
+CORRECTION_MODES: tuple[str, ...] = get_args(CorrectionMode)
+CORRECTION_LEVELS: tuple[str, ...] = get_args(CorrectionLevel)
 
 _FLOAT64_LOG_MAX = math.log(torch.finfo(torch.float64).max)  # ~709.78: exp beyond this is inf
 

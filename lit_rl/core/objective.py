@@ -42,7 +42,7 @@ from lit_rl.core.settings import setting
 class ObjectiveSettings(PolicyLossSettings):
     """The settings of the objective: the policy loss's own (``PolicyLossSettings``: clip_*, dual_clip,
     sapo_*, vespo_*), its aggregation and the engine-mismatch correction. One declaration each;
-    ``PolicyModule`` takes them flat and validates them (``modules.config``)."""
+    ``PolicyModule`` takes them flat and validates them (``learners.config``)."""
 
     policy_loss: PolicyLossName | str = setting(
         "ppo_clip", "Per-token policy loss (core.policy_losses).", choices=POLICY_LOSSES.names

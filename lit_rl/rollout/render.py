@@ -14,10 +14,12 @@ sampled from (engines refuse a prompt over their context instead of cutting it).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import get_args
 
+from lit_rl.core.names import OverlongPrompts
 from lit_rl.data.prompts import Prompt, render_prompt
 
-OVERLONG = ("truncate", "drop", "error")
+OVERLONG: tuple[str, ...] = get_args(OverlongPrompts)  # declared once as the Literal (core/names.py)
 
 
 def engine_context_len(engine) -> int | None:
