@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import lightning.pytorch as pl
+
 from lit_rl.callbacks.agent_rollout import AgentRolloutCallback
 from lit_rl.core.settings import flat_settings
 from lit_rl.rollout.agent_program import ProgramLoop, ProgramRewards
@@ -34,6 +36,6 @@ class AgentProgramRolloutCallback(AgentRolloutCallback):
         self.program_loop = agent
         self.pipeline.score = ProgramRewards()
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self.program_loop.close()
         super().teardown(trainer, pl_module, stage)
