@@ -16,6 +16,7 @@ from lit_rl.learners.distill import DistillModule
 from lit_rl.models.loading import load_tokenizer
 from lit_rl.models.tiny import build_tiny_model
 from lit_rl.rewards import ExactAnswerReward
+from tests._binding import bind_sampling
 
 TINY = {"layers": 1, "hidden": 32, "heads": 2}
 
@@ -30,7 +31,8 @@ def dirs(tmp_path_factory):
 
 def _setup(student: str, router: TeacherRouter, losses=None) -> DistillModule:
     mod = DistillModule(model=student, losses=losses or {"reverse_kl_sampled": 1.0})
-    router.setup(None, mod, "fit")  # what Lightning does first: the callback hands itself to the module
+    router.setup(None, mod, "fit")  # what Lightning does first: the callbacks' setup (self_frozen snapshots)
+    bind_sampling(mod, teacher_router=router)  # RolloutCallback.setup's binding: the router for the module
     mod.setup("fit")
     return mod
 
