@@ -17,6 +17,7 @@ DOCS = (
     "docs/guides/data-and-rewards.md",
     "docs/guides/seeing-what-the-model-does.md",
     "docs/guides/coming-from-trl.md",
+    "docs/guides/agents.md",
     "docs/guides/scaling-out.md",
     "docs/guides/rollout-servers.md",
     "docs/guides/real-checkpoint.md",

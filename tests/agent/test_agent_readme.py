@@ -1,4 +1,4 @@
-"""README "Agents": its python block runs as written, and the loop it builds plays an episode with TRL's
+"""docs/guides/agents.md "Agents": its python block runs as written, and the loop it builds plays an episode with TRL's
 tool (scripted actions on the tiny model's tokenizer)."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from lit_rl.data.prompts import Prompt
 from lit_rl.rollout.engine import SamplingConfig
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = section("README.md", "## Agents")
+SECTION = section("docs/guides/agents.md", "# Agents")
 
 
 def test_readme_agents_block_runs(tiny_model_dir):
     (block,) = re.findall(r"```python\n(.*?)```", SECTION, re.DOTALL)
     ns: dict = {}
-    exec(compile(block, "README.md (Agents)", "exec"), ns)  # noqa: S102 - the README's own code, as a user runs it
+    exec(compile(block, "docs/guides/agents.md", "exec"), ns)  # noqa: S102 - the guide's own code, as a user runs it
     rollout, agent = ns["rollout"], ns["agent"]
     assert rollout.agent is agent and rollout.settings.group_size == 4
     assert rollout.settings.sampling.max_new_tokens == 48

@@ -1,4 +1,4 @@
-"""configs/agent_openai_calculator.yaml (README "Any agent program (OpenAI endpoint)") through `lit-rl fit`: its
+"""configs/agent_openai_calculator.yaml (docs/guides/agents.md "Any agent program") through `lit-rl fit`: its
 printed config trains two iterations of the openai-client calculator agent (examples/openai_calculator_agent.py)
 on the tiny model, the endpoint serving HFEngine, and evaluates held-out episodes through the same program."""
 
