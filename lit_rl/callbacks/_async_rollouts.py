@@ -98,7 +98,7 @@ class AsyncRollouts:
 
     def take(self, build: Build) -> tuple[Experience, dict[str, float]]:
         """Next Experience within the staleness bound (dropping or regenerating older ones) + async metrics."""
-        prod, st = self.producer, self.state
+        prod, st = self._running(), self.state
 
         def regenerate(
             payload,
@@ -131,9 +131,14 @@ class AsyncRollouts:
         this rank's producer (``_async`` "Collective loads"); else snapshot it for the producer to load
         between items."""
         if collective:
-            self.state["version"] = self.producer.load_weights_now(weights)
+            self.state["version"] = self._running().load_weights_now(weights)
         else:
-            self.state["version"] = self.producer.push_weights(weights)
+            self.state["version"] = self._running().push_weights(weights)
+
+    def _running(self) -> AsyncProducer:
+        if self.producer is None:
+            raise RuntimeError("the async rollout producer is not running (RolloutCallback.setup starts it)")
+        return self.producer
 
     def end_iteration(self) -> None:
         if self.producer is not None:

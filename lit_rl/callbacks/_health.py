@@ -74,7 +74,12 @@ class ThresholdCheck:
     def update(self, step: int, metrics: Mapping[str, float]) -> list[HealthEvent]:
         v = _reading(metrics, self.key)
         out = []
-        if self.low is not None and self.low_latch.update(None if v is None else v < self.low):
+        # (the latch fires only on a reading: v is not None when it does)
+        if (
+            self.low is not None
+            and self.low_latch.update(None if v is None else v < self.low)
+            and v is not None
+        ):
             out.append(
                 HealthEvent(
                     f"{self.name}_low",
@@ -83,7 +88,11 @@ class ThresholdCheck:
                     f"{self.what} {v:.4g} fell below {self.low:g} ({self.key}) at step {step}",
                 )
             )
-        if self.high is not None and self.high_latch.update(None if v is None else v > self.high):
+        if (
+            self.high is not None
+            and self.high_latch.update(None if v is None else v > self.high)
+            and v is not None
+        ):
             out.append(
                 HealthEvent(
                     f"{self.name}_high",

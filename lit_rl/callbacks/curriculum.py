@@ -214,7 +214,8 @@ class Curriculum(PromptEditor):
 
     # ---------------------------------------------------------------- setup
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        cbs = list(trainer.callbacks)
+        # trainer.callbacks: set by Lightning's callback connector, not declared on the Trainer class
+        cbs: list[pl.Callback] = list(trainer.callbacks)  # type: ignore[attr-defined]  # (see above)
         rc = next((i for i, c in enumerate(cbs) if isinstance(c, RolloutProducer)), None)
         if rc is None:
             raise RuntimeError(
@@ -224,7 +225,7 @@ class Curriculum(PromptEditor):
             cbs.remove(self)
             cbs.insert(rc, self)
             # a new list: Lightning is iterating the old one for this very hook
-            trainer.callbacks = cbs
+            trainer.callbacks = cbs  # type: ignore[attr-defined]  # undeclared on Trainer (see above)
             rank_zero_info(
                 "Curriculum: moved before the RolloutCallback in trainer.callbacks (it must choose the "
                 "prompts before they are generated from)"

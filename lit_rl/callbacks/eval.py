@@ -77,7 +77,8 @@ class HeldoutEval(L.Callback):
         self._seen = 0
         self.history_path = history_path
         # the run's spending: tokens sampled, wall seconds of earlier processes (resume) and of this one
-        self._tokens, self._wall_before, self._t0, self._eval_s = 0, 0.0, None, 0.0
+        self._tokens, self._wall_before, self._eval_s = 0, 0.0, 0.0
+        self._t0: float | None = None  # perf_counter at fit start (None outside fit)
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # Explicit wiring: the RolloutCallback binds this evaluator to the learner (its RolloutBinding), and
@@ -208,7 +209,7 @@ class HeldoutEval(L.Callback):
         if self._t0 is not None:  # fitting: evaluation time is not the run's budget
             self._eval_s += time.perf_counter() - self._eval_t0
         if out:
-            spent = (
+            spent: dict[str, float] = (
                 {"wall_s": self._eval_wall, "student_tokens": float(self._tokens)}
                 if self._t0 is not None
                 else {}
@@ -239,9 +240,11 @@ class HeldoutEval(L.Callback):
             prompts, ids
         )  # sampled as in training: returns vary in a prompt
         exp = rc.pipeline.build_experience(rollouts, pl_module.tokenizer.pad_token_id, count=False)
-        pl_module.critic.attach_values(pl_module, exp)
+        critic = pl_module.critic
+        assert critic is not None  # the caller checked there is one
+        critic.attach_values(pl_module, exp)
         pl_module.compute_advantages(exp)  # fills exp.returns (GAE / reward-to-go)
-        if exp.returns is None:
+        if exp.returns is None or exp.values is None:  # (attach_values sets values)
             return None
         m = exp.train_mask
         r, e = exp.returns.double()[m], (exp.returns.double() - exp.values.double())[m]

@@ -200,9 +200,11 @@ class ReferenceKL(L.Callback, LossTerm):
         target = torch.device(self.device) if self.device is not None else module.device
         policy_dtype = module.model.get_input_embeddings().weight.dtype
         dtype = resolve_dtype(self.dtype) if self.dtype is not None else policy_dtype
-        p = next(self.ref.parameters())
+        ref = self.ref
+        assert ref is not None  # build_reference set it
+        p = next(ref.parameters())
         if p.device != target or p.dtype != dtype:
-            self.ref.to(device=target, dtype=dtype)
+            ref.to(device=target, dtype=dtype)
 
     @torch.no_grad()
     def reference_logprobs(self, module, exp) -> torch.Tensor:

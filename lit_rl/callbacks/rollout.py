@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning.pytorch as pl
 
@@ -74,6 +74,8 @@ class RolloutCallback(RolloutProducer):
         pipeline: a ``RolloutPipeline`` to run instead of the one the flat settings describe.
     """
 
+    settings_groups: ClassVar[tuple[type, ...]]  # set by @flat_settings
+
     def __init__(
         self,
         engine: EngineBase | None = None,
@@ -111,6 +113,7 @@ class RolloutCallback(RolloutProducer):
         if pipeline is None:
             # generation, weight loads and evaluation use the engine one at a time
             self.engine_lock = threading.RLock()
+            assert self.rewards is not None  # required without a pipeline (checked first)
             pipeline = build_pipeline(self.engine, self.rewards, rollout, filters, self.engine_lock)
         else:  # the pipeline's generator already holds a lock: the callback's pushes and evaluation share it
             gen = pipeline.generate

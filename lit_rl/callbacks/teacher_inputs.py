@@ -32,7 +32,7 @@ def privileged_prompt(template: str, record: Prompt) -> Prompt:
         users = [i for i, m in enumerate(record.messages) if m.get("role") == "user"]
         if not users:
             raise ValueError(f"privileged template: chat record {record.uid!r} has no user message to extend")
-        text = record.messages[users[-1]]["content"]
+        text: str | None = record.messages[users[-1]]["content"]
     else:
         text = record.prompt
     fields = {
@@ -106,7 +106,8 @@ def char_ends(tok, ids: list[int], text: str) -> list[int]:
 
     Shapes: ``ids`` has C entries; returns C non-decreasing ints, the last one ``len(text)``.
     """
-    ends, base, anchor = [], 0, 0
+    ends: list[int] = []
+    base, anchor = 0, 0
     for j in range(len(ids)):
         piece = tok.decode(ids[anchor : j + 1])
         k = _agree(piece, text, base)

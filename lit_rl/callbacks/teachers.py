@@ -96,6 +96,7 @@ class Teacher:
                 self.model = load_causal_lm(self.source, self.dtype or module.config.precision.dtype)
                 self.model.eval().requires_grad_(False)
                 self.tokenizer = load_tokenizer(self.source)
+        assert self.model is not None  # snapshotted or loaded just above
         return self.model, self.tokenizer or module.tokenizer
 
     @property
@@ -286,7 +287,7 @@ class TeacherRouter(L.Callback):
         return out
 
     @torch.no_grad()
-    def teacher_logits(self, module, micro: Experience, loss: str = "reverse_kl_full") -> torch.Tensor:
+    def teacher_logits(self, module, micro: Experience, loss: str = "reverse_kl_full") -> torch.Tensor | None:
         """Teacher logits over the student's completion positions, (b, C, V) on the micro-batch's device,
         each row from its own domain's teacher (full-vocabulary losses; the tokenizers must be identical)."""
         out = None
@@ -387,11 +388,12 @@ class TeacherRouter(L.Callback):
             None,
         )
         domains = exp.domains or ["default"] * exp.batch_size
+        teacher = exp.teacher_logprobs
         for i, d in enumerate(domains):
             acc = self._kl.setdefault(d, [0.0, 0, 0])
             m = exp.loss_mask[i]
-            if pol is not None and m.any():
-                acc[0] += float((pol[i][m].double() - exp.teacher_logprobs[i][m].double()).sum())
+            if pol is not None and teacher is not None and m.any():
+                acc[0] += float((pol[i][m].double() - teacher[i][m].double()).sum())
                 acc[1] += int(m.sum())
             acc[2] += 1
             self.rows_total[d] = self.rows_total.get(d, 0) + 1
@@ -406,7 +408,9 @@ class TeacherRouter(L.Callback):
     ) -> None:
         for d, (s, n, rows) in self._kl.items():
             if n:
-                pl_module.log(f"distill/{d}/reverse_kl", s / n, on_step=True, on_epoch=False, batch_size=rows)
+                pl_module.log(
+                    f"distill/{d}/reverse_kl", s / n, on_step=True, on_epoch=False, batch_size=int(rows)
+                )
             pl_module.log(f"distill/{d}/rows", float(rows), on_step=True, on_epoch=False, batch_size=1)
         if self._kl:  # loading a teacher on first use counts: it is time the iteration spends on teachers
             pl_module.log("perf/teacher_s", self._score_s, on_step=True, on_epoch=False, batch_size=1)

@@ -59,7 +59,7 @@ def _patch_jsonargparse_serialization() -> None:
             raise ValueError(f"a {type(val).__name__} is not an import path")
         return original(val)
 
-    serialize._lit_rl = True
+    setattr(serialize, "_lit_rl", True)  # noqa: B010 - marks the patch (a function attribute mypy cannot see)
     th.serialize_as_import_path = serialize
 
 

@@ -278,7 +278,7 @@ def flow_mapping_message(argv: list[str]) -> str | None:
     return None
 
 
-def union_error_message(e: BaseException, config=None) -> str | None:
+def union_error_message(e: BaseException | None, config=None) -> str | None:
     """One line for a class that failed to build inside a union-typed field (``trainer.strategy: str | Strategy``).
 
     jsonargparse tries every member of the union and chains the *first* member's complaint as the cause

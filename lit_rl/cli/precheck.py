@@ -83,11 +83,12 @@ def _literals() -> dict[str, tuple[str, ...]]:
     return out
 
 
-def _literal_values(node, known: dict) -> tuple[str, ...] | None:
+def _literal_values(node, known: dict) -> tuple | None:
     if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "Literal":
         elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-        if all(isinstance(e, ast.Constant) for e in elts):
-            return tuple(e.value for e in elts)
+        consts = [e for e in elts if isinstance(e, ast.Constant)]
+        if len(consts) == len(elts):
+            return tuple(e.value for e in consts)
     if isinstance(node, ast.Name) and node.id in known:
         return known[node.id]
     return None
@@ -104,7 +105,8 @@ def _choices(annotation) -> tuple[tuple, bool] | None:
             stack += [n.left, n.right]
         else:
             parts.append(n)
-    values, is_open, found = [], False, False
+    values: list = []
+    is_open, found = False, False
     for p in parts:
         lit = _literal_values(p, known)
         if lit is not None:
@@ -147,9 +149,12 @@ def _group_classes(module: str, node) -> list[tuple[str, ast.ClassDef]] | None:
     spreads another tuple) or the name of a module-level tuple; None for anything else."""
     if isinstance(node, ast.Name):
         found = _find(module, node.id)
-        if found and isinstance(found[1], ast.ClassDef):
-            return [found]
-        return _group_classes(found[0], found[1].value) if found else None
+        if found is None:
+            return None
+        where, stmt = found
+        if isinstance(stmt, ast.ClassDef):
+            return [(where, stmt)]
+        return _group_classes(where, stmt.value) if isinstance(stmt, ast.Assign) else None
     if isinstance(node, ast.Starred):
         return _group_classes(module, node.value)
     if isinstance(node, ast.Tuple):
@@ -169,7 +174,7 @@ def _group_fields(module: str, cls: ast.ClassDef) -> dict:
     for base in cls.bases:
         found = _find(module, base.id) if isinstance(base, ast.Name) else None
         if found and isinstance(found[1], ast.ClassDef):
-            out.update(_group_fields(*found))
+            out.update(_group_fields(found[0], found[1]))
     out.update(
         {
             n.target.id: (_default(n.value), n.annotation)
@@ -222,7 +227,7 @@ def signature(module: str, name: str) -> tuple[dict, bool] | None:
             for p, d in zip(a.kwonlyargs, a.kw_defaults)
         }
     )
-    settings = _flat_settings(*found)
+    settings = _flat_settings(found[0], cls)
     if settings is not None:  # **settings takes exactly the groups' fields
         return {**out, **settings}, False
     return out, a.kwarg is not None

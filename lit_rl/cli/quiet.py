@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import warnings
+from typing import cast
 
 VERBOSE_ENV = "LIT_RL_VERBOSE"
 VERBOSE_HELP = (
@@ -185,7 +186,7 @@ def set_verbose(verbose: bool | None) -> None:
         logging.getLogger(name).removeFilter(f)
     for entry in state["warnings"]:
         if entry in warnings.filters:
-            warnings.filters.remove(entry)
+            cast(list, warnings.filters).remove(entry)  # a list at run time (typeshed: a Sequence)
     mutated = getattr(warnings, "_filters_mutated", None)
     if mutated is not None:  # the warnings module caches what it already decided to ignore
         mutated()

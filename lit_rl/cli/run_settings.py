@@ -77,7 +77,7 @@ def _init_parameters(model) -> set[str]:
     names: set[str] = set()
     for klass in cls.__mro__:  # a subclass's **kwargs reach its base's arguments
         if "__init__" in vars(klass):
-            names |= set(inspect.signature(klass.__init__).parameters)
+            names |= set(inspect.signature(vars(klass)["__init__"]).parameters)
     return names
 
 

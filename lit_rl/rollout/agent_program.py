@@ -142,8 +142,10 @@ def resolve_program(program: Callable[..., Any] | str) -> Callable[..., Any]:
         if not Path(path).is_file():
             raise ValueError(f"program={program!r}: no file {path!r} (from {Path.cwd()})")
         spec = importlib.util.spec_from_file_location(f"lit_rl_program_{Path(path).stem}", path)
-        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        if spec is None or spec.loader is None:  # not a file Python can import as a module
+            raise ValueError(f"program={program!r}: {path!r} cannot be imported as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
         fn = getattr(module, name, None)
         if callable(fn):
             return fn

@@ -144,7 +144,7 @@ class GuardedToolEnv(ToolEnv):
                 self._step_kinds |= self.guard.check(call, result)
             return result
 
-        self.box.execute = execute  # type: ignore[method-assign]
+        self.box.execute = execute  # type: ignore[method-assign]  # this instance's calls go through the guard
 
     def reset(self, prompt: Any = None) -> list[dict[str, Any]]:
         if self.guard is not None:

@@ -75,7 +75,7 @@ class Tool:
 
     @property
     def name(self) -> str:
-        return self.schema["function"]["name"]  # type: ignore[index]
+        return self.schema["function"]["name"]  # type: ignore[index]  # never None after __post_init__
 
 
 def as_tools(tools: Iterable[Callable[..., Any] | Tool]) -> list[Tool]:
@@ -154,7 +154,7 @@ class ToolBox:
 
     @property
     def schemas(self) -> list[dict[str, Any]]:
-        return [t.schema for t in self.tools.values()]  # type: ignore[misc]
+        return [t.schema for t in self.tools.values()]  # type: ignore[misc]  # set by Tool.__post_init__
 
     def execute(self, call: ToolCall) -> ToolResult:
         name = call.name or "unknown"
