@@ -12,7 +12,7 @@ install:
 PYTEST = $(PYTHON) -m pytest -q -p no:cacheprovider
 
 # Style (pyproject.toml [tool.ruff], [tool.mypy]): lint rules, the formatter's layout, and the types of
-# the public API. `make test` runs it first, so a style error fails before minutes of tests; the same
+# the whole package. `make test` runs it first, so a style error fails before minutes of tests; the same
 # three commands are tests/test_style.py, for a plain pytest run.
 lint:
 	$(PYTHON) -m ruff check .

@@ -1,4 +1,4 @@
-"""The style checks of `make lint` (ruff's lint rules, ruff's formatter, mypy over the public API; all
+"""The style checks of `make lint` (ruff's lint rules, ruff's formatter, mypy over the whole package; all
 configured in pyproject.toml), run from pytest so that a plain pytest run and CI enforce them too. A
 failure shows the tool's own report: the file, line and rule to fix."""
 
