@@ -138,10 +138,13 @@ class FixedExperience(L.Callback):
         self.exp, self.temperature, self.transform = exp, temperature, transform
 
     def setup(self, trainer, pl_module, stage):
+        from lit_rl.callbacks.teachers import TeacherRouter
         from lit_rl.rollout.engine import SamplingConfig
         from tests._binding import bind_sampling
 
-        bind_sampling(pl_module, SamplingConfig(temperature=self.temperature))  # as RolloutCallback.setup
+        # as RolloutCallback.setup: the sampling settings and the trainer's teacher router, in one binding
+        router = next((cb for cb in trainer.callbacks if isinstance(cb, TeacherRouter)), None)
+        bind_sampling(pl_module, SamplingConfig(temperature=self.temperature), teacher_router=router)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         from lit_rl.learners.protocols import experience_hooks
