@@ -10,7 +10,8 @@ episode takes 4x the median (the straggler). Rows of the table:
 * ``async run``: ``concurrency="async"``, batch after batch (``run``: the batch waits for its last episode);
 * ``async stream``: ``AgentLoop.stream`` with two batches' groups in flight and the engine's batch capped at one
   batch (``max_batch``): stragglers are carried while the next groups start;
-* the two async rows again with zero tool latency.
+* the two async rows with zero tool latency (run first: their mean generate call, a full batch's turn, sets the
+  mean tool time of the others).
 
 Episodes per second over all batches; engine idle share = 1 - generate seconds / wall seconds. Targets: async
 >= 2x lock step, and within 1.2x of the same schedule with zero latency.
@@ -104,63 +105,76 @@ def main() -> None:
             LatencyEnv, engine, max_turns=args.turns, concurrency=concurrency, max_batch=max_batch
         )
 
-    # one turn's generation time of a full batch (warm), the mean tool time
-    warm = loop("async")
-    LatencyEnv.latency = {}
-    warm.run(prompts[:per], G, sp)
-    t0 = time.perf_counter()
-    ctx = [warm.prompt_ids(engine.tokenizer, "task 0: call the tool")] * B
-    engine.generate(ctx, 1, sp)
-    gen_s = time.perf_counter() - t0
-    median = gen_s / math.exp(SIGMA**2 / 2)
-    # episode ids: prompt p's G episodes are p*G .. p*G+G-1, so batch b holds episodes b*B .. b*B+B-1
-    lat = draw_latencies(args.batches, B, args.turns, median, args.seed)
+    # a warm-up batch, then the zero-latency runs; their mean generate call (a full batch's turn) is the mean
+    # tool time of the others (measured in the same conditions: a loaded machine makes a one-off timing wrong)
+    LatencyEnv.latency, LatencyEnv.resets = {}, {}
+    loop("async").run(prompts[:per], G, sp)
+    lat: dict = {}
 
-    def run(mode: str, latency: bool) -> tuple[float, float, list]:
+    last_call_s = [0.0]
+
+    def run(mode: str, latency: bool) -> tuple[float, float, list, float]:
+        """(wall s, engine idle share, episodes, mean sequences per generate call)."""
         LatencyEnv.latency, LatencyEnv.resets = (lat if latency else {}), {}
         episodes: list = []
         if mode == "stream":
             agent = loop("async", max_batch=B)
             for _, eps in agent.stream(prompts, G, sp, max_groups_in_flight=2 * per):
                 episodes += eps
-            return agent.last_stats.wall_s, agent.last_stats.engine_idle_frac, episodes
+            st = agent.last_stats
+            return st.wall_s, st.engine_idle_frac, episodes, st.sequences / st.calls
         agent = loop(mode)
         wall = busy = 0.0
+        calls = seqs = 0
         for b in range(args.batches):
             for g in agent.run(prompts[b * per : (b + 1) * per], G, sp):
                 episodes += g
             wall += agent.last_stats.wall_s
             busy += agent.last_stats.generate_s
-        return wall, 1 - busy / wall, episodes
+            calls += agent.last_stats.calls
+            seqs += agent.last_stats.sequences
+        last_call_s[0] = busy / calls
+        return wall, 1 - busy / wall, episodes, seqs / calls
 
     rows = {}
-    for name, mode, latency in (
-        ("lockstep", "lockstep", True),
-        ("async run", "async", True),
-        ("async stream", "stream", True),
-        ("async run, zero latency", "async", False),
-        ("async stream, zero latency", "stream", False),
-    ):
-        wall, idle, eps = run(mode, latency)
+
+    def record(name: str, mode: str, latency: bool) -> None:
+        wall, idle, eps, per_call = run(mode, latency)
         n = len(eps)
-        rows[name] = (n / wall, idle, wall, n, sorted(tuple(t.action_ids) for e in eps for t in e.turns))
+        actions = sorted(tuple(t.action_ids) for e in eps for t in e.turns)
+        rows[name] = (n / wall, idle, wall, per_call, actions)
         print(f"{name}: {n} episodes in {wall:.1f} s, engine idle {idle:.0%}", flush=True)
+
+    record("async run, zero latency", "async", False)
+    gen_s = last_call_s[0]
+    median = gen_s / math.exp(SIGMA**2 / 2)
+    lat.update(draw_latencies(args.batches, B, args.turns, median, args.seed))
+    record("async stream, zero latency", "stream", False)
+    for name, mode in (("lockstep", "lockstep"), ("async run", "async"), ("async stream", "stream")):
+        record(name, mode, True)
     ref = rows["lockstep"][4]
     same = all(r[4] == ref for r in rows.values())
     load = os.getloadavg()[0]
     print(
         f"\nmodel {model}; {args.batches} batches x {B} episodes ({per} prompts x {G}) x {args.turns} turns, "
-        f"{args.max_new_tokens} new tokens per turn; one batch turn generates in {gen_s * 1e3:.0f} ms = mean "
+        f"{args.max_new_tokens} new tokens per turn; one batch turn generates in {gen_s * 1e3:.0f} ms (zero-latency "
+        f"async run's mean call) = mean "
         f"tool time (lognormal sigma {SIGMA}, median {median * 1e3:.0f} ms, one 4x-median straggler per batch); "
         f"load average {load:.1f}; same episodes in every mode: {same}"
     )
-    print("| mode | episodes/s | engine idle | wall s | vs lockstep | vs its zero-latency run |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| mode | episodes/s | engine idle | wall s | sequences per call | vs lockstep | vs its zero-latency run |"
+    )
+    print("|---|---|---|---|---|---|---|")
     lock = rows["lockstep"][0]
     zero = {"async run": "async run, zero latency", "async stream": "async stream, zero latency"}
-    for name, (eps_s, idle, wall, _, _) in rows.items():
+    order = ["lockstep", "async run", "async stream", "async run, zero latency", "async stream, zero latency"]
+    for name in order:
+        eps_s, idle, wall, per_call, _ = rows[name]
         z = f"{rows[zero[name]][0] / eps_s:.2f}x slower" if name in zero else ""
-        print(f"| {name} | {eps_s:.2f} | {idle:.0%} | {wall:.1f} | {eps_s / lock:.2f}x | {z} |")
+        print(
+            f"| {name} | {eps_s:.2f} | {idle:.0%} | {wall:.1f} | {per_call:.1f} | {eps_s / lock:.2f}x | {z} |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,33 +7,26 @@ Deadlines here are short and every wait that must outlast one is an ``Event`` re
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import ClassVar
 
 import pytest
 import torch
 from _float64 import float64_rmsnorm
-from _tool_helpers import multiply
 
 from lit_rl.data.prompts import Prompt
 from lit_rl.learners import PolicyModule
 from lit_rl.models.loading import load_causal_lm
 from lit_rl.rollout.agent_loop import AgentLoop, EnvRewards
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
-from lit_rl.rollout.tools import Tool
 
 LONG_S = 60.0  # far beyond every deadline of this file
 
 
-def _tool(k: int, text: str = "") -> list[dict]:
-    return [{"role": "tool", "name": "multiply", "content": text or f"r{k}"}]
-
-
 class CountEnv:
-    """Ends after the number of turns the prompt's last character says ("q3": 3); tool message ``r<k>``,
-    reward k. ``hooks[(prompt, k)]`` runs inside step k (the tests' faults and weight pushes)."""
-
-    tool_schemas: ClassVar[list] = [Tool(multiply).schema]
+    """Ends after the number of turns the prompt's last character says ("q3": 3); observation ``r<k>`` (a user
+    turn: short contexts for the char tokenizer), reward k. ``hooks[(prompt, k)]`` runs inside step k (the tests'
+    faults and weight pushes) and its string, if any, is the observation."""
 
     def __init__(self, hooks=None):
         self.hooks = hooks or {}
@@ -42,14 +35,14 @@ class CountEnv:
         self.k, self.prompt, self.end = 0, prompt.prompt, int(prompt.prompt[-1])
         if (hook := self.hooks.get((self.prompt, 0))) is not None:
             hook(self)
-        return [{"role": "user", "content": prompt.prompt}]
+        return prompt.prompt
 
     def step(self, action):
         self.k += 1
         text = ""
         if (hook := self.hooks.get((self.prompt, self.k))) is not None:
             text = hook(self) or ""
-        return _tool(self.k, text), float(self.k), self.k >= self.end, {}
+        return text or f"r{self.k}", float(self.k), self.k >= self.end, {}
 
 
 class AsyncCountEnv(CountEnv):
@@ -129,8 +122,9 @@ def test_no_episode_waits_for_another(module64):
 
 def test_stream_carries_a_straggler_while_the_next_groups_run(module64):
     """``stream`` with 2 groups in flight: group "s1"'s tool waits until group "q1" has ended, and q1 starts only
-    when "f2" (2 turns) frees its slot, so s1 is carried while f2 ends and q1 runs: yielded f2, q1, s1. Every
-    episode's actions equal ``run``'s (greedy)."""
+    when "f2" (2 turns) frees its slot, so s1 is carried while f2 ends and q1 runs: f2 is yielded first, s1's
+    wait is released (q1 and s1 then end together, in either order). Every episode's actions equal ``run``'s
+    (greedy)."""
     released = threading.Event()
     hooks = {
         ("s1", 1): lambda env: "released" if released.wait(LONG_S) else "timed out",
@@ -144,16 +138,18 @@ def test_stream_carries_a_straggler_while_the_next_groups_run(module64):
             order.append(p.prompt)
             streamed[p.prompt] = [[t.action_ids for t in e.turns] for e in eps]
             assert all(e.status == "done" for e in eps)
+            if p.prompt == "s1":
+                assert [e.turns[0].obs_text for e in eps] == ["released", "released"]
         assert loop.last_stats.sequences == 2 * (1 + 2 + 1)
         groups = loop.run(prompts, 2, GREEDY)
-    assert order == ["f2", "q1", "s1"]
+    assert order[0] == "f2" and sorted(order) == ["f2", "q1", "s1"]
     assert streamed == {
         p.prompt: [[t.action_ids for t in e.turns] for e in g] for p, g in zip(prompts, groups)
     }
 
 
 @pytest.mark.parametrize("mode", ["lockstep", "async"])
-def test_weight_sync_inside_an_episode_labels_every_token(module64, tiny_model_dir, mode):
+def test_weight_sync_inside_an_episode_labels_every_token(module64, tiny_model_dir, mode, capsys):
     """Two episodes of 3 turns, temperature 1. The first step 1 of the batch pushes weights v1, the first step 2
     pushes v2 (``AgentLoop.sync_weights`` from the environment's thread). Every sampled token's version label is
     checked by recomputing its log-prob by hand (float64 forward of the context under that version's weights):
@@ -185,7 +181,7 @@ def test_weight_sync_inside_an_episode_labels_every_token(module64, tiny_model_d
         groups = loop.run(prompts, 2, sp)
         exp = _exp(loop, prompts, groups)
         model = load_causal_lm(str(tiny_model_dir)).double().eval()
-        checked = 0
+        checked, own_err, other_gap, report = 0, 0.0, math.inf, []
         for i, ep in enumerate(groups[0]):
             ctx = list(ep.prompt_ids)
             labels = set()
@@ -197,17 +193,26 @@ def test_weight_sync_inside_an_episode_labels_every_token(module64, tiny_model_d
                 torch.testing.assert_close(
                     torch.tensor(t.action_logprobs, dtype=torch.float64), lp[v], rtol=1e-6, atol=0
                 )
+                own = torch.tensor(t.action_logprobs, dtype=torch.float64)
+                own_err = max(own_err, float(((own - lp[v]).abs() / lp[v].abs()).max()))
                 for u in {0, 1, 2} - {v}:  # the label is the only version that reproduces the tokens
                     assert (lp[u] - lp[v]).abs().max() > 1e-3
+                    other_gap = min(other_gap, float((lp[u] - own).abs().max()))
                 checked += len(t.action_ids)
                 ctx += t.action_ids + t.obs_ids
             assert len(labels) >= 2 and 0 in labels and 2 in labels  # synced inside the episode
+            report.append([t.action_versions[0] for t in ep.turns])
             row = exp.extras["token_versions"][i][exp.loss_mask[i]].tolist()
             assert row == [v for t in ep.turns for v in t.action_versions]
             assert exp.rollout_logprobs[i][exp.loss_mask[i]].tolist() == pytest.approx(
                 [x for t in ep.turns for x in t.action_logprobs], rel=1e-6, abs=0
             )
         assert checked == int(exp.loss_mask.sum())
+    with capsys.disabled():
+        print(
+            f"\n{mode}: turn versions per episode {report}; {checked} tokens: max rel. error of the engine's "
+            f"log-prob vs its labelled version {own_err:.1e}; closest other version max |diff| {other_gap:.3f}"
+        )
     assert exp.policy_version.tolist() == [0, 0] and engine.policy_version == 2
 
 
