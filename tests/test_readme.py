@@ -133,6 +133,9 @@ ELSEWHERE = {
         "--expert-iterations 32 --eval-every 4 --jobs 2"
     ): "2.7 hours on the real checkpoint; its --tiny mode (with --jobs 2) is tests/test_e2s_pipeline.py (slow)",
     "python scripts/experts_to_student.py --tiny --out /tmp/e2s_tiny": "tests/test_e2s_pipeline.py (slow)",
+    "python scripts/agent_credit.py --model runs/smollm2 --iterations 4 --seeds 0 1 --baseline-once": (
+        "a real-model comparison (an hour); the same script on the tiny model: tests/agent/test_agent_credit.py (slow)"
+    ),
     # why self-distillation collapses: minutes on the real checkpoint each; --variants without experts is
     # tests/test_e2s_pipeline.py::test_variants_that_read_no_expert_skip_the_expert_stage (--tiny, slow), the
     # probe (with --ckpt and --frozen) tests/test_e2s_opsd.py on the tiny model
