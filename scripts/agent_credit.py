@@ -76,10 +76,10 @@ def run_config(a: argparse.Namespace, variant: str, seed: int, run_dir: Path) ->
     """The recipe's printed config with the variant's advantage, the seed and the short budget."""
     cfg = _printed(a.recipe)
     cfg["seed_everything"] = seed
-    mid = max(a.iterations // 2, 1)
+    every = a.eval_every if a.eval_every is not None else max(a.iterations // 2, 1)
     cfg["trainer"].update(
         max_steps=a.iterations,
-        val_check_interval=mid,
+        val_check_interval=every,
         default_root_dir=str(run_dir),
         enable_progress_bar=False,
     )
@@ -165,7 +165,7 @@ def summarise(run_dir: Path, first: dict | None = None) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    steps = rows[0]["eval_steps"] if rows else []
+    steps = sorted({s for r in rows for s in r["eval_steps"]})
     head = [
         "variant",
         "seed",
@@ -176,7 +176,8 @@ def table(rows: list[dict]) -> str:
     ]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
-        cells = [r["variant"], str(r["seed"]), *[f"{x:.3f}" for x in r["success"]]]
+        acc = dict(zip(r["eval_steps"], r["success"]))
+        cells = [r["variant"], str(r["seed"]), *[f"{acc[s]:.3f}" if s in acc else "-" for s in steps]]
         cells += [f"{r['train_s_per_iter']:.1f}", str(r["value_params"]), f"{r['peak_rss_mb']:.0f}"]
         lines.append(" | ".join(cells))
     by: dict[str, list[dict]] = {}
@@ -186,9 +187,14 @@ def table(rows: list[dict]) -> str:
         lines.append("")
         lines.append("variant | mean success (min..max over seeds) at each evaluation")
         for v, rs in by.items():
-            cols = zip(*[r["success"] for r in rs])
+            cols = [[dict(zip(r["eval_steps"], r["success"])).get(s) for r in rs] for s in steps]
             lines.append(
-                f"{v} | " + "; ".join(f"{statistics.mean(c):.3f} ({min(c):.3f}..{max(c):.3f})" for c in cols)
+                f"{v} | "
+                + "; ".join(
+                    f"@{s} {statistics.mean(c):.3f} ({min(c):.3f}..{max(c):.3f})"
+                    for s, c in zip(steps, cols)
+                    if None not in c
+                )
             )
     return "\n".join(lines)
 
@@ -201,6 +207,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
     ap.add_argument("--iterations", type=int, default=6)
     ap.add_argument("--eval-prompts", type=int, default=32, help="held-out episodes per evaluation")
+    ap.add_argument("--eval-every", type=int, help="iterations between evaluations (default: half the run)")
     ap.add_argument("--lam", type=float, default=1.0, help="GAE's lambda (gamma is 1)")
     ap.add_argument("--inspect-rows", type=int, default=16, help="inspector rows recorded per iteration")
     ap.add_argument("--out", default="runs/agent_credit")
