@@ -18,6 +18,7 @@ from lit_rl.callbacks.teacher_inputs import teacher_view
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack
 from lit_rl.data.prompts import Prompt, render_prompt
 from lit_rl.learners.distill import DistillModule
+from tests._binding import bind_sampling
 from tests._float64 import float64_rmsnorm
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,7 @@ def setup(tiny_model_dir):
     m.manual_backward = lambda loss: loss.backward()
     router = TeacherRouter({"addition": Teacher("self", template=PRIVILEGED)})
     router.setup(None, m, "fit")
+    bind_sampling(m, teacher_router=router)  # RolloutCallback.setup's binding: the router for the module
     m.setup("fit")
     tok = m.tokenizer
     comps = [
