@@ -111,7 +111,8 @@ def test_per_turn_advantages_of_a_recovered_episode_by_hand(tok, tiny_model_dir,
 def test_the_critic_reads_the_state_after_each_tool_reply(tok, tiny_model_dir, head):
     """V at the first action token of turn k is the value of (prompt, turns < k, their observations): the state
     after the tool's reply, from a separate forward over exactly that prefix (float64)."""
-    kw = {"yes_token": "Y", "no_token": "N"} if head == "token" else {}
+    # a one-character question: the char tokenizer's episode is ~300 tokens, and the head asks after each of them
+    kw = {"yes_token": "Y", "no_token": "N", "question": "?"} if head == "token" else {}
     mod = PolicyModule(model=str(tiny_model_dir), critic=CriticModule(head=head, **kw)).double()
     if head == "regression":  # the head starts at zero (V = 0): give it weights to read
         g = torch.Generator().manual_seed(0)
