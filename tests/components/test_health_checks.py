@@ -269,7 +269,7 @@ def test_monitor_warns_through_rank_zero_warn_once_per_episode():
 
     class Mod:
         def __init__(self):
-            self.iteration, self.logged = 0, {}
+            self.logged = {}
 
         def log(self, k, v, **kw):
             self.logged[k] = v
@@ -283,7 +283,8 @@ def test_monitor_warns_through_rank_zero_warn_once_per_episode():
         for i, (ent, w) in enumerate([(1.0, 2.0), (0.05, 1400.0), (0.04, 1500.0), (1.0, 1.0), (0.01, 1.0)]):
             t.callback_metrics = {"actor/entropy": torch.tensor(ent), "is/max_weight": torch.tensor(w)}
             b.metrics = {"reward/mean": 0.5}
-            mod.iteration = i
+            # not a lit_rl learner (callbacks/_learner.py: rl_iteration): the step is the trainer's global step
+            t.global_step = i
             mon.on_train_batch_end(t, mod, None, b, i)
     health = [str(r.message) for r in rec if issubclass(r.category, RLHealthWarning)]
     assert len(health) == 3
