@@ -43,14 +43,47 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
+from lit_rl.rollout.base import EngineBase
 from lit_rl.rollout.env import env_tool_schemas
+from lit_rl.rollout.episode import Episode, Turn, as_text
 
 if TYPE_CHECKING:
-    from lit_rl.rollout.agent_loop import AgentLoop, Episode
     from lit_rl.rollout.engine import SamplingConfig
+
+
+class EpisodeLoop(Protocol):
+    """What the schedulers read of their ``AgentLoop`` (declared here so this module never imports it)."""
+
+    engine: EngineBase
+    env_factory: Callable[[], Any]
+    concurrency: str
+    max_turns: int
+    max_context_tokens: int
+    max_episode_tokens: int | None
+    episode_timeout_s: float | None
+    min_finished: float
+    max_batch: int | None
+
+    def prompt_ids(
+        self, tok: Any, opening: str | list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]: ...
+
+    def observation_ids(
+        self,
+        tok: Any,
+        observation: str | list[dict[str, Any]],
+        action_ids: list[int] | tuple[int, ...] = (),
+        tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]: ...
+
+    def apply_pending_weights(self) -> None: ...
+
+    def running(self) -> AbstractContextManager[None]: ...
+
 
 CONCURRENCY = ("lockstep", "async")
 _NO_DEADLINE = math.inf
@@ -110,7 +143,7 @@ class _Live:
 class Scheduler:
     """Runs episodes for one ``AgentLoop`` (module doc). ``start`` opens episodes, ``drive`` advances them."""
 
-    def __init__(self, loop: AgentLoop, sampling: SamplingConfig, stats: RunStats):
+    def __init__(self, loop: EpisodeLoop, sampling: SamplingConfig, stats: RunStats):
         self.loop, self.sp, self.stats = loop, sampling, stats
         self.tok = loop.engine.tokenizer
         self.live: dict[int, _Live] = {}
@@ -201,9 +234,8 @@ class Scheduler:
                 raise error
             obs, reward, done, info = result
             obs_ids = loop.observation_ids(self.tok, obs, c.token_ids, lv.tools)
-            from lit_rl.rollout.agent_loop import _as_text
 
-            turn_ = _turn(c, text, versions, obs_ids, _as_text(obs), float(reward), dict(info or {}))
+            turn_ = _turn(c, text, versions, obs_ids, as_text(obs), float(reward), dict(info or {}))
         except Exception as e:  # noqa: BLE001 - the environment's fault: counted and masked, tokens kept
             self._close_action(lv, "env_error", f"step raised {type(e).__name__}: {e}")
             return
@@ -297,7 +329,6 @@ class Scheduler:
 
 
 def _turn(c, text: str, versions: list[int], obs_ids, obs_text: str, reward: float, info: dict):
-    from lit_rl.rollout.agent_loop import Turn
 
     return Turn(
         list(c.token_ids), list(c.logprobs), text, obs_ids, obs_text, reward, info, action_versions=versions
@@ -322,11 +353,9 @@ def fault_metrics(rows: list[Episode]) -> dict[str, float]:
 
 
 def run_episodes(
-    loop: AgentLoop, prompts: list[Any], n: int, sampling: SamplingConfig, stats: RunStats
+    loop: EpisodeLoop, prompts: list[Any], n: int, sampling: SamplingConfig, stats: RunStats
 ) -> list[list[Episode]]:
     """``n`` episodes per prompt under ``loop.concurrency``; ``result[i][j]`` is episode j of prompt i."""
-    from lit_rl.rollout.agent_loop import Episode
-
     sched = Scheduler(loop, sampling, stats)
     t0 = time.perf_counter()
     eps = [sched.start(i * n + j, p, Episode) for i, p in enumerate(prompts) for j in range(n)]
@@ -340,7 +369,7 @@ def run_episodes(
 
 
 def stream_episodes(
-    loop: AgentLoop,
+    loop: EpisodeLoop,
     prompts: Iterable[Any],
     n: int,
     sampling: SamplingConfig,
@@ -350,8 +379,6 @@ def stream_episodes(
     """Groups of ``n`` episodes, each yielded (with its prompt) as soon as its last episode ends, while up to
     ``max_groups_in_flight`` groups run: a finished group's slot is refilled at once, so the engine keeps
     generating for other groups while stragglers' tools run (``AgentLoop.stream``)."""
-    from lit_rl.rollout.agent_loop import Episode
-
     if max_groups_in_flight < 1:
         raise ValueError(f"max_groups_in_flight must be >= 1, got {max_groups_in_flight}")
     sched = Scheduler(loop, sampling, stats)

@@ -34,7 +34,6 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,45 +46,15 @@ from lit_rl.rollout.build import ExperienceBuilder, Rows
 from lit_rl.rollout.chat import ChatRenderer
 from lit_rl.rollout.engine import HFEngine, SamplingConfig
 from lit_rl.rollout.env import Environment
+from lit_rl.rollout.episode import Episode
+from lit_rl.rollout.episode import Turn as Turn  # re-exported: Episode and Turn lived here first
+from lit_rl.rollout.episode import as_messages as _as_messages
+from lit_rl.rollout.episode import as_text as _as_text
 from lit_rl.rollout.pipeline import RolloutPipeline
 from lit_rl.rollout.render import PromptRenderer, engine_context_len
 from lit_rl.rollout.rollouts import Rollouts
 from lit_rl.rollout.settings import FilterSettings, RolloutSettings
 from lit_rl.rollout.tools import ERROR_KINDS
-
-
-@dataclass
-class Turn:
-    action_ids: list[int]
-    action_logprobs: list[float]
-    action_text: str
-    obs_ids: list[int]
-    obs_text: str
-    reward: float
-    info: dict[str, float] = field(default_factory=dict)
-    # the policy version of the weights that sampled each action token (aligned with action_ids); None = not
-    # recorded (a Turn built by hand): the engine's version when the rows are built
-    action_versions: list[int] | None = None
-
-
-@dataclass
-class Episode:
-    prompt_ids: list[int]
-    turns: list[Turn] = field(default_factory=list)
-    done: bool = False  # the environment ended it (False: stopped by max_turns / max_context_tokens)
-    # how it ended: "done", "max_turns", "max_context", or a fault that masks it ("timed_out", "env_error",
-    # "over_budget", "cut": agent_async.py); "" while running
-    status: str = ""
-    error: str | None = None  # why a faulted episode is masked (the inspector's reward_errors)
-
-    @property
-    def total_reward(self) -> float:
-        return sum(t.reward for t in self.turns)
-
-    @property
-    def infra_error(self) -> bool:
-        """Masked from the loss: the environment reported an infrastructure error, or the episode faulted."""
-        return self.error is not None or any(t.info.get("infra_error", 0.0) for t in self.turns)
 
 
 class AgentLoop:
@@ -348,17 +317,6 @@ class AgentLoop:
         return ExperienceBuilder(
             self.engine, horizon=self.max_turns * sampling.max_new_tokens, layout=self.episode_rows
         )
-
-
-def _as_messages(obs: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": obs}] if isinstance(obs, str) else list(obs)
-
-
-def _as_text(obs: str | list[dict[str, Any]]) -> str:
-    """An observation as text (the ``Turn.obs_text`` the inspector shows; the raw-text renderer's input)."""
-    if isinstance(obs, str):
-        return obs
-    return "\n".join(str(m.get("content", "")) for m in obs)
 
 
 def _segments(e: Episode) -> tuple[list[int], list[str]]:
