@@ -163,6 +163,9 @@ ELSEWHERE = {
     "python scripts/time_to_accuracy.py --seeds 0 1 2 --out runs/tta --plot runs/tta/curve.png": (
         "an hour on the real checkpoint; its parsing and verdicts: tests/test_time_to_accuracy_script.py"
     ),
+    "python scripts/agent_hacking.py --model runs/smollm2 --iterations 6 --arms monitor --retry-episodes 16": (
+        "half an hour on the real checkpoint; its --tiny mode is tests/agent/test_agent_hacking.py (slow)"
+    ),
     "lit-rl fit -c configs/agent_openai_calculator.yaml": (
         "tests/agent/test_openai_agent_recipe.py (its printed config on the tiny model, slow)"
     ),
