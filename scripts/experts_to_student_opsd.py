@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from experts_to_student import PRIVILEGED
 
+from lit_rl.callbacks.rollout import RolloutCallback
 from lit_rl.callbacks.teacher_inputs import privileged_prompt, teacher_view
 from lit_rl.callbacks.teachers import Teacher, TeacherRouter, _pack
 from lit_rl.data.prompts import Prompt, render_prompt
@@ -87,6 +88,8 @@ def load(
     # one teacher for both domains (the fallback), as the script's opsd_frozen: one copy of the weights
     router = TeacherRouter({"addition": Teacher(source, template=template)}, fallback="addition")
     router.setup(None, mod, "fit")  # self_frozen: the copy is taken here, from the starting weights
+    # what RolloutCallback.setup does in a fit: the module reaches its router through its rollout binding
+    mod.bind_rollout(RolloutCallback(rewards=lambda prompt, completion: 0.0).binding(teacher_router=router))
     if ckpt:
         sd = torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"]
         mod.model.load_state_dict(

@@ -59,7 +59,9 @@ class WeightPush:
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        pool = self._bound_pool()
+        # the names are checked before the pool is needed (a job's ranks must agree on a refusal even where the
+        # pool is not up, tests/test_rank_failure.py), so a sync before bind fails at the first use of the pool
+        pool = self.pool
         self._sync_seq += 1
         version = str(self._sync_seq)
         rank0 = self._group is None or dist.get_rank() == 0
@@ -88,6 +90,7 @@ class WeightPush:
                     raise ValueError(
                         f"{exc} (sync path: {self.sync_path} weights; pass engine.sync_items(model))"
                     ) from None
+                pool = self._bound_pool()
                 if self._lora is not None:
                     self._lora.push(pool, items, version, self._ensure_sync_dir(), self.sync_timeout_s)
                     self.last_sync_bytes = self._lora.bytes_written
@@ -108,7 +111,7 @@ class WeightPush:
             # (and the servers it synced: one it dropped as gone is dropped on every rank)
             box: list[Any] = [
                 None if err is None else (bad_names, f"{type(err).__name__}: {err}"),
-                [s.url for s in pool.servers if s.alive] if rank0 else None,
+                [s.url for s in pool.servers if s.alive] if rank0 and pool is not None else None,
                 self._sync_dir if rank0 else None,
             ]
             dist.broadcast_object_list(box, src=0, group=self._group)
@@ -122,6 +125,7 @@ class WeightPush:
                 )
             if err is None and not rank0:
                 try:
+                    pool = self._bound_pool()
                     if box[1] is not None:
                         pool.keep_alive_only(box[1], f"rank 0 dropped it in weight sync {version}")
                     pool.check_versions(version)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from _learning import record, seed
 
 from lit_rl.cli import main
 
@@ -68,13 +69,14 @@ def test_calculator_agent_learns_over_two_seeds(tmp_path, monkeypatch):
     model = _smollm2()
     monkeypatch.chdir(tmp_path)
     curves = {}
-    for seed in (0, 1):
-        root = tmp_path / f"seed{seed}" / "run"
+    for s in (seed(0), seed(1)):
+        root = tmp_path / f"seed{s}" / "run"
         root.mkdir(parents=True)
-        main(["fit", "-c", str(_config(model, seed, root))])
+        main(["fit", "-c", str(_config(model, s, root))])
         history = json.loads((root / "eval_history.json").read_text())
-        curves[seed] = [(h["step"], h["eval/accuracy"]) for h in history]
-    for seed, curve in curves.items():
+        curves[s] = [(h["step"], h["eval/accuracy"]) for h in history]
+        record(f"agent/calculator_seed{s}", heldout=[a for _, a in curves[s]])
+    for s, curve in curves.items():
         (s0, before), (s1, after) = curve[0], curve[-1]
         assert (s0, s1) == (0.0, float(ITERATIONS)), curves
-        assert after - before >= MARGIN, f"seed {seed}: held-out success {before} -> {after}; all: {curves}"
+        assert after - before >= MARGIN, f"seed {s}: held-out success {before} -> {after}; all: {curves}"
